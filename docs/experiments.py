@@ -1,0 +1,284 @@
+#!/usr/bin/env python3
+"""Reproduce the experiments of docs/results.md with pvgpu-sim.
+
+Usage: python3 docs/experiments.py PVGPU_SIM OUT_DIR [--bench PVGPU_BENCH_DECISION]
+
+Runs every experiment of DESIGN.md section 8 on the bundled scenarios (variants
+are made by editing the JSON, never by hand), prints markdown tables on stdout
+and writes CSV data and gnuplot PNG plots to OUT_DIR/plots/.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCENARIOS = os.path.join(HERE, "..", "scheduler", "scenarios")
+POLICIES = ["none", "timeslice", "dfq", "hfq"]
+ARBS = ["round-robin", "timeslice"]
+
+
+def load(name):
+    with open(os.path.join(SCENARIOS, name + ".json")) as f:
+        return json.load(f)
+
+
+class Runner:
+    def __init__(self, sim, tmp):
+        self.sim = sim
+        self.tmp = tmp
+        self.n = 0
+
+    def run(self, scenario, policy, arbitration, series=None):
+        self.n += 1
+        path = os.path.join(self.tmp, "s%d.json" % self.n)
+        sc = json.loads(json.dumps(scenario))
+        sc["policy"] = {"name": policy}
+        sc.setdefault("gpu", {})["arbitration"] = arbitration
+        with open(path, "w") as f:
+            json.dump(sc, f)
+        cmd = [self.sim, "run", path, "--json"]
+        if series:
+            cmd += ["--series", series, "--series-interval-ms", "100"]
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        return json.loads(out)
+
+
+def ent(report, path):
+    for e in report["entities"]:
+        if e["path"] == path:
+            return e
+    raise KeyError(path)
+
+
+def table(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in rows:
+        lines.append("| " + " | ".join(str(x) for x in r) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def gnuplot(script):
+    subprocess.run(["gnuplot"], input=script, text=True, check=True)
+
+
+def fairness(r, out):
+    out.write("## Fairness on the standard scenarios\n\n")
+    rows = []
+    for name in ["flat", "weighted", "hierarchical", "uncooperative", "mixed", "demo", "low-demand"]:
+        sc = load(name)
+        for arb in ARBS:
+            for pol in POLICIES:
+                rep = r.run(sc, pol, arb)
+                m = rep["metrics"]
+                u = m["unfairness"]
+                rows.append([name, arb, pol, "%.4f" % m["max_share_error"], "%.4f" % m["jain_index"],
+                             "inf" if u is None else "%.2f" % u,
+                             "%.4f" % rep["gpu"]["busy_fraction"],
+                             "%.4f" % rep["gpu"]["idle_with_demand_fraction"]])
+    out.write(table(["scenario", "gpu", "policy", "max share error", "jain", "unfairness", "busy",
+                     "idle w/ work"], rows) + "\n")
+
+
+def thesis_5421(r, out, plots):
+    out.write("## Thesis 5.4.2.1: benchmark and throttle in one VM\n\n")
+    base = load("thesis-5.4.2.1")
+    data = {}
+    for pol in POLICIES:
+        for us in range(100, 1001, 100):
+            sc = json.loads(json.dumps(base))
+            sc["tree"][0]["children"][1]["workload"]["kernel_us"] = us
+            rep = r.run(sc, pol, "round-robin")
+            data.setdefault(pol, []).append(ent(rep, "vm1/bench")["finished_ms"])
+    rows = [[us] + ["%.0f" % data[p][i] for p in POLICIES] for i, us in enumerate(range(100, 1001, 100))]
+    rows.append(["max/min"] + ["%.3f" % (max(data[p]) / min(data[p])) for p in POLICIES])
+    out.write("Benchmark runtime (ms) against the throttle's kernel length, round-robin GPU:\n\n")
+    out.write(table(["throttle kernel (us)"] + POLICIES, rows) + "\n")
+    csv = os.path.join(plots, "thesis-5.4.2.1.csv")
+    with open(csv, "w") as f:
+        f.write("throttle_us," + ",".join(POLICIES) + "\n")
+        for i, us in enumerate(range(100, 1001, 100)):
+            f.write("%d,%s\n" % (us, ",".join("%.1f" % data[p][i] for p in POLICIES)))
+    gnuplot("""set terminal pngcairo size 800,480
+set output '%s'
+set datafile separator ','
+set title 'Thesis 5.4.2.1: benchmark runtime vs throttle kernel length (round-robin GPU)'
+set xlabel 'throttle kernel length (us)'
+set ylabel 'benchmark runtime (ms)'
+set key outside right
+set grid
+plot for [i=2:5] '%s' using 1:i with linespoints title columnheader(i)
+""" % (os.path.join(plots, "thesis-5.4.2.1.png"), csv))
+    # Shares over time for one setting.
+    for pol in ["none", "hfq"]:
+        sc = json.loads(json.dumps(base))
+        r.run(sc, pol, "round-robin", series=os.path.join(plots, "thesis-5.4.2.1-%s.csv" % pol))
+    gnuplot("""set terminal pngcairo size 900,420
+set output '%s'
+set datafile separator ','
+set multiplot layout 1,2 title 'Thesis 5.4.2.1 (throttle 500 us): GPU share over time'
+set xlabel 'time (ms)'; set ylabel 'share'; set yrange [0:1.05]; set grid
+set title 'none'
+plot for [i=2:3] '%s' using 1:i with lines title columnheader(i)
+set title 'hfq'
+plot for [i=2:3] '%s' using 1:i with lines title columnheader(i)
+unset multiplot
+""" % (os.path.join(plots, "thesis-5.4.2.1-shares.png"), os.path.join(plots, "thesis-5.4.2.1-none.csv"),
+       os.path.join(plots, "thesis-5.4.2.1-hfq.csv")))
+
+
+def thesis_5422(r, out, plots):
+    out.write("## Thesis 5.4.2.2: host benchmark against 1..8 throttles in a VM\n\n")
+    base = load("thesis-5.4.2.2")
+    throttle = base["tree"][1]["children"][0]
+    data = {}
+    for arb in ARBS:
+        for pol in POLICIES:
+            for n in range(1, 9):
+                sc = json.loads(json.dumps(base))
+                sc["tree"][1]["children"] = []
+                for i in range(1, n + 1):
+                    t = json.loads(json.dumps(throttle))
+                    t["task"] = "throttle%d" % i
+                    sc["tree"][1]["children"].append(t)
+                rep = r.run(sc, pol, arb)
+                data.setdefault((arb, pol), []).append(ent(rep, "bench")["finished_ms"])
+        rows = [[n] + ["%.0f" % data[(arb, p)][n - 1] for p in POLICIES] for n in range(1, 9)]
+        rows.append(["max/min"] + ["%.3f" % (max(data[(arb, p)]) / min(data[(arb, p)])) for p in POLICIES])
+        out.write("Benchmark runtime (ms), %s GPU:\n\n" % arb)
+        out.write(table(["throttles"] + POLICIES, rows) + "\n")
+    csv = os.path.join(plots, "thesis-5.4.2.2.csv")
+    with open(csv, "w") as f:
+        f.write("throttles," + ",".join(POLICIES) + "\n")
+        for n in range(1, 9):
+            f.write("%d,%s\n" % (n, ",".join("%.1f" % data[("round-robin", p)][n - 1] for p in POLICIES)))
+    gnuplot("""set terminal pngcairo size 800,480
+set output '%s'
+set datafile separator ','
+set title 'Thesis 5.4.2.2: host benchmark runtime vs throttles in a VM (round-robin GPU)'
+set xlabel 'throttles in the VM'
+set ylabel 'benchmark runtime (ms)'
+set key outside right
+set grid
+plot for [i=2:5] '%s' using 1:i with linespoints title columnheader(i)
+""" % (os.path.join(plots, "thesis-5.4.2.2.png"), csv))
+
+
+def nested(r, out):
+    out.write("## Nested trees: product of shares (thesis fig 3.1 / 3.5)\n\n")
+    sc = load("hierarchical")
+    rows = []
+    reps = {arb: r.run(sc, "hfq", arb) for arb in ARBS}
+    none = r.run(sc, "none", "round-robin")
+    for e in reps["round-robin"]["entities"]:
+        rows.append([e["path"], e["weight"], "%.4f" % e["target_share"],
+                     "%.4f" % ent(none, e["path"])["achieved_share"],
+                     "%.4f" % e["achieved_share"],
+                     "%.4f" % ent(reps["timeslice"], e["path"])["achieved_share"]])
+    out.write(table(["entity", "weight", "target", "none (rr)", "hfq (rr)", "hfq (timeslice)"], rows) + "\n")
+
+
+def gdev(r, out, plots):
+    out.write("## Gdev fig 14: short-kernel VM, long-kernel VM joins at 5 s\n\n")
+    sc = load("gdev-fig14")
+    rows = []
+    for pol in ["none", "hfq"]:
+        rep = r.run(sc, pol, "round-robin", series=os.path.join(plots, "gdev-fig14-%s.csv" % pol))
+        for e in rep["entities"]:
+            rows.append([pol, e["path"], "%.4f" % e["target_share"], "%.4f" % e["achieved_share"],
+                         "-" if e["finished_ms"] is None else "%.0f" % e["finished_ms"]])
+    out.write(table(["policy", "entity", "target", "achieved", "finished (ms)"], rows) + "\n")
+    gnuplot("""set terminal pngcairo size 900,420
+set output '%s'
+set datafile separator ','
+set multiplot layout 1,2 title 'Gdev fig 14 setting: GPU share over time (round-robin GPU)'
+set xlabel 'time (ms)'; set ylabel 'share'; set yrange [0:1.05]; set grid
+set title 'none'
+plot for [i=2:3] '%s' using 1:i with lines title columnheader(i)
+set title 'hfq'
+plot for [i=2:3] '%s' using 1:i with lines title columnheader(i)
+unset multiplot
+""" % (os.path.join(plots, "gdev-fig14.png"), os.path.join(plots, "gdev-fig14-none.csv"),
+       os.path.join(plots, "gdev-fig14-hfq.csv")))
+
+
+def accuracy(r, out, plots):
+    out.write("## LoGA fig 9/10: accounting accuracy of hfq\n\n")
+    sc = load("loga-accuracy")
+    reps = {arb: r.run(sc, "hfq", arb) for arb in ARBS}
+    rows = []
+    csv = os.path.join(plots, "loga-accuracy.csv")
+    with open(csv, "w") as f:
+        f.write("kernel_us,round-robin,timeslice\n")
+        for e in reps["round-robin"]["entities"]:
+            errs = []
+            for arb in ARBS:
+                x = ent(reps[arb], e["path"])
+                errs.append(100.0 * (x["accounted_ms"] - x["gpu_time_total_ms"]) / x["gpu_time_total_ms"])
+            rows.append([e["path"][1:], "%+.2f%%" % errs[0], "%+.2f%%" % errs[1]])
+            f.write("%s,%.3f,%.3f\n" % (e["path"][1:], errs[0], errs[1]))
+    out.write("Accounted minus true GPU time, per task (kernel length in us):\n\n")
+    out.write(table(["kernel (us)", "round-robin", "timeslice"], rows) + "\n")
+    gnuplot("""set terminal pngcairo size 800,420
+set output '%s'
+set datafile separator ','
+set title 'hfq accounting error vs kernel length'
+set xlabel 'kernel length (us)'; set ylabel 'accounted - true (%%)'; set grid
+set yrange [-5:5]
+plot for [i=2:3] '%s' using 1:i with linespoints title columnheader(i)
+""" % (os.path.join(plots, "loga-accuracy.png"), csv))
+
+
+def overhead(r, out):
+    out.write("## Overhead on a lone saturating task\n\n")
+    base = load("overhead")
+    rows = []
+    for us in [100, 500, 4000]:
+        sc = json.loads(json.dumps(base))
+        sc["tree"][0]["children"][0]["workload"]["kernel_us"] = us
+        for arb in ARBS:
+            reps = {p: r.run(sc, p, arb) for p in POLICIES}
+            k0 = ent(reps["none"], "vm1/saturate")["kernels_completed"]
+            rows.append([us, arb] + ["%.4f" % (ent(reps[p], "vm1/saturate")["kernels_completed"] / k0)
+                                     for p in POLICIES])
+    out.write("Throughput (kernels completed) relative to `none`:\n\n")
+    out.write(table(["kernel (us)", "gpu"] + POLICIES, rows) + "\n")
+
+
+def bench(path, out):
+    out.write("## Decision cost vs number of entities\n\n")
+    res = subprocess.run([path], check=True, capture_output=True, text=True).stdout
+    out.write("```\n" + res + "```\n\n")
+
+
+def main():
+    args = sys.argv[1:]
+    bench_path = None
+    if "--bench" in args:
+        i = args.index("--bench")
+        bench_path = args[i + 1]
+        del args[i:i + 2]
+    if len(args) != 2:
+        sys.stderr.write(__doc__)
+        return 2
+    sim, outdir = args
+    plots = os.path.join(outdir, "plots")
+    os.makedirs(plots, exist_ok=True)
+    out = sys.stdout
+    with tempfile.TemporaryDirectory() as tmp:
+        r = Runner(sim, tmp)
+        fairness(r, out)
+        thesis_5421(r, out, plots)
+        thesis_5422(r, out, plots)
+        nested(r, out)
+        gdev(r, out, plots)
+        accuracy(r, out, plots)
+        overhead(r, out)
+        if bench_path:
+            bench(bench_path, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

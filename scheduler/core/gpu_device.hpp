@@ -1,0 +1,55 @@
+// The GPU as a host sees it: channels with a control page and a ring, fences,
+// interrupts, an engine status register and a watchdog.  Nothing here tells
+// how long a piece of work takes; a scheduler learns that only by watching.
+#pragma once
+
+#include <pvgpu/abi.h>
+
+#include <cstdint>
+#include <optional>
+
+#include "time.hpp"
+
+namespace pvgpu {
+
+using ChannelId = std::uint32_t;
+
+// Interrupts delivered by the device.  Called on the scheduler's thread.
+class GpuInterrupts {
+public:
+    virtual ~GpuInterrupts() = default;
+    // An entry flagged PVGPU_ENTRY_IRQ completed; FENCE now holds `fence`.
+    virtual void on_fence(ChannelId ch, std::uint32_t fence) = 0;
+    // The channel was stopped (watchdog, bad entry); its pending work is dropped.
+    virtual void on_channel_error(ChannelId ch, std::uint32_t error) = 0;
+};
+
+class GpuDevice {
+public:
+    virtual ~GpuDevice() = default;
+
+    virtual void set_interrupt_handler(GpuInterrupts* handler) = 0;
+
+    // Channels.  The control page and ring stay valid until destroy_channel().
+    virtual ChannelId create_channel() = 0;
+    virtual void destroy_channel(ChannelId ch) = 0;
+    virtual pvgpu_ring* ring(ChannelId ch) = 0;
+
+    // Registers of the GPU's own control page (what a direct mapping exposes).
+    // Writing IB_PUT is the doorbell.
+    virtual void write_ib_put(ChannelId ch, std::uint32_t put) = 0;
+    virtual std::uint32_t read_ib_put(ChannelId ch) const = 0;
+    virtual std::uint32_t read_ib_get(ChannelId ch) const = 0;
+    virtual std::uint32_t read_fence(ChannelId ch) const = 0;
+    virtual std::uint32_t read_status(ChannelId ch) const = 0;
+    // Work fetched or queued but not yet completed (IB_PUT != completed).
+    virtual bool pending(ChannelId ch) const = 0;
+
+    // Engine status register (LoGA): the channel whose context is on the engine.
+    virtual std::optional<ChannelId> running_channel() const = 0;
+
+    // Watchdog: a kernel running longer than this is killed with its channel.
+    virtual void set_watchdog(Duration limit) = 0;
+};
+
+}  // namespace pvgpu

@@ -1,0 +1,88 @@
+// A scheduling policy decides, per channel, direct / trapped / shadowed.  It sees
+// the entity tree, the GPU's host-visible registers and interrupts, timers and
+// trapped doorbells, all through PolicyContext; it never sees the work itself.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "entity_tree.hpp"
+#include "gpu_device.hpp"
+#include "shadow_channel.hpp"
+#include "time.hpp"
+
+namespace pvgpu {
+
+// Free-form numeric policy parameters (scenario "params", pvgpuctl).
+using PolicyParams = std::map<std::string, double>;
+
+class PolicyContext {
+public:
+    virtual ~PolicyContext() = default;
+    virtual Time now() const = 0;
+    virtual Timers& timers() = 0;
+    virtual const EntityTree& tree() const = 0;
+    virtual const GpuDevice& gpu() const = 0;
+
+    // Channels and their owners.
+    virtual const std::vector<ChannelId>& channels_of(EntityId leaf) const = 0;
+    virtual EntityId owner(ChannelId ch) const = 0;
+
+    // Mapping control.  Switches may take a while to take effect (remap cost);
+    // mode() returns the mode last asked for.
+    virtual void set_mode(ChannelId ch, ChannelMode mode) = 0;
+    virtual ChannelMode mode(ChannelId ch) const = 0;
+    // Entries a shadowed channel's guest has written that the GPU has not seen
+    // (the host reads its own shadow page).
+    virtual std::uint32_t held(ChannelId ch) const = 0;
+    // Partial release of held work (resubmission with a cap).
+    virtual std::uint32_t release(ChannelId ch, std::uint32_t max) = 0;
+    // Engine status register read (an MMIO read; counted as a poll).
+    virtual std::optional<ChannelId> engine_status() = 0;
+};
+
+class Policy {
+public:
+    virtual ~Policy() = default;
+    virtual std::string_view name() const = 0;
+
+    // start() hands over all existing channels (channel_added for each follows).
+    virtual void start(PolicyContext& ctx) = 0;
+    // Before the policy is replaced: put every channel back to Direct.
+    virtual void stop() = 0;
+
+    virtual void channel_added(ChannelId ch, EntityId leaf) = 0;
+    virtual void channel_removed(ChannelId ch, EntityId leaf) = 0;
+    virtual void tree_changed(EntityTree::Change change, EntityId id) = 0;
+
+    // Interrupts and traps.
+    virtual void doorbell_trapped(ChannelId ch, std::uint32_t put) = 0;
+    virtual void fence(ChannelId ch, std::uint32_t fence) = 0;
+    virtual void channel_error(ChannelId ch, std::uint32_t error) = 0;
+    // Held work of a channel reached the GPU on unshadow/release.
+    virtual void released(ChannelId, std::uint32_t /*entries*/) {}
+
+    // GPU time the policy believes a leaf has used (accounting accuracy);
+    // nullopt when the policy does not account.
+    virtual std::optional<Duration> accounted(EntityId) const { return std::nullopt; }
+    // Policy-specific counters for reports (phases, shadow events, ...).
+    virtual std::map<std::string, double> counters() const { return {}; }
+};
+
+struct PolicyInfo {
+    std::string name;
+    std::string summary;
+    // Parameters with their defaults and a line of documentation.
+    std::vector<std::tuple<std::string, double, std::string>> params;
+};
+
+// Known policies: none, timeslice, dfq, hfq.
+const std::vector<PolicyInfo>& policy_catalog();
+// Throws std::invalid_argument naming the unknown policy or parameter.
+std::unique_ptr<Policy> make_policy(std::string_view name, const PolicyParams& params);
+
+}  // namespace pvgpu

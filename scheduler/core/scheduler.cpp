@@ -1,0 +1,166 @@
+#include "scheduler.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <stdexcept>
+
+namespace pvgpu {
+
+const std::vector<ChannelId> Scheduler::kNoChannels;
+
+Scheduler::Scheduler(GpuDevice& gpu, const Clock& clock, Timers& timers,
+                     std::unique_ptr<Policy> policy, MechanismCosts costs)
+    : gpu_(gpu), clock_(clock), timers_(timers), costs_(costs), policy_(std::move(policy)) {
+    if (!policy_) throw std::invalid_argument("scheduler needs a policy");
+    gpu_.set_interrupt_handler(this);
+    tree_.set_listener([this](EntityTree::Change c, EntityId id) {
+        if (c == EntityTree::Change::Added && by_entity_.size() <= id) by_entity_.resize(id + 1);
+        call_policy([&] { policy_->tree_changed(c, id); });
+    });
+    call_policy([&] { policy_->start(*this); });
+}
+
+Scheduler::~Scheduler() {
+    gpu_.set_interrupt_handler(nullptr);
+    tree_.set_listener(nullptr);
+}
+
+template <class F> void Scheduler::call_policy(F&& f) {
+    auto t0 = std::chrono::steady_clock::now();
+    f();
+    stats_.policy_cpu += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                             std::chrono::steady_clock::now() - t0)
+                             .count();
+}
+
+void Scheduler::set_policy(std::unique_ptr<Policy> policy) {
+    if (!policy) throw std::invalid_argument("scheduler needs a policy");
+    call_policy([&] { policy_->stop(); });
+    // Whatever the old policy left, the new one starts from direct channels.
+    for (auto& [ch, st] : channels_) set_mode(ch, ChannelMode::Direct);
+    policy_ = std::move(policy);
+    call_policy([&] { policy_->start(*this); });
+    std::vector<ChannelId> ids;
+    for (auto& [ch, st] : channels_) ids.push_back(ch);
+    std::sort(ids.begin(), ids.end());
+    for (ChannelId ch : ids) call_policy([&] { policy_->channel_added(ch, channels_.at(ch).owner); });
+}
+
+ChannelId Scheduler::open_channel(EntityId leaf) {
+    tree_.attach_channel(leaf);  // validates: live leaf, not the root
+    ChannelId ch = gpu_.create_channel();
+    ChannelState st;
+    st.shadow = std::make_unique<ShadowChannel>(
+        gpu_, ch, [this](ChannelId c, std::uint32_t put) { on_trap(c, put); });
+    st.owner = leaf;
+    st.remap_timer = std::make_unique<Timer>(timers_);
+    channels_.emplace(ch, std::move(st));
+    if (by_entity_.size() <= leaf) by_entity_.resize(leaf + 1);
+    by_entity_[leaf].push_back(ch);
+    call_policy([&] { policy_->channel_added(ch, leaf); });
+    return ch;
+}
+
+void Scheduler::close_channel(ChannelId ch) {
+    auto it = channels_.find(ch);
+    if (it == channels_.end()) throw std::out_of_range("no channel " + std::to_string(ch));
+    EntityId leaf = it->second.owner;
+    call_policy([&] { policy_->channel_removed(ch, leaf); });
+    auto& v = by_entity_[leaf];
+    v.erase(std::find(v.begin(), v.end(), ch));
+    tree_.detach_channel(leaf);
+    channels_.erase(it);
+    gpu_.destroy_channel(ch);
+}
+
+Scheduler::ChannelState& Scheduler::state(ChannelId ch) {
+    auto it = channels_.find(ch);
+    if (it == channels_.end()) throw std::out_of_range("no channel " + std::to_string(ch));
+    return it->second;
+}
+
+const Scheduler::ChannelState& Scheduler::state(ChannelId ch) const {
+    auto it = channels_.find(ch);
+    if (it == channels_.end()) throw std::out_of_range("no channel " + std::to_string(ch));
+    return it->second;
+}
+
+ShadowChannel& Scheduler::channel(ChannelId ch) { return *state(ch).shadow; }
+
+const std::vector<ChannelId>& Scheduler::channels_of(EntityId leaf) const {
+    return leaf < by_entity_.size() ? by_entity_[leaf] : kNoChannels;
+}
+
+EntityId Scheduler::owner(ChannelId ch) const { return state(ch).owner; }
+
+ChannelMode Scheduler::mode(ChannelId ch) const { return state(ch).wanted; }
+
+void Scheduler::set_mode(ChannelId ch, ChannelMode m) {
+    ChannelState& st = state(ch);
+    if (st.wanted == m) return;
+    st.wanted = m;
+    if (st.shadow->mode() == m) {
+        st.remap_timer->cancel();  // a pending switch was reverted before it landed
+        return;
+    }
+    ++stats_.remaps;
+    stats_.mechanism_cpu += costs_.remap;
+    if (costs_.remap <= 0) {
+        apply_mode(ch);
+    } else if (!st.remap_timer->armed()) {
+        st.remap_timer->arm(now() + costs_.remap, [this, ch] { apply_mode(ch); });
+    }
+}
+
+void Scheduler::apply_mode(ChannelId ch) {
+    auto it = channels_.find(ch);
+    if (it == channels_.end()) return;
+    ShadowChannel& sc = *it->second.shadow;
+    switch (it->second.wanted) {
+    case ChannelMode::Direct: sc.set_direct(); break;
+    case ChannelMode::Trapped: sc.set_trapped(); break;
+    case ChannelMode::Shadowed: sc.set_shadowed(); break;
+    }
+    if (std::uint32_t n = sc.take_released()) {
+        stats_.released_entries += n;
+        call_policy([&] { policy_->released(ch, n); });
+    }
+}
+
+std::uint32_t Scheduler::held(ChannelId ch) const { return state(ch).shadow->held(); }
+
+std::uint32_t Scheduler::release(ChannelId ch, std::uint32_t max) {
+    ShadowChannel& sc = *state(ch).shadow;
+    std::uint32_t n = sc.release(max);
+    sc.take_released();
+    stats_.released_entries += n;
+    return n;
+}
+
+std::optional<ChannelId> Scheduler::engine_status() {
+    ++stats_.polls;
+    stats_.mechanism_cpu += costs_.poll;
+    return gpu_.running_channel();
+}
+
+void Scheduler::on_trap(ChannelId ch, std::uint32_t put) {
+    ++stats_.traps;
+    stats_.mechanism_cpu += costs_.trap;
+    call_policy([&] { policy_->doorbell_trapped(ch, put); });
+}
+
+void Scheduler::on_fence(ChannelId ch, std::uint32_t fence) {
+    if (!channels_.count(ch)) return;
+    ++stats_.fences;
+    call_policy([&] { policy_->fence(ch, fence); });
+}
+
+void Scheduler::on_channel_error(ChannelId ch, std::uint32_t error) {
+    auto it = channels_.find(ch);
+    if (it == channels_.end()) return;
+    ++stats_.channel_errors;
+    call_policy([&] { policy_->channel_error(ch, error); });
+    if (error_listener_) error_listener_(ch, it->second.owner, error);
+}
+
+}  // namespace pvgpu

@@ -1,0 +1,109 @@
+// The scheduler ties an entity tree, a GPU device and a policy together.  The
+// simulator and the daemon both drive this class; only the Clock, the Timers and
+// the GpuDevice behind it differ.
+#pragma once
+
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "entity_tree.hpp"
+#include "gpu_device.hpp"
+#include "policy.hpp"
+#include "shadow_channel.hpp"
+#include "time.hpp"
+
+namespace pvgpu {
+
+// What the mechanisms cost (DESIGN.md section 6, "costs").  Defaults follow
+// published numbers: a VM exit plus host handling of a trapped doorbell is a
+// couple of microseconds (LoGV, thesis table 5.2); an EPT remap with TLB
+// shootdown and a QEMU memory transaction is tens of microseconds; an MMIO read
+// of the engine status register is about a microsecond.
+struct MechanismCosts {
+    Duration trap = 2 * kMicrosecond;
+    Duration remap = 50 * kMicrosecond;
+    Duration poll = 1 * kMicrosecond;
+};
+
+struct SchedulerStats {
+    std::uint64_t traps = 0;
+    std::uint64_t remaps = 0;
+    std::uint64_t polls = 0;
+    std::uint64_t fences = 0;
+    std::uint64_t channel_errors = 0;
+    std::uint64_t released_entries = 0;
+    // Host CPU the mechanisms cost, from MechanismCosts (deterministic).
+    Duration mechanism_cpu = 0;
+    // Host CPU measured inside policy callbacks (real, not deterministic).
+    Duration policy_cpu = 0;
+};
+
+class Scheduler final : public PolicyContext, private GpuInterrupts {
+public:
+    Scheduler(GpuDevice& gpu, const Clock& clock, Timers& timers, std::unique_ptr<Policy> policy,
+              MechanismCosts costs = {});
+    ~Scheduler() override;
+    Scheduler(const Scheduler&) = delete;
+    Scheduler& operator=(const Scheduler&) = delete;
+
+    EntityTree& entities() { return tree_; }
+    const MechanismCosts& costs() const { return costs_; }
+    const SchedulerStats& stats() const { return stats_; }
+    Policy& policy() { return *policy_; }
+    void set_policy(std::unique_ptr<Policy> policy);
+
+    ChannelId open_channel(EntityId leaf);
+    void close_channel(ChannelId ch);
+    ShadowChannel& channel(ChannelId ch);
+    bool has_channel(ChannelId ch) const { return channels_.count(ch) != 0; }
+
+    // Channel error listener (the daemon forwards it to the VM).
+    using ErrorListener = std::function<void(ChannelId, EntityId, std::uint32_t)>;
+    void set_error_listener(ErrorListener l) { error_listener_ = std::move(l); }
+
+    // --- PolicyContext ---
+    Time now() const override { return clock_.now(); }
+    Timers& timers() override { return timers_; }
+    const EntityTree& tree() const override { return tree_; }
+    const GpuDevice& gpu() const override { return gpu_; }
+    const std::vector<ChannelId>& channels_of(EntityId leaf) const override;
+    EntityId owner(ChannelId ch) const override;
+    void set_mode(ChannelId ch, ChannelMode mode) override;
+    ChannelMode mode(ChannelId ch) const override;
+    std::uint32_t held(ChannelId ch) const override;
+    std::uint32_t release(ChannelId ch, std::uint32_t max) override;
+    std::optional<ChannelId> engine_status() override;
+
+private:
+    struct ChannelState {
+        std::unique_ptr<ShadowChannel> shadow;
+        EntityId owner = kNoEntity;
+        ChannelMode wanted = ChannelMode::Direct;
+        std::unique_ptr<Timer> remap_timer;
+    };
+
+    void on_fence(ChannelId ch, std::uint32_t fence) override;
+    void on_channel_error(ChannelId ch, std::uint32_t error) override;
+    void on_trap(ChannelId ch, std::uint32_t put);
+    void apply_mode(ChannelId ch);
+    ChannelState& state(ChannelId ch);
+    const ChannelState& state(ChannelId ch) const;
+
+    // Runs a policy callback and charges its CPU time.
+    template <class F> void call_policy(F&& f);
+
+    GpuDevice& gpu_;
+    const Clock& clock_;
+    Timers& timers_;
+    MechanismCosts costs_;
+    EntityTree tree_;
+    std::unique_ptr<Policy> policy_;
+    std::unordered_map<ChannelId, ChannelState> channels_;
+    std::vector<std::vector<ChannelId>> by_entity_;
+    SchedulerStats stats_;
+    ErrorListener error_listener_;
+    static const std::vector<ChannelId> kNoChannels;
+};
+
+}  // namespace pvgpu

@@ -1,0 +1,67 @@
+#include "shadow_channel.hpp"
+
+namespace pvgpu {
+
+std::string_view to_string(ChannelMode m) {
+    switch (m) {
+    case ChannelMode::Direct: return "direct";
+    case ChannelMode::Trapped: return "trapped";
+    case ChannelMode::Shadowed: return "shadowed";
+    }
+    return "?";
+}
+
+ShadowChannel::ShadowChannel(GpuDevice& gpu, ChannelId ch, TrapHandler on_trap)
+    : gpu_(&gpu), ch_(ch), on_trap_(std::move(on_trap)), guest_put_(gpu.read_ib_put(ch)) {}
+
+bool ShadowChannel::guest_write_put(std::uint32_t put) {
+    guest_put_ = put;
+    switch (mode_) {
+    case ChannelMode::Direct:
+        gpu_->write_ib_put(ch_, put);
+        return false;
+    case ChannelMode::Trapped:
+        if (on_trap_) on_trap_(ch_, put);
+        // The handler may have shadowed the channel; then the write is held.
+        if (mode_ != ChannelMode::Shadowed) gpu_->write_ib_put(ch_, put);
+        return true;
+    case ChannelMode::Shadowed:
+        return false;
+    }
+    return false;
+}
+
+std::uint32_t ShadowChannel::guest_read_put() const { return guest_put_; }
+
+std::uint32_t ShadowChannel::guest_read_get() const {
+    return mode_ == ChannelMode::Shadowed ? shadow_get_ : gpu_->read_ib_get(ch_);
+}
+
+std::uint32_t ShadowChannel::release(std::uint32_t max) {
+    std::uint32_t h = held();
+    std::uint32_t n = h < max ? h : max;
+    if (n == 0) return 0;
+    gpu_->write_ib_put(ch_, gpu_->read_ib_put(ch_) + n);
+    released_ += n;
+    return n;
+}
+
+void ShadowChannel::set_trapped() {
+    // Trap first so a guest store racing with the switch is seen, then copy.
+    ChannelMode old = mode_;
+    mode_ = ChannelMode::Trapped;
+    if (old == ChannelMode::Shadowed) release(held());
+}
+
+void ShadowChannel::set_direct() {
+    if (mode_ == ChannelMode::Shadowed) set_trapped();
+    mode_ = ChannelMode::Direct;
+}
+
+void ShadowChannel::set_shadowed() {
+    if (mode_ == ChannelMode::Shadowed) return;
+    shadow_get_ = gpu_->read_ib_get(ch_);
+    mode_ = ChannelMode::Shadowed;
+}
+
+}  // namespace pvgpu

@@ -1,0 +1,67 @@
+// The guest-visible side of a channel's control page and the three ways the
+// hypervisor can map it (thesis 4.3, LoGV):
+//   Direct   - guest IB_PUT writes reach the GPU; nothing is trapped.
+//   Trapped  - every IB_PUT write exits to the host, is reported, then forwarded.
+//   Shadowed - the page is a private RAM page: the guest keeps writing, the GPU
+//              sees nothing; the work is held, not lost.
+// Unshadowing is race-free: the page traps first, then the held IB_PUT is copied
+// to the GPU (all of it, or a partial release), then the real page is mapped.
+// FENCE lives in semaphore memory that is never remapped, so a guest always sees
+// completions of work the GPU already has.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string_view>
+
+#include "gpu_device.hpp"
+
+namespace pvgpu {
+
+enum class ChannelMode { Direct, Trapped, Shadowed };
+std::string_view to_string(ChannelMode m);
+
+class ShadowChannel {
+public:
+    // Called for each trapped doorbell write, before it is forwarded.
+    using TrapHandler = std::function<void(ChannelId, std::uint32_t put)>;
+
+    ShadowChannel(GpuDevice& gpu, ChannelId ch, TrapHandler on_trap);
+
+    ChannelId id() const { return ch_; }
+    ChannelMode mode() const { return mode_; }
+
+    // --- guest side: what a store to / load from the mapped page does ---
+    // Returns true when the write trapped (the vCPU exited).
+    bool guest_write_put(std::uint32_t put);
+    std::uint32_t guest_read_put() const;
+    std::uint32_t guest_read_get() const;
+    std::uint32_t guest_read_fence() const { return gpu_->read_fence(ch_); }
+    pvgpu_ring* ring() { return gpu_->ring(ch_); }
+
+    // --- host side ---
+    void set_trapped();   // Direct -> Trapped, or Shadowed -> Trapped releasing everything
+    void set_direct();    // any -> Direct, releasing everything held
+    void set_shadowed();  // any -> Shadowed, freezing what the guest sees
+    // While shadowed: hand at most `max` held entries to the GPU.  Returns how many.
+    std::uint32_t release(std::uint32_t max);
+    // Entries the guest wrote that the GPU has not been given.
+    std::uint32_t held() const { return guest_put_ - gpu_->read_ib_put(ch_); }
+    // Entries handed to the GPU by release()/unshadow since the last call.
+    std::uint32_t take_released() {
+        auto r = released_;
+        released_ = 0;
+        return r;
+    }
+
+private:
+    GpuDevice* gpu_;
+    ChannelId ch_;
+    TrapHandler on_trap_;
+    ChannelMode mode_ = ChannelMode::Direct;
+    std::uint32_t guest_put_ = 0;    // IB_PUT as the guest last wrote it
+    std::uint32_t shadow_get_ = 0;   // IB_GET frozen in the shadow page
+    std::uint32_t released_ = 0;
+};
+
+}  // namespace pvgpu

@@ -1,0 +1,206 @@
+#include "sim_gpu.hpp"
+
+#include <stdexcept>
+#include <utility>
+
+namespace pvgpu::sim {
+
+std::string_view to_string(Arbitration a) {
+    return a == Arbitration::RoundRobin ? "round-robin" : "timeslice";
+}
+
+SimGpu::SimGpu(const Clock& clock, Timers& timers, SimGpuConfig cfg)
+    : clock_(clock), timers_(timers), cfg_(cfg) {
+    if (cfg_.arbitration == Arbitration::Timeslice && cfg_.timeslice <= 0)
+        throw std::invalid_argument("timeslice must be positive");
+}
+
+SimGpu::~SimGpu() {
+    timers_.cancel(seg_timer_);
+}
+
+SimGpu::Channel& SimGpu::chan(ChannelId ch) {
+    auto it = channels_.find(ch);
+    if (it == channels_.end()) throw std::out_of_range("no GPU channel " + std::to_string(ch));
+    return it->second;
+}
+
+const SimGpu::Channel& SimGpu::chan(ChannelId ch) const {
+    auto it = channels_.find(ch);
+    if (it == channels_.end()) throw std::out_of_range("no GPU channel " + std::to_string(ch));
+    return it->second;
+}
+
+ChannelId SimGpu::create_channel() {
+    ChannelId id = next_id_++;
+    Channel c;
+    c.ctrl = std::make_unique<pvgpu_ctrl_page>();
+    c.ring = std::make_unique<pvgpu_ring>();
+    channels_.emplace(id, std::move(c));
+    return id;
+}
+
+void SimGpu::destroy_channel(ChannelId ch) {
+    chan(ch);
+    if (running_ == ch) {
+        timers_.cancel(seg_timer_);
+        seg_timer_ = kNoTimer;
+        Time now = clock_.now();
+        if (now > seg_start_) {
+            busy_ += now - seg_start_;
+            if (observer_) observer_->executed(ch, seg_start_, now);
+        }
+        running_.reset();
+        last_served_ = ch;
+    }
+    ready_.erase(ch);
+    channels_.erase(ch);
+    kick();
+}
+
+pvgpu_ring* SimGpu::ring(ChannelId ch) { return chan(ch).ring.get(); }
+
+void SimGpu::set_fence_watcher(ChannelId ch, FenceWatcher w) { chan(ch).watcher = std::move(w); }
+
+std::uint32_t SimGpu::read_ib_put(ChannelId ch) const { return chan(ch).ctrl->ib_put; }
+std::uint32_t SimGpu::read_ib_get(ChannelId ch) const { return chan(ch).ctrl->ib_get; }
+std::uint32_t SimGpu::read_fence(ChannelId ch) const { return chan(ch).ctrl->fence; }
+std::uint32_t SimGpu::read_status(ChannelId ch) const { return chan(ch).ctrl->status; }
+
+bool SimGpu::runnable(const Channel& c) const {
+    return c.ctrl->status == PVGPU_CHAN_STATUS_OK && c.completed != c.ctrl->ib_put;
+}
+
+bool SimGpu::pending(ChannelId ch) const { return runnable(chan(ch)); }
+
+std::optional<ChannelId> SimGpu::running_channel() const { return running_; }
+
+void SimGpu::update_ready(ChannelId ch) {
+    if (runnable(chan(ch)))
+        ready_.insert(ch);
+    else
+        ready_.erase(ch);
+}
+
+void SimGpu::write_ib_put(ChannelId ch, std::uint32_t put) {
+    Channel& c = chan(ch);
+    if (c.ctrl->status != PVGPU_CHAN_STATUS_OK) return;  // a dead channel ignores doorbells
+    c.ctrl->ib_put = put;
+    // More outstanding entries than the ring holds cannot be real work.
+    if (put - c.completed > PVGPU_RING_ENTRIES) {
+        fail(ch, PVGPU_CHAN_ERR_BAD_ENTRY);
+        return;
+    }
+    update_ready(ch);
+    kick();
+}
+
+std::optional<ChannelId> SimGpu::next_after(ChannelId ch) const {
+    if (ready_.empty()) return std::nullopt;
+    auto it = ready_.upper_bound(ch);
+    if (it == ready_.end()) it = ready_.begin();
+    return *it;
+}
+
+void SimGpu::kick() {
+    if (running_) return;
+    if (auto next = next_after(last_served_)) start(*next);
+}
+
+void SimGpu::start(ChannelId ch) {
+    Channel& c = chan(ch);
+    Time now = clock_.now();
+    bool switching = on_engine_ != ch;
+    running_ = ch;
+    on_engine_ = ch;
+    seg_start_ = now;
+    if (switching) ++switches_;
+    if (cfg_.arbitration == Arbitration::Timeslice && (switching || now >= slice_end_)) {
+        if (switching) seg_start_ = now + cfg_.ctxsw;
+        slice_end_ = seg_start_ + cfg_.timeslice;
+    }
+    if (!c.in_flight) {
+        const pvgpu_ring_entry& e = c.ring->entries[c.completed & PVGPU_RING_MASK];
+        c.remaining = static_cast<Duration>(e.payload);
+        c.ran = 0;
+        c.in_flight = true;
+        c.ctrl->ib_get = c.completed + 1;
+    }
+    run_segment();
+}
+
+void SimGpu::run_segment() {
+    Channel& c = chan(*running_);
+    Time end = seg_start_ + c.remaining;
+    if (cfg_.watchdog > 0) end = std::min(end, seg_start_ + (cfg_.watchdog - c.ran));
+    if (cfg_.arbitration == Arbitration::Timeslice) end = std::min(end, slice_end_);
+    seg_timer_ = timers_.arm(end, [this] {
+        seg_timer_ = kNoTimer;
+        segment_end();
+    });
+}
+
+void SimGpu::segment_end() {
+    ChannelId ch = *running_;
+    Channel& c = chan(ch);
+    Time now = clock_.now();
+    Duration ran = now - seg_start_;
+    if (ran > 0) {
+        c.remaining -= ran;
+        c.ran += ran;
+        busy_ += ran;
+        if (observer_) observer_->executed(ch, seg_start_, now);
+    }
+
+    if (c.remaining > 0 && cfg_.watchdog > 0 && c.ran >= cfg_.watchdog) {
+        running_.reset();
+        last_served_ = ch;
+        fail(ch, PVGPU_CHAN_ERR_WATCHDOG);
+        kick();
+        return;
+    }
+
+    if (c.remaining > 0) {
+        // Time slice expired mid-kernel: preempt only if someone else waits.
+        bool others = ready_.size() > 1 || (ready_.size() == 1 && !ready_.count(ch));
+        if (others) {
+            running_.reset();
+            last_served_ = ch;
+            kick();
+        } else {
+            slice_end_ = now + cfg_.timeslice;
+            seg_start_ = now;
+            run_segment();
+        }
+        return;
+    }
+
+    // Kernel done.
+    const pvgpu_ring_entry e = c.ring->entries[c.completed & PVGPU_RING_MASK];
+    c.in_flight = false;
+    ++c.completed;
+    c.ctrl->fence = e.fence;
+    update_ready(ch);
+    if (cfg_.arbitration == Arbitration::Timeslice && now < slice_end_ && runnable(c)) {
+        start(ch);  // same slice, next kernel
+    } else {
+        running_.reset();
+        last_served_ = ch;
+        kick();
+    }
+    // Interrupts after the engine has moved on, as the host would observe them.
+    if ((e.flags & PVGPU_ENTRY_IRQ) && irq_) irq_->on_fence(ch, e.fence);
+    auto it = channels_.find(ch);  // the host may have destroyed it
+    if (it != channels_.end() && it->second.watcher) it->second.watcher(e.fence);
+}
+
+void SimGpu::fail(ChannelId ch, std::uint32_t error) {
+    Channel& c = chan(ch);
+    c.ctrl->status = PVGPU_CHAN_STATUS_ERROR;
+    c.ctrl->error = error;
+    c.in_flight = false;
+    ready_.erase(ch);
+    if (irq_) irq_->on_channel_error(ch, error);
+}
+
+}  // namespace pvgpu::sim

@@ -1,0 +1,112 @@
+// The simulated GPU: a black box that behaves like hardware.  Work arrives
+// through ring entries and IB_PUT doorbells; the engine runs one kernel at a
+// time, arbitrating between channels round-robin (non-preemptive, Kepler) or by
+// preemptive time slices (Pascal and later).  The host sees only the GpuDevice
+// registers and interrupts.  The simulator's measurement harness may watch the
+// ExecutionObserver, the ground truth a scheduler never gets.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+#include "core/gpu_device.hpp"
+#include "core/time.hpp"
+
+namespace pvgpu::sim {
+
+enum class Arbitration { RoundRobin, Timeslice };
+std::string_view to_string(Arbitration a);
+
+struct SimGpuConfig {
+    Arbitration arbitration = Arbitration::RoundRobin;
+    Duration timeslice = 2 * kMillisecond;  // Timeslice only
+    Duration ctxsw = 0;                     // Timeslice only: engine dead time per switch
+    Duration watchdog = 2 * kSecond;        // 0 disables
+};
+
+// Ground truth for the simulator's reports, never for schedulers.
+class ExecutionObserver {
+public:
+    virtual ~ExecutionObserver() = default;
+    // The engine ran `ch` over [start, end).
+    virtual void executed(ChannelId ch, Time start, Time end) = 0;
+};
+
+class SimGpu final : public GpuDevice {
+public:
+    SimGpu(const Clock& clock, Timers& timers, SimGpuConfig cfg);
+    ~SimGpu() override;
+
+    void set_interrupt_handler(GpuInterrupts* handler) override { irq_ = handler; }
+    ChannelId create_channel() override;
+    void destroy_channel(ChannelId ch) override;
+    pvgpu_ring* ring(ChannelId ch) override;
+
+    void write_ib_put(ChannelId ch, std::uint32_t put) override;
+    std::uint32_t read_ib_put(ChannelId ch) const override;
+    std::uint32_t read_ib_get(ChannelId ch) const override;
+    std::uint32_t read_fence(ChannelId ch) const override;
+    std::uint32_t read_status(ChannelId ch) const override;
+    bool pending(ChannelId ch) const override;
+    std::optional<ChannelId> running_channel() const override;
+    void set_watchdog(Duration limit) override { cfg_.watchdog = limit; }
+
+    void set_observer(ExecutionObserver* o) { observer_ = o; }
+    // Guest side: the submitter's view of completions (a guest polls fence
+    // memory or gets the device's per-channel interrupt).  Not a host path.
+    using FenceWatcher = std::function<void(std::uint32_t fence)>;
+    void set_fence_watcher(ChannelId ch, FenceWatcher w);
+    const SimGpuConfig& config() const { return cfg_; }
+    Duration busy_time() const { return busy_; }
+    std::uint64_t context_switches() const { return switches_; }
+
+private:
+    struct Channel {
+        std::unique_ptr<pvgpu_ctrl_page> ctrl;
+        std::unique_ptr<pvgpu_ring> ring;
+        std::uint32_t completed = 0;   // entries finished
+        // The kernel at `completed` when it was preempted or not started yet.
+        bool in_flight = false;
+        Duration remaining = 0;
+        Duration ran = 0;              // this kernel's run time so far (watchdog)
+        FenceWatcher watcher;
+    };
+
+    Channel& chan(ChannelId ch);
+    const Channel& chan(ChannelId ch) const;
+    bool runnable(const Channel& c) const;
+    void update_ready(ChannelId ch);
+    void kick();                       // start the engine if idle and work is ready
+    void start(ChannelId ch);          // put ch on the engine
+    void run_segment();                // run current kernel until done/slice/watchdog
+    void segment_end();
+    void fail(ChannelId ch, std::uint32_t error);
+    std::optional<ChannelId> next_after(ChannelId ch) const;
+
+    const Clock& clock_;
+    Timers& timers_;
+    SimGpuConfig cfg_;
+    GpuInterrupts* irq_ = nullptr;
+    ExecutionObserver* observer_ = nullptr;
+
+    std::unordered_map<ChannelId, Channel> channels_;
+    std::set<ChannelId> ready_;        // channels with work the engine could run
+    ChannelId next_id_ = 1;
+
+    // Engine state.
+    std::optional<ChannelId> running_;
+    ChannelId last_served_ = 0;
+    ChannelId on_engine_ = 0;          // last channel whose context was loaded
+    Time seg_start_ = 0;
+    Time slice_end_ = 0;
+    TimerId seg_timer_ = kNoTimer;
+    TimerId kick_timer_ = kNoTimer;
+    Duration busy_ = 0;
+    std::uint64_t switches_ = 0;
+};
+
+}  // namespace pvgpu::sim

@@ -1,0 +1,30 @@
+#!/bin/sh
+# Install what pvgpu needs on Debian 12 (bookworm), configure and build it.
+# Idempotent: packages already present are not fetched again, an existing
+# build directory is reused.  Usage: ./setup.sh [BUILD_DIR]
+set -eu
+cd "$(dirname "$0")"
+build=${1:-build}
+
+# Build tools and libraries; python3 and gnuplot serve the experiment scripts
+# and plots in docs/.
+packages="meson ninja-build pkg-config g++ catch2 nlohmann-json3-dev libglib2.0-dev python3 gnuplot-nox"
+
+missing=""
+for p in $packages; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "setup.sh: missing packages:$missing; run as root (or: sudo apt-get install$missing)" >&2
+        exit 1
+    fi
+    echo "setup.sh: installing$missing"
+    apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $missing
+fi
+
+if [ ! -f "$build/build.ninja" ]; then
+    meson setup "$build" -Dwerror=true
+fi
+meson compile -C "$build"
