@@ -41,7 +41,10 @@ std::uint32_t ShadowChannel::release(std::uint32_t max) {
     std::uint32_t h = held();
     std::uint32_t n = h < max ? h : max;
     if (n == 0) return 0;
-    gpu_->write_ib_put(ch_, gpu_->read_ib_put(ch_) + n);
+    std::uint32_t before = gpu_->read_ib_put(ch_);
+    gpu_->write_ib_put(ch_, before + n);
+    // A dead channel ignores the doorbell: count only what the GPU took.
+    n = gpu_->read_ib_put(ch_) - before;
     released_ += n;
     return n;
 }

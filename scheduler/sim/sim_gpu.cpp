@@ -42,17 +42,7 @@ ChannelId SimGpu::create_channel() {
 
 void SimGpu::destroy_channel(ChannelId ch) {
     chan(ch);
-    if (running_ == ch) {
-        timers_.cancel(seg_timer_);
-        seg_timer_ = kNoTimer;
-        Time now = clock_.now();
-        if (now > seg_start_) {
-            busy_ += now - seg_start_;
-            if (observer_) observer_->executed(ch, seg_start_, now);
-        }
-        running_.reset();
-        last_served_ = ch;
-    }
+    if (running_ == ch) stop_engine();
     ready_.erase(ch);
     channels_.erase(ch);
     kick();
@@ -194,13 +184,30 @@ void SimGpu::segment_end() {
     if (it != channels_.end() && it->second.watcher) it->second.watcher(e.fence);
 }
 
+void SimGpu::stop_engine() {
+    ChannelId ch = *running_;
+    timers_.cancel(seg_timer_);
+    seg_timer_ = kNoTimer;
+    Time now = clock_.now();
+    if (now > seg_start_) {
+        busy_ += now - seg_start_;
+        if (observer_) observer_->executed(ch, seg_start_, now);
+    }
+    running_.reset();
+    last_served_ = ch;
+}
+
 void SimGpu::fail(ChannelId ch, std::uint32_t error) {
     Channel& c = chan(ch);
     c.ctrl->status = PVGPU_CHAN_STATUS_ERROR;
     c.ctrl->error = error;
     c.in_flight = false;
     ready_.erase(ch);
+    // The kernel on the engine dies with its channel.
+    bool was_running = running_ == ch;
+    if (was_running) stop_engine();
     if (irq_) irq_->on_channel_error(ch, error);
+    if (was_running) kick();
 }
 
 }  // namespace pvgpu::sim

@@ -84,6 +84,7 @@ private:
     void start(ChannelId ch);          // put ch on the engine
     void run_segment();                // run current kernel until done/slice/watchdog
     void segment_end();
+    void stop_engine();                // take the running channel off mid-kernel
     void fail(ChannelId ch, std::uint32_t error);
     std::optional<ChannelId> next_after(ChannelId ch) const;
 

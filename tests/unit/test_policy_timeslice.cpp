@@ -276,8 +276,8 @@ TEST_CASE("timeslice: overrun is measured and charged", "[policy][timeslice]") {
     double acc_b = to_ms(*rig.sched.policy().accounted(b) - acc_b0);
     INFO("accounted long " << acc_a << " true " << to_ms(rig.gpu_time(a)) << "; short " << acc_b << " true "
                            << to_ms(rig.gpu_time(b)));
-    CHECK(acc_a == Approx(to_ms(rig.gpu_time(a))).epsilon(0.02));
-    CHECK(acc_b == Approx(to_ms(rig.gpu_time(b))).epsilon(0.02));
+    CHECK(acc_a == Approx(to_ms(rig.gpu_time(a))).epsilon(0.005));
+    CHECK(acc_b == Approx(to_ms(rig.gpu_time(b))).epsilon(0.005));
 }
 
 TEST_CASE("timeslice: weight changes, joining and leaving channels", "[policy][timeslice]") {

@@ -10,14 +10,20 @@
 //      by another drain.  Its GPU busy time is measured from doorbell traps
 //      (idle -> busy) and fence interrupts (busy -> idle); the ring entries it
 //      completed are read from IB_GET.  busy / entries is its mean request run
-//      time; the busy time is charged: vtime += busy / share;
+//      time; the busy time is charged: vtime += busy / share.
+//      A sampled leaf that runs out of work ends its sample early.
 //   3. freerun for `freerun`: leaves whose vtime is more than `threshold`
 //      ahead of the least-served backlogged leaf are shadowed (denied), the
-//      rest run direct with no traps at all.  The drain that starts the next
-//      cycle lets their last kernels finish; then each leaf's usage is
-//      estimated as entries completed (IB_GET progress, which includes work
-//      it queued while shadowed and that was released at unshadow) times its
-//      sampled mean request time, and vtime += usage / share.
+//      rest run direct with no traps at all.  Should the allowed leaves leave
+//      the GPU idle, the denied ones are let in for the rest of the freerun
+//      (and pay for it below).  The drain that starts the next cycle lets the
+//      last kernels finish; then each leaf's usage is estimated as entries
+//      completed (IB_GET progress, which includes work it queued while
+//      shadowed and that was released at unshadow) times its sampled mean
+//      request time, and vtime += usage / share.
+// Entries are counted from IB_GET rather than from fence values: after a
+// drain IB_GET equals the completions exactly, it is a register the guest
+// cannot fake, and it counts work submitted without completion interrupts.
 // share is the leaf's hierarchical share among backlogged leaves (formula 3.1
 // generalised).  Draining idles the GPU and sampling serialises everybody:
 // that overhead is the honest price of this design and is kept.

@@ -151,10 +151,10 @@ public:
         observe();  // a killed channel leaves the engine
     }
 
-    void released(ChannelId, std::uint32_t entries) override {
+    void released(ChannelId ch, std::uint32_t entries) override {
         if (!running_) return;
         released_entries_ += entries;
-        observe(true);  // the unshadowed owner's held work may be on the engine now
+        observe(false, ch);  // the released work may be on the engine now
     }
 
     std::optional<Duration> accounted(EntityId leaf) const override {
@@ -225,13 +225,15 @@ private:
     // the channel the engine status register showed then.  If the engine was
     // idle then and is busy now, a direct doorbell started the work somewhere
     // in between: charge the whole interval (an upper bound, exact for
-    // back-to-back submitters) unless we know it started just now.
-    void observe(bool started_now = false) {
+    // back-to-back submitters) unless we know it started just now: after a
+    // completion anything may have been started; after a release, only the
+    // released channel.
+    void observe(bool after_completion = false, std::optional<ChannelId> released = std::nullopt) {
         Time now = ctx_->now();
         std::optional<ChannelId> current = ctx_->gpu().running_channel();
         if (observed_)
             charge_channel(*observed_, now - observed_at_);
-        else if (current && !started_now)
+        else if (current && !after_completion && released != current)
             charge_channel(*current, now - observed_at_);
         observed_ = current;
         observed_at_ = now;
