@@ -99,6 +99,13 @@ void SimGpu::kick() {
 
 void SimGpu::start(ChannelId ch) {
     Channel& c = chan(ch);
+    // A run time beyond any watchdog (and beyond int64 ns) is not real work.
+    constexpr std::uint64_t kMaxPayload = std::uint64_t{1} << 50;
+    if (!c.in_flight && c.ring->entries[c.completed & PVGPU_RING_MASK].payload > kMaxPayload) {
+        fail(ch, PVGPU_CHAN_ERR_BAD_ENTRY);
+        kick();
+        return;
+    }
     Time now = clock_.now();
     bool switching = on_engine_ != ch;
     running_ = ch;

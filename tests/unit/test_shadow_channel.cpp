@@ -494,18 +494,33 @@ TEST_CASE("scheduler: a switch reverted before it lands does not happen", "[sche
     r.loop.run_until(us(20));
     r.sched.set_mode(ch, ChannelMode::Direct);  // changed its mind
     CHECK(r.sched.mode(ch) == ChannelMode::Direct);
+    CHECK(r.loop.pending() == 0);  // no remap left armed (nothing else runs yet)
     r.loop.run_until(us(200));
     CHECK(r.actual(ch) == ChannelMode::Direct);
     CHECK_FALSE(r.write(ch, 2, us(10)));
     CHECK(r.gpu.read_ib_put(ch) == 2);
     CHECK(r.sched.held(ch) == 0);
 
+    // Asked again after a revert, the switch takes the full delay from the new
+    // request: at 200 ask, 220 revert, 240 ask again -> lands at 290, not 250.
+    r.sched.set_mode(ch, ChannelMode::Shadowed);
+    r.loop.run_until(us(220));
+    r.sched.set_mode(ch, ChannelMode::Direct);
+    r.loop.run_until(us(240));
+    r.sched.set_mode(ch, ChannelMode::Shadowed);
+    r.loop.run_until(us(289));
+    CHECK(r.actual(ch) == ChannelMode::Direct);
+    r.loop.run_until(us(290));
+    CHECK(r.actual(ch) == ChannelMode::Shadowed);
+
     // A switch to a third mode while one is pending lands at the pending time
     // with the newest wish.
-    r.sched.set_mode(ch, ChannelMode::Shadowed);  // at 200, due at 250
-    r.loop.run_until(us(230));
+    r.sched.set_mode(ch, ChannelMode::Direct);  // at 290, due at 340
+    r.loop.run_until(us(320));
     r.sched.set_mode(ch, ChannelMode::Trapped);
-    r.loop.run_until(us(300));
+    r.loop.run_until(us(339));
+    CHECK(r.actual(ch) == ChannelMode::Shadowed);
+    r.loop.run_until(us(340));
     CHECK(r.actual(ch) == ChannelMode::Trapped);
     CHECK(r.write(ch, 1, us(10)));
     CHECK(r.sched.stats().traps == 1);

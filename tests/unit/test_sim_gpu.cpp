@@ -603,3 +603,18 @@ TEST_CASE("sim gpu: runs are deterministic", "[sim_gpu]") {
     CHECK(std::get<3>(first) == std::get<3>(second));
     CHECK(std::get<4>(first) == std::get<4>(second));
 }
+
+TEST_CASE("sim gpu: an absurd payload is a bad entry, not a negative run time", "[sim_gpu]") {
+    pvgpu::sim::EventLoop loop;
+    pvgpu::sim::SimGpu gpu(loop, loop, {});
+    pvgpu::ChannelId a = gpu.create_channel();
+    pvgpu::ChannelId b = gpu.create_channel();
+    gpu.ring(a)->entries[0] = {std::uint64_t{1} << 63, 1, 0};
+    gpu.ring(b)->entries[0] = {1000000, 1, 0};
+    gpu.write_ib_put(a, 1);
+    gpu.write_ib_put(b, 1);
+    loop.run_until(10 * pvgpu::kMillisecond);
+    CHECK(gpu.read_status(a) == PVGPU_CHAN_STATUS_ERROR);
+    CHECK(gpu.read_fence(a) == 0);
+    CHECK(gpu.read_fence(b) == 1);  // the other channel is served
+}
