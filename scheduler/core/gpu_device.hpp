@@ -14,6 +14,16 @@ namespace pvgpu {
 
 using ChannelId = std::uint32_t;
 
+// Memory the host hands the GPU for a channel (like USERD and the GPFIFO on
+// real hardware): the control page the submitter sees and the ring.  Null
+// members ask the device to allocate its own.  The GPU writes IB_GET, FENCE,
+// STATUS and ERROR into `ctrl`; `ctrl->ib_put` belongs to the submitter, the
+// GPU keeps its own IB_PUT register and learns new values from doorbells.
+struct ChannelMemory {
+    pvgpu_ctrl_page* ctrl = nullptr;
+    pvgpu_ring* ring = nullptr;
+};
+
 // Interrupts delivered by the device.  Called on the scheduler's thread.
 class GpuInterrupts {
 public:
@@ -30,8 +40,10 @@ public:
 
     virtual void set_interrupt_handler(GpuInterrupts* handler) = 0;
 
-    // Channels.  The control page and ring stay valid until destroy_channel().
-    virtual ChannelId create_channel() = 0;
+    // Channels.  The control page and ring stay valid until destroy_channel();
+    // host-provided memory must outlive the channel.
+    virtual ChannelId create_channel(ChannelMemory mem) = 0;
+    ChannelId create_channel() { return create_channel(ChannelMemory{}); }
     virtual void destroy_channel(ChannelId ch) = 0;
     virtual pvgpu_ring* ring(ChannelId ch) = 0;
 

@@ -46,9 +46,9 @@ void Scheduler::set_policy(std::unique_ptr<Policy> policy) {
     for (ChannelId ch : ids) call_policy([&] { policy_->channel_added(ch, channels_.at(ch).owner); });
 }
 
-ChannelId Scheduler::open_channel(EntityId leaf) {
+ChannelId Scheduler::open_channel(EntityId leaf, ChannelMemory mem) {
     tree_.attach_channel(leaf);  // validates: live leaf, not the root
-    ChannelId ch = gpu_.create_channel();
+    ChannelId ch = gpu_.create_channel(mem);
     ChannelState st;
     st.shadow = std::make_unique<ShadowChannel>(
         gpu_, ch, [this](ChannelId c, std::uint32_t put) { on_trap(c, put); });

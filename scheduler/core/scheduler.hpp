@@ -53,7 +53,7 @@ public:
     Policy& policy() { return *policy_; }
     void set_policy(std::unique_ptr<Policy> policy);
 
-    ChannelId open_channel(EntityId leaf);
+    ChannelId open_channel(EntityId leaf, ChannelMemory mem = {});
     void close_channel(ChannelId ch);
     ShadowChannel& channel(ChannelId ch);
     bool has_channel(ChannelId ch) const { return channels_.count(ch) != 0; }

@@ -31,11 +31,18 @@ const SimGpu::Channel& SimGpu::chan(ChannelId ch) const {
     return it->second;
 }
 
-ChannelId SimGpu::create_channel() {
+ChannelId SimGpu::create_channel(ChannelMemory mem) {
     ChannelId id = next_id_++;
     Channel c;
-    c.ctrl = std::make_unique<pvgpu_ctrl_page>();
-    c.ring = std::make_unique<pvgpu_ring>();
+    if (!mem.ctrl) c.own_ctrl = std::make_unique<pvgpu_ctrl_page>();
+    if (!mem.ring) c.own_ring = std::make_unique<pvgpu_ring>();
+    c.ctrl = mem.ctrl ? mem.ctrl : c.own_ctrl.get();
+    c.ring = mem.ring ? mem.ring : c.own_ring.get();
+    // The GPU owns these fields from now on.
+    c.ctrl->ib_get = 0;
+    c.ctrl->fence = 0;
+    c.ctrl->status = PVGPU_CHAN_STATUS_OK;
+    c.ctrl->error = PVGPU_CHAN_ERR_NONE;
     channels_.emplace(id, std::move(c));
     return id;
 }
@@ -48,17 +55,17 @@ void SimGpu::destroy_channel(ChannelId ch) {
     kick();
 }
 
-pvgpu_ring* SimGpu::ring(ChannelId ch) { return chan(ch).ring.get(); }
+pvgpu_ring* SimGpu::ring(ChannelId ch) { return chan(ch).ring; }
 
 void SimGpu::set_fence_watcher(ChannelId ch, FenceWatcher w) { chan(ch).watcher = std::move(w); }
 
-std::uint32_t SimGpu::read_ib_put(ChannelId ch) const { return chan(ch).ctrl->ib_put; }
+std::uint32_t SimGpu::read_ib_put(ChannelId ch) const { return chan(ch).put; }
 std::uint32_t SimGpu::read_ib_get(ChannelId ch) const { return chan(ch).ctrl->ib_get; }
 std::uint32_t SimGpu::read_fence(ChannelId ch) const { return chan(ch).ctrl->fence; }
 std::uint32_t SimGpu::read_status(ChannelId ch) const { return chan(ch).ctrl->status; }
 
 bool SimGpu::runnable(const Channel& c) const {
-    return c.ctrl->status == PVGPU_CHAN_STATUS_OK && c.completed != c.ctrl->ib_put;
+    return c.ctrl->status == PVGPU_CHAN_STATUS_OK && c.completed != c.put;
 }
 
 bool SimGpu::pending(ChannelId ch) const { return runnable(chan(ch)); }
@@ -75,7 +82,7 @@ void SimGpu::update_ready(ChannelId ch) {
 void SimGpu::write_ib_put(ChannelId ch, std::uint32_t put) {
     Channel& c = chan(ch);
     if (c.ctrl->status != PVGPU_CHAN_STATUS_OK) return;  // a dead channel ignores doorbells
-    c.ctrl->ib_put = put;
+    c.put = put;
     // More outstanding entries than the ring holds cannot be real work.
     if (put - c.completed > PVGPU_RING_ENTRIES) {
         fail(ch, PVGPU_CHAN_ERR_BAD_ENTRY);

@@ -42,7 +42,8 @@ public:
     ~SimGpu() override;
 
     void set_interrupt_handler(GpuInterrupts* handler) override { irq_ = handler; }
-    ChannelId create_channel() override;
+    using GpuDevice::create_channel;
+    ChannelId create_channel(ChannelMemory mem) override;
     void destroy_channel(ChannelId ch) override;
     pvgpu_ring* ring(ChannelId ch) override;
 
@@ -66,8 +67,11 @@ public:
 
 private:
     struct Channel {
-        std::unique_ptr<pvgpu_ctrl_page> ctrl;
-        std::unique_ptr<pvgpu_ring> ring;
+        std::unique_ptr<pvgpu_ctrl_page> own_ctrl;  // when the host gave none
+        std::unique_ptr<pvgpu_ring> own_ring;
+        pvgpu_ctrl_page* ctrl = nullptr;
+        pvgpu_ring* ring = nullptr;
+        std::uint32_t put = 0;         // the GPU's IB_PUT register
         std::uint32_t completed = 0;   // entries finished
         // The kernel at `completed` when it was preempted or not started yet.
         bool in_flight = false;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <ostream>
 #include <stdexcept>
 #include <tuple>
@@ -617,4 +618,24 @@ TEST_CASE("sim gpu: an absurd payload is a bad entry, not a negative run time", 
     CHECK(gpu.read_status(a) == PVGPU_CHAN_STATUS_ERROR);
     CHECK(gpu.read_fence(a) == 0);
     CHECK(gpu.read_fence(b) == 1);  // the other channel is served
+}
+
+TEST_CASE("sim gpu: host-provided channel memory carries the GPU's registers", "[sim_gpu]") {
+    pvgpu::sim::EventLoop loop;
+    pvgpu::sim::SimGpu gpu(loop, loop, {});
+    auto ctrl = std::make_unique<pvgpu_ctrl_page>();
+    auto ring = std::make_unique<pvgpu_ring>();
+    ctrl->ib_put = 7;  // the submitter's field: the GPU must leave it alone
+    ctrl->fence = 99;  // stale: reset when the channel is created
+    pvgpu::ChannelId ch = gpu.create_channel({ctrl.get(), ring.get()});
+    CHECK(ctrl->fence == 0);
+    CHECK(gpu.ring(ch) == ring.get());
+    ring->entries[0] = {500000, 42, PVGPU_ENTRY_IRQ};
+    gpu.write_ib_put(ch, 1);
+    loop.run_until(pvgpu::kMillisecond);
+    CHECK(ctrl->ib_get == 1);
+    CHECK(ctrl->fence == 42);
+    CHECK(ctrl->ib_put == 7);
+    CHECK(gpu.read_ib_put(ch) == 1);
+    gpu.destroy_channel(ch);
 }

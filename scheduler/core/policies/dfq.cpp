@@ -48,8 +48,10 @@ namespace {
 
 struct Params {
     Duration sample;
+    bool weighted_sample;
     Duration freerun;
     double threshold;  // ns of virtual time
+    Duration idle_grace;
     Duration settle;
     Duration drain_poll;
 };
@@ -174,12 +176,12 @@ public:
                 sample_busy_ += ctx_->now() - *busy_since_;
                 busy_since_.reset();
             }
-            // A sampled leaf that ran out of work gives the GPU back early.
+            // A sampled leaf that runs out of work gives the GPU back early.
             if (phase_ == Phase::Sample && !leaf_pending(sampled_) && !poll_timer_.armed())
-                poll_timer_.arm(ctx_->now() + p_.settle, [this] { sample_idle_check(); });
+                poll_timer_.arm(ctx_->now() + p_.idle_grace, [this] { sample_idle_check(); });
         }
-        if (phase_ == Phase::Freerun && !poll_timer_.armed() && !allowed_work())
-            poll_timer_.arm(ctx_->now() + p_.settle, [this] { freerun_idle_check(); });
+        if (phase_ == Phase::Freerun && allowed(leaf) && !poll_timer_.armed() && !allowed_work())
+            poll_timer_.arm(ctx_->now() + p_.idle_grace, [this] { freerun_idle_check(); });
         if (phase_ == Phase::Drain) {
             // Its guest learns of the completion after us and has had no
             // chance to submit more: if this ends the drain, count it as
@@ -400,6 +402,7 @@ private:
         planned_ = true;
         ++cycles_;
         to_sample_ = backlog;
+        cycle_size_ = backlog.size();
         cycle_shares_ = hierarchical_shares(ctx_->tree(), backlog);
         return true;
     }
@@ -407,18 +410,38 @@ private:
     void start_sample(EntityId leaf) {
         phase_ = Phase::Sample;
         sampled_ = leaf;
+        phase_started_ = ctx_->now();
         ++samples_;
         busy_since_.reset();
         sample_busy_ = 0;
         open_window();
         for (const auto& [ch, st] : channels_)
             if (st.leaf == leaf) set(ch, ChannelMode::Trapped);  // releases what it held
-        phase_timer_.arm(ctx_->now() + p_.sample, [this] { start_drain(); });
-        poll_timer_.arm(ctx_->now() + p_.settle, [this] { sample_idle_check(); });
+        // Weighted sampling: samples follow the shares, averaging `sample`.
+        // It never ends before its held work has been released (settle).
+        Duration length = p_.sample;
+        if (p_.weighted_sample && leaf < cycle_shares_.size() && cycle_shares_[leaf] > 0)
+            length = std::llround(static_cast<double>(p_.sample) * static_cast<double>(cycle_size_) *
+                                  cycle_shares_[leaf]);
+        phase_timer_.arm(ctx_->now() + std::max(length, p_.settle), [this] { start_drain(); });
+        poll_timer_.arm(ctx_->now() + p_.idle_grace, [this] { sample_idle_check(); });
+    }
+
+    // When did a set of leaves last show activity (completion or phase start)?
+    template <class Pred> Time last_activity(Pred in_set) const {
+        Time t = phase_started_;
+        for (EntityId id = 0; id < leaves_.size(); ++id)
+            if (in_set(id)) t = std::max(t, leaves_[id].last_completion);
+        return t;
     }
 
     void sample_idle_check() {
         if (phase_ != Phase::Sample || leaf_has_work(sampled_)) return;
+        Time idle_since = last_activity([this](EntityId id) { return id == sampled_; });
+        if (ctx_->now() < idle_since + p_.idle_grace) {
+            poll_timer_.arm(idle_since + p_.idle_grace, [this] { sample_idle_check(); });
+            return;
+        }
         ++short_samples_;
         start_drain();
     }
@@ -455,6 +478,7 @@ private:
             return;
         }
         phase_ = Phase::Freerun;
+        phase_started_ = ctx_->now();
         freerun_open_ = true;
         ++freeruns_;
         freerun_backlog_ = backlog;
@@ -468,7 +492,7 @@ private:
         for (const auto& [ch, st] : channels_)
             set(ch, allowed(st.leaf) ? ChannelMode::Direct : ChannelMode::Shadowed);
         phase_timer_.arm(ctx_->now() + p_.freerun, [this] { start_drain(); });
-        poll_timer_.arm(ctx_->now() + p_.settle, [this] { freerun_idle_check(); });
+        poll_timer_.arm(ctx_->now() + p_.idle_grace, [this] { freerun_idle_check(); });
     }
 
     bool allowed_work() const {
@@ -477,11 +501,19 @@ private:
         return false;
     }
 
-    // Work conservation inside a freerun: once the allowed leaves leave the
-    // GPU idle, denied leaves with held work may run for the rest of it.  Their
-    // usage is estimated like everybody's, so the denial is paid for later.
+    // Work conservation inside a freerun: once the allowed leaves have left
+    // the GPU idle for `idle_grace`, denied leaves with held work may run for
+    // the rest of it.  Their usage is estimated like everybody's, so the
+    // denial is paid for later.  Short gaps (a guest's CPU time between
+    // kernels) do not count: filling them with a denied leaf's long kernels
+    // would starve the allowed leaf on a non-preemptive GPU.
     void freerun_idle_check() {
         if (phase_ != Phase::Freerun || allowed_work()) return;
+        Time idle_since = last_activity([this](EntityId id) { return allowed(id); });
+        if (ctx_->now() < idle_since + p_.idle_grace) {
+            poll_timer_.arm(idle_since + p_.idle_grace, [this] { freerun_idle_check(); });
+            return;
+        }
         for (const auto& [ch, st] : channels_) {
             if (!allowed(st.leaf) && leaf_has_work(st.leaf) && leaves_[st.leaf].mean_request > 0) {
                 if (allowed_.size() <= st.leaf) allowed_.resize(st.leaf + 1, 0);
@@ -537,6 +569,8 @@ private:
     // Cycle plan.
     bool planned_ = false;
     Time last_plan_at_ = 0;
+    Time phase_started_ = 0;  // start of the current sample or freerun
+    std::size_t cycle_size_ = 0;  // leaves planned for sampling this cycle
     std::vector<EntityId> to_sample_;
     std::vector<double> cycle_shares_;
 
@@ -567,14 +601,21 @@ PolicyInfo dfq_info() {
             "NEON disengaged fair queuing with weights (thesis): drain, exclusive trapped sampling, "
             "freerun with vtime-threshold denial",
             {
-                {"sample_ms", 10.0, "exclusive GPU time each backlogged leaf gets per cycle to measure its request size"},
+                {"sample_ms", 10.0,
+                 "exclusive GPU time a backlogged leaf gets per cycle to measure its request size (mean over "
+                 "leaves when weighted_sample is on)"},
+                {"weighted_sample", 1.0,
+                 "1: a leaf's sample is sample_ms * leaves * its share, so sampling follows the weights; "
+                 "0: every leaf gets sample_ms (the thesis with equal weights)"},
                 {"freerun_ms", 50.0, "length of the freerun phase in which non-denied leaves run direct"},
                 {"threshold_ms", 5.0,
                  "a leaf whose virtual time (share-normalised GPU ms) leads the least-served backlogged "
                  "leaf by more than this is denied the next freerun"},
+                {"idle_grace_us", 1000.0,
+                 "a sampled leaf idle this long ends its sample; allowed leaves idle this long in a freerun "
+                 "let the denied ones in (work conservation)"},
                 {"settle_us", 100.0,
-                 "time after shadowing before a drain can complete (must cover the remap latency); also "
-                 "how long a sampled leaf may sit idle before its sample ends early"},
+                 "time after shadowing before a drain can complete; must cover the remap latency"},
                 {"drain_poll_us", 200.0,
                  "pending-work poll period while draining, for work that raises no completion interrupt"},
             }};
@@ -588,8 +629,10 @@ std::unique_ptr<Policy> make_dfq(const PolicyParams& p) {
     if (get("drain_poll_us") <= 0) throw std::invalid_argument("dfq: drain_poll_us must be > 0");
     Params params{
         static_cast<Duration>(get("sample_ms") * kMillisecond),
+        get("weighted_sample") != 0,
         static_cast<Duration>(get("freerun_ms") * kMillisecond),
         get("threshold_ms") * static_cast<double>(kMillisecond),
+        static_cast<Duration>(get("idle_grace_us") * kMicrosecond),
         static_cast<Duration>(get("settle_us") * kMicrosecond),
         static_cast<Duration>(get("drain_poll_us") * kMicrosecond),
     };
