@@ -54,6 +54,7 @@ Exit status: 0 success, 1 the simulation failed, 2 bad usage or scenario.
 struct Args {
     std::string command, scenario, policy, series;
     std::vector<std::string> policies{"none", "hfq"};
+    bool policies_given = false;
     PolicyParams params;
     bool json = false;
     std::optional<std::string> arbitration;
@@ -97,6 +98,7 @@ Args parse_args(int argc, char** argv) {
         } else if (s == "--policy") {
             a.policy = value();
         } else if (s == "--policies") {
+            a.policies_given = true;
             a.policies.clear();
             std::stringstream ss(value());
             for (std::string p; std::getline(ss, p, ',');)
@@ -112,7 +114,15 @@ Args parse_args(int argc, char** argv) {
         } else if (s == "--timeslice-us") {
             a.timeslice_us = number(s, value());
         } else if (s == "--seed") {
-            a.seed = static_cast<std::uint64_t>(number(s, value()));
+            std::string v = value();
+            std::size_t used = 0;
+            try {
+                if (v.empty() || v[0] == '-') throw std::invalid_argument(v);
+                a.seed = std::stoull(v, &used, 10);
+            } catch (const std::exception&) {
+                used = 0;
+            }
+            if (used == 0 || used != v.size()) throw UsageError("--seed: expected a whole number, got '" + v + "'");
         } else if (s == "--duration-ms") {
             a.duration_ms = number(s, value());
         } else if (s == "--warmup-ms") {
@@ -129,6 +139,11 @@ Args parse_args(int argc, char** argv) {
     }
     if (pos.empty()) throw UsageError("no command given");
     a.command = pos[0];
+    // Options that belong to the other command are mistakes, not no-ops.
+    if (a.command == "compare" && (!a.policy.empty() || !a.series.empty() || a.series_interval_ms))
+        throw UsageError("compare takes --policies, not --policy, --series or --series-interval-ms");
+    if (a.command != "compare" && a.policies_given)
+        throw UsageError("--policies belongs to compare; run takes --policy");
     if (a.command == "policies") {
         if (pos.size() != 1) throw UsageError("policies takes no arguments");
     } else if (a.command == "run" || a.command == "compare" || a.command == "check") {
@@ -156,15 +171,20 @@ Scenario load_with_overrides(const Args& a, const std::string& policy) {
         else
             throw UsageError("--arbitration: expected round-robin or timeslice, got '" + *a.arbitration + "'");
     }
+    // The same limits as the scenario file: whole nanoseconds, at most 1e9 ms.
+    constexpr double kMaxMs = 1e9;
     if (a.timeslice_us) {
-        if (*a.timeslice_us <= 0) throw UsageError("--timeslice-us must be positive");
+        if (!(*a.timeslice_us >= 0.001 && *a.timeslice_us <= kMaxMs * 1000))
+            throw UsageError("--timeslice-us must be between 0.001 and 1e12");
         sc.gpu.timeslice = from_us(*a.timeslice_us);
     }
     if (a.seed) sc.seed = *a.seed;
     if (a.duration_ms) sc.duration_ms = *a.duration_ms;
     if (a.warmup_ms) sc.warmup_ms = *a.warmup_ms;
-    if (sc.duration_ms <= 0) throw UsageError("duration must be positive");
-    if (sc.warmup_ms >= sc.duration_ms) throw UsageError("warmup must be shorter than the duration");
+    if (!(sc.duration_ms >= 0.001 && sc.duration_ms <= kMaxMs))
+        throw UsageError("duration must be between 0.001 and 1e9 ms");
+    if (!(sc.warmup_ms >= 0 && sc.warmup_ms < sc.duration_ms))
+        throw UsageError("warmup must be shorter than the duration");
     try {
         make_policy(sc.policy, sc.params);  // validates name and parameters
     } catch (const std::invalid_argument& e) {
@@ -185,15 +205,16 @@ int list_policies() {
 int run(const Args& a) {
     Scenario sc = load_with_overrides(a, a.policy);
     SimOptions opt;
-    std::ofstream series;
+    if (a.series_interval_ms) {
+        if (!(*a.series_interval_ms >= 0.001 && *a.series_interval_ms <= sc.duration_ms))
+            throw UsageError("--series-interval-ms must be between 0.001 and the duration");
+        opt.series_interval_ms = *a.series_interval_ms;
+    }
+    std::ofstream series;  // opened only once everything is known to be valid
     if (!a.series.empty()) {
         series.open(a.series);
         if (!series) throw std::runtime_error("cannot write " + a.series + ": " + std::strerror(errno));
         opt.series = &series;
-    }
-    if (a.series_interval_ms) {
-        if (*a.series_interval_ms <= 0) throw UsageError("--series-interval-ms must be positive");
-        opt.series_interval_ms = *a.series_interval_ms;
     }
     SimResult r = run_simulation(sc, opt);
     if (a.json)
@@ -210,6 +231,14 @@ int compare(const Args& a) {
         // --param applies to the policies that have that parameter.
         Args one = a;
         one.params.clear();
+        for (const auto& [k, v] : a.params) {
+            bool known = false;
+            for (const auto& info : policy_catalog())
+                for (const auto& q : a.policies)
+                    if (info.name == q)
+                        for (const auto& [name, def, doc] : info.params) known = known || name == k;
+            if (!known) throw UsageError("--param " + k + ": none of the compared policies has it");
+        }
         for (const auto& info : policy_catalog())
             if (info.name == p)
                 for (const auto& [k, v] : a.params)

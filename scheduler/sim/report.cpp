@@ -98,29 +98,42 @@ std::string compare_table(const std::vector<SimResult>& runs) {
     os << "scenario " << runs[0].scenario << "  gpu " << runs[0].arbitration << "  "
        << runs[0].sim_time_ms << " ms\n\n";
     char line[256];
-    std::snprintf(line, sizeof line, "%-28s %8s", "entity", "target");
+    // Targets depend on when finite jobs finished, so they can differ per
+    // policy; then each policy gets its own target column.
+    bool same_targets = true;
+    for (const auto& r : runs)
+        for (std::size_t i = 0; i < r.entities.size(); ++i)
+            same_targets = same_targets &&
+                           std::abs(r.entities[i].target_share - runs[0].entities[i].target_share) < 1e-9;
+    std::snprintf(line, sizeof line, "%-28s", "entity");
     os << line;
+    if (same_targets) os << "   target";
     for (const auto& r : runs) {
-        std::snprintf(line, sizeof line, " %10s", r.policy.c_str());
+        std::snprintf(line, sizeof line, same_targets ? " %10s" : " %10s %8s", r.policy.c_str(), "target");
         os << line;
     }
     os << '\n';
     for (std::size_t i = 0; i < runs[0].entities.size(); ++i) {
-        std::snprintf(line, sizeof line, "%-28s %8.4f", runs[0].entities[i].path.c_str(),
-                      runs[0].entities[i].target_share);
+        std::snprintf(line, sizeof line, "%-28s", runs[0].entities[i].path.c_str());
         os << line;
+        if (same_targets) os << fmt(" %8.4f", runs[0].entities[i].target_share);
         for (const auto& r : runs) {
-            std::snprintf(line, sizeof line, " %10.4f", r.entities[i].achieved_share);
+            if (same_targets)
+                std::snprintf(line, sizeof line, " %10.4f", r.entities[i].achieved_share);
+            else
+                std::snprintf(line, sizeof line, " %10.4f %8.4f", r.entities[i].achieved_share,
+                              r.entities[i].target_share);
             os << line;
         }
         os << '\n';
     }
     auto row = [&](const char* name, auto get, const char* f) {
-        std::snprintf(line, sizeof line, "%-37s", name);
+        std::snprintf(line, sizeof line, "%-*s", same_targets ? 37 : 28, name);
         os << line;
         for (const auto& r : runs) {
             double v = get(r);
-            std::snprintf(line, sizeof line, " %10s", std::isfinite(v) ? fmt(f, v).c_str() : "inf");
+            std::snprintf(line, sizeof line, " %10s%s", std::isfinite(v) ? fmt(f, v).c_str() : "inf",
+                          same_targets ? "" : "         ");
             os << line;
         }
         os << '\n';

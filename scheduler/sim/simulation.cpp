@@ -1,6 +1,7 @@
 #include "simulation.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <memory>
 
 #include "event_loop.hpp"
@@ -152,6 +153,7 @@ SimResult run_simulation(const Scenario& sc, const SimOptions& opt) {
         std::size_t i = it->second;
         if (loop_failed[i] < 0) loop_failed[i] = loop.now();
         ++leaf_errors[loop_leaf[i]];
+        loops[i]->abandon();  // its dead channel's work will never complete
     });
     for (auto& l : loops) l->start();
 
@@ -265,7 +267,9 @@ SimResult run_simulation(const Scenario& sc, const SimOptions& opt) {
         for (std::size_t i = 0; i < nb; ++i) {
             Time b0 = static_cast<Time>(i) * bucket;
             Duration len = std::min<Duration>(bucket, end - b0);
-            os << to_ms(b0 + len);
+            char stamp[32];
+            std::snprintf(stamp, sizeof stamp, "%.3f", to_ms(b0 + len));
+            os << stamp;
             for (const Leaf& leaf : leaves) {
                 Duration t = 0;
                 for (std::size_t l : leaf.loops) t += meas.bucket(loops[l]->channel(), i);

@@ -37,6 +37,12 @@ public:
     SubmitLoop& operator=(const SubmitLoop&) = delete;
 
     void start();
+    // The channel died (watchdog, bad entry): stop submitting, nothing is
+    // outstanding any more.
+    void abandon() {
+        failed_ = true;
+        set_outstanding(false);
+    }
     ChannelId channel() const { return ch_; }
     std::uint64_t completed() const { return completed_; }
     std::uint64_t submitted() const { return submitted_; }

@@ -36,6 +36,14 @@ expect 2 "unknown policy" -- run "$dir/flat.json" --policy nosuch
 expect 2 "no parameter" -- run "$dir/flat.json" --param nosuch=1
 expect 2 "round-robin or timeslice" -- run "$dir/flat.json" --arbitration fifo
 expect 2 "No such file" -- run "$tmp/missing.json"
+expect 2 "whole number" -- run "$dir/flat.json" --seed 1.5
+expect 2 "duration must be between" -- run "$dir/flat.json" --duration-ms inf
+expect 2 "series-interval-ms must be" -- run "$dir/flat.json" --series "$tmp/never.csv" --series-interval-ms 0.0000001
+expect 2 "compare takes --policies" -- compare "$dir/flat.json" --policy hfq
+expect 2 "belongs to compare" -- run "$dir/flat.json" --policies none,hfq
+expect 2 "none of the compared policies" -- compare "$dir/flat.json" --param nosuch=1
+expect 2 "timeslice-us must be" -- run "$dir/flat.json" --timeslice-us 0.0000001
+if [ -e "$tmp/never.csv" ]; then bad "a rejected run created its series file"; else ok; fi
 
 printf '{"name": "x", "duration_ms": 10, "tree": [' > "$tmp/truncated.json"
 expect 2 "invalid JSON" -- run "$tmp/truncated.json"
