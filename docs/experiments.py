@@ -230,6 +230,45 @@ plot for [i=2:3] '%s' using 1:i with linespoints title columnheader(i)
 """ % (os.path.join(plots, "loga-accuracy.png"), csv))
 
 
+def accounting_all(r, out):
+    out.write("Worst accounting error of hfq over all entities of each scenario:\n\n")
+    rows = []
+    for name in ["flat", "weighted", "hierarchical", "uncooperative", "mixed", "demo"]:
+        sc = load(name)
+        row = [name]
+        for arb in ARBS:
+            rep = r.run(sc, "hfq", arb)
+            worst = max(abs(e["accounted_ms"] - e["gpu_time_total_ms"]) / e["gpu_time_total_ms"]
+                        for e in rep["entities"])
+            row.append("%.2f%%" % (100 * worst))
+        rows.append(row)
+    out.write(table(["scenario", "round-robin", "timeslice"], rows) + "\n")
+
+
+def grace(r, out):
+    out.write("## Work conservation against protection: hfq's grace_us\n\n")
+    rows = []
+    for name in ["design-example", "demo", "low-demand", "mixed"]:
+        base = load(name)
+        for g in [20, 50, 100, 200]:
+            sc = json.loads(json.dumps(base))
+            row = [name, g]
+            for arb in ARBS:
+                sc2 = json.loads(json.dumps(sc))
+                sc2["policy"] = {"name": "hfq", "params": {"grace_us": g}}
+                sc2.setdefault("gpu", {})["arbitration"] = arb
+                path = os.path.join(r.tmp, "grace.json")
+                with open(path, "w") as f:
+                    json.dump(sc2, f)
+                rep = json.loads(subprocess.run([r.sim, "run", path, "--json"], check=True,
+                                                capture_output=True, text=True).stdout)
+                row += ["%.4f" % rep["metrics"]["max_share_error"],
+                        "%.4f" % rep["gpu"]["idle_with_demand_fraction"]]
+            rows.append(row)
+    out.write(table(["scenario", "grace_us", "error (rr)", "idle w/ work (rr)", "error (ts)",
+                     "idle w/ work (ts)"], rows) + "\n")
+
+
 def overhead(r, out):
     out.write("## Overhead on a lone saturating task\n\n")
     base = load("overhead")
@@ -274,6 +313,8 @@ def main():
         nested(r, out)
         gdev(r, out, plots)
         accuracy(r, out, plots)
+        accounting_all(r, out)
+        grace(r, out)
         overhead(r, out)
         if bench_path:
             bench(bench_path, out)
