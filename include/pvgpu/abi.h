@@ -20,10 +20,14 @@
 
 #ifdef __KERNEL__
 #include <linux/types.h>
+typedef __u8 pvgpu_u8;
+typedef __u16 pvgpu_u16;
 typedef __u32 pvgpu_u32;
 typedef __u64 pvgpu_u64;
 #else
 #include <stdint.h>
+typedef uint8_t pvgpu_u8;
+typedef uint16_t pvgpu_u16;
 typedef uint32_t pvgpu_u32;
 typedef uint64_t pvgpu_u64;
 #endif

@@ -26,6 +26,16 @@ Scheduler::~Scheduler() {
 }
 
 template <class F> void Scheduler::call_policy(F&& f) {
+    // A policy call can nest another (set_mode -> apply_mode -> released):
+    // only the outermost one is timed, so nothing is counted twice.
+    struct Depth {
+        int& d;
+        ~Depth() { --d; }
+    } depth{++policy_depth_};
+    if (policy_depth_ > 1) {
+        f();
+        return;
+    }
     auto t0 = std::chrono::steady_clock::now();
     f();
     stats_.policy_cpu += std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -116,11 +126,13 @@ void Scheduler::apply_mode(ChannelId ch) {
     auto it = channels_.find(ch);
     if (it == channels_.end()) return;
     ShadowChannel& sc = *it->second.shadow;
+    ChannelMode before = sc.mode();
     switch (it->second.wanted) {
     case ChannelMode::Direct: sc.set_direct(); break;
     case ChannelMode::Trapped: sc.set_trapped(); break;
     case ChannelMode::Shadowed: sc.set_shadowed(); break;
     }
+    if (mode_listener_ && sc.mode() != before) mode_listener_(ch, sc.mode());
     if (std::uint32_t n = sc.take_released()) {
         stats_.released_entries += n;
         call_policy([&] { policy_->released(ch, n); });

@@ -61,6 +61,10 @@ public:
     // Channel error listener (the daemon forwards it to the VM).
     using ErrorListener = std::function<void(ChannelId, EntityId, std::uint32_t)>;
     void set_error_listener(ErrorListener l) { error_listener_ = std::move(l); }
+    // Mode listener: called when a channel's mapping actually changes (the
+    // remap landed), so the daemon can tell the client to switch its mapping.
+    using ModeListener = std::function<void(ChannelId, ChannelMode)>;
+    void set_mode_listener(ModeListener l) { mode_listener_ = std::move(l); }
 
     // --- PolicyContext ---
     Time now() const override { return clock_.now(); }
@@ -103,6 +107,8 @@ private:
     std::vector<std::vector<ChannelId>> by_entity_;
     SchedulerStats stats_;
     ErrorListener error_listener_;
+    ModeListener mode_listener_;
+    int policy_depth_ = 0;
     static const std::vector<ChannelId> kNoChannels;
 };
 

@@ -284,12 +284,22 @@ private:
         return false;
     }
 
-    // Leaves with work on the GPU or held in a shadow page, plus the leaf
-    // whose completion ended the current drain; ascending ids.
+    // A leaf whose completion is being handled, or that completed work less
+    // than `settle` ago, is most likely between two submissions (its guest
+    // sees completions after us and needs a moment to react): it counts as
+    // backlogged.  A longer pause means it has nothing to do right now.
+    bool between_submissions(EntityId leaf) const {
+        if (leaf == drain_completer_) return true;
+        Time last = leaf < leaves_.size() ? leaves_[leaf].last_completion : -1;
+        return last >= 0 && ctx_->now() - last < p_.settle;
+    }
+
+    // Leaves with work on the GPU or held in a shadow page, or between two
+    // submissions; ascending ids.
     std::vector<EntityId> backlogged() const {
         std::vector<EntityId> out;
         for (const auto& [ch, st] : channels_)
-            if (has_work(ch) || st.leaf == drain_completer_) out.push_back(st.leaf);
+            if (has_work(ch) || between_submissions(st.leaf)) out.push_back(st.leaf);
         std::sort(out.begin(), out.end());
         out.erase(std::unique(out.begin(), out.end()), out.end());
         return out;
@@ -380,7 +390,7 @@ private:
         while (!to_sample_.empty()) {
             EntityId leaf = to_sample_.front();
             to_sample_.erase(to_sample_.begin());
-            if (leaf_has_work(leaf) || leaf == drain_completer_) {
+            if (leaf_has_work(leaf) || between_submissions(leaf)) {
                 start_sample(leaf);
                 return;
             }
@@ -528,14 +538,19 @@ private:
     void finish_freerun() {
         freerun_open_ = false;
         std::map<EntityId, std::uint64_t> entries = window_entries();
-        std::vector<EntityId> charged = freerun_backlog_;
+        // Shares among the leaves that wanted the GPU in this freerun (the
+        // entities still alive: a leaf may have been removed meanwhile).
+        std::vector<EntityId> charged;
+        for (EntityId id : freerun_backlog_)
+            if (ctx_->tree().valid(id)) charged.push_back(id);
         for (const auto& [leaf, n] : entries)
-            if (n > 0 && !std::binary_search(freerun_backlog_.begin(), freerun_backlog_.end(), leaf))
+            if (n > 0 && ctx_->tree().valid(leaf) &&
+                !std::binary_search(freerun_backlog_.begin(), freerun_backlog_.end(), leaf))
                 charged.push_back(leaf);
         std::sort(charged.begin(), charged.end());
         std::vector<double> share = hierarchical_shares(ctx_->tree(), charged);
         for (const auto& [leaf, n] : entries) {
-            if (n == 0 || leaf >= leaves_.size()) continue;
+            if (n == 0 || leaf >= leaves_.size() || !ctx_->tree().valid(leaf)) continue;
             Duration usage = static_cast<Duration>(n) * leaves_[leaf].mean_request;
             charge(leaf, usage, share[leaf]);
             estimated_time_ += usage;

@@ -230,7 +230,7 @@ private:
     // released channel.
     void observe(bool after_completion = false, std::optional<ChannelId> released = std::nullopt) {
         Time now = ctx_->now();
-        std::optional<ChannelId> current = ctx_->gpu().running_channel();
+        std::optional<ChannelId> current = ctx_->engine_status();  // counted MMIO read
         if (observed_)
             charge_channel(*observed_, now - observed_at_);
         else if (current && !after_completion && released != current)
@@ -328,7 +328,8 @@ private:
 
     void slice_expired() {
         observe();
-        if (slice_intrusion_ > slice_compensated_) {
+        bool owner_busy = leaf_has_work(owner_) || owner_between_submissions();
+        if (owner_busy && slice_intrusion_ > slice_compensated_) {
             // Others' overrun ate into this turn: give the owner the time back.
             Duration owed = slice_intrusion_ - slice_compensated_;
             slice_compensated_ = slice_intrusion_;
