@@ -193,7 +193,8 @@ def gdev(r, out, plots):
 set output '%s'
 set datafile separator ','
 set multiplot layout 1,2 title 'Gdev fig 14 setting: GPU share over time (round-robin GPU)'
-set xlabel 'time (ms)'; set ylabel 'share'; set yrange [0:1.05]; set grid
+set xlabel 'time (ms)'; set ylabel 'share'; set yrange [0:1.15]; set grid
+set xtics 5000; set key top left horizontal
 set title 'none'
 plot for [i=2:3] '%s' using 1:i with lines title columnheader(i)
 set title 'hfq'
