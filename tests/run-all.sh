@@ -1,11 +1,29 @@
 #!/bin/sh
 # Every test suite pvgpu has: installs what is needed (via setup.sh), builds,
-# then runs unit, scenario and CLI tests and the benchmark smoke run.
+# then runs all meson test suites and the benchmark smoke run, and ends with
+# one summary line counting every test.
 # Usage: tests/run-all.sh [BUILD_DIR]
 set -eu
 cd "$(dirname "$0")/.."
 build=${1:-build}
 ./setup.sh "$build"
-meson test -C "$build" --print-errorlogs
+status=0
+meson test -C "$build" --print-errorlogs || status=1
+cp "$build/meson-logs/testlog.json" "$build/meson-logs/testlog-tests.json"
 # Benchmarks print numbers and assert nothing; run them so they keep working.
-meson test -C "$build" --benchmark --print-errorlogs
+meson test -C "$build" --benchmark --print-errorlogs || status=1
+python3 - "$build/meson-logs/testlog-tests.json" "$build/meson-logs/testlog.json" <<'PY'
+import json, sys
+passed = failed = skipped = 0
+for path in sys.argv[1:]:
+    for line in open(path):
+        r = json.loads(line)["result"]
+        if r in ("OK", "EXPECTEDFAIL"):
+            passed += 1
+        elif r == "SKIP":
+            skipped += 1
+        else:
+            failed += 1
+print("%d passed, %d failed, %d skipped" % (passed, failed, skipped))
+PY
+exit $status
