@@ -113,7 +113,7 @@ void SimGpu::start(ChannelId ch) {
         kick();
         return;
     }
-    Time now = clock_.now();
+    Time now = engine_now();
     bool switching = on_engine_ != ch;
     running_ = ch;
     on_engine_ = ch;
@@ -138,16 +138,22 @@ void SimGpu::run_segment() {
     Time end = seg_start_ + c.remaining;
     if (cfg_.watchdog > 0) end = std::min(end, seg_start_ + (cfg_.watchdog - c.ran));
     if (cfg_.arbitration == Arbitration::Timeslice) end = std::min(end, slice_end_);
-    seg_timer_ = timers_.arm(end, [this] {
+    seg_timer_ = timers_.arm(end, [this, end] {
         seg_timer_ = kNoTimer;
+        // The engine finished at `end`, whenever the host timer got to run:
+        // in real time it fires late, and the next kernel must not pay.
+        engine_time_ = end;
         segment_end();
+        engine_time_ = -1;
     });
 }
+
+Time SimGpu::engine_now() const { return engine_time_ >= 0 ? engine_time_ : clock_.now(); }
 
 void SimGpu::segment_end() {
     ChannelId ch = *running_;
     Channel& c = chan(ch);
-    Time now = clock_.now();
+    Time now = engine_now();
     Duration ran = now - seg_start_;
     if (ran > 0) {
         c.remaining -= ran;

@@ -89,6 +89,7 @@ private:
     void run_segment();                // run current kernel until done/slice/watchdog
     void segment_end();
     void stop_engine();                // take the running channel off mid-kernel
+    Time engine_now() const;           // the engine's time: a segment's planned end while it ends
     void fail(ChannelId ch, std::uint32_t error);
     std::optional<ChannelId> next_after(ChannelId ch) const;
 
@@ -109,6 +110,7 @@ private:
     Time seg_start_ = 0;
     Time slice_end_ = 0;
     TimerId seg_timer_ = kNoTimer;
+    Time engine_time_ = -1;            // set while a segment's end is processed
     TimerId kick_timer_ = kNoTimer;
     Duration busy_ = 0;
     std::uint64_t switches_ = 0;
