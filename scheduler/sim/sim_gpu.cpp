@@ -62,10 +62,10 @@ void SimGpu::set_fence_watcher(ChannelId ch, FenceWatcher w) { chan(ch).watcher 
 std::uint32_t SimGpu::read_ib_put(ChannelId ch) const { return chan(ch).put; }
 std::uint32_t SimGpu::read_ib_get(ChannelId ch) const { return chan(ch).ctrl->ib_get; }
 std::uint32_t SimGpu::read_fence(ChannelId ch) const { return chan(ch).ctrl->fence; }
-std::uint32_t SimGpu::read_status(ChannelId ch) const { return chan(ch).ctrl->status; }
+std::uint32_t SimGpu::read_status(ChannelId ch) const { return chan(ch).dead ? PVGPU_CHAN_STATUS_ERROR : PVGPU_CHAN_STATUS_OK; }
 
 bool SimGpu::runnable(const Channel& c) const {
-    return c.ctrl->status == PVGPU_CHAN_STATUS_OK && c.completed != c.put;
+    return !c.dead && c.completed != c.put;
 }
 
 bool SimGpu::pending(ChannelId ch) const { return runnable(chan(ch)); }
@@ -81,7 +81,7 @@ void SimGpu::update_ready(ChannelId ch) {
 
 void SimGpu::write_ib_put(ChannelId ch, std::uint32_t put) {
     Channel& c = chan(ch);
-    if (c.ctrl->status != PVGPU_CHAN_STATUS_OK) return;  // a dead channel ignores doorbells
+    if (c.dead) return;  // a dead channel ignores doorbells
     c.put = put;
     // More outstanding entries than the ring holds cannot be real work.
     if (put - c.completed > PVGPU_RING_ENTRIES) {
@@ -219,6 +219,7 @@ void SimGpu::stop_engine() {
 
 void SimGpu::fail(ChannelId ch, std::uint32_t error) {
     Channel& c = chan(ch);
+    c.dead = true;
     c.ctrl->status = PVGPU_CHAN_STATUS_ERROR;
     c.ctrl->error = error;
     c.in_flight = false;

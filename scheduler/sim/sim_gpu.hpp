@@ -72,6 +72,9 @@ private:
         pvgpu_ctrl_page* ctrl = nullptr;
         pvgpu_ring* ring = nullptr;
         std::uint32_t put = 0;         // the GPU's IB_PUT register
+        // The GPU's own status: the page's STATUS is a copy the submitter can
+        // scribble on, so it must not bring a dead channel back.
+        bool dead = false;
         std::uint32_t completed = 0;   // entries finished
         // The kernel at `completed` when it was preempted or not started yet.
         bool in_flight = false;

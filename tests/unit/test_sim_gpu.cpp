@@ -639,3 +639,21 @@ TEST_CASE("sim gpu: host-provided channel memory carries the GPU's registers", "
     CHECK(gpu.read_ib_put(ch) == 1);
     gpu.destroy_channel(ch);
 }
+
+TEST_CASE("sim gpu: a submitter cannot revive its dead channel through the page", "[sim_gpu]") {
+    pvgpu::sim::EventLoop loop;
+    pvgpu::sim::SimGpu gpu(loop, loop, {});
+    auto ctrl = std::make_unique<pvgpu_ctrl_page>();
+    auto ring = std::make_unique<pvgpu_ring>();
+    pvgpu::ChannelId ch = gpu.create_channel({ctrl.get(), ring.get()});
+    gpu.write_ib_put(ch, PVGPU_RING_ENTRIES + 1);  // bad doorbell: channel dies
+    REQUIRE(gpu.read_status(ch) == PVGPU_CHAN_STATUS_ERROR);
+    ctrl->status = PVGPU_CHAN_STATUS_OK;           // the client scribbles on its page
+    ctrl->error = PVGPU_CHAN_ERR_NONE;
+    ring->entries[0] = {1000, 1, PVGPU_ENTRY_IRQ};
+    gpu.write_ib_put(ch, 1);
+    loop.run_until(pvgpu::kMillisecond);
+    CHECK(gpu.read_status(ch) == PVGPU_CHAN_STATUS_ERROR);
+    CHECK_FALSE(gpu.pending(ch));
+    CHECK(ctrl->fence == 0);
+}
