@@ -1,0 +1,735 @@
+// pvgpuctl: admin CLI of pvgpud (docs/pvgpuctl.8.md).  Speaks the admin
+// protocol of docs/protocol.md: one JSON object per line over a UNIX socket.
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <termios.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+#include "proto/unique_fd.hpp"
+
+#ifndef PVGPU_VERSION
+#define PVGPU_VERSION "unknown"
+#endif
+
+namespace {
+
+using json = nlohmann::json;
+using SteadyClock = std::chrono::steady_clock;
+
+constexpr int kExitOk = 0;
+constexpr int kExitDaemon = 1;
+constexpr int kExitUsage = 2;
+
+constexpr const char* kDefaultAdminSocket = "/run/pvgpu/admin.sock";
+constexpr auto kReplyTimeout = std::chrono::seconds(10);
+constexpr unsigned kWeightMin = 1;      // PVGPU_WEIGHT_MIN
+constexpr unsigned kWeightMax = 10000;  // PVGPU_WEIGHT_MAX
+
+// ---- help texts -------------------------------------------------------------
+
+constexpr const char* kUsage = R"(usage: pvgpuctl [--admin-socket PATH] [--json] COMMAND [ARGS]
+
+Administers pvgpud, the pvgpu GPU scheduling daemon.
+
+Commands:
+  list                          entity tree with weights and shares
+  set-weight TARGET WEIGHT      set an admin weight (1..10000)
+  set-policy NAME [KEY=VALUE]...
+                                switch the scheduling policy
+  policy                        show the active policy and its parameters
+  stats                         daemon statistics and fairness metrics
+  top [--interval S] [--count N]
+                                live view, refreshed every S seconds
+  version                       versions of pvgpuctl and pvgpud
+  help [COMMAND]                help on a command (also: COMMAND --help)
+
+Options:
+  --admin-socket PATH   admin socket (default $PVGPU_ADMIN_SOCKET or
+                        /run/pvgpu/admin.sock)
+  --json                print the daemon's JSON reply instead of a table
+  -h, --help            this help
+
+Exit status: 0 success, 1 daemon error or daemon unreachable, 2 bad usage.
+)";
+
+const std::map<std::string, std::string, std::less<>> kCommandHelp = {
+    {"list", R"(usage: pvgpuctl [--json] list
+
+Shows every scheduling entity as a tree: VMs, their guest tasks, host tasks
+(host/NAME).  Columns: WEIGHT (admin weight), TARGET (the share of the whole
+GPU it should get now), ACHIEVED (what it got over the daemon's recent window),
+GPU_MS (GPU time used since it appeared, subtree included), CHANNELS.
+)"},
+    {"set-weight", R"(usage: pvgpuctl set-weight TARGET WEIGHT
+
+Sets the admin weight of an entity; WEIGHT is an integer in 1..10000
+(default weight 100).  TARGET is a VM UUID, a VM name, or an entity path
+(vm1/task-1234, host/render).  A weight for a VM that is not connected yet
+is remembered by pvgpud and applied when it connects.  Needs root, the
+daemon's uid or its admin group.
+)"},
+    {"set-policy", R"(usage: pvgpuctl set-policy NAME [KEY=VALUE]...
+
+Switches the scheduling policy at run time: none, timeslice, dfq or hfq.
+KEY=VALUE pairs set numeric policy parameters; omitted ones take their
+defaults (pvgpuctl policy shows the effective ones).  Example:
+  pvgpuctl set-policy hfq threshold_ms=4
+Needs root, the daemon's uid or its admin group.
+)"},
+    {"policy", R"(usage: pvgpuctl [--json] policy
+
+Shows the active policy and its effective parameters.
+)"},
+    {"stats", R"(usage: pvgpuctl [--json] stats
+
+Shows daemon statistics: uptime, clients, channels, GPU busy fraction,
+fairness metrics (max share error, Jain's index, unfairness) and counters.
+)"},
+    {"top", R"(usage: pvgpuctl top [--interval S] [--count N]
+
+Live view of the entity tree, redrawn every S seconds (default 1).  NOW is
+the share of the GPU each entity used since the previous refresh.  Quit with
+q or Ctrl-C; --count N exits after N refreshes.
+)"},
+    {"version", R"(usage: pvgpuctl [--json] version
+
+Prints the versions of pvgpuctl and of the running pvgpud (and the protocol
+versions it speaks).
+)"},
+    {"help", R"(usage: pvgpuctl help [COMMAND]
+
+Prints help on pvgpuctl or on one command.
+)"},
+};
+
+// ---- errors -----------------------------------------------------------------
+
+struct UsageError {
+    std::string message;
+};
+// The daemon is unreachable, answered ok:false, or broke the protocol.
+struct DaemonError {
+    std::string message;
+    std::optional<json> reply;  // the ok:false reply, for --json
+};
+
+std::string errno_text(int err) { return std::error_code(err, std::system_category()).message(); }
+
+// ---- the admin connection ----------------------------------------------------
+
+class AdminConnection {
+public:
+    explicit AdminConnection(std::string path) : path_(std::move(path)) {}
+
+    // One request, one reply.  ok:false replies are returned, not thrown.
+    json request(const json& req) {
+        if (!fd_) connect();
+        std::string line = req.dump() + "\n";
+        std::string_view rest = line;
+        while (!rest.empty()) {
+            const ssize_t n = ::send(fd_.get(), rest.data(), rest.size(), MSG_NOSIGNAL);
+            if (n < 0) {
+                if (errno == EINTR) continue;
+                const int err = errno;
+                fd_.reset();
+                throw DaemonError{"lost connection to " + path_ + ": " + errno_text(err), {}};
+            }
+            rest.remove_prefix(static_cast<std::size_t>(n));
+        }
+        const auto deadline = SteadyClock::now() + kReplyTimeout;
+        for (;;) {
+            if (const auto nl = buf_.find('\n'); nl != std::string::npos) {
+                const std::string reply_line = buf_.substr(0, nl);
+                buf_.erase(0, nl + 1);
+                if (reply_line.find_first_not_of(" \t\r") == std::string::npos) continue;
+                json reply = json::parse(reply_line, nullptr, false);
+                if (reply.is_discarded() || !reply.is_object() || !reply.contains("ok") ||
+                    !reply["ok"].is_boolean())
+                    throw DaemonError{"malformed reply from pvgpud: " + reply_line.substr(0, 200), {}};
+                return reply;
+            }
+            const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
+            if (left.count() <= 0)
+                throw DaemonError{"pvgpud did not answer within " +
+                                      std::to_string(kReplyTimeout.count()) + " s",
+                                  {}};
+            pollfd p{fd_.get(), POLLIN, 0};
+            const int rc = ::poll(&p, 1, static_cast<int>(left.count()));
+            if (rc < 0) {
+                if (errno == EINTR) continue;
+                throw DaemonError{"poll: " + errno_text(errno), {}};
+            }
+            if (rc == 0) continue;
+            char chunk[4096];
+            const ssize_t n = ::recv(fd_.get(), chunk, sizeof chunk, 0);
+            if (n < 0) {
+                if (errno == EINTR) continue;
+                const int err = errno;
+                fd_.reset();
+                throw DaemonError{"lost connection to " + path_ + ": " + errno_text(err), {}};
+            }
+            if (n == 0) {
+                fd_.reset();
+                buf_.clear();
+                throw DaemonError{"pvgpud closed the admin connection without answering", {}};
+            }
+            buf_.append(chunk, static_cast<std::size_t>(n));
+        }
+    }
+
+    bool connected() const { return static_cast<bool>(fd_); }
+
+private:
+    void connect() {
+        sockaddr_un addr{};
+        if (path_.empty() || path_.size() >= sizeof addr.sun_path)
+            throw DaemonError{"cannot connect to " + path_ + ": invalid socket path", {}};
+        pvgpu::UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+        if (!fd) throw DaemonError{"socket: " + errno_text(errno), {}};
+        addr.sun_family = AF_UNIX;
+        std::memcpy(addr.sun_path, path_.data(), path_.size());
+        int rc;
+        do {
+            rc = ::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr);
+        } while (rc < 0 && errno == EINTR);
+        if (rc < 0) throw DaemonError{"cannot connect to " + path_ + ": " + errno_text(errno), {}};
+        fd_ = std::move(fd);
+        buf_.clear();
+    }
+
+    std::string path_;
+    pvgpu::UniqueFd fd_;
+    std::string buf_;
+};
+
+// ---- command line -------------------------------------------------------------
+
+struct Args {
+    std::string admin_socket;
+    bool json_output = false;
+    std::string command;
+    std::vector<std::string> operands;
+    std::optional<double> interval_s;
+    std::optional<unsigned long> count;
+    bool help = false;
+};
+
+bool looks_like_option(std::string_view a) {
+    // "-5" is an operand (a bad weight), not an option.
+    return a.size() > 1 && a[0] == '-' && !(a[1] >= '0' && a[1] <= '9');
+}
+
+Args parse_args(int argc, char** argv) {
+    Args a;
+    bool operands_only = false;
+    for (int i = 1; i < argc; ++i) {
+        const std::string_view arg = argv[i];
+        if (operands_only || !looks_like_option(arg)) {
+            if (a.command.empty())
+                a.command = arg;
+            else
+                a.operands.emplace_back(arg);
+            continue;
+        }
+        if (arg == "--") {
+            operands_only = true;
+            continue;
+        }
+        std::string_view key = arg;
+        std::optional<std::string_view> inline_value;
+        if (const auto eq = arg.find('='); eq != std::string_view::npos && arg.starts_with("--")) {
+            key = arg.substr(0, eq);
+            inline_value = arg.substr(eq + 1);
+        }
+        auto value = [&]() -> std::string {
+            if (inline_value) return std::string(*inline_value);
+            if (i + 1 >= argc) throw UsageError{std::string(key) + " needs a value"};
+            return argv[++i];
+        };
+        if (key == "-h" || key == "--help") {
+            a.help = true;
+        } else if (key == "--json") {
+            a.json_output = true;
+        } else if (key == "--admin-socket") {
+            a.admin_socket = value();
+            if (a.admin_socket.empty()) throw UsageError{"--admin-socket needs a path"};
+        } else if (key == "--interval") {
+            const std::string v = value();
+            char* end = nullptr;
+            const double s = std::strtod(v.c_str(), &end);
+            if (v.empty() || *end != '\0' || !std::isfinite(s) || s < 0.05 || s > 3600)
+                throw UsageError{"--interval must be a number of seconds in 0.05..3600"};
+            a.interval_s = s;
+        } else if (key == "--count") {
+            const std::string v = value();
+            unsigned long n = 0;
+            const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+            if (ec != std::errc{} || end != v.data() + v.size() || n == 0)
+                throw UsageError{"--count must be a positive integer"};
+            a.count = n;
+        } else {
+            throw UsageError{"unknown option '" + std::string(key) + "'"};
+        }
+    }
+    if (a.admin_socket.empty()) {
+        const char* env = std::getenv("PVGPU_ADMIN_SOCKET");
+        a.admin_socket = (env && *env) ? env : kDefaultAdminSocket;
+    }
+    return a;
+}
+
+void expect_operands(const Args& a, std::size_t min, std::size_t max) {
+    if (a.operands.size() < min) throw UsageError{a.command + ": missing arguments"};
+    if (a.operands.size() > max)
+        throw UsageError{a.command + ": unexpected argument '" + a.operands[max] + "'"};
+}
+
+// ---- formatting -----------------------------------------------------------------
+
+std::string fmt(const char* format, double v) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, format, v);
+    return buf;
+}
+
+std::string percent(const json& v) {
+    if (!v.is_number()) return "-";
+    return fmt("%.1f%%", v.get<double>() * 100.0);
+}
+
+std::string number(const json& v, const char* format = "%.1f") {
+    if (!v.is_number()) return "-";
+    if (v.is_number_integer()) return std::to_string(v.get<long long>());
+    return fmt(format, v.get<double>());
+}
+
+std::string scalar(const json& v) {
+    if (v.is_string()) return v.get<std::string>();
+    if (v.is_number_float()) return fmt("%g", v.get<double>());
+    return v.dump();
+}
+
+std::vector<std::string> split_path(const std::string& path) {
+    std::vector<std::string> parts;
+    std::size_t start = 0;
+    while (start <= path.size()) {
+        const auto slash = path.find('/', start);
+        parts.push_back(path.substr(start, slash == std::string::npos ? std::string::npos : slash - start));
+        if (slash == std::string::npos) break;
+        start = slash + 1;
+    }
+    return parts;
+}
+
+// A row of the tree table; `entity` is null for a grouping line such as
+// "host/" (a namespace, not an entity).
+struct Row {
+    std::string label;
+    const json* entity = nullptr;
+};
+
+// Orders entities parent-first by path components and indents each by its
+// depth, inserting missing ancestors as bare grouping lines.
+std::vector<Row> tree_rows(const json& entities) {
+    std::vector<std::pair<std::vector<std::string>, const json*>> sorted;
+    for (const json& e : entities) {
+        if (!e.is_object()) continue;
+        const std::string path = e.value("path", std::string{});
+        sorted.emplace_back(split_path(path), &e);
+    }
+    std::sort(sorted.begin(), sorted.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+    std::vector<Row> rows;
+    std::vector<std::string> shown;  // path components of the last row printed
+    for (const auto& [parts, e] : sorted) {
+        // Grouping lines for ancestors not yet shown.
+        std::size_t common = 0;
+        while (common < shown.size() && common + 1 < parts.size() && shown[common] == parts[common]) ++common;
+        for (std::size_t d = common; d + 1 < parts.size(); ++d)
+            rows.push_back(Row{std::string(2 * d, ' ') + parts[d] + "/", nullptr});
+        rows.push_back(Row{std::string(2 * (parts.size() - 1), ' ') + parts.back(), e});
+        shown = parts;
+    }
+    return rows;
+}
+
+void print_table(const std::vector<std::vector<std::string>>& table, std::FILE* out) {
+    std::vector<std::size_t> width;
+    for (const auto& row : table)
+        for (std::size_t i = 0; i < row.size(); ++i) {
+            if (width.size() <= i) width.push_back(0);
+            width[i] = std::max(width[i], row[i].size());
+        }
+    for (const auto& row : table) {
+        std::string line;
+        for (std::size_t i = 0; i < row.size(); ++i) {
+            const bool left = i == 0 || i == 1;  // name and kind left-aligned, numbers right
+            const std::size_t pad = width[i] - row[i].size();
+            if (i) line += "  ";
+            if (left)
+                line += row[i] + (i + 1 < row.size() ? std::string(pad, ' ') : "");
+            else
+                line += std::string(pad, ' ') + row[i];
+        }
+        line.erase(line.find_last_not_of(' ') + 1);
+        std::fprintf(out, "%s\n", line.c_str());
+    }
+}
+
+// `now_share`: top's per-refresh share column (path -> share), or null.
+void print_entities(const json& reply, const std::map<std::string, double>* now_share, std::FILE* out) {
+    std::vector<std::vector<std::string>> table;
+    std::vector<std::string> header{"ENTITY", "KIND", "WEIGHT", "TARGET", "ACHIEVED"};
+    if (now_share) header.emplace_back("NOW");
+    header.insert(header.end(), {"GPU_MS", "CHANNELS"});
+    table.push_back(header);
+    const json entities = reply.value("entities", json::array());
+    for (const Row& r : tree_rows(entities)) {
+        std::vector<std::string> row{r.label};
+        if (!r.entity) {
+            row.resize(header.size());
+            table.push_back(row);
+            continue;
+        }
+        const json& e = *r.entity;
+        row.push_back(e.value("kind", std::string("-")));
+        row.push_back(number(e.value("weight", json())));
+        row.push_back(percent(e.value("target_share", json())));
+        row.push_back(percent(e.value("achieved_share", json())));
+        if (now_share) {
+            const auto it = now_share->find(e.value("path", std::string{}));
+            row.push_back(it == now_share->end() ? "-" : fmt("%.1f%%", it->second * 100.0));
+        }
+        row.push_back(number(e.value("gpu_time_ms", json())));
+        row.push_back(number(e.value("channels", json())));
+        table.push_back(row);
+    }
+    if (entities.empty()) {
+        std::fprintf(out, "(no entities: no client is connected)\n");
+        return;
+    }
+    print_table(table, out);
+}
+
+// Flattens nested objects into "a.b: value" lines.
+void print_flat(const json& obj, const std::string& prefix, std::FILE* out) {
+    for (const auto& [key, value] : obj.items()) {
+        if (prefix.empty() && key == "ok") continue;
+        const std::string name = prefix.empty() ? key : prefix + "." + key;
+        if (value.is_object())
+            print_flat(value, name, out);
+        else
+            std::fprintf(out, "%s: %s\n", name.c_str(), scalar(value).c_str());
+    }
+}
+
+void print_policy(const json& reply) {
+    std::printf("policy: %s\n", reply.value("policy", std::string("?")).c_str());
+    const json params = reply.value("params", json::object());
+    for (const auto& [key, value] : params.items()) std::printf("  %s = %s\n", key.c_str(), scalar(value).c_str());
+}
+
+// ---- commands ---------------------------------------------------------------------
+
+// Sends a request; ok:false becomes a DaemonError carrying the reply.
+json call(AdminConnection& conn, const json& req) {
+    json reply = conn.request(req);
+    if (!reply["ok"].get<bool>()) {
+        const json err = reply.value("error", json("unspecified error"));
+        throw DaemonError{err.is_string() ? err.get<std::string>() : err.dump(), reply};
+    }
+    return reply;
+}
+
+void print_json(const json& reply) { std::printf("%s\n", reply.dump(2).c_str()); }
+
+int cmd_list(const Args& a, AdminConnection& conn) {
+    expect_operands(a, 0, 0);
+    const json reply = call(conn, {{"cmd", "list"}});
+    if (a.json_output) {
+        print_json(reply);
+        return kExitOk;
+    }
+    std::printf("policy: %s\n", reply.value("policy", std::string("?")).c_str());
+    print_entities(reply, nullptr, stdout);
+    return kExitOk;
+}
+
+unsigned parse_weight(const std::string& text) {
+    unsigned long w = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), w);
+    if (ec != std::errc{} || end != text.data() + text.size() || w < kWeightMin || w > kWeightMax)
+        throw UsageError{"weight must be an integer in " + std::to_string(kWeightMin) + ".." +
+                         std::to_string(kWeightMax) + ", got '" + text + "'"};
+    return static_cast<unsigned>(w);
+}
+
+int cmd_set_weight(const Args& a, AdminConnection& conn) {
+    expect_operands(a, 2, 2);
+    const std::string& target = a.operands[0];
+    if (target.empty()) throw UsageError{"set-weight: empty TARGET"};
+    const unsigned weight = parse_weight(a.operands[1]);
+    const json reply = call(conn, {{"cmd", "set-weight"}, {"target", target}, {"weight", weight}});
+    if (a.json_output) {
+        print_json(reply);
+        return kExitOk;
+    }
+    std::printf("%s: weight %s%s\n", reply.value("path", target).c_str(),
+                number(reply.value("weight", json(weight))).c_str(),
+                reply.value("pending", false) ? " (pending: applied when it connects)" : "");
+    return kExitOk;
+}
+
+int cmd_set_policy(const Args& a, AdminConnection& conn) {
+    expect_operands(a, 1, 64);
+    json params = json::object();
+    for (std::size_t i = 1; i < a.operands.size(); ++i) {
+        const std::string& kv = a.operands[i];
+        const auto eq = kv.find('=');
+        if (eq == std::string::npos || eq == 0 || eq + 1 == kv.size())
+            throw UsageError{"set-policy: parameter '" + kv + "' is not KEY=VALUE"};
+        const std::string key = kv.substr(0, eq);
+        const std::string text = kv.substr(eq + 1);
+        double v = 0;
+        const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+        if (ec != std::errc{} || end != text.data() + text.size() || !std::isfinite(v))
+            throw UsageError{"set-policy: value of '" + key + "' must be a number, got '" + text + "'"};
+        // Integral values go out as JSON integers so they read naturally in logs.
+        if (v == std::floor(v) && std::fabs(v) < 9e15)
+            params[key] = static_cast<long long>(v);
+        else
+            params[key] = v;
+    }
+    const json reply = call(conn, {{"cmd", "set-policy"}, {"policy", a.operands[0]}, {"params", params}});
+    if (a.json_output)
+        print_json(reply);
+    else
+        print_policy(reply);
+    return kExitOk;
+}
+
+int cmd_policy(const Args& a, AdminConnection& conn) {
+    expect_operands(a, 0, 0);
+    const json reply = call(conn, {{"cmd", "get-policy"}});
+    if (a.json_output)
+        print_json(reply);
+    else
+        print_policy(reply);
+    return kExitOk;
+}
+
+int cmd_stats(const Args& a, AdminConnection& conn) {
+    expect_operands(a, 0, 0);
+    const json reply = call(conn, {{"cmd", "stats"}});
+    if (a.json_output)
+        print_json(reply);
+    else
+        print_flat(reply, "", stdout);
+    return kExitOk;
+}
+
+int cmd_version(const Args& a, AdminConnection& conn) {
+    expect_operands(a, 0, 0);
+    if (!a.json_output) {
+        std::printf("pvgpuctl %s\n", PVGPU_VERSION);
+        std::fflush(stdout);
+    }
+    json reply = call(conn, {{"cmd", "version"}});
+    if (a.json_output) {
+        reply["pvgpuctl_version"] = PVGPU_VERSION;
+        print_json(reply);
+        return kExitOk;
+    }
+    std::printf("pvgpud %s (protocol %s, admin protocol %s)\n", reply.value("version", std::string("?")).c_str(),
+                number(reply.value("protocol", json())).c_str(),
+                number(reply.value("admin_protocol", json())).c_str());
+    return kExitOk;
+}
+
+// ---- top ------------------------------------------------------------------------
+
+volatile sig_atomic_t g_interrupted = 0;
+extern "C" void on_sigint(int) { g_interrupted = 1; }
+
+// Puts a terminal stdin into non-canonical, no-echo mode so a single 'q'
+// arrives at once; restores it on destruction.  Signals (Ctrl-C) stay on.
+class RawTerminal {
+public:
+    RawTerminal() {
+        if (!::isatty(STDIN_FILENO) || ::tcgetattr(STDIN_FILENO, &saved_) != 0) return;
+        termios raw = saved_;
+        raw.c_lflag &= static_cast<tcflag_t>(~(ICANON | ECHO));
+        raw.c_cc[VMIN] = 1;
+        raw.c_cc[VTIME] = 0;
+        active_ = ::tcsetattr(STDIN_FILENO, TCSANOW, &raw) == 0;
+    }
+    RawTerminal(const RawTerminal&) = delete;
+    RawTerminal& operator=(const RawTerminal&) = delete;
+    ~RawTerminal() {
+        if (active_) ::tcsetattr(STDIN_FILENO, TCSANOW, &saved_);
+    }
+    bool active() const { return active_; }
+
+private:
+    termios saved_{};
+    bool active_ = false;
+};
+
+int cmd_top(const Args& a, AdminConnection& conn) {
+    expect_operands(a, 0, 0);
+    const double interval = a.interval_s.value_or(1.0);
+    const bool tty_out = ::isatty(STDOUT_FILENO);
+
+    struct sigaction sa{};
+    sa.sa_handler = on_sigint;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGINT, &sa, nullptr);  // no SA_RESTART: poll() returns EINTR
+    ::sigaction(SIGTERM, &sa, nullptr);
+    RawTerminal terminal;
+
+    std::map<std::string, double> last_gpu_ms;
+    auto last_time = SteadyClock::now();
+    bool have_last = false;
+    for (unsigned long frame = 1; !g_interrupted; ++frame) {
+        // The daemon drops idle admin connections after 60 s; reconnect once.
+        auto fetch = [&](const json& req) {
+            try {
+                return call(conn, req);
+            } catch (const DaemonError& e) {
+                if (e.reply) throw;
+                return call(conn, req);
+            }
+        };
+        const json list = fetch({{"cmd", "list"}});
+        const json stats = fetch({{"cmd", "stats"}});
+        const auto now = SteadyClock::now();
+
+        // Share of the GPU in the last refresh interval, from GPU time deltas.
+        std::map<std::string, double> now_share;
+        std::map<std::string, double> gpu_ms;
+        const double wall_ms = std::chrono::duration<double, std::milli>(now - last_time).count();
+        for (const json& e : list.value("entities", json::array())) {
+            const std::string path = e.value("path", std::string{});
+            const double g = e.value("gpu_time_ms", 0.0);
+            gpu_ms[path] = g;
+            if (have_last && wall_ms > 0) {
+                const auto it = last_gpu_ms.find(path);
+                if (it != last_gpu_ms.end()) now_share[path] = std::max(0.0, g - it->second) / wall_ms;
+            }
+        }
+        last_gpu_ms = std::move(gpu_ms);
+        last_time = now;
+
+        if (a.json_output) {
+            std::printf("%s\n", json{{"list", list}, {"stats", stats}}.dump().c_str());
+        } else {
+            if (tty_out) std::fputs("\033[H\033[2J", stdout);  // home, clear screen
+            const std::time_t t = std::time(nullptr);
+            char clock[16];
+            std::strftime(clock, sizeof clock, "%H:%M:%S", std::localtime(&t));
+            const json gpu = stats.value("gpu", json::object());
+            std::printf("pvgpu top  %s  policy %s  clients %s  channels %s  GPU busy %s  (q quits)\n", clock,
+                        list.value("policy", std::string("?")).c_str(), number(stats.value("clients", json())).c_str(),
+                        number(stats.value("channels", json())).c_str(),
+                        percent(gpu.value("busy_fraction", json())).c_str());
+            const json metrics = stats.value("metrics", json::object());
+            std::printf("max share error %s  Jain %s  unfairness %s\n\n",
+                        percent(metrics.value("max_share_error", json())).c_str(),
+                        number(metrics.value("jain_index", json()), "%.4f").c_str(),
+                        number(metrics.value("unfairness", json()), "%.3f").c_str());
+            print_entities(list, have_last ? &now_share : nullptr, stdout);
+            if (!tty_out) std::fputs("\n", stdout);
+        }
+        std::fflush(stdout);
+        have_last = true;
+        if (a.count && frame >= *a.count) break;
+
+        // Sleep for the interval, waking for 'q' on a terminal or a signal.
+        const auto until = now + std::chrono::duration<double>(interval);
+        while (!g_interrupted) {
+            const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - SteadyClock::now());
+            if (left.count() <= 0) break;
+            pollfd p{terminal.active() ? STDIN_FILENO : -1, POLLIN, 0};
+            const int rc = ::poll(&p, 1, static_cast<int>(left.count()));
+            if (rc > 0 && (p.revents & POLLIN)) {
+                char c = 0;
+                if (::read(STDIN_FILENO, &c, 1) == 1 && (c == 'q' || c == 'Q')) return kExitOk;
+            }
+        }
+    }
+    return kExitOk;
+}
+
+int print_help(const std::string& topic) {
+    if (topic.empty()) {
+        std::fputs(kUsage, stdout);
+        return kExitOk;
+    }
+    const auto it = kCommandHelp.find(topic);
+    if (it == kCommandHelp.end()) throw UsageError{"no such command '" + topic + "'"};
+    std::fputs(it->second.c_str(), stdout);
+    return kExitOk;
+}
+
+int dispatch(const Args& a) {
+    if (a.command.empty()) {
+        if (a.help) return print_help("");
+        throw UsageError{"missing command"};
+    }
+    if (a.command == "help") {
+        if (a.operands.size() > 1) throw UsageError{"help takes at most one command"};
+        return print_help(a.operands.empty() ? "" : a.operands[0]);
+    }
+    if (!kCommandHelp.contains(a.command)) throw UsageError{"unknown command '" + a.command + "'"};
+    if (a.help) return print_help(a.command);
+    if ((a.interval_s || a.count) && a.command != "top")
+        throw UsageError{"--interval and --count are options of top"};
+
+    AdminConnection conn(a.admin_socket);
+    if (a.command == "list") return cmd_list(a, conn);
+    if (a.command == "set-weight") return cmd_set_weight(a, conn);
+    if (a.command == "set-policy") return cmd_set_policy(a, conn);
+    if (a.command == "policy") return cmd_policy(a, conn);
+    if (a.command == "stats") return cmd_stats(a, conn);
+    if (a.command == "top") return cmd_top(a, conn);
+    return cmd_version(a, conn);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    Args args;
+    try {
+        args = parse_args(argc, argv);
+        return dispatch(args);
+    } catch (const UsageError& e) {
+        std::fprintf(stderr, "pvgpuctl: %s\n(see pvgpuctl --help)\n", e.message.c_str());
+        return kExitUsage;
+    } catch (const DaemonError& e) {
+        if (args.json_output && e.reply) print_json(*e.reply);
+        std::fprintf(stderr, "pvgpuctl: %s\n", e.message.c_str());
+        return kExitDaemon;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "pvgpuctl: %s\n", e.what());
+        return kExitDaemon;
+    }
+}

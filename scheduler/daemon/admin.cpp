@@ -1,0 +1,305 @@
+#include "admin.hpp"
+
+#include <pvgpu/protocol.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "log.hpp"
+#include "unix_socket.hpp"
+
+#ifndef PVGPU_VERSION
+#define PVGPU_VERSION "unknown"
+#endif
+
+namespace pvgpu::daemon {
+
+using nlohmann::json;
+
+namespace {
+
+// A response that cannot be written while this much is queued stops the
+// connection's reading: a client that never reads only stalls itself.
+constexpr std::size_t kMaxOutBytes = 1024 * 1024;
+constexpr std::size_t kReadChunk = 16384;
+// How long a closing connection's leftover input is discarded.
+constexpr Duration kDrainTime = 1 * kSecond;
+
+std::string dump_line(const json& j) {
+    // Strings echoed back (targets, commands) may hold invalid UTF-8: replace, never throw.
+    return j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+}
+
+PeerCred peer_of(int fd) {
+    PeerCred p;
+    ucred uc{};
+    socklen_t len = sizeof uc;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &uc, &len) == 0) {
+        p.pid = uc.pid;
+        p.uid = uc.uid;
+        p.gid = uc.gid;
+    }
+    std::vector<gid_t> groups(32);
+    for (int tries = 0; tries < 4; ++tries) {
+        len = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &len) == 0) {
+            groups.resize(len / sizeof(gid_t));
+            p.groups = std::move(groups);
+            break;
+        }
+        if (errno != ERANGE) break;
+        groups.resize(len / sizeof(gid_t) + 1);
+    }
+    return p;
+}
+
+}  // namespace
+
+json admin_error(const std::string& message) { return {{"ok", false}, {"error", message}}; }
+
+bool AdminPolicy::may_mutate(const PeerCred& peer) const {
+    if (peer.uid == 0 || peer.uid == daemon_uid_) return true;
+    if (admin_gid_ == static_cast<gid_t>(-1)) return false;
+    return peer.gid == admin_gid_ ||
+           std::find(peer.groups.begin(), peer.groups.end(), admin_gid_) != peer.groups.end();
+}
+
+std::string AdminPolicy::denied(const std::string& cmd) const {
+    std::vector<std::string> who{"root"};
+    if (daemon_uid_ != 0) who.push_back("uid " + std::to_string(daemon_uid_));
+    if (!admin_group_.empty()) who.push_back("group " + admin_group_);
+    std::string list;
+    for (std::size_t i = 0; i < who.size(); ++i) {
+        if (i > 0) list += i + 1 == who.size() ? " or " : ", ";
+        list += who[i];
+    }
+    return "permission denied: " + cmd + " needs " + list;
+}
+
+std::optional<json> handle_admin_request(const std::string& line, const PeerCred& peer,
+                                         const AdminPolicy& rights, AdminBackend& backend) {
+    if (line.find_first_not_of(" \t\r\n") == std::string::npos) return std::nullopt;
+    json req;
+    try {
+        req = json::parse(line);
+    } catch (const json::exception& e) {
+        return admin_error(std::string("bad request: ") + e.what());
+    }
+    if (!req.is_object()) return admin_error("bad request: not a JSON object");
+    auto it = req.find("cmd");
+    if (it == req.end() || !it->is_string()) return admin_error("bad request: missing \"cmd\"");
+    const std::string cmd = it->get<std::string>();
+    try {
+        if (cmd == "version")
+            return json{{"ok", true},
+                        {"version", PVGPU_VERSION},
+                        {"protocol", PVGPU_PROTO_VERSION},
+                        {"admin_protocol", kAdminProtocolVersion}};
+        if (cmd == "list") return backend.admin_list();
+        if (cmd == "get-policy") return backend.admin_get_policy();
+        if (cmd == "stats") return backend.admin_stats();
+        if (cmd == "set-weight" || cmd == "set-policy") {
+            if (!rights.may_mutate(peer)) return admin_error(rights.denied(cmd));
+            return cmd == "set-weight" ? backend.admin_set_weight(req) : backend.admin_set_policy(req);
+        }
+        return admin_error("unknown command: " + cmd);
+    } catch (const std::exception& e) {
+        log_error("admin command ", cmd, " failed: ", e.what());
+        return admin_error(std::string("internal error: ") + e.what());
+    }
+}
+
+struct AdminServer::Conn {
+    UniqueFd fd;
+    PeerCred peer;
+    FdWatch watch;
+    Timer idle;
+    Timer resume;
+    std::string in;
+    std::string out;
+    double tokens = 0;
+    Time refilled = 0;
+    bool eof = false;
+    bool paused = false;    // out of request tokens
+    bool closing = false;   // close once `out` is written
+    bool draining = false;  // closing: output shut down, input discarded until EOF
+    bool dead = false;
+};
+
+AdminServer::AdminServer(GMainContext* ctx, const Clock& clock, Timers& timers, Options opt,
+                         AdminBackend& backend)
+    : ctx_(ctx),
+      clock_(clock),
+      timers_(timers),
+      opt_(std::move(opt)),
+      backend_(backend),
+      rights_(geteuid(), group_id(opt_.admin_group), opt_.admin_group) {
+    if (!opt_.admin_group.empty() && group_id(opt_.admin_group) == static_cast<gid_t>(-1))
+        log_warning("admin group '", opt_.admin_group, "' does not exist: only root and uid ", geteuid(),
+                    " may change weights and policy");
+    listen_fd_ = listen_unix(opt_.path, opt_.mode, opt_.socket_group);
+    listen_watch_ = FdWatch(ctx_, listen_fd_.get(), G_IO_IN, [this](GIOCondition) { accept_some(); });
+}
+
+AdminServer::~AdminServer() {
+    listen_watch_.reset();
+    conns_.clear();
+    if (listen_fd_) ::unlink(opt_.path.c_str());
+}
+
+void AdminServer::accept_some() {
+    for (int i = 0; i < 16; ++i) {
+        UniqueFd fd(accept4(listen_fd_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+        if (!fd) {
+            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != ECONNABORTED && errno != EINTR)
+                log_warning("admin accept: ", std::strerror(errno));
+            return;
+        }
+        if (conns_.size() >= opt_.max_clients) {
+            std::string msg = dump_line(admin_error("too many admin connections"));
+            (void)!::send(fd.get(), msg.data(), msg.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+            continue;
+        }
+        auto c = std::make_unique<Conn>();
+        Conn& conn = *c;
+        conn.fd = std::move(fd);
+        conn.peer = peer_of(conn.fd.get());
+        conn.tokens = opt_.requests_per_s;
+        conn.refilled = clock_.now();
+        conn.idle.bind(timers_);
+        conn.resume.bind(timers_);
+        conn.watch =
+            FdWatch(ctx_, conn.fd.get(), G_IO_IN, [this, &conn](GIOCondition cond) { on_io(conn, cond); });
+        conn.idle.arm(clock_.now() + opt_.idle_timeout, [this, &conn] { drop(conn); });
+        log_debug("admin connection from pid ", conn.peer.pid, " uid ", conn.peer.uid);
+        conns_.push_back(std::move(c));
+    }
+}
+
+void AdminServer::on_io(Conn& c, GIOCondition cond) {
+    if (cond & G_IO_OUT) flush(c);
+    if (c.dead) return;
+    if (cond & (G_IO_IN | G_IO_HUP | G_IO_ERR)) {
+        if (!(c.watch.condition() & G_IO_IN)) {
+            if (cond & (G_IO_HUP | G_IO_ERR)) drop(c);
+            return;
+        }
+        char buf[kReadChunk];
+        ssize_t n = ::read(c.fd.get(), buf, sizeof buf);
+        if (c.draining) {
+            if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) drop(c);
+            return;
+        }
+        if (n > 0) {
+            c.in.append(buf, static_cast<std::size_t>(n));
+        } else if (n == 0) {
+            c.eof = true;
+        } else if (errno != EAGAIN && errno != EINTR) {
+            drop(c);
+            return;
+        }
+        process(c);
+    }
+}
+
+void AdminServer::process(Conn& c) {
+    while (!c.dead && !c.closing) {
+        std::size_t nl = c.in.find('\n');
+        bool last = nl == std::string::npos && c.eof && !c.in.empty();  // unterminated final request
+        if (nl == std::string::npos && !last) {
+            if (c.in.size() >= kAdminMaxLine) {
+                c.out += dump_line(admin_error("request too long"));
+                c.closing = true;
+            }
+            break;
+        }
+        std::size_t len = last ? c.in.size() : nl + 1;
+        if (len > kAdminMaxLine) {
+            c.out += dump_line(admin_error("request too long"));
+            c.closing = true;
+            break;
+        }
+        // Token bucket: requests_per_s per second, bursts of as many.
+        Time now = clock_.now();
+        double rate = opt_.requests_per_s;
+        c.tokens = std::min(rate, c.tokens + rate * double(now - c.refilled) / double(kSecond));
+        c.refilled = now;
+        if (c.tokens < 1) {
+            c.paused = true;
+            auto wait = static_cast<Duration>((1 - c.tokens) / rate * double(kSecond)) + 1;
+            c.resume.arm(now + wait, [this, &c] {
+                c.paused = false;
+                process(c);
+            });
+            break;
+        }
+        c.tokens -= 1;
+        std::string line = c.in.substr(0, last ? len : nl);
+        c.in.erase(0, len);
+        if (auto resp = handle_admin_request(line, c.peer, rights_, backend_)) {
+            c.out += dump_line(*resp);
+            c.idle.arm(now + opt_.idle_timeout, [this, &c] { drop(c); });
+        }
+    }
+    if (!c.dead && c.eof && !c.paused && c.in.find('\n') == std::string::npos && c.in.empty())
+        c.closing = true;
+    flush(c);
+}
+
+void AdminServer::flush(Conn& c) {
+    if (c.dead) return;
+    while (!c.out.empty()) {
+        ssize_t n = ::send(c.fd.get(), c.out.data(), c.out.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (n < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+            if (errno == EINTR) continue;
+            drop(c);
+            return;
+        }
+        c.out.erase(0, static_cast<std::size_t>(n));
+    }
+    update(c);
+}
+
+void AdminServer::update(Conn& c) {
+    if (c.dead) return;
+    if (c.closing && c.out.empty()) {
+        // Closing with unread input would make the peer's next read fail
+        // with ECONNRESET: send EOF, discard what still comes (for a while).
+        if (!c.draining) {
+            c.draining = true;
+            ::shutdown(c.fd.get(), SHUT_WR);
+            c.resume.cancel();
+            c.idle.arm(clock_.now() + kDrainTime, [this, &c] { drop(c); });
+        }
+        c.watch.set_condition(G_IO_IN);
+        return;
+    }
+    int cond = 0;
+    bool room = c.in.size() < 2 * kAdminMaxLine && c.out.size() < kMaxOutBytes;
+    if (!c.closing && !c.eof && !c.paused && room) cond |= G_IO_IN;
+    if (!c.out.empty()) cond |= G_IO_OUT;
+    c.watch.set_condition(static_cast<GIOCondition>(cond));
+}
+
+void AdminServer::drop(Conn& c) {
+    if (c.dead) return;
+    c.dead = true;
+    c.watch.reset();
+    c.idle.cancel();
+    c.resume.cancel();
+    dead_.push_back(&c);
+    // Freed from the loop, never under a callback of its own.
+    if (!reaper_)
+        reaper_ = add_idle(ctx_, [this] {
+            for (Conn* d : dead_)
+                conns_.remove_if([d](const std::unique_ptr<Conn>& p) { return p.get() == d; });
+            dead_.clear();
+            return false;
+        });
+}
+
+}  // namespace pvgpu::daemon

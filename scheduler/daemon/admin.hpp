@@ -1,0 +1,107 @@
+// The admin socket (docs/protocol.md section 1): newline-delimited JSON
+// requests and responses, read-only commands for anyone who can connect,
+// mutating ones only for root, the daemon's uid or the admin group
+// (SO_PEERCRED / SO_PEERGROUPS).  Lines are bounded (64 KiB), requests are
+// rate-limited per connection, idle connections are closed; nothing blocks.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/time.hpp"
+#include "gsource.hpp"
+#include "proto/unique_fd.hpp"
+
+namespace pvgpu::daemon {
+
+inline constexpr int kAdminProtocolVersion = 1;
+inline constexpr std::size_t kAdminMaxLine = 65536;  // bytes, newline included
+
+struct PeerCred {
+    pid_t pid = 0;
+    uid_t uid = static_cast<uid_t>(-1);
+    gid_t gid = static_cast<gid_t>(-1);
+    std::vector<gid_t> groups;  // supplementary (SO_PEERGROUPS)
+};
+
+// What the commands do; the server only frames, parses and checks rights.
+// Every method returns a whole response object ({"ok":...}).
+class AdminBackend {
+public:
+    virtual ~AdminBackend() = default;
+    virtual nlohmann::json admin_list() = 0;
+    virtual nlohmann::json admin_set_weight(const nlohmann::json& req) = 0;
+    virtual nlohmann::json admin_set_policy(const nlohmann::json& req) = 0;
+    virtual nlohmann::json admin_get_policy() = 0;
+    virtual nlohmann::json admin_stats() = 0;
+};
+
+nlohmann::json admin_error(const std::string& message);
+
+// Who may mutate: root, `daemon_uid`, or members of `admin_gid` (-1: none).
+class AdminPolicy {
+public:
+    AdminPolicy(uid_t daemon_uid, gid_t admin_gid, std::string admin_group)
+        : daemon_uid_(daemon_uid), admin_gid_(admin_gid), admin_group_(std::move(admin_group)) {}
+    bool may_mutate(const PeerCred& peer) const;
+    std::string denied(const std::string& cmd) const;
+
+private:
+    uid_t daemon_uid_;
+    gid_t admin_gid_;
+    std::string admin_group_;
+};
+
+// One request line -> one response object; nullopt for a blank line.
+std::optional<nlohmann::json> handle_admin_request(const std::string& line, const PeerCred& peer,
+                                                   const AdminPolicy& rights, AdminBackend& backend);
+
+class AdminServer {
+public:
+    struct Options {
+        std::string path;
+        mode_t mode = 0666;
+        std::string socket_group;
+        std::string admin_group;
+        std::size_t max_clients = 32;
+        std::uint32_t requests_per_s = 200;
+        Duration idle_timeout = 60 * kSecond;
+    };
+
+    // Binds the socket; throws std::runtime_error.
+    AdminServer(GMainContext* ctx, const Clock& clock, Timers& timers, Options opt, AdminBackend& backend);
+    ~AdminServer();
+    AdminServer(const AdminServer&) = delete;
+    AdminServer& operator=(const AdminServer&) = delete;
+
+    std::size_t connections() const { return conns_.size(); }
+
+private:
+    struct Conn;
+    void accept_some();
+    void on_io(Conn& c, GIOCondition cond);
+    void process(Conn& c);
+    void flush(Conn& c);
+    void update(Conn& c);
+    void drop(Conn& c);
+
+    GMainContext* ctx_;
+    const Clock& clock_;
+    Timers& timers_;
+    Options opt_;
+    AdminBackend& backend_;
+    AdminPolicy rights_;
+    UniqueFd listen_fd_;
+    FdWatch listen_watch_;
+    std::list<std::unique_ptr<Conn>> conns_;
+    Source reaper_;
+    std::vector<Conn*> dead_;
+};
+
+}  // namespace pvgpu::daemon

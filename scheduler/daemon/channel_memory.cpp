@@ -1,0 +1,76 @@
+#include "channel_memory.hpp"
+
+#include <fcntl.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <system_error>
+#include <utility>
+
+namespace pvgpu::daemon {
+
+namespace {
+
+[[noreturn]] void fail(const char* what) { throw std::system_error(errno, std::generic_category(), what); }
+
+}  // namespace
+
+ChannelMemoryFile ChannelMemoryFile::create(const char* name) {
+    ChannelMemoryFile m;
+    m.fd_ = UniqueFd(memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    if (!m.fd_) fail("memfd_create");
+    if (ftruncate(m.fd_.get(), static_cast<off_t>(size())) != 0) fail("ftruncate");
+    if (fcntl(m.fd_.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) fail("F_ADD_SEALS");
+    void* p = mmap(nullptr, size(), PROT_READ | PROT_WRITE, MAP_SHARED, m.fd_.get(), 0);
+    if (p == MAP_FAILED) fail("mmap");
+    m.base_ = p;
+    return m;
+}
+
+ChannelMemoryFile::ChannelMemoryFile(ChannelMemoryFile&& o) noexcept
+    : fd_(std::move(o.fd_)), base_(std::exchange(o.base_, nullptr)) {}
+
+ChannelMemoryFile& ChannelMemoryFile::operator=(ChannelMemoryFile&& o) noexcept {
+    if (this != &o) {
+        unmap();
+        fd_ = std::move(o.fd_);
+        base_ = std::exchange(o.base_, nullptr);
+    }
+    return *this;
+}
+
+ChannelMemoryFile::~ChannelMemoryFile() { unmap(); }
+
+void ChannelMemoryFile::unmap() {
+    if (base_) munmap(base_, size());
+    base_ = nullptr;
+}
+
+pvgpu_ring* ChannelMemoryFile::ring() const {
+    if (!base_) return nullptr;
+    return reinterpret_cast<pvgpu_ring*>(static_cast<char*>(base_) + PVGPU_CHAN_RING_OFFSET);
+}
+
+std::uint32_t ChannelMemoryFile::client_put() const {
+    std::uint32_t put = ctrl()->ib_put;
+    // Ring entries written before IB_PUT must be seen after it.
+    std::atomic_thread_fence(std::memory_order_acquire);
+    return put;
+}
+
+Doorbell Doorbell::create() {
+    Doorbell d;
+    d.fd_ = UniqueFd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!d.fd_) fail("eventfd");
+    return d;
+}
+
+bool Doorbell::drain() const {
+    eventfd_t v = 0;
+    return eventfd_read(fd_.get(), &v) == 0 && v != 0;
+}
+
+}  // namespace pvgpu::daemon

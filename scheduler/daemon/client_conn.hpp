@@ -1,0 +1,93 @@
+// One binary-protocol connection: a non-blocking socket, a wire::Reader for
+// what comes in and a queue for what goes out (partial writes resumed when
+// the socket drains; descriptors ride on their message's first byte).
+// Nothing here ever blocks.  A client that stops reading is paused and, past
+// the queue limit, dropped; one that says nothing is dropped after the HELLO
+// timeout; one that sends garbage gets ERROR and is dropped.
+#pragma once
+
+#include <sys/socket.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/time.hpp"
+#include "gsource.hpp"
+#include "proto/unique_fd.hpp"
+#include "proto/wire.hpp"
+
+namespace pvgpu::daemon {
+
+class ClientConn {
+public:
+    class Handler {
+    public:
+        virtual ~Handler() = default;
+        virtual void on_message(ClientConn& c, wire::Message& m) = 0;
+        // The connection is finished.  Called once, possibly from inside
+        // send() or another callback: the handler destroys the connection
+        // later, from the main loop, never from here.
+        virtual void on_closed(ClientConn& c, const std::string& reason, bool protocol_error) = 0;
+    };
+
+    struct Options {
+        std::size_t max_queue_bytes = 1024 * 1024;
+        Duration hello_timeout = 5 * kSecond;
+    };
+
+    ClientConn(GMainContext* ctx, const Clock& clock, Timers& timers, UniqueFd sock, std::uint32_t id,
+               Options opt, Handler& handler);
+    ClientConn(const ClientConn&) = delete;
+    ClientConn& operator=(const ClientConn&) = delete;
+
+    std::uint32_t id() const { return id_; }
+    const ucred& peer() const { return peer_; }
+    bool is_open() const { return open_; }
+    std::size_t queued_bytes() const { return queued_; }
+
+    // Queues a message and writes what the socket takes now.  `fds` are
+    // duplicated: the queue owns its copies, so a descriptor closed in the
+    // meantime can never be replaced by an unrelated one.
+    void send(std::uint16_t type, std::uint32_t seq, std::span<const std::byte> payload = {},
+              std::span<const int> fds = {});
+    template <class T>
+    void send_struct(std::uint16_t type, std::uint32_t seq, const T& body, std::span<const int> fds = {}) {
+        send(type, seq, std::as_bytes(std::span<const T, 1>(&body, 1)), fds);
+    }
+    // Sends ERROR, writes what it can and closes.
+    void fail(std::uint32_t status, const std::string& message, bool protocol_error = true);
+    // Closes (the reason is logged by the handler).
+    void close(const std::string& reason, bool protocol_error = false);
+    // The client said HELLO in time.
+    void hello_done() { hello_timer_.cancel(); }
+
+private:
+    struct Out {
+        std::vector<std::byte> bytes;
+        std::vector<UniqueFd> fds;
+        std::size_t offset = 0;
+    };
+
+    void on_io(GIOCondition cond);
+    void read_some();
+    void flush();
+    void update_watch();
+
+    std::uint32_t id_;
+    Options opt_;
+    Handler& handler_;
+    UniqueFd sock_;
+    ucred peer_{};
+    FdWatch watch_;
+    Timer hello_timer_;
+    wire::Reader reader_;
+    std::deque<Out> out_;
+    std::size_t queued_ = 0;
+    bool open_ = true;
+};
+
+}  // namespace pvgpu::daemon

@@ -1,0 +1,79 @@
+// pvgpud's configuration: /etc/pvgpu/pvgpud.conf (GKeyFile format) with
+// command-line overrides.  A missing default file means defaults; anything
+// malformed is a ConfigError naming the file, line and key.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "core/policy.hpp"
+#include "core/scheduler.hpp"
+#include "log.hpp"
+#include "sim/sim_gpu.hpp"
+
+namespace pvgpu::daemon {
+
+inline constexpr const char* kDefaultConfigPath = "/etc/pvgpu/pvgpud.conf";
+
+class ConfigError : public std::runtime_error {
+public:
+    using std::runtime_error::runtime_error;
+};
+
+// Resource limits that keep one client from hurting the daemon or others.
+struct Limits {
+    std::uint32_t max_clients = 256;
+    std::uint32_t max_channels_per_client = 64;
+    std::uint32_t max_channels = 1024;
+    std::size_t max_queue_bytes = 1024 * 1024;  // a client that stops reading is dropped
+    Duration hello_timeout = 5 * kSecond;
+    Duration mode_ack_timeout = 1 * kSecond;
+    std::uint32_t admin_max_clients = 32;
+    std::uint32_t admin_requests_per_s = 200;
+    Duration admin_idle_timeout = 60 * kSecond;
+};
+
+struct Config {
+    // [daemon]
+    std::string socket = "/run/pvgpu/pvgpud.sock";
+    std::string admin_socket = "/run/pvgpu/admin.sock";
+    std::uint32_t socket_mode = 0660;
+    std::string socket_group;  // empty: the daemon's group
+    std::uint32_t admin_socket_mode = 0666;
+    std::string admin_group = "pvgpu";  // may use mutating admin commands; empty: none
+    std::string state_dir = "/var/lib/pvgpu";
+    LogLevel log_level = LogLevel::Info;
+    // [scheduler] and [policy.NAME]
+    std::string policy = "hfq";
+    bool policy_overridden = false;  // --policy given: wins over the state file
+    std::map<std::string, PolicyParams> policy_params;
+    MechanismCosts costs;
+    // [gpu]
+    sim::SimGpuConfig gpu;
+    // [limits]
+    Limits limits;
+};
+
+// Command line.  parse_cli throws ConfigError with a usage hint.
+struct CliOptions {
+    std::optional<std::string> config, socket, admin_socket, state_dir, policy, admin_group;
+    int verbose = 0;
+    bool help = false;
+    bool version = false;
+};
+CliOptions parse_cli(int argc, char** argv);
+std::string usage();
+
+// Parses config text; `name` is used in messages ("pvgpud.conf:12: ...").
+Config parse_config(const std::string& text, const std::string& name);
+// Reads the file (the default path may be missing; an explicit one may not),
+// parses it and applies the command-line overrides.
+Config load_config(const CliOptions& cli);
+
+// The parameters of `policy` from the config, empty when none were given.
+PolicyParams params_for(const Config& cfg, const std::string& policy);
+
+}  // namespace pvgpu::daemon

@@ -1,0 +1,827 @@
+#include "daemon.hpp"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <csignal>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#include "log.hpp"
+#include "names.hpp"
+#include "unix_socket.hpp"
+
+namespace pvgpu::daemon {
+
+using nlohmann::json;
+
+namespace {
+
+std::uint32_t wire_mode(ChannelMode m) {
+    switch (m) {
+    case ChannelMode::Direct: return PVGPU_MODE_DIRECT;
+    case ChannelMode::Trapped: return PVGPU_MODE_TRAPPED;
+    case ChannelMode::Shadowed: return PVGPU_MODE_SHADOWED;
+    }
+    return PVGPU_MODE_DIRECT;
+}
+
+// While work is in flight every channel's IB_PUT is re-read this often: the
+// backstop for a store whose doorbell never came (the doorbell is the fast
+// path).
+constexpr Duration kPutScanPeriod = 20 * kMillisecond;
+
+// Connections beyond max_clients are still accepted, to be refused at HELLO
+// with PVGPU_E_LIMIT; beyond this many more they are dropped at once.
+constexpr std::size_t kConnectionSlack = 64;
+
+// A ratio that no leaf can be compared on (one got nothing) is reported as
+// this rather than as a JSON-less infinity.
+constexpr double kMaxUnfairness = 1e6;
+
+double finite_or(double v, double cap) { return std::isfinite(v) ? std::min(v, cap) : cap; }
+
+const PolicyInfo* find_policy(const std::string& name) {
+    for (const auto& p : policy_catalog())
+        if (p.name == name) return &p;
+    return nullptr;
+}
+
+}  // namespace
+
+Daemon::Daemon(Config cfg)
+    : cfg_(std::move(cfg)),
+      ctx_(g_main_context_new()),
+      loop_(g_main_loop_new(ctx_.get(), FALSE)),
+      timers_(ctx_.get()),
+      store_(cfg_.state_dir) {
+    started_ = clock_.now();
+    // Found out now rather than at the first set-weight.
+    if (g_mkdir_with_parents(cfg_.state_dir.c_str(), 0755) != 0 || ::access(cfg_.state_dir.c_str(), W_OK) != 0)
+        log_warning("state directory ", cfg_.state_dir, " is not writable (", std::strerror(errno),
+                    "): weights set now will not survive a restart");
+    auto loaded = store_.load();
+    for (const auto& w : loaded.warnings) log_warning(w);
+    state_ = std::move(loaded.state);
+
+    // Policy: --policy, else what an admin chose at run time, else the config.
+    policy_name_ = cfg_.policy;
+    policy_params_ = params_for(cfg_, policy_name_);
+    std::string origin = cfg_.policy_overridden ? "--policy" : "configuration";
+    std::unique_ptr<Policy> policy;
+    if (!cfg_.policy_overridden && state_.policy) {
+        try {
+            policy = make_policy(*state_.policy, state_.policy_params);
+            policy_name_ = *state_.policy;
+            policy_params_ = state_.policy_params;
+            origin = store_.path() + ", set at run time";
+        } catch (const std::exception& e) {
+            log_warning("ignoring the policy saved in ", store_.path(), ": ", e.what());
+        }
+    }
+    if (!policy) policy = make_policy(policy_name_, policy_params_);
+
+    gpu_ = std::make_unique<sim::SimGpu>(clock_, timers_, cfg_.gpu);
+    sched_ = std::make_unique<Scheduler>(*gpu_, clock_, timers_, std::move(policy), cfg_.costs);
+    sched_->set_mode_listener([this](ChannelId ch, ChannelMode m) { on_mode_change(ch, m); });
+    sched_->set_error_listener(
+        [this](ChannelId ch, EntityId, std::uint32_t err) { on_channel_error(ch, err); });
+    monitor_ = std::make_unique<ShareMonitor>(*sched_, *gpu_, clock_, timers_);
+    accept_pause_.bind(timers_);
+    scan_timer_.bind(timers_);
+
+    listen_fd_ = listen_unix(cfg_.socket, cfg_.socket_mode, cfg_.socket_group);
+    listen_watch_ =
+        FdWatch(ctx_.get(), listen_fd_.get(), G_IO_IN, [this](GIOCondition) { accept_clients(); });
+    try {
+        AdminServer::Options ao;
+        ao.path = cfg_.admin_socket;
+        ao.mode = cfg_.admin_socket_mode;
+        ao.socket_group = cfg_.socket_group;
+        ao.admin_group = cfg_.admin_group;
+        ao.max_clients = cfg_.limits.admin_max_clients;
+        ao.requests_per_s = cfg_.limits.admin_requests_per_s;
+        ao.idle_timeout = cfg_.limits.admin_idle_timeout;
+        admin_ =
+            std::make_unique<AdminServer>(ctx_.get(), clock_, timers_, ao, static_cast<AdminBackend&>(*this));
+    } catch (...) {
+        ::unlink(cfg_.socket.c_str());
+        throw;
+    }
+
+    sigterm_ = add_signal(ctx_.get(), SIGTERM, [this] {
+        log_info("SIGTERM: shutting down");
+        quit();
+    });
+    sigint_ = add_signal(ctx_.get(), SIGINT, [this] {
+        log_info("SIGINT: shutting down");
+        quit();
+    });
+    sighup_ = add_signal(ctx_.get(), SIGHUP, [] {
+        log_info("SIGHUP: the configuration is read at start only; restart pvgpud to apply changes");
+    });
+
+    log_info("pvgpud ", PVGPU_VERSION, ": policy ", policy_name_, " (", origin, "), simulated GPU ",
+             sim::to_string(cfg_.gpu.arbitration), ", watchdog ", cfg_.gpu.watchdog / kMillisecond, " ms");
+    log_info("client socket ", cfg_.socket, ", admin socket ", cfg_.admin_socket, ", state ", store_.path());
+}
+
+Daemon::~Daemon() {
+    admin_.reset();
+    listen_watch_.reset();
+    std::vector<std::uint32_t> ids;
+    for (const auto& [id, cl] : clients_) ids.push_back(id);
+    for (auto id : ids) teardown(id);
+    if (listen_fd_) ::unlink(cfg_.socket.c_str());
+    // The scheduler holds timers on the GPU and both on timers_: drop in order.
+    monitor_.reset();
+    sched_.reset();
+    gpu_.reset();
+}
+
+int Daemon::run() {
+    // Tests and service wrappers wait for this line, whatever the log level.
+    log_line(LogLevel::Info, "ready");
+    g_main_loop_run(loop_.get());
+    log_info("stopped");
+    return 0;
+}
+
+void Daemon::quit() { g_main_loop_quit(loop_.get()); }
+
+// ---------------------------------------------------------------- clients
+
+void Daemon::accept_clients() {
+    for (int i = 0; i < 32; ++i) {
+        UniqueFd fd(accept4(listen_fd_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+        if (!fd) {
+            int err = errno;
+            if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
+                // The pending connection keeps the socket readable: back off
+                // instead of spinning until descriptors are free again.
+                log_warning("accept: ", std::strerror(err), "; not accepting clients for 100 ms");
+                listen_watch_.set_condition(static_cast<GIOCondition>(0));
+                accept_pause_.arm(clock_.now() + 100 * kMillisecond,
+                                  [this] { listen_watch_.set_condition(G_IO_IN); });
+            } else if (err != EAGAIN && err != EWOULDBLOCK && err != ECONNABORTED && err != EINTR) {
+                log_warning("accept: ", std::strerror(err));
+            }
+            return;
+        }
+        std::size_t live = 0;
+        for (const auto& [id, cl] : clients_) live += cl.closing ? 0 : 1;
+        if (live >= cfg_.limits.max_clients + kConnectionSlack) {
+            pvgpu_error e{};
+            e.status = PVGPU_E_LIMIT;
+            wire::set_name(e.message, sizeof e.message, "too many clients");
+            auto bytes = wire::encode(PVGPU_MSG_ERROR, 0, e);
+            (void)!::send(fd.get(), bytes.data(), bytes.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+            log_warning("dropped a connection: ", live, " connections open");
+            continue;
+        }
+        std::uint32_t id = next_client_++;
+        if (next_client_ == 0) next_client_ = 1;
+        ++counters_.clients_total;
+        ClientConn::Options opt;
+        opt.max_queue_bytes = cfg_.limits.max_queue_bytes;
+        opt.hello_timeout = cfg_.limits.hello_timeout;
+        Client cl;
+        cl.conn = std::make_unique<ClientConn>(ctx_.get(), clock_, timers_, std::move(fd), id, opt,
+                                               static_cast<ClientConn::Handler&>(*this));
+        log_debug("client ", id, " connected (pid ", cl.conn->peer().pid, ", uid ", cl.conn->peer().uid, ")");
+        clients_.emplace(id, std::move(cl));
+    }
+}
+
+void Daemon::on_closed(ClientConn& c, const std::string& reason, bool protocol_error) {
+    if (protocol_error) {
+        ++counters_.protocol_errors;
+        log_warning("client ", c.id(), " (pid ", c.peer().pid, ") dropped: ", reason);
+    } else {
+        log_info("client ", c.id(), " closed: ", reason);
+    }
+    auto it = clients_.find(c.id());
+    if (it == clients_.end()) return;
+    it->second.closing = true;
+    // Tear down from the loop: this may run inside a scheduler callback.
+    to_reap_.insert(c.id());
+    if (!reaper_)
+        reaper_ = add_idle(ctx_.get(), [this] {
+            reap();
+            return false;
+        });
+}
+
+void Daemon::reap() {
+    auto ids = std::move(to_reap_);
+    to_reap_.clear();
+    for (auto id : ids) teardown(id);
+}
+
+void Daemon::teardown(std::uint32_t client_id) {
+    auto it = clients_.find(client_id);
+    if (it == clients_.end()) return;
+    Client& cl = it->second;
+    std::vector<ChannelId> chans(cl.channels.begin(), cl.channels.end());
+    for (ChannelId ch : chans) close_channel(ch);
+    if (cl.role == PVGPU_ROLE_VMM) {
+        if (auto v = vms_.find(cl.uuid); v != vms_.end() && v->second.client == client_id) {
+            for (auto [hint, task] : v->second.tasks) remove_entity(task);
+            remove_entity(v->second.entity);
+            vms_.erase(v);
+        }
+    } else if (cl.host_entity != kNoEntity) {
+        remove_entity(cl.host_entity);
+    }
+    clients_.erase(it);
+}
+
+void Daemon::on_message(ClientConn& c, wire::Message& m) {
+    auto it = clients_.find(c.id());
+    if (it == clients_.end() || it->second.closing) return;
+    Client& cl = it->second;
+    const std::uint16_t type = m.hdr.type;
+    if (!cl.hello && type != PVGPU_MSG_HELLO) {
+        c.fail(PVGPU_E_STATE, std::string(wire::type_name(type)) + " before HELLO");
+        return;
+    }
+    try {
+        switch (type) {
+        case PVGPU_MSG_HELLO: on_hello(cl, m); break;
+        case PVGPU_MSG_CHAN_ALLOC: on_alloc(cl, m); break;
+        case PVGPU_MSG_CHAN_FREE: on_free(cl, m); break;
+        case PVGPU_MSG_MODE_ACK: on_mode_ack(cl, m); break;
+        case PVGPU_MSG_TRAP_REPORT: on_trap_report(cl, m); break;
+        case PVGPU_MSG_PING: c.send(PVGPU_MSG_PONG, m.hdr.seq); break;
+        default: c.fail(PVGPU_E_INVALID, std::string("unexpected message ") + wire::type_name(type)); break;
+        }
+    } catch (const std::exception& e) {
+        log_error("client ", c.id(), ": ", wire::type_name(type), " failed: ", e.what());
+        c.fail(PVGPU_E_INTERNAL, "internal error", false);
+    }
+}
+
+void Daemon::on_hello(Client& cl, const wire::Message& m) {
+    ClientConn& conn = *cl.conn;
+    if (cl.hello) {
+        conn.fail(PVGPU_E_STATE, "second HELLO");
+        return;
+    }
+    const auto h = m.as<pvgpu_hello>();
+    pvgpu_hello_reply r{};
+    r.client_id = conn.id();
+    r.max_channels = cfg_.limits.max_channels_per_client;
+    r.version = std::min<std::uint32_t>(h.version, PVGPU_PROTO_VERSION);
+    auto refuse = [&](std::uint32_t status, const std::string& why) {
+        r.status = status;
+        conn.send_struct(PVGPU_MSG_HELLO_REPLY, m.hdr.seq, r);
+        conn.close("HELLO refused: " + why);
+    };
+    if (h.version < 1) return refuse(PVGPU_E_VERSION, "protocol version 0");
+    std::size_t ready = 0;
+    for (const auto& [id, other] : clients_) ready += other.hello && !other.closing ? 1 : 0;
+    if (ready >= cfg_.limits.max_clients) {
+        log_warning("refused a client: ", cfg_.limits.max_clients, " clients connected");
+        return refuse(PVGPU_E_LIMIT, "too many clients");
+    }
+
+    EntityTree& tree = sched_->entities();
+    const std::string raw = wire::name_of(h.name, sizeof h.name);
+    // A name free under the root: base, then base-<suffix>, then numbered.
+    auto unique_root_name = [&](const std::string& prefix, std::string base, const std::string& suffix) {
+        std::string name = base;
+        for (int k = 1; tree.find_child(kRootEntity, prefix + name); ++k) {
+            std::string s = "-" + suffix + (k > 1 ? "-" + std::to_string(k) : "");
+            name = with_suffix(base, s, 64 - prefix.size());
+        }
+        return name;
+    };
+
+    if (h.role == PVGPU_ROLE_VMM) {
+        Uuid u{};
+        std::memcpy(u.data(), h.uuid, u.size());
+        if (is_nil(u)) return refuse(PVGPU_E_INVALID, "a VMM must give its VM's UUID");
+        if (raw == "host") return refuse(PVGPU_E_INVALID, "the VM name 'host' is reserved");
+        if (raw.find('/') != std::string::npos)
+            return refuse(PVGPU_E_INVALID, "a VM name may not contain '/'");
+        const std::string uuid = format_uuid(u);
+        if (vms_.count(uuid)) return refuse(PVGPU_E_STATE, "VM " + uuid + " is already connected");
+        std::string name = unique_root_name("", raw.empty() ? uuid : sanitize_name(raw), uuid.substr(0, 8));
+        std::uint32_t weight = vm_weight(uuid, raw, name);
+        EntityId e = tree.add(kRootEntity, name, EntityKind::Vm, weight);
+        meta_[e] = Meta{Kind::Vm, uuid, uuid, 0, {}};
+        vms_[uuid] = Vm{uuid, raw, e, conn.id(), {}};
+        cl.uuid = uuid;
+        log_info("client ", conn.id(), ": VM ", name, " (", uuid, "), pid ", conn.peer().pid, ", weight ",
+                 weight);
+    } else if (h.role == PVGPU_ROLE_HOST) {
+        std::uint32_t pid = h.pid ? h.pid : static_cast<std::uint32_t>(conn.peer().pid);
+        std::string base = raw.empty() ? "pid-" + std::to_string(pid) : sanitize_name(raw, 59);
+        std::string name = unique_root_name("host:", base, std::to_string(conn.id()));
+        std::string key = "host/" + name;
+        auto w = state_.host_tasks.find(key);
+        std::uint32_t weight = w == state_.host_tasks.end() ? PVGPU_WEIGHT_DEFAULT : w->second;
+        EntityId e = tree.add(kRootEntity, "host:" + name, EntityKind::Task, weight);
+        meta_[e] = Meta{Kind::Host, {}, key, 0, {}};
+        cl.host_entity = e;
+        log_info("client ", conn.id(), ": host task ", key, ", pid ", conn.peer().pid, ", weight ", weight);
+    } else {
+        return refuse(PVGPU_E_INVALID, "unknown role " + std::to_string(h.role));
+    }
+    cl.role = h.role;
+    cl.hello = true;
+    conn.hello_done();
+    r.status = PVGPU_OK;
+    conn.send_struct(PVGPU_MSG_HELLO_REPLY, m.hdr.seq, r);
+}
+
+std::uint32_t Daemon::vm_weight(const std::string& uuid, const std::string& hello_name,
+                                const std::string& name) const {
+    // By UUID wins over a weight set by name before the VM ever connected.
+    if (auto v = state_.vms.find(uuid); v != state_.vms.end()) return v->second.weight;
+    for (const auto& n : {hello_name, name})
+        if (auto w = state_.vm_names.find(n); !n.empty() && w != state_.vm_names.end()) return w->second;
+    return PVGPU_WEIGHT_DEFAULT;
+}
+
+// ---------------------------------------------------------------- channels
+
+Daemon::Channel* Daemon::owned(const Client& cl, std::uint32_t chan_id) {
+    if (!cl.channels.count(chan_id)) return nullptr;
+    auto it = channels_.find(chan_id);
+    return it == channels_.end() ? nullptr : it->second.get();
+}
+
+EntityId Daemon::leaf_for(Client& cl, std::uint64_t pid_hint, const std::string& task_name,
+                          std::string& error) {
+    if (cl.role == PVGPU_ROLE_HOST) return cl.host_entity;
+    EntityTree& tree = sched_->entities();
+    Vm& vm = vms_.at(cl.uuid);
+    const Entity& ve = tree.get(vm.entity);
+    // No hint: the VM itself, as a guest without the driver's hints looks.
+    if (pid_hint == 0 && ve.children.empty()) return vm.entity;
+    if (ve.channels > 0) {
+        error = "the VM has channels without a pid hint; hinted channels cannot join them";
+        return kNoEntity;
+    }
+    if (auto t = vm.tasks.find(pid_hint); t != vm.tasks.end()) return t->second;
+    std::string name = "task-" + std::to_string(pid_hint);
+    auto w = state_.tasks.find(vm.uuid + "/" + name);
+    std::uint32_t weight = w == state_.tasks.end() ? PVGPU_WEIGHT_DEFAULT : w->second;
+    EntityId e = tree.add(vm.entity, name, EntityKind::Task, weight);
+    meta_[e] = Meta{Kind::VmTask, vm.uuid, name, pid_hint, sanitize_name(task_name, 32)};
+    vm.tasks[pid_hint] = e;
+    return e;
+}
+
+void Daemon::on_alloc(Client& cl, const wire::Message& m) {
+    ClientConn& conn = *cl.conn;
+    const auto a = m.as<pvgpu_chan_alloc>();
+    pvgpu_chan_reply r{};
+    r.mem_size = PVGPU_CHAN_MEM_SIZE;
+    auto refuse = [&](std::uint32_t status, const std::string& why) {
+        log_debug("client ", conn.id(), ": channel refused: ", why);
+        r.status = status;
+        conn.send_struct(PVGPU_MSG_CHAN_REPLY, m.hdr.seq, r);
+    };
+    if (cl.channels.size() >= cfg_.limits.max_channels_per_client)
+        return refuse(PVGPU_E_LIMIT, "per-client channel limit");
+    if (channels_.size() >= cfg_.limits.max_channels) {
+        log_warning("channel limit (", cfg_.limits.max_channels, ") reached");
+        return refuse(PVGPU_E_LIMIT, "channel limit");
+    }
+    const std::uint64_t hint = cl.role == PVGPU_ROLE_VMM ? a.pid_hint : 0;
+    std::string error;
+    EntityId leaf = leaf_for(cl, hint, wire::name_of(a.task_name, sizeof a.task_name), error);
+    if (leaf == kNoEntity) return refuse(PVGPU_E_STATE, error);
+
+    auto ch = std::make_unique<Channel>();
+    try {
+        ch->mem = ChannelMemoryFile::create();
+        ch->bell = Doorbell::create();
+    } catch (const std::system_error& e) {
+        log_warning("client ", conn.id(), ": cannot create channel memory: ", e.what());
+        remove_if_empty_task(leaf);
+        return refuse(PVGPU_E_INTERNAL, e.what());
+    }
+    const ChannelId id = sched_->open_channel(leaf, ch->mem.memory());
+    // Recorded at once: the GPU now uses this memory, only close_channel()
+    // may let go of it.
+    Channel& rec = *channels_.emplace(id, std::move(ch)).first->second;
+    cl.channels.insert(id);
+    rec.id = id;
+    rec.client = conn.id();
+    rec.vmm = cl.role == PVGPU_ROLE_VMM;
+    rec.pid_hint = hint;
+    rec.leaf = leaf;
+    rec.ack_timer.bind(timers_);
+    rec.watch = FdWatch(ctx_.get(), rec.bell.fd(), G_IO_IN, [this, id](GIOCondition) { on_doorbell(id); });
+    // Switches that landed while opening are in this mode; pushes follow.
+    rec.pushed = sched_->channel(id).mode();
+    r.status = PVGPU_OK;
+    r.chan_id = id;
+    r.mode = wire_mode(rec.pushed);
+    const int fds[2] = {rec.mem.fd(), rec.bell.fd()};
+    log_debug("client ", conn.id(), ": channel ", id, " on ", admin_path(leaf));
+    conn.send_struct(PVGPU_MSG_CHAN_REPLY, m.hdr.seq, r, fds);
+}
+
+void Daemon::on_free(Client& cl, const wire::Message& m) {
+    const auto ref = m.as<pvgpu_chan_ref>();
+    pvgpu_status_reply r{};
+    r.chan_id = ref.chan_id;
+    if (owned(cl, ref.chan_id)) {
+        close_channel(ref.chan_id);
+        r.status = PVGPU_OK;
+    } else {
+        r.status = PVGPU_E_NOENT;
+    }
+    cl.conn->send_struct(PVGPU_MSG_FREE_REPLY, m.hdr.seq, r);
+}
+
+void Daemon::on_mode_ack(Client& cl, const wire::Message& m) {
+    const auto a = m.as<pvgpu_mode_ack>();
+    Channel* ch = owned(cl, a.chan_id);
+    if (!ch) return;  // freed meanwhile: nothing to do
+    if (a.mode_seq > ch->mode_seq) {
+        log_debug("client ", cl.conn->id(), ": MODE_ACK for mode ", a.mode_seq, " never sent on channel ",
+                  ch->id);
+        return;
+    }
+    // An ack covers its own push and every older one (clients may skip
+    // straight to the newest).
+    while (!ch->unacked.empty() && static_cast<std::int32_t>(ch->unacked.front().first - a.mode_seq) <= 0)
+        ch->unacked.pop_front();
+    if (ch->unacked.empty()) ch->ack_timer.cancel();
+    // Leaving SHADOWED, the guest's writes to its shadow page arrive here.
+    deliver_put(*ch, a.guest_put);
+}
+
+void Daemon::on_trap_report(Client& cl, const wire::Message& m) {
+    const auto t = m.as<pvgpu_trap_report>();
+    Channel* ch = owned(cl, t.chan_id);
+    if (!ch) return;
+    ++counters_.trap_reports;
+    const auto before = sched_->stats().traps;
+    // In any mode: a store racing a switch must not be lost.  The channel's
+    // ShadowChannel counts it when trapped here too, holds it when shadowed.
+    if (deliver_put(*ch, t.put) && sched_->stats().traps == before) ++counters_.untrapped_reports;
+}
+
+void Daemon::on_doorbell(ChannelId id) {
+    auto it = channels_.find(id);
+    if (it == channels_.end()) return;
+    Channel& ch = *it->second;
+    ch.bell.drain();
+    ++counters_.doorbells;
+    deliver_put(ch, ch.mem.client_put());
+}
+
+bool Daemon::deliver_put(Channel& ch, std::uint32_t put) {
+    ShadowChannel& sc = sched_->channel(ch.id);
+    // Only forward puts ahead of the last one: doorbells, trap reports and
+    // acks race each other, and a stale value must not move IB_PUT back.  A
+    // put too far ahead is the GPU's to reject (BAD_ENTRY kills the channel).
+    if (static_cast<std::int32_t>(put - sc.guest_read_put()) <= 0) return false;
+    sc.guest_write_put(put);
+    monitor_->activity();
+    if (!scan_timer_.armed()) scan_timer_.arm(clock_.now() + kPutScanPeriod, [this] { scan_puts(); });
+    return true;
+}
+
+void Daemon::scan_puts() {
+    bool busy = false;
+    for (auto& [id, ch] : channels_) {
+        deliver_put(*ch, ch->mem.client_put());
+        busy = busy || gpu_->pending(id) || sched_->held(id) > 0;
+    }
+    // Only while work is in flight: an idle daemon does not poll.
+    if (busy && !scan_timer_.armed()) scan_timer_.arm(clock_.now() + kPutScanPeriod, [this] { scan_puts(); });
+}
+
+void Daemon::close_channel(ChannelId id) {
+    auto it = channels_.find(id);
+    if (it == channels_.end()) return;
+    // The GPU lets go of the channel before its memory is unmapped.
+    sched_->close_channel(id);
+    EntityId leaf = it->second->leaf;
+    if (auto c = clients_.find(it->second->client); c != clients_.end()) c->second.channels.erase(id);
+    channels_.erase(it);
+    remove_if_empty_task(leaf);
+}
+
+void Daemon::remove_if_empty_task(EntityId leaf) {
+    auto m = meta_.find(leaf);
+    if (m == meta_.end() || m->second.kind != Kind::VmTask) return;
+    if (sched_->entities().get(leaf).channels != 0) return;
+    if (auto v = vms_.find(m->second.uuid); v != vms_.end()) v->second.tasks.erase(m->second.pid_hint);
+    remove_entity(leaf);
+}
+
+void Daemon::remove_entity(EntityId id) {
+    if (!sched_->entities().valid(id)) return;
+    sched_->entities().remove(id);
+    meta_.erase(id);
+    monitor_->forget(id);
+}
+
+void Daemon::on_mode_change(ChannelId id, ChannelMode mode) {
+    auto it = channels_.find(id);
+    if (it == channels_.end()) return;  // still opening: the CHAN_REPLY carries the mode
+    Channel& ch = *it->second;
+    if (!ch.vmm) {
+        ch.pushed = mode;  // enforced here only; see daemon.hpp
+        return;
+    }
+    // The client unshadows through TRAPPED (thesis 4.3.2), as the daemon did.
+    if (ch.pushed == ChannelMode::Shadowed && mode == ChannelMode::Direct)
+        push_mode(ch, ChannelMode::Trapped);
+    push_mode(ch, mode);
+}
+
+void Daemon::push_mode(Channel& ch, ChannelMode mode) {
+    auto c = clients_.find(ch.client);
+    if (c == clients_.end() || c->second.closing) return;
+    pvgpu_mode msg{};
+    msg.chan_id = ch.id;
+    msg.mode = wire_mode(mode);
+    msg.mode_seq = ++ch.mode_seq;
+    ch.pushed = mode;
+    ++counters_.mode_switches;
+    if (!ch.degraded) {
+        Time now = clock_.now();
+        ch.unacked.push_back({ch.mode_seq, now});
+        ChannelId id = ch.id;
+        if (!ch.ack_timer.armed())
+            ch.ack_timer.arm(now + cfg_.limits.mode_ack_timeout, [this, id] { check_ack(id); });
+    }
+    c->second.conn->send_struct(PVGPU_MSG_MODE, 0, msg);
+}
+
+void Daemon::check_ack(ChannelId id) {
+    auto it = channels_.find(id);
+    if (it == channels_.end()) return;
+    Channel& ch = *it->second;
+    if (ch.degraded || ch.unacked.empty()) return;
+    Time due = ch.unacked.front().second + cfg_.limits.mode_ack_timeout;
+    if (clock_.now() < due) {
+        ch.ack_timer.arm(due, [this, id] { check_ack(id); });
+        return;
+    }
+    // The switch is already enforced here; the client only loses the
+    // benefit of doing it in its own mapping.  Said once per channel.
+    const std::uint32_t late = ch.unacked.front().first;
+    ch.degraded = true;
+    ch.unacked.clear();
+    ++counters_.degraded;
+    log_warning("client ", ch.client, " did not acknowledge mode switch ", late, " of channel ", id,
+                " within ", cfg_.limits.mode_ack_timeout / kMillisecond, " ms; enforcing its mode host-side");
+    pvgpu_notice n{};
+    n.kind = PVGPU_NOTICE_DEGRADED;
+    n.chan_id = id;
+    n.pid_hint = ch.pid_hint;
+    if (auto c = clients_.find(ch.client); c != clients_.end())
+        c->second.conn->send_struct(PVGPU_MSG_NOTICE, 0, n);
+}
+
+void Daemon::on_channel_error(ChannelId id, std::uint32_t error) {
+    auto it = channels_.find(id);
+    if (it == channels_.end()) return;
+    Channel& ch = *it->second;
+    const bool watchdog = error == PVGPU_CHAN_ERR_WATCHDOG;
+    ++(watchdog ? counters_.watchdog_kills : counters_.bad_entry_kills);
+    log_info("channel ", id, " of client ", ch.client, " (", admin_path(ch.leaf), ", pid hint ", ch.pid_hint,
+             ") stopped: ", watchdog ? "a kernel ran past the watchdog" : "bad ring entry or IB_PUT");
+    pvgpu_notice n{};
+    n.kind = watchdog ? PVGPU_NOTICE_WATCHDOG : PVGPU_NOTICE_BAD_ENTRY;
+    n.chan_id = id;
+    n.pid_hint = ch.pid_hint;
+    if (auto c = clients_.find(ch.client); c != clients_.end() && !c->second.closing)
+        c->second.conn->send_struct(PVGPU_MSG_NOTICE, 0, n);
+}
+
+// ---------------------------------------------------------------- admin
+
+std::string Daemon::admin_path(EntityId id) const {
+    if (auto m = meta_.find(id); m != meta_.end() && m->second.kind == Kind::Host) return m->second.key;
+    return sched_->entities().path(id);
+}
+
+void Daemon::save_state() {
+    try {
+        store_.save(state_);
+    } catch (const std::exception& e) {
+        log_warning("cannot save ", store_.path(), ": ", e.what());
+    }
+}
+
+json Daemon::admin_list() {
+    const auto snap = monitor_->snapshot();
+    const EntityTree& tree = sched_->entities();
+    json entities = json::array();
+    std::function<std::uint32_t(EntityId)> channels = [&](EntityId id) {
+        const Entity& e = tree.get(id);
+        std::uint32_t n = e.channels;
+        for (EntityId c : e.children) n += channels(c);
+        return n;
+    };
+    std::function<void(EntityId)> visit = [&](EntityId parent) {
+        std::vector<std::pair<std::string, EntityId>> kids;
+        for (EntityId c : tree.get(parent).children) kids.push_back({admin_path(c), c});
+        std::sort(kids.begin(), kids.end());
+        for (const auto& [path, id] : kids) {
+            const Entity& e = tree.get(id);
+            const auto& sh = snap.entities.at(id);
+            auto m = meta_.find(id);
+            Kind kind = m == meta_.end() ? Kind::VmTask : m->second.kind;
+            json o = {{"path", path},
+                      {"kind", kind == Kind::Vm     ? "vm"
+                               : kind == Kind::Host ? "host"
+                                                    : "task"},
+                      {"weight", e.weight},
+                      {"target_share", sh.target_now},
+                      {"achieved_share", sh.achieved},
+                      {"gpu_time_ms", to_ms(sh.gpu_time)},
+                      {"channels", channels(id)}};
+            if (kind == Kind::Vm && m != meta_.end()) o["uuid"] = m->second.uuid;
+            if (kind == Kind::VmTask && m != meta_.end()) {
+                o["pid_hint"] = m->second.pid_hint;
+                if (!m->second.task_name.empty()) o["task_name"] = m->second.task_name;
+            }
+            entities.push_back(std::move(o));
+            visit(id);
+        }
+    };
+    visit(kRootEntity);
+    return {{"ok", true},
+            {"policy", policy_name_},
+            {"accounting", snap.accounting},
+            {"window_s", to_ms(snap.window) / 1000.0},
+            {"entities", std::move(entities)}};
+}
+
+json Daemon::admin_set_weight(const json& req) {
+    auto w = req.find("weight");
+    const std::string bad_weight = "weight must be an integer in " + std::to_string(PVGPU_WEIGHT_MIN) + ".." +
+                                   std::to_string(PVGPU_WEIGHT_MAX);
+    if (w == req.end() || !w->is_number_integer()) return admin_error(bad_weight);
+    const bool in_range = w->is_number_unsigned() ? w->get<std::uint64_t>() <= PVGPU_WEIGHT_MAX
+                                                  : w->get<std::int64_t>() <= PVGPU_WEIGHT_MAX;
+    if (!in_range || w->get<std::int64_t>() < static_cast<std::int64_t>(PVGPU_WEIGHT_MIN))
+        return admin_error(bad_weight);
+    const auto weight = w->get<std::uint32_t>();
+    auto t = req.find("target");
+    if (t == req.end() || !t->is_string()) return admin_error("bad request: missing \"target\"");
+    const std::string target = t->get<std::string>();
+    EntityTree& tree = sched_->entities();
+
+    auto apply = [&](EntityId id) -> json {
+        tree.set_weight(id, weight);
+        if (auto m = meta_.find(id); m != meta_.end()) {
+            const Meta& meta = m->second;
+            if (meta.kind == Kind::Vm) state_.vms[meta.uuid] = State::Vm{tree.get(id).name, weight};
+            if (meta.kind == Kind::VmTask) state_.tasks[meta.uuid + "/" + meta.key] = weight;
+            if (meta.kind == Kind::Host) state_.host_tasks[meta.key] = weight;
+        }
+        save_state();
+        log_info("weight of ", admin_path(id), " set to ", weight);
+        return {{"ok", true}, {"path", admin_path(id)}, {"weight", weight}};
+    };
+    auto pending = [&]() -> json {
+        save_state();
+        log_info("weight ", weight, " remembered for VM ", target, " (not connected)");
+        return {{"ok", true}, {"path", target}, {"weight", weight}, {"pending", true}};
+    };
+
+    if (auto u = parse_uuid(target)) {
+        const std::string uuid = format_uuid(*u);
+        if (auto v = vms_.find(uuid); v != vms_.end()) return apply(v->second.entity);
+        state_.vms[uuid].weight = weight;
+        return pending();
+    }
+    if (target.find('/') == std::string::npos) {
+        if (target == "host") return admin_error("no such entity: host (host tasks are host/<name>)");
+        if (target.empty()) return admin_error("no such entity: \"\"");
+        for (const auto& [uuid, vm] : vms_)
+            if (tree.get(vm.entity).name == target || vm.hello_name == target) return apply(vm.entity);
+        state_.vm_names[target] = weight;
+        // Remembered VMs of that name follow, or their UUID entry would win.
+        for (auto& [uuid, vm] : state_.vms)
+            if (vm.name == target) vm.weight = weight;
+        return pending();
+    }
+    std::optional<EntityId> id;
+    if (target.rfind("host/", 0) == 0) {
+        std::string rest = target.substr(5);
+        if (!rest.empty() && rest.find('/') == std::string::npos)
+            id = tree.find_child(kRootEntity, "host:" + rest);
+    } else {
+        id = tree.find_path(target);
+    }
+    if (!id || *id == kRootEntity) return admin_error("no such entity: " + target);
+    return apply(*id);
+}
+
+json Daemon::effective_params() const {
+    json p = json::object();
+    if (const PolicyInfo* info = find_policy(policy_name_))
+        for (const auto& [name, def, doc] : info->params) p[name] = def;
+    for (const auto& [k, v] : policy_params_) p[k] = v;
+    return p;
+}
+
+json Daemon::admin_set_policy(const json& req) {
+    auto p = req.find("policy");
+    if (p == req.end() || !p->is_string()) return admin_error("bad request: missing \"policy\"");
+    const std::string name = p->get<std::string>();
+    const PolicyInfo* info = find_policy(name);
+    if (!info) return admin_error("unknown policy: " + name);
+    PolicyParams params;
+    if (auto ps = req.find("params"); ps != req.end() && !ps->is_null()) {
+        if (!ps->is_object()) return admin_error("bad request: \"params\" must be an object");
+        for (const auto& [k, v] : ps->items()) {
+            std::string known;
+            bool found = false;
+            for (const auto& [n, def, doc] : info->params) {
+                found = found || n == k;
+                known += (known.empty() ? "" : ", ") + n;
+            }
+            if (!found)
+                return admin_error("bad parameter \"" + k + "\": policy " + name +
+                                   " has no such parameter (known: " + (known.empty() ? "none" : known) +
+                                   ")");
+            if (!v.is_number()) return admin_error("bad parameter \"" + k + "\": not a number");
+            double d = v.get<double>();
+            if (!std::isfinite(d) || d < 0)
+                return admin_error("bad parameter \"" + k + "\": must be a number >= 0");
+            params[k] = d;
+        }
+    }
+    std::unique_ptr<Policy> policy;
+    try {
+        policy = make_policy(name, params);
+    } catch (const std::invalid_argument& e) {
+        return admin_error(std::string("bad parameter: ") + e.what());
+    }
+    monitor_->before_policy_change();
+    sched_->set_policy(std::move(policy));
+    monitor_->after_policy_change();
+    policy_name_ = name;
+    policy_params_ = params;
+    state_.policy = name;
+    state_.policy_params = params;
+    save_state();
+    log_info("policy set to ", name);
+    return {{"ok", true}, {"policy", name}, {"params", effective_params()}};
+}
+
+json Daemon::admin_get_policy() {
+    return {{"ok", true}, {"policy", policy_name_}, {"params", effective_params()}};
+}
+
+json Daemon::admin_stats() {
+    const auto snap = monitor_->snapshot();
+    const SchedulerStats& st = sched_->stats();
+    std::size_t clients = 0;
+    for (const auto& [id, cl] : clients_) clients += cl.closing ? 0 : 1;
+    return {
+        {"ok", true},
+        {"uptime_s", to_ms(clock_.now() - started_) / 1000.0},
+        {"policy", policy_name_},
+        {"clients", clients},
+        {"channels", channels_.size()},
+        {"window_s", to_ms(snap.window) / 1000.0},
+        {"gpu",
+         {{"busy_fraction", snap.busy_fraction},
+          {"idle_with_demand_fraction", snap.idle_with_demand_fraction},
+          {"arbitration", sim::to_string(cfg_.gpu.arbitration)},
+          {"context_switches", gpu_->context_switches()}}},
+        {"metrics",
+         {{"max_share_error", snap.metrics.max_share_error},
+          {"jain_index", snap.metrics.jain_index},
+          {"unfairness", finite_or(snap.metrics.unfairness, kMaxUnfairness)},
+          {"scheduler_cpu_us_per_s", snap.scheduler_cpu_us_per_s},
+          {"process_cpu_us_per_s", snap.process_cpu_us_per_s}}},
+        {"counters",
+         {{"traps", st.traps + counters_.untrapped_reports},
+          {"mode_switches", counters_.mode_switches},
+          {"watchdog_kills", counters_.watchdog_kills},
+          {"protocol_errors", counters_.protocol_errors},
+          {"bad_entry_kills", counters_.bad_entry_kills},
+          {"trap_reports", counters_.trap_reports},
+          {"doorbells", counters_.doorbells},
+          {"degraded_channels", counters_.degraded},
+          {"remaps", st.remaps},
+          {"polls", st.polls},
+          {"fences", st.fences},
+          {"released_entries", st.released_entries},
+          {"clients_total", counters_.clients_total},
+          {"timer_wakeups", timers_.wakeups()}}},
+    };
+}
+
+}  // namespace pvgpu::daemon

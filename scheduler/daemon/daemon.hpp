@@ -1,0 +1,194 @@
+// pvgpud: the scheduling core running in real time on a GLib main loop
+// against the GPU backend (the simulated GPU by default), serving VMMs and
+// host processes on the client socket and administrators on the admin socket.
+//
+// Entities (docs/protocol.md 1.2): a VMM's VM is a child of the root keyed
+// by UUID; its channels go to "task-<pid hint>" children (hint 0: the VM
+// itself, as a guest without the driver's hints looks).  A host client is
+// one task under the root, shown as host/<name>.
+//
+// Submission path: the client stores ring entries and IB_PUT in the shared
+// memfd and rings the channel's doorbell eventfd; the daemon reads IB_PUT
+// from the shared page and stores it through the channel's ShadowChannel,
+// so the mode the policy chose is enforced here whatever the client does.
+// MODE pushes ask a VMM to switch its guest's mapping too; one that does
+// not answer in time gets DEGRADED and keeps being enforced here.  Host
+// clients get none: all their submissions reach the daemon anyway, and work
+// held here stays visible to the policy's work-conserving releases.  While work is in flight the
+// daemon also re-reads every IB_PUT now and then, as a GPU front end polling
+// its channels would, so a store whose doorbell never came still runs.
+#pragma once
+
+#include <glib.h>
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <unordered_map>
+
+#include "admin.hpp"
+#include "channel_memory.hpp"
+#include "client_conn.hpp"
+#include "config.hpp"
+#include "core/scheduler.hpp"
+#include "glib_clock.hpp"
+#include "gsource.hpp"
+#include "share_monitor.hpp"
+#include "sim/sim_gpu.hpp"
+#include "state_store.hpp"
+
+namespace pvgpu::daemon {
+
+struct DaemonCounters {
+    std::uint64_t clients_total = 0;
+    std::uint64_t protocol_errors = 0;
+    std::uint64_t mode_switches = 0;  // MODE pushes sent
+    std::uint64_t trap_reports = 0;
+    std::uint64_t untrapped_reports = 0;  // TRAP_REPORTs the daemon did not trap itself
+    std::uint64_t doorbells = 0;
+    std::uint64_t watchdog_kills = 0;
+    std::uint64_t bad_entry_kills = 0;
+    std::uint64_t degraded = 0;
+};
+
+class Daemon final : private ClientConn::Handler, private AdminBackend {
+public:
+    // Builds everything and binds both sockets.  Throws std::runtime_error.
+    explicit Daemon(Config cfg);
+    ~Daemon() override;
+    Daemon(const Daemon&) = delete;
+    Daemon& operator=(const Daemon&) = delete;
+
+    // Runs until quit() (SIGTERM, SIGINT).  Returns the exit status.
+    int run();
+    void quit();
+
+    GMainContext* context() const { return ctx_.get(); }
+    const DaemonCounters& counters() const { return counters_; }
+
+private:
+    enum class Kind { Vm, VmTask, Host };
+    // What the daemon knows about an entity it created.
+    struct Meta {
+        Kind kind = Kind::Host;
+        std::string uuid;  // Vm, VmTask: the VM's
+        std::string key;   // Host: "host/<name>"; VmTask: "task-<hint>"
+        std::uint64_t pid_hint = 0;
+        std::string task_name;  // VmTask: display name from CHAN_ALLOC
+    };
+    struct Vm {
+        std::string uuid;
+        std::string hello_name;
+        EntityId entity = kNoEntity;
+        std::uint32_t client = 0;
+        std::map<std::uint64_t, EntityId> tasks;  // pid hint -> task entity
+    };
+    struct Channel {
+        ChannelId id = 0;
+        std::uint32_t client = 0;
+        bool vmm = false;
+        std::uint64_t pid_hint = 0;
+        EntityId leaf = kNoEntity;
+        ChannelMemoryFile mem;
+        Doorbell bell;
+        FdWatch watch;
+        ChannelMode pushed = ChannelMode::Direct;  // what the client was last told
+        std::uint32_t mode_seq = 0;
+        // Pushes not acknowledged yet, oldest first: each must be acked
+        // (by its own or a later mode_seq) within the timeout.
+        std::deque<std::pair<std::uint32_t, Time>> unacked;
+        Timer ack_timer;
+        bool degraded = false;
+    };
+    struct Client {
+        std::unique_ptr<ClientConn> conn;
+        bool hello = false;
+        std::uint32_t role = 0;
+        std::string uuid;                  // VMM
+        EntityId host_entity = kNoEntity;  // HOST
+        std::set<ChannelId> channels;
+        bool closing = false;
+    };
+
+    // --- client protocol ---
+    void on_message(ClientConn& c, wire::Message& m) override;
+    void on_closed(ClientConn& c, const std::string& reason, bool protocol_error) override;
+    void accept_clients();
+    void on_hello(Client& cl, const wire::Message& m);
+    void on_alloc(Client& cl, const wire::Message& m);
+    void on_free(Client& cl, const wire::Message& m);
+    void on_mode_ack(Client& cl, const wire::Message& m);
+    void on_trap_report(Client& cl, const wire::Message& m);
+    void reap();
+    void teardown(std::uint32_t client_id);
+
+    // --- channels ---
+    Channel* owned(const Client& cl, std::uint32_t chan_id);
+    EntityId leaf_for(Client& cl, std::uint64_t pid_hint, const std::string& task_name, std::string& error);
+    void on_doorbell(ChannelId ch);
+    // Stores a put the client reported (doorbell, trap report, mode ack).
+    bool deliver_put(Channel& ch, std::uint32_t put);
+    void close_channel(ChannelId ch);
+    void remove_if_empty_task(EntityId leaf);
+    void on_mode_change(ChannelId ch, ChannelMode mode);
+    void push_mode(Channel& ch, ChannelMode mode);
+    void check_ack(ChannelId ch);
+    void on_channel_error(ChannelId ch, std::uint32_t error);
+    void scan_puts();
+
+    // --- entities and weights ---
+    std::string admin_path(EntityId id) const;
+    std::uint32_t vm_weight(const std::string& uuid, const std::string& hello_name,
+                            const std::string& name) const;
+    void remove_entity(EntityId id);
+    void save_state();
+
+    // --- admin ---
+    nlohmann::json admin_list() override;
+    nlohmann::json admin_set_weight(const nlohmann::json& req) override;
+    nlohmann::json admin_set_policy(const nlohmann::json& req) override;
+    nlohmann::json admin_get_policy() override;
+    nlohmann::json admin_stats() override;
+    nlohmann::json effective_params() const;
+
+    struct ContextUnref {
+        void operator()(GMainContext* c) const { g_main_context_unref(c); }
+    };
+    struct LoopUnref {
+        void operator()(GMainLoop* l) const { g_main_loop_unref(l); }
+    };
+
+    Config cfg_;
+    std::unique_ptr<GMainContext, ContextUnref> ctx_;
+    std::unique_ptr<GMainLoop, LoopUnref> loop_;
+    MonotonicClock clock_;
+    GlibTimers timers_;
+    StateStore store_;
+    State state_;
+    std::string policy_name_;
+    PolicyParams policy_params_;  // as given (defaults filled in on output)
+    std::unique_ptr<sim::SimGpu> gpu_;
+    std::unique_ptr<Scheduler> sched_;
+    std::unique_ptr<ShareMonitor> monitor_;
+    Time started_ = 0;
+
+    std::unordered_map<EntityId, Meta> meta_;
+    std::map<std::string, Vm> vms_;  // connected VMs by UUID
+    std::map<ChannelId, std::unique_ptr<Channel>> channels_;
+    std::map<std::uint32_t, Client> clients_;
+    std::uint32_t next_client_ = 1;
+    std::set<std::uint32_t> to_reap_;
+    Source reaper_;
+    DaemonCounters counters_;
+
+    UniqueFd listen_fd_;
+    FdWatch listen_watch_;
+    Timer accept_pause_;
+    Timer scan_timer_;
+    std::unique_ptr<AdminServer> admin_;
+    Source sigterm_, sigint_, sighup_;
+};
+
+}  // namespace pvgpu::daemon

@@ -1,0 +1,70 @@
+// RAII for GLib sources.  A Source owns one reference to an attached GSource
+// and destroys (detaches) it when it goes.  Callbacks are std::function
+// objects owned by the GSource and freed when GLib finalizes it, which GLib
+// defers until a running dispatch returns: a callback may therefore destroy
+// the Source that is calling it.  Exceptions never cross into GLib's C
+// frames: a throwing callback is logged and the loop goes on.
+#pragma once
+
+#include <glib.h>
+
+#include <functional>
+#include <utility>
+
+namespace pvgpu::daemon {
+
+class Source {
+public:
+    Source() = default;
+    explicit Source(GSource* attached) : src_(attached) {}
+    Source(const Source&) = delete;
+    Source& operator=(const Source&) = delete;
+    Source(Source&& o) noexcept : src_(std::exchange(o.src_, nullptr)) {}
+    Source& operator=(Source&& o) noexcept {
+        if (this != &o) {
+            reset();
+            src_ = std::exchange(o.src_, nullptr);
+        }
+        return *this;
+    }
+    ~Source() { reset(); }
+
+    void reset();
+    GSource* get() const { return src_; }
+    // Attached and not yet destroyed (an idle that returned false is done).
+    bool active() const { return src_ && !g_source_is_destroyed(src_); }
+    explicit operator bool() const { return active(); }
+
+private:
+    GSource* src_ = nullptr;
+};
+
+// Runs `fn` from the loop until it returns false.
+Source add_idle(GMainContext* ctx, std::function<bool()> fn, int priority = G_PRIORITY_DEFAULT);
+// Runs `fn` from the loop whenever `signum` arrives (g_unix_signal semantics).
+Source add_signal(GMainContext* ctx, int signum, std::function<void()> fn);
+
+// Watches one file descriptor; the condition can change in place (a socket
+// adds G_IO_OUT only while it has something queued).  HUP and ERR are always
+// reported.
+class FdWatch {
+public:
+    using Fn = std::function<void(GIOCondition)>;
+    FdWatch() = default;
+    FdWatch(GMainContext* ctx, int fd, GIOCondition cond, Fn fn);
+
+    void set_condition(GIOCondition cond);
+    GIOCondition condition() const { return cond_; }
+    void reset() { src_.reset(); }
+    explicit operator bool() const { return src_.active(); }
+
+private:
+    Source src_;
+    gpointer tag_ = nullptr;
+    GIOCondition cond_{};
+};
+
+// Runs f, logging instead of propagating any exception (for C callbacks).
+void guarded(const char* what, const std::function<void()>& f) noexcept;
+
+}  // namespace pvgpu::daemon

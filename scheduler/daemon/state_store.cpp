@@ -1,0 +1,155 @@
+#include "state_store.hpp"
+
+#include <fcntl.h>
+#include <glib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <stdexcept>
+#include <system_error>
+
+#include "proto/unique_fd.hpp"
+
+namespace pvgpu::daemon {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr int kStateVersion = 1;
+
+std::uint32_t weight_of(const json& v, const std::string& where) {
+    if (!v.is_number_integer()) throw std::runtime_error(where + ": weight is not an integer");
+    auto w = v.get<std::int64_t>();
+    if (w < PVGPU_WEIGHT_MIN || w > PVGPU_WEIGHT_MAX)
+        throw std::runtime_error(where + ": weight " + std::to_string(w) + " out of range");
+    return static_cast<std::uint32_t>(w);
+}
+
+const json& object_at(const json& j, const char* key) {
+    static const json empty = json::object();
+    if (!j.contains(key)) return empty;
+    const json& v = j.at(key);
+    if (!v.is_object()) throw std::runtime_error(std::string(key) + " is not an object");
+    return v;
+}
+
+std::map<std::string, std::uint32_t> weights_at(const json& j, const char* key) {
+    std::map<std::string, std::uint32_t> out;
+    for (const auto& [k, v] : object_at(j, key).items()) out[k] = weight_of(v, std::string(key) + "." + k);
+    return out;
+}
+
+[[noreturn]] void fail(const std::string& what) {
+    throw std::system_error(errno, std::generic_category(), what);
+}
+
+}  // namespace
+
+State state_from_json(const std::string& text) {
+    json j;
+    try {
+        j = json::parse(text);
+    } catch (const json::parse_error& e) {
+        throw std::runtime_error(e.what());
+    }
+    if (!j.is_object()) throw std::runtime_error("not a JSON object");
+    if (j.contains("version") && j["version"] != kStateVersion)
+        throw std::runtime_error("unsupported version " + j["version"].dump());
+    State s;
+    for (const auto& [uuid, v] : object_at(j, "vms").items()) {
+        if (!v.is_object()) throw std::runtime_error("vms." + uuid + " is not an object");
+        State::Vm vm;
+        if (v.contains("name")) {
+            if (!v["name"].is_string()) throw std::runtime_error("vms." + uuid + ".name is not a string");
+            vm.name = v["name"].get<std::string>();
+        }
+        if (v.contains("weight")) vm.weight = weight_of(v["weight"], "vms." + uuid);
+        s.vms[uuid] = vm;
+    }
+    s.vm_names = weights_at(j, "vm_names");
+    s.tasks = weights_at(j, "tasks");
+    s.host_tasks = weights_at(j, "host_tasks");
+    if (j.contains("policy")) {
+        const json& p = j["policy"];
+        if (!p.is_object() || !p.contains("name") || !p["name"].is_string())
+            throw std::runtime_error("policy needs a string name");
+        s.policy = p["name"].get<std::string>();
+        for (const auto& [k, v] : object_at(p, "params").items()) {
+            if (!v.is_number()) throw std::runtime_error("policy.params." + k + " is not a number");
+            s.policy_params[k] = v.get<double>();
+        }
+    }
+    return s;
+}
+
+std::string state_to_json(const State& s) {
+    json j = json::object();
+    j["version"] = kStateVersion;
+    if (s.policy) j["policy"] = {{"name", *s.policy}, {"params", s.policy_params}};
+    json vms = json::object();
+    for (const auto& [uuid, vm] : s.vms) vms[uuid] = {{"name", vm.name}, {"weight", vm.weight}};
+    j["vms"] = vms;
+    j["vm_names"] = s.vm_names;
+    j["tasks"] = s.tasks;
+    j["host_tasks"] = s.host_tasks;
+    return j.dump(2) + "\n";
+}
+
+StateStore::Loaded StateStore::load() const {
+    Loaded out;
+    const std::string p = path();
+    std::ifstream in(p, std::ios::binary);
+    if (!in) return out;  // first start
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    try {
+        out.state = state_from_json(ss.str());
+    } catch (const std::exception& e) {
+        std::string aside = p + ".corrupt";
+        std::string msg = p + " is corrupt (" + e.what() + "); starting with default weights";
+        if (std::rename(p.c_str(), aside.c_str()) == 0)
+            msg += ", the file was moved to " + aside;
+        else
+            msg += std::string(", and it could not be moved aside: ") + std::strerror(errno);
+        out.warnings.push_back(msg);
+        out.state = State{};
+    }
+    return out;
+}
+
+void StateStore::save(const State& s) const {
+    if (g_mkdir_with_parents(dir_.c_str(), 0755) != 0) fail("cannot create " + dir_);
+    const std::string data = state_to_json(s);
+    std::string tmpl = dir_ + "/.state.json.XXXXXX";
+    UniqueFd fd(mkostemp(tmpl.data(), O_CLOEXEC));
+    if (!fd) fail("cannot create a temporary file in " + dir_);
+    auto cleanup = [&] { ::unlink(tmpl.c_str()); };
+    try {
+        if (fchmod(fd.get(), 0644) != 0) fail("fchmod " + tmpl);
+        std::size_t done = 0;
+        while (done < data.size()) {
+            ssize_t n = ::write(fd.get(), data.data() + done, data.size() - done);
+            if (n < 0 && errno == EINTR) continue;
+            if (n < 0) fail("write " + tmpl);
+            done += static_cast<std::size_t>(n);
+        }
+        if (fsync(fd.get()) != 0) fail("fsync " + tmpl);
+        if (::close(fd.release()) != 0) fail("close " + tmpl);
+        if (std::rename(tmpl.c_str(), path().c_str()) != 0) fail("rename to " + path());
+    } catch (...) {
+        cleanup();
+        throw;
+    }
+    // The rename itself must survive a crash too.
+    UniqueFd dirfd(::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (dirfd) fsync(dirfd.get());
+}
+
+}  // namespace pvgpu::daemon

@@ -1,0 +1,1022 @@
+// pvgpud's parts: real-time timers on GLib, channel memory, configuration,
+// the state store, the scheduler's mode listener, admin request handling,
+// and a daemon driven in-process over its real sockets.
+#include <catch2/catch.hpp>
+
+#include <fcntl.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/timerfd.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/scheduler.hpp"
+#include "daemon/admin.hpp"
+#include "daemon/channel_memory.hpp"
+#include "daemon/config.hpp"
+#include "daemon/daemon.hpp"
+#include "daemon/glib_clock.hpp"
+#include "daemon/names.hpp"
+#include "daemon/state_store.hpp"
+#include "proto/wire.hpp"
+#include "sim/event_loop.hpp"
+#include "sim/sim_gpu.hpp"
+
+using namespace pvgpu;
+using namespace pvgpu::daemon;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Context {
+    GMainContext* ctx = g_main_context_new();
+    Context() = default;
+    Context(const Context&) = delete;
+    Context& operator=(const Context&) = delete;
+    ~Context() { g_main_context_unref(ctx); }
+
+    // Iterates until `done` or the deadline; false on timeout.
+    bool run_until(const std::function<bool()>& done, Duration limit = 2 * kSecond) {
+        MonotonicClock clock;
+        Time end = clock.now() + limit;
+        while (!done()) {
+            if (clock.now() > end) return false;
+            g_main_context_iteration(ctx, FALSE);
+            if (!done()) g_usleep(100);
+        }
+        return true;
+    }
+};
+
+struct TempDir {
+    fs::path path;
+    TempDir() {
+        std::string tmpl = (fs::temp_directory_path() / "pvgpud-test-XXXXXX").string();
+        REQUIRE(mkdtemp(tmpl.data()) != nullptr);
+        path = tmpl;
+    }
+    TempDir(const TempDir&) = delete;
+    TempDir& operator=(const TempDir&) = delete;
+    ~TempDir() {
+        std::error_code ec;
+        fs::remove_all(path, ec);
+    }
+    std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
+
+void write_file(const std::string& path, const std::string& text) {
+    std::ofstream out(path, std::ios::binary);
+    out << text;
+}
+
+std::vector<std::string> files_in(const fs::path& dir) {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+}
+
+std::string config_error(const std::string& text) {
+    try {
+        parse_config(text, "test.conf");
+    } catch (const ConfigError& e) {
+        return e.what();
+    }
+    return "";
+}
+
+}  // namespace
+
+// ------------------------------------------------------------ GlibTimers
+
+TEST_CASE("GlibTimers fire in deadline order, ties in arm order", "[daemon][timers]") {
+    Context c;
+    MonotonicClock clock;
+    GlibTimers timers(c.ctx);
+    std::vector<int> order;
+    Time t0 = clock.now();
+    timers.arm(t0 + 3 * kMillisecond, [&] { order.push_back(3); });
+    timers.arm(t0 + 1 * kMillisecond, [&] { order.push_back(1); });
+    timers.arm(t0 + 2 * kMillisecond, [&] { order.push_back(21); });
+    timers.arm(t0 + 2 * kMillisecond, [&] { order.push_back(22); });
+    CHECK(timers.armed() == 4);
+    REQUIRE(c.run_until([&] { return order.size() == 4; }));
+    CHECK(order == std::vector<int>{1, 21, 22, 3});
+    CHECK(clock.now() >= t0 + 3 * kMillisecond);
+}
+
+TEST_CASE("GlibTimers: cancelled timers never fire; cancel of unknown ids is a no-op", "[daemon][timers]") {
+    Context c;
+    MonotonicClock clock;
+    GlibTimers timers(c.ctx);
+    bool a = false, b = false;
+    TimerId ia = timers.arm(clock.now() + kMillisecond, [&] { a = true; });
+    timers.arm(clock.now() + 2 * kMillisecond, [&] { b = true; });
+    timers.cancel(ia);
+    timers.cancel(ia);
+    timers.cancel(12345);
+    REQUIRE(c.run_until([&] { return b; }));
+    CHECK_FALSE(a);
+    CHECK(timers.armed() == 0);
+}
+
+TEST_CASE("GlibTimers: callbacks run from the loop, never inside arm()", "[daemon][timers]") {
+    Context c;
+    MonotonicClock clock;
+    GlibTimers timers(c.ctx);
+    int fired = 0;
+    timers.arm(clock.now() - kSecond, [&] { ++fired; });  // already due
+    CHECK(fired == 0);
+    REQUIRE(c.run_until([&] { return fired == 1; }));
+}
+
+TEST_CASE("GlibTimers: a callback may re-arm and cancel", "[daemon][timers]") {
+    Context c;
+    MonotonicClock clock;
+    GlibTimers timers(c.ctx);
+    int ticks = 0;
+    bool cancelled_fired = false;
+    TimerId victim = timers.arm(clock.now() + 50 * kMillisecond, [&] { cancelled_fired = true; });
+    std::function<void()> tick = [&] {
+        if (++ticks == 1) timers.cancel(victim);
+        if (ticks < 5) timers.arm(clock.now() + 200 * kMicrosecond, tick);
+    };
+    timers.arm(clock.now(), tick);
+    REQUIRE(c.run_until([&] { return ticks == 5; }));
+    CHECK_FALSE(cancelled_fired);
+    // Through core's RAII Timer too: re-arming from its own callback.
+    Timer t(timers);
+    int n = 0;
+    std::function<void()> again = [&] {
+        if (++n < 3) t.arm(clock.now(), again);
+    };
+    t.arm(clock.now(), again);
+    REQUIRE(c.run_until([&] { return n == 3; }));
+    CHECK_FALSE(t.armed());
+}
+
+TEST_CASE("GlibTimers: no fd activity when nothing is armed", "[daemon][timers]") {
+    Context c;
+    MonotonicClock clock;
+    GlibTimers timers(c.ctx);
+    CHECK(timers.fd_deadline() == 0);
+    TimerId id = timers.arm(clock.now() + kSecond, [] {});
+    CHECK(timers.fd_deadline() > 0);
+    timers.cancel(id);
+    // Disarmed at once: the kernel timer has no expiry set.
+    CHECK(timers.fd_deadline() == 0);
+    itimerspec its{};
+    REQUIRE(timerfd_gettime(timers.fd(), &its) == 0);
+    CHECK(its.it_value.tv_sec == 0);
+    CHECK(its.it_value.tv_nsec == 0);
+    bool fired = false;
+    timers.arm(clock.now(), [&] { fired = true; });
+    REQUIRE(c.run_until([&] { return fired; }));
+    auto wakeups = timers.wakeups();
+    REQUIRE(timerfd_gettime(timers.fd(), &its) == 0);
+    CHECK(its.it_value.tv_sec == 0);
+    CHECK(its.it_value.tv_nsec == 0);
+    // Nothing to dispatch and no wakeup after the last timer.
+    g_usleep(20000);
+    CHECK_FALSE(g_main_context_iteration(c.ctx, FALSE));
+    CHECK(timers.wakeups() == wakeups);
+}
+
+TEST_CASE("GlibTimers: the earliest deadline drives the fd", "[daemon][timers]") {
+    Context c;
+    MonotonicClock clock;
+    GlibTimers timers(c.ctx);
+    Time t0 = clock.now();
+    TimerId late = timers.arm(t0 + 10 * kSecond, [] {});
+    CHECK(timers.fd_deadline() == t0 + 10 * kSecond);
+    TimerId early = timers.arm(t0 + 5 * kSecond, [] {});
+    CHECK(timers.fd_deadline() == t0 + 5 * kSecond);
+    timers.cancel(early);
+    CHECK(timers.fd_deadline() == t0 + 10 * kSecond);
+    timers.cancel(late);
+    CHECK(timers.fd_deadline() == 0);
+    // Many arm/cancel pairs do not grow the heap without bound.
+    for (int i = 0; i < 10000; ++i) timers.cancel(timers.arm(t0 + kSecond + i, [] {}));
+    CHECK(timers.armed() == 0);
+}
+
+TEST_CASE("MonotonicClock follows CLOCK_MONOTONIC", "[daemon][timers]") {
+    MonotonicClock clock;
+    timespec ts{};
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    Time a = clock.now();
+    Time ref = Time{ts.tv_sec} * kSecond + ts.tv_nsec;
+    CHECK(a >= ref);
+    CHECK(a - ref < kSecond);
+    CHECK(clock.now() >= a);
+}
+
+// ------------------------------------------------------------ channel memory
+
+TEST_CASE("ChannelMemoryFile: size, seals and a shared mapping", "[daemon][memory]") {
+    auto m = ChannelMemoryFile::create();
+    REQUIRE(m.fd() >= 0);
+    struct stat st {};
+    REQUIRE(fstat(m.fd(), &st) == 0);
+    CHECK(st.st_size == static_cast<off_t>(PVGPU_CHAN_MEM_SIZE));
+    int seals = fcntl(m.fd(), F_GET_SEALS);
+    CHECK((seals & F_SEAL_SHRINK) != 0);
+    CHECK((seals & F_SEAL_GROW) != 0);
+    CHECK((seals & F_SEAL_SEAL) != 0);
+    CHECK((seals & F_SEAL_WRITE) == 0);  // clients write IB_PUT and the ring
+    CHECK(ftruncate(m.fd(), 0) != 0);
+    CHECK(ftruncate(m.fd(), 2 * PVGPU_CHAN_MEM_SIZE) != 0);
+    CHECK(fcntl(m.fd(), F_ADD_SEALS, F_SEAL_WRITE) != 0);
+    CHECK((fcntl(m.fd(), F_GETFD) & FD_CLOEXEC) != 0);
+
+    ChannelMemory mem = m.memory();
+    CHECK(static_cast<void*>(mem.ctrl) == static_cast<void*>(m.ctrl()));
+    CHECK(reinterpret_cast<char*>(mem.ring) - reinterpret_cast<char*>(mem.ctrl) == PVGPU_CHAN_RING_OFFSET);
+
+    // What a client writes through its own mapping, the daemon sees.
+    void* p = mmap(nullptr, PVGPU_CHAN_MEM_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, m.fd(), 0);
+    REQUIRE(p != MAP_FAILED);
+    auto* client_ctrl = static_cast<pvgpu_ctrl_page*>(p);
+    auto* client_ring = reinterpret_cast<pvgpu_ring*>(static_cast<char*>(p) + PVGPU_CHAN_RING_OFFSET);
+    client_ring->entries[PVGPU_RING_ENTRIES - 1].payload = 0x1234;
+    client_ctrl->ib_put = 42;
+    CHECK(m.client_put() == 42u);
+    CHECK(m.ring()->entries[PVGPU_RING_ENTRIES - 1].payload == 0x1234u);
+    m.ctrl()->fence = 7;  // and the other way round (the GPU's registers)
+    CHECK(client_ctrl->fence == 7u);
+    munmap(p, PVGPU_CHAN_MEM_SIZE);
+
+    ChannelMemoryFile moved = std::move(m);
+    CHECK(moved.ctrl()->fence == 7u);
+    CHECK(m.ctrl() == nullptr);  // NOLINT(bugprone-use-after-move): moved-from is empty
+}
+
+TEST_CASE("Doorbell: an eventfd that drains", "[daemon][memory]") {
+    auto d = Doorbell::create();
+    CHECK((fcntl(d.fd(), F_GETFL) & O_NONBLOCK) != 0);
+    CHECK((fcntl(d.fd(), F_GETFD) & FD_CLOEXEC) != 0);
+    CHECK_FALSE(d.drain());
+    REQUIRE(eventfd_write(d.fd(), 1) == 0);
+    REQUIRE(eventfd_write(d.fd(), 1) == 0);
+    CHECK(d.drain());
+    CHECK_FALSE(d.drain());
+}
+
+// ------------------------------------------------------------ configuration
+
+TEST_CASE("config: an empty file gives the defaults", "[daemon][config]") {
+    Config c = parse_config("", "empty.conf");
+    Config d;
+    CHECK(c.socket == "/run/pvgpu/pvgpud.sock");
+    CHECK(c.admin_socket == "/run/pvgpu/admin.sock");
+    CHECK(c.admin_group == "pvgpu");
+    CHECK(c.state_dir == "/var/lib/pvgpu");
+    CHECK(c.policy == "hfq");
+    CHECK(c.gpu.arbitration == sim::Arbitration::RoundRobin);
+    CHECK(c.gpu.timeslice == 2 * kMillisecond);
+    CHECK(c.gpu.watchdog == 2 * kSecond);
+    CHECK(c.limits.max_channels_per_client == 64u);
+    CHECK(c.limits.hello_timeout == 5 * kSecond);
+    CHECK(c.limits.mode_ack_timeout == 1 * kSecond);
+    CHECK(c.log_level == LogLevel::Info);
+    CHECK(c.costs.remap == d.costs.remap);
+}
+
+TEST_CASE("config: values are read from their groups", "[daemon][config]") {
+    Config c = parse_config(R"(# comment
+[daemon]
+socket = /tmp/x.sock
+admin_socket=/tmp/a.sock
+admin_group=
+socket_mode = 0600
+state_dir=/tmp/state
+log_level=debug
+
+[scheduler]
+policy=dfq
+remap_us=0
+
+[policy.dfq]
+threshold_ms = 3.5
+
+[policy.hfq]
+poll_us=250
+
+[gpu]
+arbitration=timeslice
+timeslice_us=1000
+watchdog_ms=0
+
+[limits]
+max_channels_per_client=8
+mode_ack_timeout_ms=250
+max_queue_kib=64
+)",
+                            "full.conf");
+    CHECK(c.socket == "/tmp/x.sock");
+    CHECK(c.admin_socket == "/tmp/a.sock");
+    CHECK(c.admin_group.empty());
+    CHECK(c.socket_mode == 0600u);
+    CHECK(c.state_dir == "/tmp/state");
+    CHECK(c.log_level == LogLevel::Debug);
+    CHECK(c.policy == "dfq");
+    CHECK(c.costs.remap == 0);
+    CHECK(params_for(c, "dfq").at("threshold_ms") == 3.5);
+    CHECK(params_for(c, "hfq").at("poll_us") == 250);
+    CHECK(params_for(c, "none").empty());
+    CHECK(c.gpu.arbitration == sim::Arbitration::Timeslice);
+    CHECK(c.gpu.timeslice == kMillisecond);
+    CHECK(c.gpu.watchdog == 0);
+    CHECK(c.limits.max_channels_per_client == 8u);
+    CHECK(c.limits.mode_ack_timeout == 250 * kMillisecond);
+    CHECK(c.limits.max_queue_bytes == 64u * 1024u);
+}
+
+TEST_CASE("config: malformed input names the file, line and key", "[daemon][config]") {
+    std::string e = config_error("[gpu]\ntimeslice_us = fast\n");
+    CHECK(e.find("test.conf:2") != std::string::npos);
+    CHECK(e.find("[gpu] timeslice_us") != std::string::npos);
+    CHECK(e.find("fast") != std::string::npos);
+
+    e = config_error("[gpu]\n\nwatchdg_ms = 5\n");
+    CHECK(e.find("test.conf:3") != std::string::npos);
+    CHECK(e.find("watchdg_ms") != std::string::npos);
+    CHECK(e.find("unknown key") != std::string::npos);
+
+    e = config_error("[daemon]\nthis is not a key\n");
+    CHECK(e.find("test.conf:2") != std::string::npos);
+
+    e = config_error("policy = hfq\n");
+    CHECK(e.find("before any [group]") != std::string::npos);
+
+    e = config_error("[scheduler]\npolicy=fifo\n");
+    CHECK(e.find("[scheduler] policy") != std::string::npos);
+    CHECK(e.find("fifo") != std::string::npos);
+
+    e = config_error("[policy.hfq]\nthreshold=2\n");
+    CHECK(e.find("[policy.hfq] threshold") != std::string::npos);
+    CHECK(e.find("threshold_ms") != std::string::npos);  // the known ones are listed
+
+    e = config_error("[policy.hfq]\nthreshold_ms=-1\n");
+    CHECK(e.find("threshold_ms") != std::string::npos);
+
+    e = config_error("[policy.magic]\n");
+    CHECK(e.find("unknown policy") != std::string::npos);
+
+    e = config_error("[gpus]\n");
+    CHECK(e.find("[gpus]") != std::string::npos);
+
+    e = config_error("[gpu]\narbitration=fifo\n");
+    CHECK(e.find("[gpu] arbitration") != std::string::npos);
+
+    e = config_error("[daemon]\nsocket_mode=0999\n");
+    CHECK(e.find("socket_mode") != std::string::npos);
+
+    e = config_error("[limits]\nmax_channels_per_client=0\n");
+    CHECK(e.find("max_channels_per_client") != std::string::npos);
+
+    e = config_error("[daemon]\nlog_level=loud\n");
+    CHECK(e.find("log_level") != std::string::npos);
+
+    e = config_error("[daemon]\nsocket=\n");
+    CHECK(e.find("must not be empty") != std::string::npos);
+}
+
+TEST_CASE("config: command-line options override the file", "[daemon][config]") {
+    TempDir dir;
+    const std::string conf = dir / "pvgpud.conf";
+    write_file(conf, "[daemon]\nsocket=/from/file.sock\nstate_dir=/from/file\n[scheduler]\npolicy=dfq\n");
+    std::vector<std::string> args = {"pvgpud",       "--config",        conf,       "--socket",  "/cli.sock",
+                                     "-a",           "/cli-admin.sock", "--policy", "timeslice", "-v",
+                                     "--foreground", "--admin-group",   ""};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    CliOptions cli = parse_cli(static_cast<int>(argv.size()), argv.data());
+    Config c = load_config(cli);
+    CHECK(c.socket == "/cli.sock");
+    CHECK(c.admin_socket == "/cli-admin.sock");
+    CHECK(c.state_dir == "/from/file");
+    CHECK(c.policy == "timeslice");
+    CHECK(c.policy_overridden);
+    CHECK(c.log_level == LogLevel::Debug);
+    CHECK(c.admin_group.empty());
+
+    // /dev/null is an empty configuration, as tests use it.
+    std::vector<std::string> args2 = {"pvgpud", "-c", "/dev/null", "-d", dir / "state"};
+    std::vector<char*> argv2;
+    for (auto& a : args2) argv2.push_back(a.data());
+    Config d = load_config(parse_cli(static_cast<int>(argv2.size()), argv2.data()));
+    CHECK(d.state_dir == dir / "state");
+    CHECK(d.policy == "hfq");
+    CHECK_FALSE(d.policy_overridden);
+}
+
+TEST_CASE("config: bad command lines and files are errors", "[daemon][config]") {
+    auto cli_error = [](std::vector<std::string> args) -> std::string {
+        std::vector<char*> argv;
+        for (auto& a : args) argv.push_back(a.data());
+        try {
+            load_config(parse_cli(static_cast<int>(argv.size()), argv.data()));
+        } catch (const ConfigError& e) {
+            return e.what();
+        }
+        return "";
+    };
+    CHECK(cli_error({"pvgpud", "--bogus"}).find("--bogus") != std::string::npos);
+    CHECK(cli_error({"pvgpud", "--socket"}).find("--socket") != std::string::npos);
+    CHECK(cli_error({"pvgpud", "stray"}).find("stray") != std::string::npos);
+    CHECK(cli_error({"pvgpud", "-c", "/nonexistent/pvgpud.conf"}).find("/nonexistent/pvgpud.conf") !=
+          std::string::npos);
+    CHECK(cli_error({"pvgpud", "-c", "/dev/null", "--policy", "fifo"}).find("--policy") != std::string::npos);
+    CHECK(cli_error({"pvgpud", "-c", "/dev/null", "--socket", ""}).find("--socket") != std::string::npos);
+}
+
+// ------------------------------------------------------------ state store
+
+TEST_CASE("state store: round trip", "[daemon][state]") {
+    TempDir dir;
+    StateStore store(dir / "sub");  // created on first save
+    CHECK(store.load().state == State{});
+    CHECK(store.load().warnings.empty());
+    State s;
+    s.vms["5f0c1a2e-8d1b-4c55-9a10-6e0d2f5b9c01"] = {"vm1", 300};
+    s.vm_names["vm2"] = 50;
+    s.tasks["5f0c1a2e-8d1b-4c55-9a10-6e0d2f5b9c01/task-12"] = 7;
+    s.host_tasks["host/render"] = 10000;
+    s.policy = "dfq";
+    s.policy_params["threshold_ms"] = 2.5;
+    store.save(s);
+    auto loaded = store.load();
+    CHECK(loaded.warnings.empty());
+    CHECK(loaded.state == s);
+    s.vms.clear();
+    store.save(s);
+    CHECK(store.load().state == s);
+}
+
+TEST_CASE("state store: atomic writes leave no temporary files", "[daemon][state]") {
+    TempDir dir;
+    StateStore store(dir.path.string());
+    State s;
+    for (int i = 0; i < 5; ++i) {
+        s.host_tasks["host/t" + std::to_string(i)] = static_cast<std::uint32_t>(i + 1);
+        store.save(s);
+    }
+    CHECK(files_in(dir.path) == std::vector<std::string>{"state.json"});
+    struct stat st {};
+    REQUIRE(stat(store.path().c_str(), &st) == 0);
+    CHECK((st.st_mode & 0777) == 0644);
+}
+
+TEST_CASE("state store: a corrupt file is moved aside, never fatal", "[daemon][state]") {
+    TempDir dir;
+    StateStore store(dir.path.string());
+    for (const std::string bad :
+         {"{not json", "[1,2]", R"({"vms":{"x":{"weight":0}}})", R"({"tasks":{"a/b":"heavy"}})",
+          R"({"version":99})", R"({"policy":{"params":{}}})"}) {
+        write_file(store.path(), bad);
+        auto loaded = store.load();
+        CHECK(loaded.state == State{});
+        REQUIRE(loaded.warnings.size() == 1);
+        CHECK(loaded.warnings[0].find("corrupt") != std::string::npos);
+        CHECK(files_in(dir.path) == std::vector<std::string>{"state.json.corrupt"});
+        std::ifstream aside(store.path() + ".corrupt");
+        std::string content((std::istreambuf_iterator<char>(aside)), std::istreambuf_iterator<char>());
+        CHECK(content == bad);
+    }
+    // And the next save works as usual.
+    store.save(State{});
+    CHECK(store.load().warnings.empty());
+}
+
+// ------------------------------------------------------------ names
+
+TEST_CASE("names: UUIDs and sanitised entity names", "[daemon][names]") {
+    auto u = parse_uuid("5F0C1A2E-8d1b-4c55-9a10-6e0d2f5b9c01");
+    REQUIRE(u);
+    CHECK(format_uuid(*u) == "5f0c1a2e-8d1b-4c55-9a10-6e0d2f5b9c01");
+    CHECK_FALSE(parse_uuid("5f0c1a2e8d1b4c559a106e0d2f5b9c01"));
+    CHECK_FALSE(parse_uuid("5f0c1a2e-8d1b-4c55-9a10-6e0d2f5b9c0g"));
+    CHECK_FALSE(parse_uuid("vm1"));
+    CHECK(is_nil(Uuid{}));
+    CHECK_FALSE(is_nil(*u));
+    CHECK(sanitize_name("my vm:1/x") == "my_vm_1_x");
+    CHECK(sanitize_name(std::string(100, 'a')).size() == 64);
+    CHECK(with_suffix(std::string(64, 'a'), "-12") == std::string(61, 'a') + "-12");
+    for (auto s : {sanitize_name("ok-name_1.2"), sanitize_name("\xff\x01 weird")})
+        CHECK_NOTHROW(EntityTree::check_name(s));
+}
+
+// ------------------------------------------------------------ scheduler mode listener
+
+TEST_CASE("Scheduler reports mode changes when they land", "[daemon][scheduler]") {
+    sim::EventLoop loop;
+    sim::SimGpu gpu(loop, loop, sim::SimGpuConfig{});
+    MechanismCosts costs;
+    costs.remap = 50 * kMicrosecond;
+    Scheduler sched(gpu, loop, loop, make_policy("none", {}), costs);
+    EntityId leaf = sched.entities().add(kRootEntity, "t", EntityKind::Task);
+    ChannelId ch = sched.open_channel(leaf);
+    std::vector<std::pair<ChannelId, ChannelMode>> seen;
+    sched.set_mode_listener([&](ChannelId c, ChannelMode m) {
+        // Reported after the switch: the channel is in the new mode already.
+        CHECK(sched.channel(c).mode() == m);
+        seen.push_back({c, m});
+    });
+
+    sched.set_mode(ch, ChannelMode::Shadowed);
+    CHECK(seen.empty());  // the remap has not landed yet
+    loop.run_until(loop.now() + kMillisecond);
+    REQUIRE(seen.size() == 1);
+    CHECK(seen[0] == std::pair{ch, ChannelMode::Shadowed});
+
+    // A switch reverted before it lands is never reported.
+    sched.set_mode(ch, ChannelMode::Direct);
+    sched.set_mode(ch, ChannelMode::Shadowed);
+    loop.run_until(loop.now() + kMillisecond);
+    CHECK(seen.size() == 1);
+
+    // Same mode again: nothing.
+    sched.set_mode(ch, ChannelMode::Shadowed);
+    loop.run_until(loop.now() + kMillisecond);
+    CHECK(seen.size() == 1);
+
+    sched.set_mode(ch, ChannelMode::Direct);
+    loop.run_until(loop.now() + kMillisecond);
+    REQUIRE(seen.size() == 2);
+    CHECK(seen[1] == std::pair{ch, ChannelMode::Direct});
+}
+
+// ------------------------------------------------------------ admin requests
+
+namespace {
+
+struct FakeBackend final : AdminBackend {
+    int mutations = 0;
+    nlohmann::json admin_list() override { return {{"ok", true}, {"entities", nlohmann::json::array()}}; }
+    nlohmann::json admin_set_weight(const nlohmann::json&) override {
+        ++mutations;
+        return {{"ok", true}};
+    }
+    nlohmann::json admin_set_policy(const nlohmann::json&) override {
+        ++mutations;
+        return {{"ok", true}};
+    }
+    nlohmann::json admin_get_policy() override { return {{"ok", true}, {"policy", "hfq"}}; }
+    nlohmann::json admin_stats() override { throw std::runtime_error("boom"); }
+};
+
+}  // namespace
+
+TEST_CASE("admin: requests, errors and permissions", "[daemon][admin]") {
+    FakeBackend be;
+    AdminPolicy rights(1000, 2000, "pvgpu");
+    PeerCred root;
+    root.uid = 0;
+    root.gid = 0;
+    PeerCred stranger;
+    stranger.uid = 1001;
+    stranger.gid = 1001;
+    PeerCred member = stranger;
+    member.groups = {27, 2000};
+    PeerCred owner = stranger;
+    owner.uid = 1000;
+
+    auto ask = [&](const std::string& line, const PeerCred& who) {
+        return handle_admin_request(line, who, rights, be);
+    };
+    CHECK_FALSE(ask("   \t", root).has_value());
+    auto v = *ask(R"({"cmd":"version"})", stranger);
+    CHECK(v["ok"] == true);
+    CHECK(v["protocol"] == PVGPU_PROTO_VERSION);
+    CHECK(v["admin_protocol"] == 1);
+    CHECK((*ask("{oops", root))["error"].get<std::string>().rfind("bad request: ", 0) == 0);
+    CHECK((*ask("[1]", root))["error"].get<std::string>().rfind("bad request: ", 0) == 0);
+    CHECK((*ask(R"({"cmd":5})", root))["error"] == "bad request: missing \"cmd\"");
+    CHECK((*ask(R"({"cmd":"frobnicate","x":1})", root))["error"] == "unknown command: frobnicate");
+    CHECK((*ask(R"({"cmd":"stats"})", root))["error"] == "internal error: boom");
+    CHECK((*ask(R"({"cmd":"list","unknown":true})", stranger))["ok"] == true);
+
+    auto denied = *ask(R"({"cmd":"set-weight","target":"vm1","weight":5})", stranger);
+    CHECK(denied["ok"] == false);
+    CHECK(denied["error"] == "permission denied: set-weight needs root, uid 1000 or group pvgpu");
+    CHECK(be.mutations == 0);
+    CHECK((*ask(R"({"cmd":"set-policy","policy":"none"})", member))["ok"] == true);
+    CHECK((*ask(R"({"cmd":"set-policy","policy":"none"})", owner))["ok"] == true);
+    CHECK((*ask(R"({"cmd":"set-weight","target":"vm1","weight":5})", root))["ok"] == true);
+    PeerCred primary = stranger;
+    primary.gid = 2000;
+    CHECK((*ask(R"({"cmd":"set-weight","target":"vm1","weight":5})", primary))["ok"] == true);
+    CHECK(be.mutations == 4);
+
+    AdminPolicy no_group(0, static_cast<gid_t>(-1), "");
+    CHECK(no_group.denied("set-policy") == "permission denied: set-policy needs root");
+    CHECK_FALSE(no_group.may_mutate(member));
+}
+
+// ------------------------------------------------------------ the daemon in-process
+
+namespace {
+
+// A blocking-free test client speaking the wire protocol to a Daemon whose
+// main context the test iterates.
+class TestClient {
+public:
+    TestClient(Context& c, const std::string& path) : c_(c) {
+        fd_ = UniqueFd(socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+        sockaddr_un a{};
+        a.sun_family = AF_UNIX;
+        std::strncpy(a.sun_path, path.c_str(), sizeof a.sun_path - 1);
+        REQUIRE(connect(fd_.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    }
+
+    void send_raw(std::span<const std::byte> bytes) {
+        REQUIRE(::send(fd_.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL) ==
+                static_cast<ssize_t>(bytes.size()));
+    }
+    template <class T>
+    void send(std::uint16_t type, std::uint32_t seq, const T& body) {
+        send_raw(wire::encode(type, seq, body));
+    }
+
+    // Next message (iterating the daemon's loop meanwhile); nullopt on EOF or timeout.
+    std::optional<wire::Message> next(Duration limit = 2 * kSecond) {
+        std::optional<wire::Message> got;
+        bool eof = false;
+        c_.run_until(
+            [&] {
+                if (!eof && !wire::receive(fd_.get(), reader_)) eof = true;
+                auto r = reader_.next();
+                if (auto* m = std::get_if<wire::Message>(&r)) got = std::move(*m);
+                return got.has_value() || eof;
+            },
+            limit);
+        return got;
+    }
+    // The next message of `type`, skipping pushes of other types.
+    std::optional<wire::Message> next_of(std::uint16_t type, Duration limit = 2 * kSecond) {
+        for (;;) {
+            auto m = next(limit);
+            if (!m || m->hdr.type == type) return m;
+        }
+    }
+    bool closed_by_peer(Duration limit = 2 * kSecond) {
+        bool eof = false;
+        c_.run_until(
+            [&] {
+                try {
+                    eof = !wire::receive(fd_.get(), reader_);
+                } catch (const std::system_error&) {
+                    eof = true;
+                }
+                (void)reader_.next();
+                return eof;
+            },
+            limit);
+        return eof;
+    }
+
+    wire::Message hello(std::uint32_t role, const std::string& name, std::uint8_t uuid_byte = 0) {
+        pvgpu_hello h{};
+        h.version = PVGPU_PROTO_VERSION;
+        h.role = role;
+        if (uuid_byte) std::memset(h.uuid, uuid_byte, sizeof h.uuid);
+        wire::set_name(h.name, sizeof h.name, name);
+        h.pid = 4242;
+        send(PVGPU_MSG_HELLO, 1, h);
+        auto m = next_of(PVGPU_MSG_HELLO_REPLY);
+        REQUIRE(m);
+        return std::move(*m);
+    }
+
+private:
+    Context& c_;
+    UniqueFd fd_;
+    wire::Reader reader_;
+};
+
+struct DaemonRig {
+    TempDir dir;
+    std::unique_ptr<Daemon> daemon;
+
+    explicit DaemonRig(const std::function<void(Config&)>& tweak = {}) {
+        Config cfg;
+        cfg.socket = dir / "pvgpud.sock";
+        cfg.admin_socket = dir / "admin.sock";
+        cfg.state_dir = dir / "state";
+        cfg.admin_group = "";
+        if (tweak) tweak(cfg);
+        daemon = std::make_unique<Daemon>(cfg);
+    }
+    GMainContext* loop() { return daemon->context(); }
+};
+
+// Iterates the daemon's own context.
+struct DaemonContext : Context {
+    explicit DaemonContext(GMainContext* c) {
+        g_main_context_unref(ctx);
+        ctx = g_main_context_ref(c);
+    }
+};
+
+nlohmann::json admin_request(DaemonContext& c, const std::string& path, const std::string& line) {
+    UniqueFd fd(socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strncpy(a.sun_path, path.c_str(), sizeof a.sun_path - 1);
+    REQUIRE(connect(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    std::string req = line + "\n";
+    REQUIRE(::send(fd.get(), req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size()));
+    std::string resp;
+    REQUIRE(c.run_until([&] {
+        char buf[4096];
+        ssize_t n = ::read(fd.get(), buf, sizeof buf);
+        if (n > 0) resp.append(buf, static_cast<std::size_t>(n));
+        return !resp.empty() && resp.back() == '\n';
+    }));
+    return nlohmann::json::parse(resp);
+}
+
+}  // namespace
+
+TEST_CASE("daemon: a host client submits through shared memory and a doorbell", "[daemon][e2e]") {
+    DaemonRig rig;
+    DaemonContext c(rig.loop());
+    TestClient cl(c, rig.dir / "pvgpud.sock");
+
+    auto hr = cl.hello(PVGPU_ROLE_HOST, "render").as<pvgpu_hello_reply>();
+    CHECK(hr.status == PVGPU_OK);
+    CHECK(hr.version == PVGPU_PROTO_VERSION);
+    CHECK(hr.max_channels == 64u);
+
+    pvgpu_chan_alloc a{};
+    cl.send(PVGPU_MSG_CHAN_ALLOC, 2, a);
+    auto m = cl.next_of(PVGPU_MSG_CHAN_REPLY);
+    REQUIRE(m);
+    auto r = m->as<pvgpu_chan_reply>();
+    REQUIRE(r.status == PVGPU_OK);
+    CHECK(m->hdr.seq == 2u);
+    CHECK(r.mem_size == PVGPU_CHAN_MEM_SIZE);
+    REQUIRE(m->fds.size() == 2);
+
+    void* p = mmap(nullptr, r.mem_size, PROT_READ | PROT_WRITE, MAP_SHARED, m->fds[0].get(), 0);
+    REQUIRE(p != MAP_FAILED);
+    auto* ctrl = static_cast<pvgpu_ctrl_page*>(p);
+    auto* ring = reinterpret_cast<pvgpu_ring*>(static_cast<char*>(p) + PVGPU_CHAN_RING_OFFSET);
+    for (std::uint32_t i = 0; i < 3; ++i) ring->entries[i] = {100'000, i + 1, PVGPU_ENTRY_IRQ};  // 100 us
+    ctrl->ib_put = 3;
+    REQUIRE(eventfd_write(m->fds[1].get(), 1) == 0);
+    REQUIRE(c.run_until([&] { return ctrl->fence == 3u; }));
+    CHECK(ctrl->ib_get == 3u);
+
+    auto list = admin_request(c, rig.dir / "admin.sock", R"({"cmd":"list"})");
+    REQUIRE(list["entities"].size() == 1);
+    CHECK(list["entities"][0]["path"] == "host/render");
+    CHECK(list["entities"][0]["kind"] == "host");
+    CHECK(list["entities"][0]["channels"] == 1);
+    CHECK(list["entities"][0]["gpu_time_ms"].get<double>() > 0.0);
+
+    // A put more than a ring ahead kills the channel: NOTICE BAD_ENTRY.
+    ctrl->ib_put = 3 + PVGPU_RING_ENTRIES + 1;
+    REQUIRE(eventfd_write(m->fds[1].get(), 1) == 0);
+    auto n = cl.next_of(PVGPU_MSG_NOTICE);
+    REQUIRE(n);
+    CHECK(n->as<pvgpu_notice>().kind == PVGPU_NOTICE_BAD_ENTRY);
+    CHECK(n->as<pvgpu_notice>().chan_id == r.chan_id);
+    CHECK(ctrl->status == PVGPU_CHAN_STATUS_ERROR);
+
+    pvgpu_chan_ref ref{r.chan_id, 0};
+    cl.send(PVGPU_MSG_CHAN_FREE, 3, ref);
+    auto fr = cl.next_of(PVGPU_MSG_FREE_REPLY);
+    REQUIRE(fr);
+    CHECK(fr->as<pvgpu_status_reply>().status == PVGPU_OK);
+    cl.send(PVGPU_MSG_CHAN_FREE, 4, ref);
+    fr = cl.next_of(PVGPU_MSG_FREE_REPLY);
+    REQUIRE(fr);
+    CHECK(fr->as<pvgpu_status_reply>().status == PVGPU_E_NOENT);
+    munmap(p, r.mem_size);
+}
+
+TEST_CASE("daemon: garbage, early messages and silence cost the client its connection", "[daemon][e2e]") {
+    DaemonRig rig([](Config& cfg) { cfg.limits.hello_timeout = 100 * kMillisecond; });
+    DaemonContext c(rig.loop());
+    const std::string sock = rig.dir / "pvgpud.sock";
+    {
+        TestClient cl(c, sock);
+        std::vector<std::byte> junk(64, std::byte{0x5a});
+        cl.send_raw(junk);
+        auto m = cl.next_of(PVGPU_MSG_ERROR);
+        REQUIRE(m);
+        CHECK(m->as<pvgpu_error>().status == PVGPU_E_INVALID);
+        CHECK(cl.closed_by_peer());
+    }
+    {
+        TestClient cl(c, sock);
+        pvgpu_chan_alloc a{};
+        cl.send(PVGPU_MSG_CHAN_ALLOC, 1, a);
+        auto m = cl.next_of(PVGPU_MSG_ERROR);
+        REQUIRE(m);
+        CHECK(m->as<pvgpu_error>().status == PVGPU_E_STATE);
+        CHECK(cl.closed_by_peer());
+    }
+    {
+        TestClient cl(c, sock);  // says nothing
+        auto m = cl.next_of(PVGPU_MSG_ERROR);
+        REQUIRE(m);
+        CHECK(std::string(m->as<pvgpu_error>().message).find("HELLO") != std::string::npos);
+        CHECK(cl.closed_by_peer());
+    }
+    {
+        TestClient cl(c, sock);  // half a header, then gone
+        auto bytes = wire::encode(PVGPU_MSG_PING, 1);
+        cl.send_raw(std::span(bytes).first(7));
+    }
+    // The daemon is still fine.
+    TestClient ok(c, sock);
+    CHECK(ok.hello(PVGPU_ROLE_HOST, "").as<pvgpu_hello_reply>().status == PVGPU_OK);
+    auto stats = admin_request(c, rig.dir / "admin.sock", R"({"cmd":"stats"})");
+    CHECK(stats["counters"]["protocol_errors"].get<int>() >= 2);
+    CHECK(stats["clients"] == 1);
+}
+
+TEST_CASE("daemon: VMs keep their weight across reconnects and restarts", "[daemon][e2e]") {
+    TempDir state;
+    auto with_state = [&](Config& cfg) { cfg.state_dir = state.path.string(); };
+    {
+        DaemonRig rig(with_state);
+        DaemonContext c(rig.loop());
+        const std::string admin = rig.dir / "admin.sock";
+        // Set before the VM connects: remembered by name.
+        auto pending = admin_request(c, admin, R"({"cmd":"set-weight","target":"vm1","weight":300})");
+        CHECK(pending["pending"] == true);
+        {
+            TestClient vm(c, rig.dir / "pvgpud.sock");
+            CHECK(vm.hello(PVGPU_ROLE_VMM, "vm1", 0x11).as<pvgpu_hello_reply>().status == PVGPU_OK);
+            pvgpu_chan_alloc a{};
+            a.pid_hint = 77;
+            wire::set_name(a.task_name, sizeof a.task_name, "bench");
+            vm.send(PVGPU_MSG_CHAN_ALLOC, 2, a);
+            REQUIRE(vm.next_of(PVGPU_MSG_CHAN_REPLY)->as<pvgpu_chan_reply>().status == PVGPU_OK);
+            auto list = admin_request(c, admin, R"({"cmd":"list"})");
+            REQUIRE(list["entities"].size() == 2);
+            CHECK(list["entities"][0]["path"] == "vm1");
+            CHECK(list["entities"][0]["weight"] == 300);
+            CHECK(list["entities"][0]["uuid"] == "11111111-1111-1111-1111-111111111111");
+            CHECK(list["entities"][1]["path"] == "vm1/task-77");
+            CHECK(list["entities"][1]["task_name"] == "bench");
+            auto set = admin_request(c, admin, R"({"cmd":"set-weight","target":"vm1/task-77","weight":40})");
+            CHECK(set["ok"] == true);
+            set = admin_request(
+                c, admin,
+                R"({"cmd":"set-weight","target":"11111111-1111-1111-1111-111111111111","weight":250})");
+            CHECK(set["path"] == "vm1");
+            CHECK(
+                admin_request(c, admin, R"({"cmd":"set-weight","target":"vm1/nope","weight":5})")["error"] ==
+                "no such entity: vm1/nope");
+            CHECK(admin_request(c, admin, R"({"cmd":"set-weight","target":"vm1","weight":0})")["error"] ==
+                  "weight must be an integer in 1..10000");
+            CHECK(admin_request(c, admin, R"({"cmd":"set-weight","target":"vm1","weight":2.5})")["ok"] ==
+                  false);
+
+            // A second VMM claiming the same UUID is refused.
+            TestClient dup(c, rig.dir / "pvgpud.sock");
+            CHECK(dup.hello(PVGPU_ROLE_VMM, "other", 0x11).as<pvgpu_hello_reply>().status == PVGPU_E_STATE);
+        }
+        // Disconnected: its entities go, its weights stay.
+        REQUIRE(
+            c.run_until([&] { return admin_request(c, admin, R"({"cmd":"list"})")["entities"].empty(); }));
+        auto pol = admin_request(c, admin, R"({"cmd":"set-policy","policy":"timeslice"})");
+        CHECK(pol["ok"] == true);
+        CHECK(pol["params"].is_object());
+        CHECK(admin_request(c, admin, R"({"cmd":"set-policy","policy":"fifo"})")["error"] ==
+              "unknown policy: fifo");
+        CHECK(admin_request(c, admin, R"({"cmd":"set-policy","policy":"hfq","params":{"x":1}})")["error"]
+                  .get<std::string>()
+                  .rfind("bad parameter \"x\"", 0) == 0);
+    }
+    // A new daemon on the same state: same weights, same policy.
+    DaemonRig rig(with_state);
+    DaemonContext c(rig.loop());
+    const std::string admin = rig.dir / "admin.sock";
+    CHECK(admin_request(c, admin, R"({"cmd":"get-policy"})")["policy"] == "timeslice");
+    TestClient vm(c, rig.dir / "pvgpud.sock");
+    CHECK(vm.hello(PVGPU_ROLE_VMM, "renamed", 0x11).as<pvgpu_hello_reply>().status == PVGPU_OK);
+    pvgpu_chan_alloc a{};
+    a.pid_hint = 77;
+    vm.send(PVGPU_MSG_CHAN_ALLOC, 2, a);
+    REQUIRE(vm.next_of(PVGPU_MSG_CHAN_REPLY)->as<pvgpu_chan_reply>().status == PVGPU_OK);
+    auto list = admin_request(c, admin, R"({"cmd":"list"})");
+    REQUIRE(list["entities"].size() == 2);
+    CHECK(list["entities"][0]["path"] == "renamed");
+    CHECK(list["entities"][0]["weight"] == 250);  // by UUID, whatever the name
+    CHECK(list["entities"][1]["weight"] == 40);
+}
+
+TEST_CASE("daemon: a VMM is told about mode switches and degraded when it ignores them", "[daemon][e2e]") {
+    DaemonRig rig([](Config& cfg) {
+        cfg.limits.mode_ack_timeout = 50 * kMillisecond;
+        cfg.policy = "hfq";
+    });
+    DaemonContext c(rig.loop());
+    TestClient vm(c, rig.dir / "pvgpud.sock");
+    REQUIRE(vm.hello(PVGPU_ROLE_VMM, "vm1", 0x22).as<pvgpu_hello_reply>().status == PVGPU_OK);
+    pvgpu_chan_alloc a{};
+    a.pid_hint = 5;
+    vm.send(PVGPU_MSG_CHAN_ALLOC, 2, a);
+    auto reply = vm.next_of(PVGPU_MSG_CHAN_REPLY);
+    REQUIRE(reply);
+    const auto chan = reply->as<pvgpu_chan_reply>().chan_id;
+    // hfq idles with doorbells trapped: the VMM is asked to trap.
+    auto mode = vm.next_of(PVGPU_MSG_MODE);
+    REQUIRE(mode);
+    auto mm = mode->as<pvgpu_mode>();
+    CHECK(mm.chan_id == chan);
+    CHECK(mm.mode == PVGPU_MODE_TRAPPED);
+    CHECK(mm.mode_seq == 1u);
+    // Acknowledged in time: no notice.
+    pvgpu_mode_ack ack{chan, mm.mode, mm.mode_seq, 0};
+    vm.send(PVGPU_MSG_MODE_ACK, 0, ack);
+    // A trapped doorbell forwarded by the VMM reaches the GPU.
+    auto* ring = static_cast<pvgpu_ring*>(nullptr);
+    void* p = mmap(nullptr, PVGPU_CHAN_MEM_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, reply->fds[0].get(), 0);
+    REQUIRE(p != MAP_FAILED);
+    ring = reinterpret_cast<pvgpu_ring*>(static_cast<char*>(p) + PVGPU_CHAN_RING_OFFSET);
+    auto* ctrl = static_cast<pvgpu_ctrl_page*>(p);
+    ring->entries[0] = {50'000, 1, PVGPU_ENTRY_IRQ};
+    pvgpu_trap_report tr{chan, 1};
+    vm.send(PVGPU_MSG_TRAP_REPORT, 0, tr);
+    REQUIRE(c.run_until([&] { return ctrl->fence == 1u; }));
+    // The next switches go unanswered: DEGRADED, once, and the work still runs.
+    auto notice = vm.next_of(PVGPU_MSG_NOTICE);
+    REQUIRE(notice);
+    CHECK(notice->as<pvgpu_notice>().kind == PVGPU_NOTICE_DEGRADED);
+    CHECK(notice->as<pvgpu_notice>().pid_hint == 5u);
+    ring->entries[1] = {50'000, 2, PVGPU_ENTRY_IRQ};
+    ctrl->ib_put = 2;
+    REQUIRE(eventfd_write(reply->fds[1].get(), 1) == 0);
+    REQUIRE(c.run_until([&] { return ctrl->fence == 2u; }));
+    munmap(p, PVGPU_CHAN_MEM_SIZE);
+}
+
+TEST_CASE("daemon: allocation floods hit the per-client limit", "[daemon][e2e]") {
+    DaemonRig rig([](Config& cfg) { cfg.limits.max_channels_per_client = 4; });
+    DaemonContext c(rig.loop());
+    TestClient cl(c, rig.dir / "pvgpud.sock");
+    REQUIRE(cl.hello(PVGPU_ROLE_HOST, "flood").as<pvgpu_hello_reply>().max_channels == 4u);
+    int ok = 0, limited = 0;
+    for (std::uint32_t i = 0; i < 10; ++i) {
+        pvgpu_chan_alloc a{};
+        cl.send(PVGPU_MSG_CHAN_ALLOC, 10 + i, a);
+        auto m = cl.next_of(PVGPU_MSG_CHAN_REPLY);
+        REQUIRE(m);
+        auto st = m->as<pvgpu_chan_reply>().status;
+        ok += st == PVGPU_OK;
+        limited += st == PVGPU_E_LIMIT;
+    }
+    CHECK(ok == 4);
+    CHECK(limited == 6);
+}
+
+TEST_CASE("daemon: clients beyond max_clients are refused at HELLO", "[daemon][e2e]") {
+    DaemonRig rig([](Config& cfg) { cfg.limits.max_clients = 1; });
+    DaemonContext c(rig.loop());
+    TestClient first(c, rig.dir / "pvgpud.sock");
+    CHECK(first.hello(PVGPU_ROLE_HOST, "a").as<pvgpu_hello_reply>().status == PVGPU_OK);
+    TestClient second(c, rig.dir / "pvgpud.sock");
+    CHECK(second.hello(PVGPU_ROLE_HOST, "b").as<pvgpu_hello_reply>().status == PVGPU_E_LIMIT);
+    CHECK(second.closed_by_peer());
+}
+
+TEST_CASE("daemon: a store to IB_PUT without a doorbell still runs while work is in flight",
+          "[daemon][e2e]") {
+    DaemonRig rig;
+    DaemonContext c(rig.loop());
+    TestClient cl(c, rig.dir / "pvgpud.sock");
+    REQUIRE(cl.hello(PVGPU_ROLE_HOST, "quiet").as<pvgpu_hello_reply>().status == PVGPU_OK);
+    pvgpu_chan_alloc a{};
+    cl.send(PVGPU_MSG_CHAN_ALLOC, 2, a);
+    auto m = cl.next_of(PVGPU_MSG_CHAN_REPLY);
+    REQUIRE(m);
+    void* p = mmap(nullptr, PVGPU_CHAN_MEM_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, m->fds[0].get(), 0);
+    REQUIRE(p != MAP_FAILED);
+    auto* ctrl = static_cast<pvgpu_ctrl_page*>(p);
+    auto* ring = reinterpret_cast<pvgpu_ring*>(static_cast<char*>(p) + PVGPU_CHAN_RING_OFFSET);
+    ring->entries[0] = {30 * kMillisecond, 1, 0};
+    ring->entries[1] = {1 * kMillisecond, 2, 0};
+    ctrl->ib_put = 1;
+    REQUIRE(eventfd_write(m->fds[1].get(), 1) == 0);
+    REQUIRE(c.run_until([&] { return ctrl->ib_get == 1u; }));
+    ctrl->ib_put = 2;  // no doorbell this time
+    REQUIRE(c.run_until([&] { return ctrl->fence == 2u; }));
+    munmap(p, PVGPU_CHAN_MEM_SIZE);
+}
