@@ -34,6 +34,27 @@ const std::vector<PolicyInfo>& policy_catalog() {
     return infos;
 }
 
+// Hierarchical share of every leaf in `backlogged` (indexed by entity id):
+// the product over the leaf and its ancestors of w / sum(w of backlogged siblings),
+// where an inner node is backlogged when a backlogged leaf sits below it.
+std::vector<double> hierarchical_shares(const EntityTree& tree, const std::vector<EntityId>& backlogged) {
+    std::vector<char> active(tree.id_bound(), 0);
+    for (EntityId leaf : backlogged)
+        for (EntityId n = leaf; n != kRootEntity && !active[n]; n = tree.get(n).parent) active[n] = 1;
+    std::vector<double> share(tree.id_bound(), 0.0);
+    for (EntityId leaf : backlogged) {
+        double s = 1.0;
+        for (EntityId n = leaf; n != kRootEntity; n = tree.get(n).parent) {
+            double sum = 0;
+            for (EntityId sib : tree.get(tree.get(n).parent).children)
+                if (active[sib]) sum += tree.get(sib).weight;
+            s *= tree.get(n).weight / sum;
+        }
+        share[leaf] = s;
+    }
+    return share;
+}
+
 double param_or_default(const PolicyParams& p, const PolicyInfo& info, const std::string& name) {
     if (auto it = p.find(name); it != p.end()) return it->second;
     for (const auto& [n, def, doc] : info.params)

@@ -46,27 +46,6 @@ struct LeafState {
     Time last_completion = -1;    // last fence interrupt from one of its channels
 };
 
-// Hierarchical share of every leaf in `backlogged` (indexed by entity id):
-// the product over the leaf and its ancestors of w / sum(w of backlogged siblings),
-// where an inner node is backlogged when a backlogged leaf sits below it.
-std::vector<double> hierarchical_shares(const EntityTree& tree, const std::vector<EntityId>& backlogged) {
-    std::vector<char> active(tree.id_bound(), 0);
-    for (EntityId leaf : backlogged)
-        for (EntityId n = leaf; n != kRootEntity && !active[n]; n = tree.get(n).parent) active[n] = 1;
-    std::vector<double> share(tree.id_bound(), 0.0);
-    for (EntityId leaf : backlogged) {
-        double s = 1.0;
-        for (EntityId n = leaf; n != kRootEntity; n = tree.get(n).parent) {
-            double sum = 0;
-            for (EntityId sib : tree.get(tree.get(n).parent).children)
-                if (active[sib]) sum += tree.get(sib).weight;
-            s *= tree.get(n).weight / sum;
-        }
-        share[leaf] = s;
-    }
-    return share;
-}
-
 class TimeslicePolicy final : public Policy {
 public:
     explicit TimeslicePolicy(Params p) : p_(p) {}

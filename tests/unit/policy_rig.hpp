@@ -1,0 +1,126 @@
+// Test rig shared by the policy tests: event loop + simulated GPU +
+// scheduler + one greedy (or gapped, or finite) submitter per channel, with
+// ground truth from the engine's ExecutionObserver.
+#pragma once
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/policies/policies.hpp"
+#include "core/scheduler.hpp"
+#include "sim/event_loop.hpp"
+#include "sim/sim_gpu.hpp"
+
+namespace pvgpu::test {
+
+
+// Event loop + simulated GPU + scheduler + one submitter loop per channel.
+class Rig final : public sim::ExecutionObserver {
+public:
+    struct Submitter {
+        EntityId leaf = kNoEntity;
+        Duration kernel = 0;
+        Duration gap = 0;          // guest CPU time between a completion and the next submission
+        std::uint64_t limit = 0;   // kernels to submit; 0 = endless
+        std::uint32_t put = 0;
+        std::uint64_t submitted = 0;
+        std::uint64_t completed = 0;
+        bool running = true;
+    };
+
+    explicit Rig(const std::string& policy, const PolicyParams& params = {},
+                 sim::SimGpuConfig cfg = {})
+        : gpu_(loop, loop, cfg), sched(gpu_, loop, loop, make_policy(policy, params)) {
+        gpu_.set_observer(this);
+    }
+
+    EntityId vm(const std::string& name, std::uint32_t weight = 100) {
+        return sched.entities().add(kRootEntity, name, EntityKind::Vm, weight);
+    }
+    EntityId task(const std::string& name, std::uint32_t weight = 100, EntityId parent = kRootEntity) {
+        return sched.entities().add(parent, name, EntityKind::Task, weight);
+    }
+
+    // Opens a channel on `leaf` and starts a submitter on it at `start_at`.
+    ChannelId submit_loop(EntityId leaf, Duration kernel, Duration gap = 0, std::uint64_t limit = 0,
+                          Time start_at = 0) {
+        ChannelId ch = sched.open_channel(leaf);
+        subs[ch] = Submitter{leaf, kernel, gap, limit};
+        gpu_.set_fence_watcher(ch, [this, ch](std::uint32_t) {
+            Submitter& s = subs.at(ch);
+            ++s.completed;
+            if (s.gap > 0)
+                loop.arm(loop.now() + s.gap, [this, ch] { submit(ch); });
+            else
+                submit(ch);
+        });
+        loop.arm(start_at, [this, ch] { submit(ch); });
+        return ch;
+    }
+
+    void submit(ChannelId ch) {
+        Submitter& s = subs.at(ch);
+        if (!s.running || (s.limit && s.submitted >= s.limit)) return;
+        ShadowChannel& sc = sched.channel(ch);
+        pvgpu_ring_entry& e = sc.ring()->entries[s.put & PVGPU_RING_MASK];
+        e.payload = static_cast<std::uint64_t>(s.kernel);
+        e.fence = s.put + 1;
+        e.flags = PVGPU_ENTRY_IRQ;
+        ++s.put;
+        ++s.submitted;
+        sc.guest_write_put(s.put);
+    }
+
+    // Ground truth, counted from `measure_from_` on.
+    void executed(ChannelId ch, Time start, Time end) override {
+        start = std::max(start, measure_from_);
+        if (end > start) busy_[ch] += end - start;
+    }
+    void measure_from(Time t) {
+        busy_.clear();
+        measure_from_ = t;
+    }
+    void run_until(Time t) { loop.run_until(t); }
+
+    Duration gpu_time(EntityId leaf) const {
+        Duration d = 0;
+        for (const auto& [ch, t] : busy_)
+            if (subs.count(ch) && subs.at(ch).leaf == leaf) d += t;
+        return d;
+    }
+    Duration total_gpu_time() const {
+        Duration d = 0;
+        for (const auto& [ch, t] : busy_) d += t;
+        return d;
+    }
+    double share(EntityId leaf) const {
+        return static_cast<double>(gpu_time(leaf)) / static_cast<double>(total_gpu_time());
+    }
+    double busy_fraction(Time until) const {
+        return static_cast<double>(total_gpu_time()) / static_cast<double>(until - measure_from_);
+    }
+    double counter(const std::string& name) const {
+        auto c = const_cast<Scheduler&>(sched).policy().counters();
+        return c.count(name) ? c.at(name) : -1;
+    }
+
+    sim::EventLoop loop;
+
+private:
+    sim::SimGpu gpu_;
+
+public:
+    Scheduler sched;
+    std::map<ChannelId, Submitter> subs;
+
+private:
+    std::map<ChannelId, Duration> busy_;
+    Time measure_from_ = 0;
+};
+
+constexpr Duration ms(double v) { return static_cast<Duration>(v * kMillisecond); }
+
+}  // namespace pvgpu::test
