@@ -327,8 +327,9 @@ TEST_CASE("dfq: a channel killed by the watchdog does not stall the others", "[p
     CHECK(rig.loop.pending() == 0);
 }
 
-TEST_CASE("dfq: leaves and channels come and go under load", "[policy][dfq]") {
-    Rig rig("dfq");
+TEST_CASE("dfq and timeslice: leaves and channels come and go under load", "[policy][dfq][timeslice]") {
+    auto policy = GENERATE(as<std::string>{}, "dfq", "timeslice");
+    Rig rig(policy);
     EntityId vm = rig.vm("vm");
     EntityId a = rig.task("a", 100, vm);
     EntityId b = rig.task("b");
