@@ -53,6 +53,7 @@ typedef uint64_t pvgpu_u64;
 #define PVGPU_CHAN_ERR_NONE 0u
 #define PVGPU_CHAN_ERR_WATCHDOG 1u   /* a kernel ran past the watchdog limit */
 #define PVGPU_CHAN_ERR_BAD_ENTRY 2u  /* the GPU could not decode a ring entry */
+#define PVGPU_CHAN_ERR_LOST 0x80u /* the device lost its daemon connection; re-allocate */
 
 struct pvgpu_ctrl_page {
 	volatile pvgpu_u32 ib_put;

@@ -1,0 +1,130 @@
+#!/bin/sh
+# Build QEMU 7.2 (Debian bookworm source) with the pvgpu PCI device.
+#
+#   qemu-patches/build-qemu.sh [--deps-only|--no-deps]
+#
+# Idempotent: every stage leaves a stamp file in the cache directory and is
+# skipped when its stamp is newer than its inputs.  The cache directory is
+# $PVGPU_QEMU_DIR (default: <repo>/build/qemu-src).  Result:
+#   $PVGPU_QEMU_DIR/build/qemu-system-x86_64
+# Installing packages and adding the deb-src entry needs root (apt); when
+# not root those steps are skipped and missing tools make the build fail
+# with a message.
+set -eu
+
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/.." && pwd)
+cache=${PVGPU_QEMU_DIR:-$repo/build/qemu-src}
+jobs=${PVGPU_QEMU_JOBS:-$(nproc 2>/dev/null || echo 2)}
+mode=${1:-all}
+
+log() { printf 'build-qemu: %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+mkdir -p "$cache"
+cache=$(cd "$cache" && pwd)
+
+# --- 1. deb-src entry and the packages the minimal configure needs -------
+deps="dpkg-dev ninja-build meson pkg-config libglib2.0-dev libpixman-1-dev \
+python3 flex bison gcc make libfdt-dev patch"
+if [ "$mode" != "--no-deps" ]; then
+    if [ "$(id -u)" = 0 ]; then
+        need_update=0
+        if ! grep -rqs '^Types:.*deb-src' /etc/apt/sources.list.d/ &&
+           ! grep -qs '^deb-src ' /etc/apt/sources.list; then
+            log "adding deb-src entry for bookworm"
+            cat > /etc/apt/sources.list.d/pvgpu-deb-src.sources <<'SRC'
+Types: deb-src
+URIs: http://deb.debian.org/debian
+Suites: bookworm bookworm-updates
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRC
+            need_update=1
+        fi
+        missing=""
+        for p in $deps; do
+            dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' ||
+                missing="$missing $p"
+        done
+        if [ -n "$missing" ] || [ $need_update = 1 ]; then
+            log "apt-get update"
+            apt-get update -qq
+        fi
+        if [ -n "$missing" ]; then
+            log "installing:$missing"
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing
+        fi
+    else
+        log "not root: skipping deb-src/apt steps"
+    fi
+fi
+[ "$mode" = "--deps-only" ] && exit 0
+
+# --- 2. source --------------------------------------------------------------
+src=""
+if [ -f "$cache/.stamp-source" ]; then
+    src=$(cat "$cache/.stamp-source")
+fi
+if [ -z "$src" ] || [ ! -d "$src" ]; then
+    src=$(ls -d "$cache"/qemu-*/ 2>/dev/null | head -n1)
+    src=${src%/}
+fi
+if [ -z "$src" ] || [ ! -f "$src/configure" ]; then
+    log "fetching QEMU source (apt-get source qemu) into $cache"
+    (cd "$cache" && apt-get source -qq qemu) || die "apt-get source qemu failed (deb-src entry? network?)"
+    src=$(ls -d "$cache"/qemu-*/ 2>/dev/null | head -n1)
+    [ -n "$src" ] && [ -f "$src/configure" ] || die "no QEMU source tree under $cache"
+    src=${src%/}
+    printf '%s\n' "$src" > "$cache/.stamp-source"
+fi
+# a stable name for the tree
+ln -sfn "$src" "$cache/qemu"
+
+# --- 3. device source and registration patches ------------------------------
+# The device file is copied every run (cheap; ninja rebuilds only if changed).
+if ! cmp -s "$here/hw/misc/pvgpu.c" "$src/hw/misc/pvgpu.c"; then
+    cp "$here/hw/misc/pvgpu.c" "$src/hw/misc/pvgpu.c"
+fi
+for p in "$here"/*.patch; do
+    [ -f "$p" ] || continue
+    stamp="$cache/.stamp-patch-$(basename "$p")"
+    if [ -f "$stamp" ] && [ "$stamp" -nt "$p" ]; then continue; fi
+    if (cd "$src" && patch -p1 -R --dry-run -s -f < "$p" >/dev/null 2>&1); then
+        log "$(basename "$p") already applied"
+    else
+        log "applying $(basename "$p")"
+        (cd "$src" && patch -p1 -s -f < "$p") || die "patch $(basename "$p") failed"
+    fi
+    touch "$stamp"
+done
+# Copy the shared ABI headers so the device builds against the same layout.
+mkdir -p "$src/include/hw/misc/pvgpu"
+for h in abi.h protocol.h; do
+    cmp -s "$repo/include/pvgpu/$h" "$src/include/hw/misc/pvgpu/$h" ||
+        cp "$repo/include/pvgpu/$h" "$src/include/hw/misc/pvgpu/$h"
+done
+
+# --- 4. configure ------------------------------------------------------------
+bdir="$src/build"
+conf_args="--target-list=x86_64-softmmu --without-default-features \
+--without-default-devices --enable-kvm --enable-tcg --disable-docs \
+--disable-install-blobs"
+# Debian's source has no embedded meson: use the system one, and the system
+# python (a pyenv shim first in PATH would lack meson's modules).
+PATH=/usr/bin:/bin:$PATH
+export PATH
+if [ ! -f "$cache/.stamp-configure" ] || [ "$(cat "$cache/.stamp-configure")" != "$conf_args" ] ||
+   [ ! -f "$bdir/build.ninja" ]; then
+    log "configuring"
+    mkdir -p "$bdir"
+    # shellcheck disable=SC2086
+    (cd "$bdir" && "$src/configure" --meson=/usr/bin/meson $conf_args) || die "configure failed"
+    printf '%s\n' "$conf_args" > "$cache/.stamp-configure"
+fi
+
+# --- 5. build ----------------------------------------------------------------
+log "building qemu-system-x86_64 (-j$jobs)"
+(cd "$bdir" && ninja -j"$jobs" qemu-system-x86_64) || die "build failed"
+ln -sfn "$bdir/qemu-system-x86_64" "$cache/qemu-system-x86_64"
+log "done: $cache/qemu-system-x86_64"

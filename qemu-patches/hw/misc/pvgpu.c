@@ -1,0 +1,1649 @@
+/*
+ * pvgpu: paravirtual GPU channel device.
+ *
+ * The device connects the guest to the host scheduler daemon pvgpud over a
+ * chardev (a UNIX socket; protocol: include/pvgpu/protocol.h, docs/protocol.md
+ * of the pvgpu project).  The guest asks for GPU channels through a mailbox in
+ * BAR0; the daemon answers with a shared memory file (control page + ring)
+ * and a doorbell eventfd, which the device maps into BAR2 (control pages and
+ * doorbell pages) and BAR4 (rings).  The daemon decides per channel whether
+ * the guest's doorbell writes reach the GPU directly, are trapped and counted
+ * here first, or are held in a shadow page.
+ *
+ * The register interface is specified in docs/pvgpu-device.md of the pvgpu
+ * project.  Summary:
+ *
+ *   BAR0  4 KiB   mailbox registers (32-bit accesses only)
+ *   BAR2  slots * 8 KiB: per slot a control page (IB_PUT, IB_GET, FENCE,
+ *                 STATUS, ERROR) and a doorbell page
+ *   BAR1  4 KiB   MSI-X table (3 vectors, offset 0) and PBA (offset 0x800)
+ *   BAR4  slots * 4 KiB: per slot the ring (256 entries of 16 bytes)
+ *
+ * Interrupts: MSI-X when the guest enabled it (vector 0: mailbox command
+ * done, 1: notices and link changes, 2: fence waits), INTx otherwise.
+ *
+ * Copyright (c) 2025 the pvgpu authors
+ * SPDX-License-Identifier: GPL-2.0-or-later
+ */
+
+#include "qemu/osdep.h"
+#include "qemu/units.h"
+#include "qemu/module.h"
+#include "qemu/timer.h"
+#include "qemu/log.h"
+#include "qemu/error-report.h"
+#include "qemu/rcu.h"
+#include "qemu/memalign.h"
+#include "qemu/sockets.h"
+#include "qemu/main-loop.h"
+#include "qemu/event_notifier.h"
+#include "qapi/error.h"
+#include "hw/pci/pci.h"
+#include "hw/pci/msix.h"
+#include "hw/qdev-properties.h"
+#include "hw/qdev-properties-system.h"
+#include "chardev/char-fe.h"
+#include "migration/blocker.h"
+#include "sysemu/sysemu.h"
+#include "exec/memory.h"
+#include "qom/object.h"
+
+#include <sys/mman.h>
+
+#include "hw/misc/pvgpu/protocol.h"
+
+#define TYPE_PVGPU "pvgpu"
+OBJECT_DECLARE_SIMPLE_TYPE(PvgpuState, PVGPU)
+
+/* ------------------------------------------------------------------------ */
+/* Register interface (docs/pvgpu-device.md)                                */
+
+#define PVGPU_PCI_VENDOR_ID     0x1234      /* PCI_VENDOR_ID_QEMU */
+#define PVGPU_PCI_DEVICE_ID     0x5047      /* "PG", experimental */
+
+#define PVGPU_DEV_MAGIC         0x55504750u /* "PGPU" */
+#define PVGPU_DEV_VERSION       1u
+
+/* BAR0 registers, 32-bit */
+#define REG_MAGIC               0x00  /* ro */
+#define REG_VERSION             0x04  /* ro */
+#define REG_NUM_SLOTS           0x08  /* ro */
+#define REG_LINK                0x0c  /* ro: LINK_* */
+#define REG_CMD                 0x10  /* wo: CMD_* starts a command */
+#define REG_CMD_STATUS          0x14  /* ro: CMDST_* */
+#define REG_ARG0                0x18  /* rw */
+#define REG_ARG1                0x1c  /* rw */
+#define REG_RESULT0             0x20  /* ro */
+#define REG_RESULT1             0x24  /* ro */
+#define REG_IRQ_STATUS          0x28  /* ro */
+#define REG_IRQ_ACK             0x2c  /* wo: write 1 to clear */
+#define REG_IRQ_MASK            0x30  /* rw */
+#define REG_BAD_ACCESS          0x34  /* ro: rejected guest accesses */
+#define REG_LINK_GEN            0x38  /* ro: connections to the daemon so far */
+#define REG_FENCE_DONE_LO       0x40  /* rw1c: slots 0..31 whose fence wait ended */
+#define REG_FENCE_DONE_HI       0x44  /* rw1c: slots 32..63 */
+#define REG_SLOT_BASE           0x100 /* per slot, 16 bytes each: */
+#define   SLOT_REG_STATE        0x0   /*   ro: SLOT_* */
+#define   SLOT_REG_MODE         0x4   /*   ro: PVGPU_MODE_* now mapped */
+#define   SLOT_REG_CHAN_ID      0x8   /*   ro: daemon channel id */
+#define   SLOT_REG_NOTICE       0xc   /*   ro: last PVGPU_NOTICE_* (0: none) */
+#define REG_SLOT_STRIDE         0x10
+#define REG_WAIT_BASE           0x600 /* per slot, 16 bytes each: */
+#define   WAIT_REG_STATUS       0x0   /*   ro: WAIT_* */
+#define   WAIT_REG_FENCE        0x4   /*   ro: the fence waited for */
+#define   WAIT_REG_ERROR        0x8   /*   ro: channel ERROR when WAIT_E_DEAD */
+#define REG_WAIT_STRIDE         0x10
+#define BAR0_SIZE               0x1000
+
+#define PVGPU_MSIX_BAR          1     /* exclusive BAR: table 0x0, PBA 0x800 */
+#define PVGPU_MSIX_VECTORS      3
+#define VEC_CMD_DONE            0     /* IRQ_CMD_DONE */
+#define VEC_NOTICE              1     /* IRQ_NOTICE, IRQ_LINK */
+#define VEC_FENCE               2     /* IRQ_FENCE */
+
+#define LINK_DOWN               0     /* no daemon connection */
+#define LINK_HELLO              1     /* connected, HELLO in flight */
+#define LINK_READY              2     /* HELLO answered OK */
+
+#define CMD_CHAN_ALLOC          1     /* ARG0/ARG1: pid hint lo/hi */
+#define CMD_CHAN_FREE           2     /* ARG0: slot */
+#define CMD_FENCE_WAIT          3     /* ARG0: slot, ARG1: fence */
+
+#define CMDST_OK                0
+#define CMDST_BUSY              1
+#define CMDST_E_INVALID         2     /* unknown command or bad argument */
+#define CMDST_E_NOSLOT          3     /* every slot is in use */
+#define CMDST_E_LINK            4     /* no daemon connection */
+#define CMDST_E_DAEMON          5     /* the daemon refused; RESULT1: status */
+
+#define IRQ_CMD_DONE            (1u << 0)
+#define IRQ_NOTICE              (1u << 1)  /* a slot's NOTICE changed */
+#define IRQ_LINK                (1u << 2)  /* LINK or a slot's state changed */
+#define IRQ_FENCE               (1u << 3)  /* a fence wait ended (FENCE_DONE) */
+#define IRQ_ALL                 (IRQ_CMD_DONE | IRQ_NOTICE | IRQ_LINK | IRQ_FENCE)
+
+/* Per-slot fence wait (CMD_FENCE_WAIT) */
+#define WAIT_NONE               0     /* never armed, or cancelled by CHAN_FREE */
+#define WAIT_ARMED              1     /* FENCE has not reached the target yet */
+#define WAIT_OK                 2     /* FENCE reached the target */
+#define WAIT_E_DEAD             3     /* the channel died or was lost first */
+
+#define SLOT_FREE               0
+#define SLOT_PENDING            1     /* CHAN_ALLOC sent */
+#define SLOT_LIVE               2
+#define SLOT_LOST               3     /* the daemon connection dropped */
+#define SLOT_FREEING            4     /* CHAN_FREE sent */
+
+/* BAR2 per slot: control page, then doorbell page */
+#define SLOT_CTRL_STRIDE        (2 * PVGPU_PAGE_SIZE)
+#define SLOT_DOORBELL_OFF       PVGPU_PAGE_SIZE
+
+#define PVGPU_MAX_SLOTS         64
+#define PVGPU_SHADOW_REFRESH_MS 1
+#define PVGPU_FENCE_POLL_NS     (200 * 1000)  /* fence wait check while armed */
+#define PVGPU_MAX_REQUESTS      (PVGPU_MAX_SLOTS + 4)
+
+/* ------------------------------------------------------------------------ */
+
+/* One mapping of a daemon channel's memfd.  Freed after an RCU grace
+ * period: old FlatViews may still point at its regions. */
+typedef struct PvgpuMap {
+    struct rcu_head rcu;
+    void *mem;                        /* PVGPU_CHAN_MEM_SIZE bytes */
+    MemoryRegion ctrl;                /* control page, direct */
+    MemoryRegion ring;
+} PvgpuMap;
+
+typedef struct PvgpuSlot {
+    PvgpuState *dev;
+    unsigned index;
+    uint32_t state;                   /* SLOT_* */
+    uint32_t mode;                    /* PVGPU_MODE_* now mapped */
+    uint32_t chan_id;
+    uint32_t notice;
+    uint64_t pid_hint;
+
+    PvgpuMap *map;                    /* NULL when FREE/PENDING */
+    EventNotifier bell;               /* the daemon's doorbell eventfd */
+    bool has_bell;
+    bool bell_armed;                  /* ioeventfd registered */
+
+    MemoryRegion *ctrl_mapped;        /* what BAR2 shows for the control page */
+    MemoryRegion ctrl_trap;           /* MMIO over the real page */
+    MemoryRegion ctrl_shadow;         /* RAM: the shadow page */
+    struct pvgpu_ctrl_page *shadow;
+    MemoryRegion doorbell;            /* MMIO, ioeventfd at offset 0 */
+    uint32_t late_check;              /* refresh ticks left to catch late shadow stores */
+    uint32_t forwarded_put;           /* last IB_PUT forwarded out of the shadow */
+
+    uint32_t wait_status;             /* WAIT_* */
+    uint32_t wait_fence;              /* the target of the last FENCE_WAIT */
+    uint32_t wait_error;              /* channel ERROR when WAIT_E_DEAD */
+} PvgpuSlot;
+
+typedef struct PvgpuRequest {
+    uint32_t seq;
+    uint16_t type;                    /* PVGPU_MSG_* sent */
+    int16_t slot;                     /* -1: none */
+    bool mailbox;                     /* completes the mailbox command */
+} PvgpuRequest;
+
+struct PvgpuState {
+    PCIDevice pdev;
+    CharBackend chr;
+    uint32_t num_slots;
+
+    MemoryRegion mmio;                /* BAR0 */
+    MemoryRegion bar2, bar2_bg;
+    MemoryRegion bar4, bar4_bg;
+
+    /* mailbox */
+    uint32_t cmd_status;
+    uint32_t arg[2];
+    uint32_t result[2];
+    uint32_t irq_status;
+    uint32_t irq_mask;
+    uint32_t bad_access;
+    uint64_t fence_done;              /* slots whose fence wait ended (rw1c) */
+    unsigned waits_armed;             /* slots in WAIT_ARMED */
+
+    /* daemon link */
+    uint32_t link;
+    uint32_t link_gen;
+    uint32_t next_seq;
+    PvgpuRequest req[PVGPU_MAX_REQUESTS]; /* FIFO: the daemon answers in order */
+    unsigned req_head, req_count;
+    uint8_t rx[sizeof(struct pvgpu_msg_hdr) + PVGPU_PROTO_MAX_PAYLOAD];
+    uint32_t rx_have;
+    int rx_fds[PVGPU_PROTO_MAX_FDS];
+    int rx_nfds;
+
+    QEMUTimer *refresh;
+    QEMUTimer *fence_timer;           /* runs while a fence wait is armed */
+    Error *migration_blocker;
+    PvgpuSlot slots[PVGPU_MAX_SLOTS];
+
+    /* counters (trace / debugging) */
+    uint64_t traps;
+};
+
+static void pvgpu_link_lost_full(PvgpuState *s, const char *why, bool closed);
+#define pvgpu_link_lost(s, why) pvgpu_link_lost_full(s, why, false)
+
+/* ------------------------------------------------------------------------ */
+/* Interrupts                                                               */
+
+/* INTx is the fallback while the guest has not enabled MSI-X: asserted
+ * (level) while IRQ_STATUS & IRQ_MASK is non-zero. */
+static void pvgpu_update_irq(PvgpuState *s)
+{
+    bool level = (s->irq_status & s->irq_mask) != 0;
+
+    if (msix_enabled(&s->pdev)) {
+        pci_set_irq(&s->pdev, 0);
+    } else {
+        pci_set_irq(&s->pdev, level);
+    }
+}
+
+/* MSI-X: one message per cause bit that becomes newly set and is masked
+ * in; a masked vector records it in the PBA (msix_notify). */
+static void pvgpu_raise_irq(PvgpuState *s, uint32_t bits)
+{
+    uint32_t fresh = bits & ~s->irq_status & s->irq_mask;
+
+    s->irq_status |= bits;
+    if (msix_enabled(&s->pdev)) {
+        if (fresh & IRQ_CMD_DONE) {
+            msix_notify(&s->pdev, VEC_CMD_DONE);
+        }
+        if (fresh & (IRQ_NOTICE | IRQ_LINK)) {
+            msix_notify(&s->pdev, VEC_NOTICE);
+        }
+        if (fresh & IRQ_FENCE) {
+            msix_notify(&s->pdev, VEC_FENCE);
+        }
+    } else {
+        pvgpu_update_irq(s);
+    }
+}
+
+static void pvgpu_write_config(PCIDevice *pdev, uint32_t addr, uint32_t val,
+                               int len)
+{
+    /* msix_write_config runs inside: (un)masking delivers pending vectors */
+    pci_default_write_config(pdev, addr, val, len);
+    /* MSI-X enabled or disabled: INTx follows */
+    pvgpu_update_irq(PVGPU(pdev));
+}
+
+/* ------------------------------------------------------------------------ */
+/* Daemon protocol: sending                                                 */
+
+static bool pvgpu_send(PvgpuState *s, uint16_t type, uint32_t seq,
+                       const void *body, uint32_t len)
+{
+    uint8_t buf[sizeof(struct pvgpu_msg_hdr) + PVGPU_PROTO_MAX_PAYLOAD];
+    struct pvgpu_msg_hdr h = {
+        .magic = PVGPU_PROTO_MAGIC, .type = type, .flags = 0,
+        .len = len, .seq = seq,
+    };
+    int total = sizeof(h) + len;
+
+    assert(len <= PVGPU_PROTO_MAX_PAYLOAD);
+    memcpy(buf, &h, sizeof(h));
+    if (len) {
+        memcpy(buf + sizeof(h), body, len);
+    }
+    if (qemu_chr_fe_write_all(&s->chr, buf, total) != total) {
+        return false;
+    }
+    return true;
+}
+
+/* A request the daemon answers; recorded so the reply finds its context. */
+static bool pvgpu_request(PvgpuState *s, uint16_t type, const void *body,
+                          uint32_t len, int slot, bool mailbox)
+{
+    PvgpuRequest *r;
+    uint32_t seq;
+
+    if (s->req_count == PVGPU_MAX_REQUESTS) {
+        return false;
+    }
+    seq = ++s->next_seq;
+    if (seq == 0) {
+        seq = ++s->next_seq;
+    }
+    r = &s->req[(s->req_head + s->req_count) % PVGPU_MAX_REQUESTS];
+    *r = (PvgpuRequest) { .seq = seq, .type = type, .slot = slot,
+                          .mailbox = mailbox };
+    s->req_count++;
+    if (!pvgpu_send(s, type, seq, body, len)) {
+        s->req_count--;
+        return false;
+    }
+    return true;
+}
+
+static void pvgpu_kick(PvgpuSlot *sl)
+{
+    if (sl->has_bell) {
+        event_notifier_set(&sl->bell);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Slot mappings and mode switches                                          */
+
+static struct pvgpu_ctrl_page *slot_real(PvgpuSlot *sl)
+{
+    return sl->map ? (struct pvgpu_ctrl_page *)sl->map->mem : NULL;
+}
+
+static void pvgpu_map_free_rcu(PvgpuMap *m)
+{
+    munmap(m->mem, PVGPU_CHAN_MEM_SIZE);
+    g_free(m);
+}
+
+/* Show @mr as the slot's control page.  Call inside a transaction. */
+static void slot_show_ctrl(PvgpuSlot *sl, MemoryRegion *mr)
+{
+    PvgpuState *s = sl->dev;
+
+    if (sl->ctrl_mapped == mr) {
+        return;
+    }
+    if (sl->ctrl_mapped) {
+        memory_region_del_subregion(&s->bar2, sl->ctrl_mapped);
+    }
+    sl->ctrl_mapped = mr;
+    if (mr) {
+        memory_region_add_subregion_overlap(&s->bar2,
+                                            sl->index * SLOT_CTRL_STRIDE, mr, 1);
+    }
+}
+
+/* Doorbell page: the ioeventfd makes a guest store to offset 0 signal the
+ * daemon's eventfd without a userspace exit (KVM); under TCG the store is
+ * dispatched to the same eventfd.  Call inside a transaction. */
+static void slot_arm_bell(PvgpuSlot *sl, bool arm)
+{
+    arm = arm && sl->has_bell;
+    if (arm == sl->bell_armed) {
+        return;
+    }
+    if (arm) {
+        memory_region_add_eventfd(&sl->doorbell, 0, 4, false, 0, &sl->bell);
+    } else {
+        memory_region_del_eventfd(&sl->doorbell, 0, 4, false, 0, &sl->bell);
+    }
+    sl->bell_armed = arm;
+}
+
+/* Forward an IB_PUT value the guest wrote but the GPU has not seen. */
+static void slot_forward_put(PvgpuSlot *sl, uint32_t put, bool report)
+{
+    PvgpuState *s = sl->dev;
+    struct pvgpu_ctrl_page *real = slot_real(sl);
+
+    if (!real || sl->state != SLOT_LIVE) {
+        return;
+    }
+    smp_wmb();                 /* ring entries before IB_PUT */
+    real->ib_put = put;
+    if (report && s->link == LINK_READY) {
+        struct pvgpu_trap_report t = { .chan_id = sl->chan_id, .put = put };
+        pvgpu_send(s, PVGPU_MSG_TRAP_REPORT, 0, &t, sizeof(t));
+    }
+    pvgpu_kick(sl);
+}
+
+static void pvgpu_refresh_arm(PvgpuState *s)
+{
+    unsigned i;
+
+    for (i = 0; i < s->num_slots; i++) {
+        PvgpuSlot *sl = &s->slots[i];
+        if ((sl->state == SLOT_LIVE && sl->mode == PVGPU_MODE_SHADOWED) ||
+            sl->late_check) {
+            if (!timer_pending(s->refresh)) {
+                timer_mod(s->refresh, qemu_clock_get_ms(QEMU_CLOCK_REALTIME) +
+                          PVGPU_SHADOW_REFRESH_MS);
+            }
+            return;
+        }
+    }
+}
+
+/*
+ * Switch a live slot to @mode; returns the IB_PUT to acknowledge.
+ * Unshadowing goes through TRAPPED (thesis 4.3.2): the trap is mapped first,
+ * so every later guest store traps, then the shadow's IB_PUT is copied into
+ * the real page and the doorbell rung.
+ */
+static uint32_t slot_set_mode(PvgpuSlot *sl, uint32_t mode)
+{
+    struct pvgpu_ctrl_page *real = slot_real(sl);
+    uint32_t put;
+
+    if (sl->mode == PVGPU_MODE_SHADOWED && mode == PVGPU_MODE_DIRECT) {
+        slot_set_mode(sl, PVGPU_MODE_TRAPPED);
+    }
+
+    memory_region_transaction_begin();
+    switch (mode) {
+    case PVGPU_MODE_DIRECT:
+        slot_show_ctrl(sl, &sl->map->ctrl);
+        slot_arm_bell(sl, true);
+        break;
+    case PVGPU_MODE_TRAPPED:
+        slot_show_ctrl(sl, &sl->ctrl_trap);
+        slot_arm_bell(sl, true);
+        break;
+    case PVGPU_MODE_SHADOWED:
+        if (sl->mode != PVGPU_MODE_SHADOWED) {
+            memset(sl->shadow, 0, PVGPU_PAGE_SIZE);
+            sl->shadow->ib_put = real->ib_put;
+            sl->shadow->ib_get = real->ib_get;
+            sl->shadow->fence = real->fence;
+            sl->shadow->status = real->status;
+            sl->shadow->error = real->error;
+            smp_wmb();
+        }
+        slot_show_ctrl(sl, &sl->ctrl_shadow);
+        slot_arm_bell(sl, false);
+        break;
+    }
+    memory_region_transaction_commit();
+
+    if (sl->mode == PVGPU_MODE_SHADOWED && mode == PVGPU_MODE_TRAPPED) {
+        /* Guest stores reach the trap now: release what the shadow held. */
+        smp_mb();
+        put = sl->shadow->ib_put;
+        sl->forwarded_put = put;
+        sl->late_check = 3;
+        if (put != real->ib_put) {
+            slot_forward_put(sl, put, false);
+        } else {
+            pvgpu_kick(sl);
+        }
+    }
+    sl->mode = mode;
+    pvgpu_refresh_arm(sl->dev);
+    smp_mb();
+    return mode == PVGPU_MODE_SHADOWED ? sl->shadow->ib_put : real->ib_put;
+}
+
+/*
+ * While a slot is shadowed its shadow page shows the real page's GPU-written
+ * fields.  After unshadowing, a vCPU that still had the shadow page in its
+ * TLB (TCG; KVM flushes synchronously) may store into it once more: such
+ * late stores are forwarded here.
+ */
+static void pvgpu_refresh_cb(void *opaque)
+{
+    PvgpuState *s = opaque;
+    unsigned i;
+
+    for (i = 0; i < s->num_slots; i++) {
+        PvgpuSlot *sl = &s->slots[i];
+        struct pvgpu_ctrl_page *real = slot_real(sl);
+
+        if (!real || sl->state != SLOT_LIVE) {
+            sl->late_check = 0;
+            continue;
+        }
+        if (sl->mode == PVGPU_MODE_SHADOWED) {
+            sl->shadow->ib_get = real->ib_get;
+            sl->shadow->fence = real->fence;
+            sl->shadow->status = real->status;
+            sl->shadow->error = real->error;
+        } else if (sl->late_check) {
+            uint32_t late = sl->shadow->ib_put;
+            sl->late_check--;
+            if (late != sl->forwarded_put &&
+                (int32_t)(late - real->ib_put) > 0) {
+                sl->forwarded_put = late;
+                slot_forward_put(sl, late, true);
+            }
+        }
+    }
+    pvgpu_refresh_arm(s);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Fence waits (CMD_FENCE_WAIT)                                             */
+
+/* Wrap-safe: @now is at or past @target. */
+static bool fence_reached(uint32_t now, uint32_t target)
+{
+    return (int32_t)(now - target) >= 0;
+}
+
+static void slot_wait_end(PvgpuSlot *sl, uint32_t status, uint32_t error)
+{
+    PvgpuState *s = sl->dev;
+
+    assert(sl->wait_status == WAIT_ARMED && s->waits_armed > 0);
+    s->waits_armed--;
+    sl->wait_error = error;
+    smp_wmb();
+    sl->wait_status = status;
+    s->fence_done |= 1ull << sl->index;
+    pvgpu_raise_irq(s, IRQ_FENCE);
+}
+
+/* End the slot's armed wait if its outcome is known now. */
+static void slot_wait_check(PvgpuSlot *sl)
+{
+    struct pvgpu_ctrl_page *real = slot_real(sl);
+    uint32_t status, fence;
+
+    if (sl->wait_status != WAIT_ARMED) {
+        return;
+    }
+    if (!real) {
+        slot_wait_end(sl, WAIT_E_DEAD, PVGPU_CHAN_ERR_LOST);
+        return;
+    }
+    /* STATUS first: a channel that completed its work and then died shows
+     * the final FENCE once STATUS says error. */
+    status = real->status;
+    smp_rmb();
+    fence = real->fence;
+    if (fence_reached(fence, sl->wait_fence)) {
+        slot_wait_end(sl, WAIT_OK, 0);
+    } else if (sl->state == SLOT_LOST) {
+        slot_wait_end(sl, WAIT_E_DEAD, PVGPU_CHAN_ERR_LOST);
+    } else if (sl->state != SLOT_LIVE) {
+        slot_wait_end(sl, WAIT_E_DEAD, real->error);
+    } else if (status == PVGPU_CHAN_STATUS_ERROR) {
+        slot_wait_end(sl, WAIT_E_DEAD, real->error);
+    }
+}
+
+/* The guest frees the slot: its wait is forgotten, no interrupt. */
+static void slot_wait_cancel(PvgpuSlot *sl)
+{
+    PvgpuState *s = sl->dev;
+
+    if (sl->wait_status == WAIT_ARMED) {
+        s->waits_armed--;
+    }
+    sl->wait_status = WAIT_NONE;
+    sl->wait_fence = 0;
+    sl->wait_error = 0;
+    s->fence_done &= ~(1ull << sl->index);
+}
+
+/* The fence timer runs while a wait is armed and is idle otherwise. */
+static void pvgpu_fence_arm(PvgpuState *s)
+{
+    if (!s->fence_timer) {
+        return;
+    }
+    if (!s->waits_armed) {
+        timer_del(s->fence_timer);
+    } else if (!timer_pending(s->fence_timer)) {
+        timer_mod_ns(s->fence_timer, qemu_clock_get_ns(QEMU_CLOCK_REALTIME) +
+                     PVGPU_FENCE_POLL_NS);
+    }
+}
+
+static void pvgpu_fence_check(PvgpuState *s)
+{
+    unsigned i;
+
+    for (i = 0; i < s->num_slots && s->waits_armed; i++) {
+        slot_wait_check(&s->slots[i]);
+    }
+    pvgpu_fence_arm(s);
+}
+
+static void pvgpu_fence_cb(void *opaque)
+{
+    pvgpu_fence_check(opaque);
+}
+
+/* Install a fresh daemon channel in @sl.  Takes ownership of the fds. */
+static bool slot_install(PvgpuSlot *sl, uint32_t chan_id, uint32_t mode,
+                         int memfd, int bellfd)
+{
+    PvgpuState *s = sl->dev;
+    struct stat st;
+    PvgpuMap *m;
+    void *mem;
+    char name[64];
+
+    if (fstat(memfd, &st) < 0 || st.st_size < PVGPU_CHAN_MEM_SIZE) {
+        goto fail;
+    }
+    mem = mmap(NULL, PVGPU_CHAN_MEM_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED,
+               memfd, 0);
+    if (mem == MAP_FAILED) {
+        goto fail;
+    }
+    close(memfd);
+
+    m = g_new0(PvgpuMap, 1);
+    m->mem = mem;
+    snprintf(name, sizeof(name), "pvgpu-ctrl%u", sl->index);
+    memory_region_init_ram_device_ptr(&m->ctrl, OBJECT(s), name,
+                                      PVGPU_PAGE_SIZE, mem);
+    snprintf(name, sizeof(name), "pvgpu-ring%u", sl->index);
+    memory_region_init_ram_device_ptr(&m->ring, OBJECT(s), name,
+                                      PVGPU_PAGE_SIZE,
+                                      (uint8_t *)mem + PVGPU_CHAN_RING_OFFSET);
+
+    /* The chardev made the received fds blocking, and O_NONBLOCK belongs
+     * to the open file the daemon shares: give the daemon its flag back. */
+    qemu_socket_set_nonblock(bellfd);
+    event_notifier_init_fd(&sl->bell, bellfd);
+    sl->has_bell = true;
+    sl->map = m;
+    sl->chan_id = chan_id;
+    sl->notice = 0;
+    sl->late_check = 0;
+    sl->state = SLOT_LIVE;
+    sl->mode = PVGPU_MODE_DIRECT;
+
+    memory_region_transaction_begin();
+    memory_region_add_subregion_overlap(&s->bar4,
+                                        sl->index * PVGPU_PAGE_SIZE, &m->ring, 1);
+    slot_set_mode(sl, PVGPU_MODE_DIRECT);
+    if (mode != PVGPU_MODE_DIRECT) {
+        slot_set_mode(sl, mode);
+    }
+    memory_region_transaction_commit();
+    return true;
+
+fail:
+    close(memfd);
+    close(bellfd);
+    return false;
+}
+
+/* Unmap the slot's channel memory and close its doorbell. */
+static void slot_teardown(PvgpuSlot *sl)
+{
+    PvgpuState *s = sl->dev;
+    PvgpuMap *m = sl->map;
+
+    memory_region_transaction_begin();
+    slot_arm_bell(sl, false);
+    slot_show_ctrl(sl, NULL);
+    if (m) {
+        memory_region_del_subregion(&s->bar4, &m->ring);
+    }
+    memory_region_transaction_commit();
+    if (m) {
+        object_unparent(OBJECT(&m->ctrl));
+        object_unparent(OBJECT(&m->ring));
+        sl->map = NULL;
+        call_rcu(m, pvgpu_map_free_rcu, rcu);
+    }
+    if (sl->has_bell) {
+        event_notifier_cleanup(&sl->bell);
+        sl->has_bell = false;
+    }
+    sl->late_check = 0;
+}
+
+/* The daemon is gone: the slot's channel no longer exists.  The guest keeps
+ * a readable control page saying so; its stores are dropped. */
+static void slot_mark_lost(PvgpuSlot *sl)
+{
+    struct pvgpu_ctrl_page *real = slot_real(sl);
+
+    if (real) {
+        real->error = PVGPU_CHAN_ERR_LOST;
+        smp_wmb();
+        real->status = PVGPU_CHAN_STATUS_ERROR;
+        memory_region_transaction_begin();
+        slot_arm_bell(sl, false);
+        slot_show_ctrl(sl, &sl->ctrl_trap);
+        memory_region_transaction_commit();
+    }
+    sl->state = SLOT_LOST;
+    sl->mode = PVGPU_MODE_TRAPPED;
+    sl->late_check = 0;
+    slot_wait_check(sl);      /* an armed wait ends now: reached or lost */
+}
+
+static void slot_free(PvgpuSlot *sl)
+{
+    slot_wait_cancel(sl);
+    slot_teardown(sl);
+    sl->state = SLOT_FREE;
+    sl->mode = PVGPU_MODE_DIRECT;
+    sl->chan_id = 0;
+    sl->pid_hint = 0;
+    sl->notice = 0;
+}
+
+static PvgpuSlot *slot_by_chan(PvgpuState *s, uint32_t chan_id)
+{
+    unsigned i;
+
+    if (chan_id == 0) {
+        return NULL;
+    }
+    for (i = 0; i < s->num_slots; i++) {
+        PvgpuSlot *sl = &s->slots[i];
+        if (sl->chan_id == chan_id &&
+            (sl->state == SLOT_LIVE || sl->state == SLOT_FREEING)) {
+            return sl;
+        }
+    }
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Control page: trapped mode                                               */
+
+static uint64_t pvgpu_trap_read(void *opaque, hwaddr addr, unsigned size)
+{
+    PvgpuSlot *sl = opaque;
+    struct pvgpu_ctrl_page *real = slot_real(sl);
+
+    if (size != 4 || (addr & 3)) {
+        sl->dev->bad_access++;
+        return ~0ull;
+    }
+    if (!real || addr > PVGPU_CTRL_ERROR) {
+        return 0;
+    }
+    return ((volatile uint32_t *)real)[addr / 4];
+}
+
+static void pvgpu_trap_write(void *opaque, hwaddr addr, uint64_t val,
+                             unsigned size)
+{
+    PvgpuSlot *sl = opaque;
+    PvgpuState *s = sl->dev;
+
+    if (size != 4 || addr != PVGPU_CTRL_IB_PUT) {
+        /* The GPU-owned fields are read-only through the trap. */
+        s->bad_access++;
+        return;
+    }
+    if (sl->state != SLOT_LIVE) {
+        return;           /* lost channel: nothing executes any more */
+    }
+    s->traps++;
+    slot_forward_put(sl, (uint32_t)val, true);
+}
+
+static const MemoryRegionOps pvgpu_trap_ops = {
+    .read = pvgpu_trap_read,
+    .write = pvgpu_trap_write,
+    .endianness = DEVICE_LITTLE_ENDIAN,
+    .valid = { .min_access_size = 1, .max_access_size = 8 },
+    .impl = { .min_access_size = 1, .max_access_size = 8 },
+};
+
+/* ------------------------------------------------------------------------ */
+/* Doorbell pages and unmapped BAR space                                    */
+
+static uint64_t pvgpu_doorbell_read(void *opaque, hwaddr addr, unsigned size)
+{
+    return 0;
+}
+
+static void pvgpu_doorbell_write(void *opaque, hwaddr addr, uint64_t val,
+                                 unsigned size)
+{
+    PvgpuSlot *sl = opaque;
+
+    if (size != 4 || addr != 0) {
+        sl->dev->bad_access++;
+        return;
+    }
+    /* Reached only when no ioeventfd took the store: the slot is free,
+     * lost or shadowed (held: the GPU must not see it). */
+    if (sl->state == SLOT_LIVE && sl->mode != PVGPU_MODE_SHADOWED) {
+        pvgpu_kick(sl);
+    }
+}
+
+static const MemoryRegionOps pvgpu_doorbell_ops = {
+    .read = pvgpu_doorbell_read,
+    .write = pvgpu_doorbell_write,
+    .endianness = DEVICE_LITTLE_ENDIAN,
+    .valid = { .min_access_size = 1, .max_access_size = 8 },
+    .impl = { .min_access_size = 1, .max_access_size = 8 },
+};
+
+static uint64_t pvgpu_bg_read(void *opaque, hwaddr addr, unsigned size)
+{
+    return ~0ull;       /* an empty slot reads as all ones */
+}
+
+static void pvgpu_bg_write(void *opaque, hwaddr addr, uint64_t val,
+                           unsigned size)
+{
+    PvgpuState *s = opaque;
+
+    s->bad_access++;
+}
+
+static const MemoryRegionOps pvgpu_bg_ops = {
+    .read = pvgpu_bg_read,
+    .write = pvgpu_bg_write,
+    .endianness = DEVICE_LITTLE_ENDIAN,
+    .valid = { .min_access_size = 1, .max_access_size = 8 },
+    .impl = { .min_access_size = 1, .max_access_size = 8 },
+};
+
+/* ------------------------------------------------------------------------ */
+/* Mailbox (BAR0)                                                           */
+
+static void pvgpu_cmd_done(PvgpuState *s, uint32_t status, uint32_t r0,
+                           uint32_t r1)
+{
+    s->result[0] = r0;
+    s->result[1] = r1;
+    smp_wmb();
+    s->cmd_status = status;
+    pvgpu_raise_irq(s, IRQ_CMD_DONE);
+}
+
+static void pvgpu_cmd_alloc(PvgpuState *s)
+{
+    struct pvgpu_chan_alloc a = { 0 };
+    PvgpuSlot *sl = NULL;
+    unsigned i;
+
+    if (s->link != LINK_READY) {
+        pvgpu_cmd_done(s, CMDST_E_LINK, 0, 0);
+        return;
+    }
+    for (i = 0; i < s->num_slots; i++) {
+        if (s->slots[i].state == SLOT_FREE) {
+            sl = &s->slots[i];
+            break;
+        }
+    }
+    if (!sl) {
+        pvgpu_cmd_done(s, CMDST_E_NOSLOT, 0, 0);
+        return;
+    }
+    a.pid_hint = ((uint64_t)s->arg[1] << 32) | s->arg[0];
+    sl->pid_hint = a.pid_hint;
+    sl->state = SLOT_PENDING;
+    s->cmd_status = CMDST_BUSY;
+    if (!pvgpu_request(s, PVGPU_MSG_CHAN_ALLOC, &a, sizeof(a), sl->index,
+                       true)) {
+        sl->state = SLOT_FREE;
+        s->cmd_status = CMDST_OK;
+        pvgpu_link_lost(s, "write to the daemon failed");
+    }
+}
+
+static void pvgpu_cmd_free(PvgpuState *s)
+{
+    uint32_t idx = s->arg[0];
+    PvgpuSlot *sl;
+    struct pvgpu_chan_ref ref = { 0 };
+
+    if (idx >= s->num_slots) {
+        pvgpu_cmd_done(s, CMDST_E_INVALID, 0, 0);
+        return;
+    }
+    sl = &s->slots[idx];
+    if (sl->state == SLOT_LOST) {
+        /* The daemon already dropped it. */
+        slot_free(sl);
+        pvgpu_cmd_done(s, CMDST_OK, idx, 0);
+        return;
+    }
+    if (sl->state != SLOT_LIVE) {
+        pvgpu_cmd_done(s, CMDST_E_INVALID, idx, 0);
+        return;
+    }
+    ref.chan_id = sl->chan_id;
+    slot_wait_cancel(sl);
+    sl->state = SLOT_FREEING;
+    /* Nothing the guest writes now may reach the channel. */
+    memory_region_transaction_begin();
+    slot_arm_bell(sl, false);
+    slot_show_ctrl(sl, &sl->ctrl_trap);
+    memory_region_transaction_commit();
+    s->cmd_status = CMDST_BUSY;
+    if (!pvgpu_request(s, PVGPU_MSG_CHAN_FREE, &ref, sizeof(ref), idx, true)) {
+        s->cmd_status = CMDST_OK;
+        pvgpu_link_lost(s, "write to the daemon failed");
+    }
+}
+
+/*
+ * Arm the slot's fence wait.  The command itself completes at once (RESULT0
+ * = slot, RESULT1 = WAIT_STATUS); the wait ends later, from the fence
+ * timer, a NOTICE or the loss of the daemon link, or at once when FENCE is
+ * already there or the channel is already dead.  The vCPU never waits.
+ */
+static void pvgpu_cmd_fence_wait(PvgpuState *s)
+{
+    uint32_t idx = s->arg[0];
+    PvgpuSlot *sl;
+
+    if (idx >= s->num_slots) {
+        pvgpu_cmd_done(s, CMDST_E_INVALID, 0, 0);
+        return;
+    }
+    sl = &s->slots[idx];
+    if ((sl->state != SLOT_LIVE && sl->state != SLOT_LOST) ||
+        sl->wait_status == WAIT_ARMED) {
+        /* no channel, or one wait per slot */
+        pvgpu_cmd_done(s, CMDST_E_INVALID, idx, sl->wait_status);
+        return;
+    }
+    sl->wait_fence = s->arg[1];
+    sl->wait_error = 0;
+    sl->wait_status = WAIT_ARMED;
+    s->waits_armed++;
+    s->fence_done &= ~(1ull << idx);
+    slot_wait_check(sl);
+    pvgpu_fence_arm(s);
+    pvgpu_cmd_done(s, CMDST_OK, idx, sl->wait_status);
+}
+
+static uint64_t pvgpu_mmio_read(void *opaque, hwaddr addr, unsigned size)
+{
+    PvgpuState *s = opaque;
+
+    if (size != 4 || (addr & 3)) {
+        s->bad_access++;
+        return ~0ull;
+    }
+    if (addr >= REG_WAIT_BASE) {
+        uint32_t idx = (addr - REG_WAIT_BASE) / REG_WAIT_STRIDE;
+        PvgpuSlot *sl;
+
+        if (idx >= s->num_slots) {
+            return 0;
+        }
+        sl = &s->slots[idx];
+        switch ((addr - REG_WAIT_BASE) % REG_WAIT_STRIDE) {
+        case WAIT_REG_STATUS:
+            return sl->wait_status;
+        case WAIT_REG_FENCE:
+            return sl->wait_fence;
+        case WAIT_REG_ERROR:
+            return sl->wait_error;
+        }
+        return 0;
+    }
+    if (addr >= REG_SLOT_BASE) {
+        uint32_t idx = (addr - REG_SLOT_BASE) / REG_SLOT_STRIDE;
+        PvgpuSlot *sl;
+
+        if (idx >= s->num_slots) {
+            return 0;
+        }
+        sl = &s->slots[idx];
+        switch ((addr - REG_SLOT_BASE) % REG_SLOT_STRIDE) {
+        case SLOT_REG_STATE:
+            return sl->state == SLOT_FREEING ? SLOT_LIVE : sl->state;
+        case SLOT_REG_MODE:
+            return sl->mode;
+        case SLOT_REG_CHAN_ID:
+            return sl->chan_id;
+        case SLOT_REG_NOTICE:
+            return sl->notice;
+        }
+        return 0;
+    }
+    switch (addr) {
+    case REG_MAGIC:
+        return PVGPU_DEV_MAGIC;
+    case REG_VERSION:
+        return PVGPU_DEV_VERSION;
+    case REG_NUM_SLOTS:
+        return s->num_slots;
+    case REG_LINK:
+        return s->link;
+    case REG_CMD_STATUS:
+        return s->cmd_status;
+    case REG_ARG0:
+        return s->arg[0];
+    case REG_ARG1:
+        return s->arg[1];
+    case REG_RESULT0:
+        return s->result[0];
+    case REG_RESULT1:
+        return s->result[1];
+    case REG_IRQ_STATUS:
+        return s->irq_status;
+    case REG_IRQ_MASK:
+        return s->irq_mask;
+    case REG_BAD_ACCESS:
+        return s->bad_access;
+    case REG_LINK_GEN:
+        return s->link_gen;
+    case REG_FENCE_DONE_LO:
+        return (uint32_t)s->fence_done;
+    case REG_FENCE_DONE_HI:
+        return (uint32_t)(s->fence_done >> 32);
+    }
+    return 0;
+}
+
+static void pvgpu_mmio_write(void *opaque, hwaddr addr, uint64_t val,
+                             unsigned size)
+{
+    PvgpuState *s = opaque;
+
+    if (size != 4 || (addr & 3)) {
+        s->bad_access++;
+        return;
+    }
+    switch (addr) {
+    case REG_CMD:
+        if (s->cmd_status == CMDST_BUSY) {
+            s->bad_access++;          /* one command at a time */
+            return;
+        }
+        switch (val) {
+        case CMD_CHAN_ALLOC:
+            pvgpu_cmd_alloc(s);
+            break;
+        case CMD_CHAN_FREE:
+            pvgpu_cmd_free(s);
+            break;
+        case CMD_FENCE_WAIT:
+            pvgpu_cmd_fence_wait(s);
+            break;
+        default:
+            s->bad_access++;
+            pvgpu_cmd_done(s, CMDST_E_INVALID, 0, 0);
+            break;
+        }
+        break;
+    case REG_ARG0:
+        s->arg[0] = val;
+        break;
+    case REG_ARG1:
+        s->arg[1] = val;
+        break;
+    case REG_IRQ_ACK:
+        s->irq_status &= ~(uint32_t)val;
+        pvgpu_update_irq(s);
+        break;
+    case REG_IRQ_MASK:
+        s->irq_mask = val & IRQ_ALL;
+        pvgpu_update_irq(s);
+        break;
+    case REG_FENCE_DONE_LO:
+        s->fence_done &= ~(uint64_t)(uint32_t)val;
+        break;
+    case REG_FENCE_DONE_HI:
+        s->fence_done &= ~((uint64_t)(uint32_t)val << 32);
+        break;
+    default:
+        s->bad_access++;              /* read-only or unknown */
+        break;
+    }
+}
+
+static const MemoryRegionOps pvgpu_mmio_ops = {
+    .read = pvgpu_mmio_read,
+    .write = pvgpu_mmio_write,
+    .endianness = DEVICE_LITTLE_ENDIAN,
+    /* Every size reaches the handlers so bad ones can be counted. */
+    .valid = { .min_access_size = 1, .max_access_size = 8 },
+    .impl = { .min_access_size = 1, .max_access_size = 8 },
+};
+
+/* ------------------------------------------------------------------------ */
+/* Daemon protocol: receiving                                               */
+
+static void pvgpu_rx_reset(PvgpuState *s)
+{
+    int i;
+
+    for (i = 0; i < s->rx_nfds; i++) {
+        close(s->rx_fds[i]);
+    }
+    s->rx_nfds = 0;
+    s->rx_have = 0;
+}
+
+static void pvgpu_send_hello(PvgpuState *s)
+{
+    struct pvgpu_hello h = { 0 };
+    const char *name = qemu_name ? qemu_name : "";
+    size_t i;
+
+    h.version = PVGPU_PROTO_VERSION;
+    h.role = PVGPU_ROLE_VMM;
+    memcpy(h.uuid, qemu_uuid.data, sizeof(h.uuid));
+    for (i = 0; i < PVGPU_NAME_LEN - 1 && name[i]; i++) {
+        h.name[i] = (name[i] >= 0x20 && name[i] <= 0x7e) ? name[i] : '?';
+    }
+    h.pid = getpid();
+    s->link = LINK_HELLO;
+    if (!pvgpu_request(s, PVGPU_MSG_HELLO, &h, sizeof(h), -1, false)) {
+        pvgpu_link_lost(s, "cannot send HELLO");
+    }
+}
+
+/* Re-allocate the channels the last connection lost (best effort). */
+static void pvgpu_realloc_lost(PvgpuState *s)
+{
+    unsigned i;
+
+    for (i = 0; i < s->num_slots; i++) {
+        PvgpuSlot *sl = &s->slots[i];
+        struct pvgpu_chan_alloc a = { 0 };
+
+        if (sl->state != SLOT_LOST) {
+            continue;
+        }
+        a.pid_hint = sl->pid_hint;
+        if (!pvgpu_request(s, PVGPU_MSG_CHAN_ALLOC, &a, sizeof(a), i, false)) {
+            return;
+        }
+    }
+}
+
+/* @closed: the chardev already reported the connection closed. */
+static void pvgpu_link_lost_full(PvgpuState *s, const char *why, bool closed)
+{
+    unsigned i;
+    bool was_up = s->link != LINK_DOWN;
+
+    if (was_up) {
+        qemu_log_mask(LOG_UNIMP, "pvgpu: daemon link lost: %s\n", why);
+        warn_report("pvgpu: connection to pvgpud lost (%s); channels are gone", why);
+    }
+    s->link = LINK_DOWN;
+    s->req_count = 0;
+    pvgpu_rx_reset(s);
+    for (i = 0; i < s->num_slots; i++) {
+        PvgpuSlot *sl = &s->slots[i];
+        switch (sl->state) {
+        case SLOT_PENDING:
+            sl->state = SLOT_FREE;
+            break;
+        case SLOT_FREEING:
+            slot_free(sl);
+            break;
+        case SLOT_LIVE:
+            slot_mark_lost(sl);
+            break;
+        }
+    }
+    if (s->cmd_status == CMDST_BUSY) {
+        pvgpu_cmd_done(s, CMDST_E_LINK, 0, 0);
+    }
+    /* Drop the connection too, so a reconnecting chardev starts afresh. */
+    if (was_up && !closed) {
+        qemu_chr_fe_disconnect(&s->chr);
+    }
+    pvgpu_raise_irq(s, IRQ_LINK);
+}
+
+static void pvgpu_on_reply(PvgpuState *s, const struct pvgpu_msg_hdr *h,
+                           const uint8_t *body)
+{
+    PvgpuRequest r;
+    PvgpuSlot *sl;
+
+    if (!s->req_count || s->req[s->req_head].seq != h->seq) {
+        pvgpu_link_lost(s, "reply out of order");
+        return;
+    }
+    r = s->req[s->req_head];
+    s->req_head = (s->req_head + 1) % PVGPU_MAX_REQUESTS;
+    s->req_count--;
+    sl = r.slot >= 0 ? &s->slots[r.slot] : NULL;
+
+    switch (h->type) {
+    case PVGPU_MSG_HELLO_REPLY: {
+        struct pvgpu_hello_reply hr;
+        memcpy(&hr, body, sizeof(hr));
+        if (r.type != PVGPU_MSG_HELLO || hr.status != PVGPU_OK) {
+            error_report("pvgpu: pvgpud refused HELLO (status %u)", hr.status);
+            pvgpu_link_lost(s, "HELLO refused");
+            return;
+        }
+        s->link = LINK_READY;
+        s->link_gen++;
+        pvgpu_realloc_lost(s);
+        pvgpu_raise_irq(s, IRQ_LINK);
+        return;
+    }
+    case PVGPU_MSG_CHAN_REPLY: {
+        struct pvgpu_chan_reply cr;
+        memcpy(&cr, body, sizeof(cr));
+        if (r.type != PVGPU_MSG_CHAN_ALLOC || !sl) {
+            pvgpu_link_lost(s, "unexpected CHAN_REPLY");
+            return;
+        }
+        if (cr.status == PVGPU_OK) {
+            int memfd = s->rx_fds[0], bellfd = s->rx_fds[1];
+            if (s->rx_nfds != 2 || cr.mem_size != PVGPU_CHAN_MEM_SIZE ||
+                cr.mode > PVGPU_MODE_SHADOWED || cr.chan_id == 0) {
+                pvgpu_link_lost(s, "malformed CHAN_REPLY");
+                return;
+            }
+            s->rx_nfds = 0;
+            if (sl->state != (r.mailbox ? SLOT_PENDING : SLOT_LOST)) {
+                /* A re-allocation for a slot the guest freed meanwhile. */
+                struct pvgpu_chan_ref ref = { .chan_id = cr.chan_id };
+                close(memfd);
+                close(bellfd);
+                pvgpu_request(s, PVGPU_MSG_CHAN_FREE, &ref, sizeof(ref), -1,
+                              false);
+                return;
+            }
+            if (sl->state == SLOT_LOST) {
+                slot_teardown(sl);    /* the old channel's memory */
+            }
+            if (!slot_install(sl, cr.chan_id, cr.mode, memfd, bellfd)) {
+                struct pvgpu_chan_ref ref = { .chan_id = cr.chan_id };
+                /* Give it back; the FREE_REPLY finds no slot. */
+                pvgpu_request(s, PVGPU_MSG_CHAN_FREE, &ref, sizeof(ref), -1,
+                              false);
+                sl->state = r.mailbox ? SLOT_FREE : SLOT_LOST;
+                if (r.mailbox) {
+                    pvgpu_cmd_done(s, CMDST_E_DAEMON, 0, PVGPU_E_INTERNAL);
+                }
+                return;
+            }
+            if (r.mailbox) {
+                pvgpu_cmd_done(s, CMDST_OK, sl->index, cr.chan_id);
+            } else {
+                pvgpu_raise_irq(s, IRQ_LINK);
+            }
+        } else if (r.mailbox && sl->state == SLOT_PENDING) {
+            sl->state = SLOT_FREE;
+            pvgpu_cmd_done(s, CMDST_E_DAEMON, 0, cr.status);
+        }
+        return;
+    }
+    case PVGPU_MSG_FREE_REPLY:
+        if (r.type != PVGPU_MSG_CHAN_FREE) {
+            pvgpu_link_lost(s, "unexpected FREE_REPLY");
+            return;
+        }
+        if (sl) {
+            uint32_t idx = sl->index;
+            slot_free(sl);
+            if (r.mailbox) {
+                pvgpu_cmd_done(s, CMDST_OK, idx, 0);
+            }
+        }
+        return;
+    case PVGPU_MSG_PONG:
+        return;
+    }
+}
+
+static void pvgpu_on_message(PvgpuState *s)
+{
+    struct pvgpu_msg_hdr h;
+    const uint8_t *body = s->rx + sizeof(h);
+
+    memcpy(&h, s->rx, sizeof(h));
+    if (s->rx_nfds && !(h.type == PVGPU_MSG_CHAN_REPLY)) {
+        pvgpu_link_lost(s, "fds on a message that carries none");
+        return;
+    }
+    switch (h.type) {
+    case PVGPU_MSG_MODE: {
+        struct pvgpu_mode m;
+        struct pvgpu_mode_ack ack = { 0 };
+        PvgpuSlot *sl;
+
+        memcpy(&m, body, sizeof(m));
+        if (m.mode > PVGPU_MODE_SHADOWED || m.reserved) {
+            pvgpu_link_lost(s, "bad MODE");
+            return;
+        }
+        sl = slot_by_chan(s, m.chan_id);
+        if (!sl || sl->state != SLOT_LIVE) {
+            return;                   /* raced with CHAN_FREE */
+        }
+        ack.chan_id = m.chan_id;
+        ack.mode = m.mode;
+        ack.mode_seq = m.mode_seq;
+        ack.guest_put = slot_set_mode(sl, m.mode);
+        pvgpu_send(s, PVGPU_MSG_MODE_ACK, 0, &ack, sizeof(ack));
+        return;
+    }
+    case PVGPU_MSG_NOTICE: {
+        struct pvgpu_notice n;
+        PvgpuSlot *sl;
+
+        memcpy(&n, body, sizeof(n));
+        sl = slot_by_chan(s, n.chan_id);
+        if (sl && n.kind >= PVGPU_NOTICE_WATCHDOG &&
+            n.kind <= PVGPU_NOTICE_DEGRADED) {
+            sl->notice = n.kind;
+            pvgpu_raise_irq(s, IRQ_NOTICE);
+            pvgpu_fence_check(s);     /* a dead channel ends its wait */
+        }
+        return;
+    }
+    case PVGPU_MSG_ERROR: {
+        struct pvgpu_error e;
+        memcpy(&e, body, sizeof(e));
+        e.message[sizeof(e.message) - 1] = 0;
+        error_report("pvgpu: pvgpud: %s", e.message);
+        pvgpu_link_lost(s, "daemon sent ERROR");
+        return;
+    }
+    default:
+        if (h.seq == 0) {
+            pvgpu_link_lost(s, "reply without seq");
+            return;
+        }
+        pvgpu_on_reply(s, &h, body);
+        /* fds not taken by the reply are closed */
+        pvgpu_rx_reset(s);
+        return;
+    }
+}
+
+static uint32_t pvgpu_payload_size(uint16_t type)
+{
+    switch (type) {
+    case PVGPU_MSG_HELLO_REPLY: return sizeof(struct pvgpu_hello_reply);
+    case PVGPU_MSG_CHAN_REPLY:  return sizeof(struct pvgpu_chan_reply);
+    case PVGPU_MSG_FREE_REPLY:  return sizeof(struct pvgpu_status_reply);
+    case PVGPU_MSG_MODE:        return sizeof(struct pvgpu_mode);
+    case PVGPU_MSG_NOTICE:      return sizeof(struct pvgpu_notice);
+    case PVGPU_MSG_ERROR:       return sizeof(struct pvgpu_error);
+    case PVGPU_MSG_PONG:        return 0;
+    }
+    return UINT32_MAX;            /* unknown or wrong direction */
+}
+
+/* Bytes still missing from the message being assembled.  Reading exactly up
+ * to message boundaries makes the fds of a CHAN_REPLY (sent with its first
+ * byte) arrive with that message's header. */
+static uint32_t pvgpu_rx_want(PvgpuState *s)
+{
+    const struct pvgpu_msg_hdr *h = (const void *)s->rx;
+
+    if (s->rx_have < sizeof(*h)) {
+        return sizeof(*h) - s->rx_have;
+    }
+    return sizeof(*h) + h->len - s->rx_have;
+}
+
+static int pvgpu_chr_can_read(void *opaque)
+{
+    PvgpuState *s = opaque;
+
+    if (s->link == LINK_DOWN) {
+        return 0;
+    }
+    return pvgpu_rx_want(s);
+}
+
+static void pvgpu_chr_read(void *opaque, const uint8_t *buf, int size)
+{
+    PvgpuState *s = opaque;
+    int fds[PVGPU_PROTO_MAX_FDS];
+    int n, i;
+
+    n = qemu_chr_fe_get_msgfds(&s->chr, fds, PVGPU_PROTO_MAX_FDS);
+    if (n > 0) {
+        if (s->rx_nfds) {
+            for (i = 0; i < n; i++) {
+                close(fds[i]);
+            }
+            pvgpu_link_lost(s, "fds for two messages");
+            return;
+        }
+        memcpy(s->rx_fds, fds, n * sizeof(int));
+        s->rx_nfds = n;
+    }
+    while (size > 0 && s->link != LINK_DOWN) {
+        const struct pvgpu_msg_hdr *h = (const void *)s->rx;
+        uint32_t take = MIN((uint32_t)size, pvgpu_rx_want(s));
+
+        memcpy(s->rx + s->rx_have, buf, take);
+        s->rx_have += take;
+        buf += take;
+        size -= take;
+        if (s->rx_have == sizeof(*h)) {
+            if (h->magic != PVGPU_PROTO_MAGIC || h->flags ||
+                h->len > PVGPU_PROTO_MAX_PAYLOAD ||
+                pvgpu_payload_size(h->type) != h->len) {
+                pvgpu_link_lost(s, "malformed message header");
+                return;
+            }
+        }
+        if (s->rx_have >= sizeof(*h) && pvgpu_rx_want(s) == 0) {
+            pvgpu_on_message(s);
+            s->rx_have = 0;
+            if (s->rx_nfds) {       /* left over: not for this message */
+                pvgpu_rx_reset(s);
+            }
+        }
+    }
+}
+
+static void pvgpu_chr_event(void *opaque, QEMUChrEvent event)
+{
+    PvgpuState *s = opaque;
+
+    switch (event) {
+    case CHR_EVENT_OPENED:
+        if (s->link != LINK_DOWN) {
+            return;
+        }
+        pvgpu_rx_reset(s);
+        s->req_count = 0;
+        pvgpu_send_hello(s);
+        break;
+    case CHR_EVENT_CLOSED:
+        pvgpu_link_lost_full(s, "connection closed", true);
+        break;
+    default:
+        break;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Device life cycle                                                        */
+
+static void pvgpu_realize(PCIDevice *pdev, Error **errp)
+{
+    PvgpuState *s = PVGPU(pdev);
+    uint8_t *pci_conf = pdev->config;
+    unsigned i;
+    char name[64];
+    Error *err = NULL;
+    int ret;
+
+    if (!qemu_chr_fe_backend_connected(&s->chr)) {
+        error_setg(errp, "pvgpu: 'chardev' must name a socket chardev "
+                   "connected to pvgpud");
+        return;
+    }
+    if (!qemu_uuid_set) {
+        error_setg(errp, "pvgpu: the VM needs a UUID (-uuid): pvgpud keys "
+                   "VMs by UUID");
+        return;
+    }
+    if (s->num_slots < 1 || s->num_slots > PVGPU_MAX_SLOTS ||
+        (s->num_slots & (s->num_slots - 1))) {
+        error_setg(errp, "pvgpu: 'slots' must be a power of two in 1..%d",
+                   PVGPU_MAX_SLOTS);
+        return;
+    }
+
+    error_setg(&s->migration_blocker,
+               "pvgpu: device '%s' cannot be migrated: its GPU channels live "
+               "in pvgpud's shared memory on this host",
+               DEVICE(pdev)->id ? DEVICE(pdev)->id : TYPE_PVGPU);
+    if (migrate_add_blocker(s->migration_blocker, errp) < 0) {
+        error_free(s->migration_blocker);
+        s->migration_blocker = NULL;
+        return;
+    }
+
+    pci_config_set_interrupt_pin(pci_conf, 1);
+    /* MSI-X table and PBA in their own 4 KiB BAR1 (table at 0, PBA at
+     * 0x800), so BAR0 stays the mailbox alone.  INTx when the guest does
+     * not enable MSI-X, or when the platform has no MSI at all. */
+    ret = msix_init_exclusive_bar(pdev, PVGPU_MSIX_VECTORS, PVGPU_MSIX_BAR,
+                                  &err);
+    if (ret == -ENOTSUP) {
+        warn_report_err(err);
+        err = NULL;
+    } else if (ret) {
+        error_propagate(errp, err);
+        goto fail;
+    } else {
+        for (i = 0; i < PVGPU_MSIX_VECTORS; i++) {
+            msix_vector_use(pdev, i);
+        }
+    }
+
+    memory_region_init_io(&s->mmio, OBJECT(s), &pvgpu_mmio_ops, s,
+                          "pvgpu-mmio", BAR0_SIZE);
+    memory_region_init(&s->bar2, OBJECT(s), "pvgpu-ctrl",
+                       s->num_slots * SLOT_CTRL_STRIDE);
+    memory_region_init_io(&s->bar2_bg, OBJECT(s), &pvgpu_bg_ops, s,
+                          "pvgpu-ctrl-empty", s->num_slots * SLOT_CTRL_STRIDE);
+    memory_region_add_subregion_overlap(&s->bar2, 0, &s->bar2_bg, 0);
+    memory_region_init(&s->bar4, OBJECT(s), "pvgpu-ring",
+                       s->num_slots * PVGPU_PAGE_SIZE);
+    memory_region_init_io(&s->bar4_bg, OBJECT(s), &pvgpu_bg_ops, s,
+                          "pvgpu-ring-empty", s->num_slots * PVGPU_PAGE_SIZE);
+    memory_region_add_subregion_overlap(&s->bar4, 0, &s->bar4_bg, 0);
+
+    for (i = 0; i < s->num_slots; i++) {
+        PvgpuSlot *sl = &s->slots[i];
+
+        sl->dev = s;
+        sl->index = i;
+        sl->shadow = qemu_memalign(PVGPU_PAGE_SIZE, PVGPU_PAGE_SIZE);
+        memset(sl->shadow, 0, PVGPU_PAGE_SIZE);
+        snprintf(name, sizeof(name), "pvgpu-trap%u", i);
+        memory_region_init_io(&sl->ctrl_trap, OBJECT(s), &pvgpu_trap_ops, sl,
+                              name, PVGPU_PAGE_SIZE);
+        snprintf(name, sizeof(name), "pvgpu-shadow%u", i);
+        memory_region_init_ram_device_ptr(&sl->ctrl_shadow, OBJECT(s), name,
+                                          PVGPU_PAGE_SIZE, sl->shadow);
+        snprintf(name, sizeof(name), "pvgpu-doorbell%u", i);
+        memory_region_init_io(&sl->doorbell, OBJECT(s), &pvgpu_doorbell_ops,
+                              sl, name, PVGPU_PAGE_SIZE);
+        memory_region_add_subregion_overlap(&s->bar2,
+                                            i * SLOT_CTRL_STRIDE +
+                                            SLOT_DOORBELL_OFF,
+                                            &sl->doorbell, 1);
+    }
+
+    pci_register_bar(pdev, 0, PCI_BASE_ADDRESS_SPACE_MEMORY, &s->mmio);
+    pci_register_bar(pdev, 2, PCI_BASE_ADDRESS_SPACE_MEMORY, &s->bar2);
+    pci_register_bar(pdev, 4, PCI_BASE_ADDRESS_SPACE_MEMORY, &s->bar4);
+
+    s->irq_mask = IRQ_ALL;
+    s->link = LINK_DOWN;
+    s->refresh = timer_new_ms(QEMU_CLOCK_REALTIME, pvgpu_refresh_cb, s);
+    s->fence_timer = timer_new_ns(QEMU_CLOCK_REALTIME, pvgpu_fence_cb, s);
+
+    qemu_chr_fe_set_handlers(&s->chr, pvgpu_chr_can_read, pvgpu_chr_read,
+                             pvgpu_chr_event, NULL, s, NULL, true);
+    return;
+
+fail:
+    msix_uninit_exclusive_bar(pdev);      /* no-op when MSI-X is absent */
+    migrate_del_blocker(s->migration_blocker);
+    error_free(s->migration_blocker);
+    s->migration_blocker = NULL;
+}
+
+static void pvgpu_exit(PCIDevice *pdev)
+{
+    PvgpuState *s = PVGPU(pdev);
+    unsigned i;
+
+    qemu_chr_fe_deinit(&s->chr, false);
+    if (s->refresh) {
+        timer_free(s->refresh);
+        s->refresh = NULL;
+    }
+    if (s->fence_timer) {
+        timer_free(s->fence_timer);
+        s->fence_timer = NULL;
+    }
+    for (i = 0; i < s->num_slots; i++) {
+        PvgpuSlot *sl = &s->slots[i];
+        if (!sl->dev) {
+            continue;
+        }
+        slot_free(sl);
+    }
+    pvgpu_rx_reset(s);
+    msix_unuse_all_vectors(pdev);
+    msix_uninit_exclusive_bar(pdev);
+    if (s->migration_blocker) {
+        migrate_del_blocker(s->migration_blocker);
+        error_free(s->migration_blocker);
+        s->migration_blocker = NULL;
+    }
+}
+
+static void pvgpu_finalize(Object *obj)
+{
+    PvgpuState *s = PVGPU(obj);
+    unsigned i;
+
+    /* The shadow pages back RAM regions that die with the device. */
+    for (i = 0; i < PVGPU_MAX_SLOTS; i++) {
+        qemu_vfree(s->slots[i].shadow);
+        s->slots[i].shadow = NULL;
+    }
+}
+
+static Property pvgpu_properties[] = {
+    DEFINE_PROP_CHR("chardev", PvgpuState, chr),
+    DEFINE_PROP_UINT32("slots", PvgpuState, num_slots, 16),
+    DEFINE_PROP_END_OF_LIST(),
+};
+
+static void pvgpu_class_init(ObjectClass *klass, void *data)
+{
+    DeviceClass *dc = DEVICE_CLASS(klass);
+    PCIDeviceClass *k = PCI_DEVICE_CLASS(klass);
+
+    k->realize = pvgpu_realize;
+    k->exit = pvgpu_exit;
+    k->config_write = pvgpu_write_config;
+    k->vendor_id = PVGPU_PCI_VENDOR_ID;
+    k->device_id = PVGPU_PCI_DEVICE_ID;
+    k->revision = PVGPU_DEV_VERSION;
+    k->class_id = PCI_CLASS_DISPLAY_OTHER;
+    dc->desc = "pvgpu paravirtual GPU channels (pvgpud)";
+    set_bit(DEVICE_CATEGORY_DISPLAY, dc->categories);
+    device_class_set_props(dc, pvgpu_properties);
+}
+
+static const TypeInfo pvgpu_info = {
+    .name = TYPE_PVGPU,
+    .parent = TYPE_PCI_DEVICE,
+    .instance_size = sizeof(PvgpuState),
+    .instance_finalize = pvgpu_finalize,
+    .class_init = pvgpu_class_init,
+    .interfaces = (InterfaceInfo[]) {
+        { INTERFACE_CONVENTIONAL_PCI_DEVICE },
+        { },
+    },
+};
+
+static void pvgpu_register_types(void)
+{
+    type_register_static(&pvgpu_info);
+}
+
+type_init(pvgpu_register_types)

@@ -1,0 +1,1222 @@
+#!/usr/bin/env python3
+"""Tests of the QEMU pvgpu device (qemu-patches/hw/misc/pvgpu.c) through qtest.
+
+QEMU runs with `-accel qtest -qtest stdio`: no guest CPU executes, this
+script plays the guest driver by reading and writing guest-physical memory
+and I/O ports with the qtest protocol (readl/writel/outl/inl/write).  It
+finds the device on PCI (config mechanism #1, ports 0xcf8/0xcfc), assigns
+its BARs, and drives the mailbox, the control pages and the rings.
+
+Cases:
+  fake      a fake pvgpud in this script (full control of MODE pushes and of
+            the connection): fd handoff, direct/trapped/shadowed mappings,
+            ioeventfd doorbells, unshadowing, trap reports, daemon restart,
+            malformed daemon messages, and the trapped vs direct cost.
+  daemon    the real pvgpud: allocation, submission, fences, bad guest input,
+            a BAD_ENTRY notice, channel limits.
+  modes     the real pvgpud with a competing host load so the scheduler
+            switches the guest channel's mode while it submits: every
+            submitted entry completes exactly once.
+  restart   the real pvgpud restarted under the VM: channels are marked lost
+            and re-allocated when the device reconnects.
+
+usage: qemu_test.py --qemu PATH --pvgpud PATH --pvgpuctl PATH [--load PATH] CASE|all
+Exit status 77 (skip) when the QEMU binary does not exist.
+"""
+
+import argparse
+import json
+import mmap
+import os
+import select
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid as uuidlib
+
+# ---- ABI (include/pvgpu/abi.h, protocol.h) and the device (docs/pvgpu-device.md)
+
+PAGE = 4096
+RING_ENTRIES = 256
+CHAN_MEM_SIZE = 2 * PAGE
+CTRL_IB_PUT, CTRL_IB_GET, CTRL_FENCE, CTRL_STATUS, CTRL_ERROR = 0x0, 0x4, 0x8, 0xC, 0x10
+MODE_DIRECT, MODE_TRAPPED, MODE_SHADOWED = 0, 1, 2
+MODE_NAMES = {0: "direct", 1: "trapped", 2: "shadowed"}
+
+MAGIC = 0x55504750
+HDR = struct.Struct("<IHHII")
+MSG_HELLO, MSG_CHAN_ALLOC, MSG_CHAN_FREE, MSG_MODE_ACK, MSG_TRAP_REPORT, MSG_PING = 1, 2, 3, 4, 5, 6
+MSG_HELLO_REPLY, MSG_CHAN_REPLY, MSG_FREE_REPLY, MSG_MODE, MSG_NOTICE, MSG_ERROR, MSG_PONG = (
+    64, 65, 66, 67, 68, 69, 70)
+E_OK, E_LIMIT = 0, 4
+
+VENDOR_ID, DEVICE_ID = 0x1234, 0x5047
+REG_MAGIC, REG_VERSION, REG_NUM_SLOTS, REG_LINK = 0x00, 0x04, 0x08, 0x0C
+REG_CMD, REG_CMD_STATUS, REG_ARG0, REG_ARG1 = 0x10, 0x14, 0x18, 0x1C
+REG_RESULT0, REG_RESULT1, REG_IRQ_STATUS, REG_IRQ_ACK = 0x20, 0x24, 0x28, 0x2C
+REG_IRQ_MASK, REG_BAD_ACCESS, REG_LINK_GEN = 0x30, 0x34, 0x38
+REG_FENCE_DONE_LO, REG_FENCE_DONE_HI = 0x40, 0x44
+REG_SLOT_BASE, SLOT_STATE, SLOT_MODE, SLOT_CHAN_ID, SLOT_NOTICE = 0x100, 0x0, 0x4, 0x8, 0xC
+REG_WAIT_BASE, WAIT_STATUS, WAIT_FENCE, WAIT_ERROR = 0x600, 0x0, 0x4, 0x8
+LINK_DOWN, LINK_HELLO, LINK_READY = 0, 1, 2
+CMD_CHAN_ALLOC, CMD_CHAN_FREE, CMD_FENCE_WAIT = 1, 2, 3
+CMDST_OK, CMDST_BUSY, CMDST_E_INVALID, CMDST_E_NOSLOT, CMDST_E_LINK, CMDST_E_DAEMON = range(6)
+IRQ_CMD_DONE, IRQ_NOTICE, IRQ_LINK, IRQ_FENCE = 1, 2, 4, 8
+IRQ_ALL = IRQ_CMD_DONE | IRQ_NOTICE | IRQ_LINK | IRQ_FENCE
+WAIT_NONE, WAIT_ARMED, WAIT_OK, WAIT_E_DEAD = 0, 1, 2, 3
+CHAN_ERR_WATCHDOG, CHAN_ERR_BAD_ENTRY = 1, 2
+VEC_CMD_DONE, VEC_NOTICE, VEC_FENCE = 0, 1, 2
+PCI_CAP_ID_MSI, PCI_CAP_ID_MSIX = 0x05, 0x11
+MSG_RAM_GPA = 0x100000  # MSI-X messages are pointed at guest RAM and read back
+SLOT_FREE, SLOT_PENDING, SLOT_LIVE, SLOT_LOST = 0, 1, 2, 3
+CHAN_ERR_LOST = 0x80
+SLOT_STRIDE = 2 * PAGE  # BAR2: control page + doorbell page per slot
+
+BAR0_GPA, BAR1_GPA, BAR2_GPA, BAR4_GPA = 0xE0000000, 0xE0001000, 0xE0100000, 0xE0400000
+PCI_DEV = 4  # -device pvgpu,addr=04.0
+
+
+class TestFailure(Exception):
+    pass
+
+
+def check(cond, message):
+    if not cond:
+        raise TestFailure(message)
+
+
+def result(key, value):
+    print(f"RESULT {key}={value}", flush=True)
+
+
+def log(message):
+    print(f"# {message}", flush=True)
+
+
+def wait_for(pred, timeout, what, step=0.002):
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise TestFailure(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(step)
+
+
+# ---- QEMU under qtest ------------------------------------------------------------
+
+
+class Qemu:
+    def __init__(self, binary, workdir, chardev_path, vm_uuid, name="vm-qt", slots=16):
+        self.workdir = workdir
+        bios = os.path.join(workdir, "bios.bin")
+        if not os.path.exists(bios):
+            # qtest never executes guest code; the machine only needs a ROM image.
+            with open(bios, "wb") as f:
+                f.write(b"\xf4" * 65536)
+        self.stderr_path = os.path.join(workdir, f"qemu-{name}.log")
+        self.stderr = open(self.stderr_path, "w")
+        args = [binary, "-machine", "q35", "-accel", "qtest", "-qtest", "stdio",
+                "-qtest-log", "/dev/null", "-display", "none", "-nodefaults", "-m", "64",
+                "-bios", bios, "-uuid", str(vm_uuid), "-name", name,
+                "-chardev", f"socket,id=pv,path={chardev_path},reconnect=1",
+                "-device", f"pvgpu,chardev=pv,addr={PCI_DEV:02x}.0,slots={slots},id=pvgpu0"]
+        log("qemu: " + " ".join(args))
+        self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.stderr, bufsize=0)
+        self.buf = b""
+
+    def cmd(self, line, timeout=10.0):
+        self.proc.stdin.write(line.encode() + b"\n")
+        while True:
+            nl = self.buf.find(b"\n")
+            if nl >= 0:
+                reply, self.buf = self.buf[:nl].decode(), self.buf[nl + 1:]
+                if reply.startswith("IRQ"):
+                    continue
+                if not reply.startswith("OK"):
+                    raise TestFailure(f"qtest '{line}': {reply}")
+                return reply[3:]
+            r, _, _ = select.select([self.proc.stdout], [], [], timeout)
+            if not r:
+                raise TestFailure(f"qtest '{line}': no reply within {timeout} s (QEMU hung?)")
+            chunk = os.read(self.proc.stdout.fileno(), 65536)
+            if not chunk:
+                raise TestFailure(f"qtest '{line}': QEMU exited ({self.proc.poll()}); "
+                                  f"stderr: {self.read_stderr()[-2000:]}")
+            self.buf += chunk
+
+    def readl(self, addr):
+        return int(self.cmd(f"readl 0x{addr:x}"), 16)
+
+    def writel(self, addr, val):
+        self.cmd(f"writel 0x{addr:x} 0x{val & 0xffffffff:x}")
+
+    def readb(self, addr):
+        return int(self.cmd(f"readb 0x{addr:x}"), 16)
+
+    def writeb(self, addr, val):
+        self.cmd(f"writeb 0x{addr:x} 0x{val:x}")
+
+    def writew(self, addr, val):
+        self.cmd(f"writew 0x{addr:x} 0x{val:x}")
+
+    def writeq(self, addr, val):
+        self.cmd(f"writeq 0x{addr:x} 0x{val:x}")
+
+    def write(self, addr, data):
+        self.cmd(f"write 0x{addr:x} {len(data)} 0x{data.hex()}")
+
+    def outl(self, port, val):
+        self.cmd(f"outl 0x{port:x} 0x{val:x}")
+
+    def inl(self, port):
+        return int(self.cmd(f"inl 0x{port:x}"), 16)
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def read_stderr(self):
+        if not self.stderr.closed:
+            self.stderr.flush()
+        with open(self.stderr_path) as f:
+            return f.read()
+
+    def close(self):
+        if self.proc.poll() is None:
+            # qtest does not end QEMU on EOF; SIGTERM is a clean shutdown (exit 0).
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.stderr.close()
+        return self.proc.returncode
+
+
+class Device:
+    """The guest driver's view: PCI discovery, BARs, mailbox, slots."""
+
+    def __init__(self, q):
+        self.q = q
+        self.bdf = None
+        for dev in range(32):
+            if self.cfg_read(dev, 0) == (DEVICE_ID << 16 | VENDOR_ID):
+                self.bdf = dev
+                break
+        check(self.bdf == PCI_DEV, f"pvgpu not found on bus 0 (found at {self.bdf})")
+        self.sizes = {}
+        for bar, gpa in ((0, BAR0_GPA), (1, BAR1_GPA), (2, BAR2_GPA), (4, BAR4_GPA)):
+            off = 0x10 + 4 * bar
+            self.cfg_write(off, 0xFFFFFFFF)
+            mask = self.cfg_read(self.bdf, off)
+            self.sizes[bar] = (~(mask & ~0xF) & 0xFFFFFFFF) + 1
+            self.cfg_write(off, gpa)
+        self.cfg_write(0x04, 0x0006)  # memory space + bus master
+        self.slots = self.reg(REG_NUM_SLOTS)
+
+    def cfg_addr(self, dev, off):
+        return 0x80000000 | (dev << 11) | (off & 0xFC)
+
+    def cfg_read(self, dev, off):
+        self.q.outl(0xCF8, self.cfg_addr(dev, off))
+        return self.q.inl(0xCFC)
+
+    def cfg_write(self, off, val):
+        self.q.outl(0xCF8, self.cfg_addr(self.bdf, off))
+        self.q.outl(0xCFC, val)
+
+    def find_cap(self, cap_id):
+        if not (self.cfg_read(self.bdf, 0x04) >> 16) & 0x10:   # status: capability list
+            return None
+        ptr, seen = self.cfg_read(self.bdf, 0x34) & 0xFC, 0
+        while ptr and seen < 48:
+            v = self.cfg_read(self.bdf, ptr)
+            if v & 0xFF == cap_id:
+                return ptr
+            ptr, seen = (v >> 8) & 0xFC, seen + 1
+        return None
+
+    def msix_info(self):
+        cap = self.find_cap(PCI_CAP_ID_MSIX)
+        check(cap, "no MSI-X capability")
+        ctrl = self.cfg_read(self.bdf, cap) >> 16
+        table, pba = self.cfg_read(self.bdf, cap + 4), self.cfg_read(self.bdf, cap + 8)
+        return {"cap": cap, "vectors": (ctrl & 0x7FF) + 1, "table_bir": table & 7,
+                "table_off": table & ~7, "pba_bir": pba & 7, "pba_off": pba & ~7}
+
+    def msix_enable(self, on):
+        cap = self.find_cap(PCI_CAP_ID_MSIX)
+        v = self.cfg_read(self.bdf, cap) & ~(3 << 30)   # enable off, function mask off
+        self.cfg_write(cap, v | ((1 << 31) if on else 0))
+
+    def msix_entry(self, vector, off=0):
+        return BAR1_GPA + self.msix_info()["table_off"] + 16 * vector + off
+
+    def msix_pba(self):
+        return self.q.readl(BAR1_GPA + self.msix_info()["pba_off"])
+
+    def intx(self):
+        """The PCI status register's interrupt bit: INTx asserted by the device."""
+        return bool((self.cfg_read(self.bdf, 0x04) >> 16) & 0x08)
+
+    def wait_reg(self, slot, off):
+        return self.reg(REG_WAIT_BASE + 0x10 * slot + off)
+
+    def fence_wait(self, slot, fence):
+        """FENCE_WAIT: returns (CMD_STATUS, WAIT_STATUS as RESULT1)."""
+        st, r0, r1 = self.command(CMD_FENCE_WAIT, slot, fence & 0xFFFFFFFF)
+        if st == CMDST_OK:
+            check(r0 == slot, f"FENCE_WAIT RESULT0 {r0} != slot {slot}")
+            check(r1 == self.wait_reg(slot, WAIT_STATUS), "RESULT1 is not WAIT_STATUS")
+        return st, r1
+
+    def fence_done(self):
+        return self.reg(REG_FENCE_DONE_LO) | self.reg(REG_FENCE_DONE_HI) << 32
+
+    def wait_ended(self, slot, timeout, what):
+        wait_for(lambda: self.wait_reg(slot, WAIT_STATUS) != WAIT_ARMED, timeout, what, step=0.001)
+        return self.wait_reg(slot, WAIT_STATUS)
+
+    def reg(self, off):
+        return self.q.readl(BAR0_GPA + off)
+
+    def set_reg(self, off, val):
+        self.q.writel(BAR0_GPA + off, val)
+
+    def slot_reg(self, slot, off):
+        return self.reg(REG_SLOT_BASE + 0x10 * slot + off)
+
+    def ctrl(self, slot, off=0):
+        return BAR2_GPA + slot * SLOT_STRIDE + off
+
+    def doorbell(self, slot):
+        return BAR2_GPA + slot * SLOT_STRIDE + PAGE
+
+    def ring(self, slot, index=0):
+        return BAR4_GPA + slot * PAGE + (index % RING_ENTRIES) * 16
+
+    def wait_link(self, timeout=10):
+        wait_for(lambda: self.reg(REG_LINK) == LINK_READY, timeout, "the device's daemon link")
+
+    def command(self, cmd, arg0=0, arg1=0, timeout=10):
+        self.set_reg(REG_ARG0, arg0)
+        self.set_reg(REG_ARG1, arg1)
+        self.set_reg(REG_IRQ_ACK, IRQ_CMD_DONE)
+        self.set_reg(REG_CMD, cmd)
+        deadline = time.monotonic() + timeout
+        while True:
+            st = self.reg(REG_CMD_STATUS)
+            if st != CMDST_BUSY:
+                break
+            if time.monotonic() > deadline:
+                raise TestFailure(f"mailbox command {cmd} still busy after {timeout} s")
+            time.sleep(0.001)
+        if st == CMDST_OK:
+            check(self.reg(REG_IRQ_STATUS) & IRQ_CMD_DONE, "CMD_DONE interrupt status not set")
+        return st, self.reg(REG_RESULT0), self.reg(REG_RESULT1)
+
+    def alloc(self, pid_hint=0):
+        st, slot, chan = self.command(CMD_CHAN_ALLOC, pid_hint & 0xFFFFFFFF, pid_hint >> 32)
+        check(st == CMDST_OK, f"CHAN_ALLOC failed: status {st} result1 {chan}")
+        check(self.slot_reg(slot, SLOT_STATE) == SLOT_LIVE, f"slot {slot} not live after alloc")
+        check(self.slot_reg(slot, SLOT_CHAN_ID) == chan, "slot chan id differs from RESULT1")
+        return slot, chan
+
+    def free(self, slot):
+        st, _, _ = self.command(CMD_CHAN_FREE, slot)
+        check(st == CMDST_OK, f"CHAN_FREE({slot}) failed: status {st}")
+
+    def submit(self, slot, put, count, kernel_ns, fence_base=None):
+        """Write `count` entries starting at ring index `put`, then IB_PUT and the doorbell.
+        Entry i carries fence put+i+1.  Returns the new put."""
+        data = b""
+        for i in range(count):
+            data += struct.pack("<QII", kernel_ns, put + i + 1, 0)
+        # The ring may wrap inside the batch: split at the end of the page.
+        first = min(count, RING_ENTRIES - (put % RING_ENTRIES))
+        self.q.write(self.ring(slot, put), data[:16 * first])
+        if first < count:
+            self.q.write(self.ring(slot, 0), data[16 * first:])
+        put = (put + count) & 0xFFFFFFFF
+        self.q.writel(self.ctrl(slot, CTRL_IB_PUT), put)
+        self.q.writel(self.doorbell(slot), 1)
+        return put
+
+
+# ---- a fake pvgpud -------------------------------------------------------------------
+
+
+class FakeDaemon:
+    """Speaks the daemon side of the client protocol to one VMM at a time."""
+
+    def __init__(self, path):
+        self.path = path
+        self.lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.lsock.bind(path)
+        self.lsock.listen(4)
+        self.lock = threading.Lock()
+        self.conn = None
+        self.hellos = []
+        self.channels = {}   # chan_id -> {"mem": mmap, "bell": fd, "reports": [], "acks": []}
+        self.acks = []
+        self.reports = []
+        self.frees = []
+        self.next_chan = 100
+        self.stop = False
+        self.connections = 0
+        self.refuse_alloc = False
+        self.paused = False   # stop reading (timing runs: keep Python off the CPU)
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+
+    def serve(self):
+        while not self.stop:
+            with self.lock:
+                conn = self.conn
+            socks = [self.lsock] + ([conn] if conn and not self.paused else [])
+            r, _, _ = select.select(socks, [], [], 0.05)
+            if self.lsock in r:
+                c, _ = self.lsock.accept()
+                with self.lock:
+                    if self.conn:
+                        self.conn.close()
+                    self.conn = c
+                    self.buf = b""
+                    self.connections += 1
+                continue
+            if conn and conn in r:
+                try:
+                    data = conn.recv(65536)
+                except OSError:
+                    data = b""
+                if not data:
+                    with self.lock:
+                        if self.conn is conn:
+                            self.conn = None
+                    conn.close()
+                    continue
+                self.buf += data
+                while len(self.buf) >= 16:
+                    magic, mtype, flags, ln, seq = HDR.unpack_from(self.buf)
+                    if len(self.buf) < 16 + ln:
+                        break
+                    body, self.buf = self.buf[16:16 + ln], self.buf[16 + ln:]
+                    self.handle(conn, mtype, seq, body)
+
+    def send(self, mtype, seq, body, fds=None, conn=None):
+        msg = HDR.pack(MAGIC, mtype, 0, len(body), seq) + body
+        with self.lock:
+            c = conn or self.conn
+            if c is None:
+                raise TestFailure("fake daemon: no connection")
+            if fds:
+                socket.send_fds(c, [msg], fds)
+            else:
+                c.sendall(msg)
+
+    def handle(self, conn, mtype, seq, body):
+        if mtype == MSG_HELLO:
+            version, role = struct.unpack_from("<II", body)
+            uuid = bytes(body[8:24])
+            name = body[24:88].split(b"\0")[0].decode()
+            self.hellos.append((version, role, uuid, name))
+            self.send(MSG_HELLO_REPLY, seq, struct.pack("<IIII", 0, 1, 1, 16), conn=conn)
+        elif mtype == MSG_CHAN_ALLOC:
+            pid_hint = struct.unpack_from("<Q", body)[0]
+            if self.refuse_alloc:
+                self.send(MSG_CHAN_REPLY, seq, struct.pack("<IIII", E_LIMIT, 0, 0, 0), conn=conn)
+                return
+            chan = self.next_chan
+            self.next_chan += 1
+            mfd = os.memfd_create(f"fake-chan{chan}")
+            os.ftruncate(mfd, CHAN_MEM_SIZE)
+            efd = os.eventfd(0, os.EFD_NONBLOCK)
+            mem = mmap.mmap(mfd, CHAN_MEM_SIZE)
+            self.channels[chan] = {"mem": mem, "bell": efd, "pid_hint": pid_hint}
+            self.send(MSG_CHAN_REPLY, seq, struct.pack("<IIII", 0, chan, CHAN_MEM_SIZE, 0),
+                      fds=[mfd, efd], conn=conn)
+            os.close(mfd)
+        elif mtype == MSG_CHAN_FREE:
+            chan = struct.unpack_from("<I", body)[0]
+            self.frees.append(chan)
+            st = 0 if chan in self.channels else 5
+            self.send(MSG_FREE_REPLY, seq, struct.pack("<II", st, chan), conn=conn)
+        elif mtype == MSG_MODE_ACK:
+            self.acks.append(struct.unpack("<IIII", body))
+        elif mtype == MSG_TRAP_REPORT:
+            self.reports.append(struct.unpack("<II", body))
+        elif mtype == MSG_PING:
+            self.send(MSG_PONG, seq, b"", conn=conn)
+
+    def page(self, chan, off):
+        return struct.unpack_from("<I", self.channels[chan]["mem"], off)[0]
+
+    def set_page(self, chan, off, val):
+        struct.pack_into("<I", self.channels[chan]["mem"], off, val)
+
+    def bells(self, chan):
+        fd = self.channels[chan]["bell"]
+        if not select.select([fd], [], [], 0)[0]:
+            return 0
+        try:
+            return struct.unpack("<Q", os.read(fd, 8))[0]
+        except BlockingIOError:
+            return 0
+
+    def push_mode(self, chan, mode, seq):
+        n = len(self.acks)
+        self.send(MSG_MODE, 0, struct.pack("<IIII", chan, mode, seq, 0))
+        return n
+
+    def drop(self):
+        with self.lock:
+            if self.conn:
+                self.conn.shutdown(socket.SHUT_RDWR)
+                self.conn.close()
+                self.conn = None
+
+    def close(self):
+        self.stop = True
+        self.thread.join()
+        self.drop()
+        self.lsock.close()
+
+
+# ---- real pvgpud ------------------------------------------------------------------------
+
+
+class Pvgpud:
+    def __init__(self, bins, workdir, config_text=""):
+        self.bins = bins
+        self.socket = os.path.join(workdir, "pvgpud.sock")
+        self.admin = os.path.join(workdir, "admin.sock")
+        self.state = os.path.join(workdir, "state")
+        self.config = os.path.join(workdir, "pvgpud.conf")
+        with open(self.config, "w") as f:
+            f.write(config_text or "# defaults\n")
+        self.proc = None
+        self.lines = []
+
+    def start(self, timeout=10):
+        self.proc = subprocess.Popen(
+            [self.bins.pvgpud, "--config", self.config, "--socket", self.socket,
+             "--admin-socket", self.admin, "--state-dir", self.state, "--admin-group", ""],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        ready = threading.Event()
+        proc, lines = self.proc, self.lines
+
+        def reader():
+            for line in proc.stderr:
+                lines.append(line.rstrip())
+                if "pvgpud: ready" in line:
+                    ready.set()
+            ready.set()
+
+        threading.Thread(target=reader, daemon=True).start()
+        if not ready.wait(timeout) or proc.poll() is not None:
+            raise TestFailure("pvgpud did not start: " + "\n".join(self.lines[-20:]))
+
+    def ctl(self, *args):
+        p = subprocess.run([self.bins.pvgpuctl, "--admin-socket", self.admin, "--json"] + list(args),
+                           capture_output=True, text=True, timeout=10)
+        if p.returncode != 0:
+            raise TestFailure(f"pvgpuctl {args}: {p.returncode} {p.stderr}")
+        return json.loads(p.stdout)
+
+    def alive(self):
+        return self.proc and self.proc.poll() is None
+
+    def stop(self, sig=signal.SIGTERM):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode if self.proc else None
+
+
+# ---- cases ---------------------------------------------------------------------------------
+
+
+def probe(dev, slots):
+    q = dev.q
+    check(dev.reg(REG_MAGIC) == MAGIC, f"MAGIC {dev.reg(REG_MAGIC):#x}")
+    check(dev.reg(REG_VERSION) == 1, "VERSION")
+    check(dev.slots == slots, f"NUM_SLOTS {dev.slots}")
+    check(dev.sizes[0] == PAGE, f"BAR0 size {dev.sizes[0]:#x}")
+    check(dev.sizes[2] == slots * SLOT_STRIDE, f"BAR2 size {dev.sizes[2]:#x}")
+    check(dev.sizes[4] == slots * PAGE, f"BAR4 size {dev.sizes[4]:#x}")
+    check(dev.sizes[1] == PAGE, f"BAR1 (MSI-X) size {dev.sizes[1]:#x}")
+    check((dev.cfg_read(dev.bdf, 0x3C) >> 8) & 0xFF == 1, "interrupt pin is not INTA")
+    mx = dev.msix_info()
+    check(mx == {"cap": mx["cap"], "vectors": 3, "table_bir": 1, "table_off": 0,
+                 "pba_bir": 1, "pba_off": 0x800}, f"MSI-X capability {mx}")
+    check(dev.find_cap(PCI_CAP_ID_MSI) is None, "plain MSI capability still present")
+    result("msix.capability", json.dumps(mx))
+    log(f"device at 00:{dev.bdf:02x}.0, {slots} slots, BAR sizes "
+        f"{dev.sizes[0]:#x}/{dev.sizes[2]:#x}/{dev.sizes[4]:#x}")
+
+
+def time_writes(q, addr, n, value_of):
+    t0 = time.perf_counter()
+    for i in range(n):
+        q.writel(addr, value_of(i))
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def case_fake(bins, tmp):
+    sock = os.path.join(tmp, "fake.sock")
+    fake = FakeDaemon(sock)
+    vm_uuid = uuidlib.uuid4()
+    q = Qemu(bins.qemu, tmp, sock, vm_uuid, name="vm-fake", slots=4)
+    try:
+        dev = Device(q)
+        probe(dev, 4)
+        dev.wait_link()
+        check(fake.hellos and fake.hellos[0][1] == 1, f"HELLO {fake.hellos}")
+        check(fake.hellos[0][2] == vm_uuid.bytes, "HELLO carries a different UUID")
+        check(fake.hellos[0][3] == "vm-fake", f"HELLO name {fake.hellos[0][3]!r}")
+
+        slot, chan = dev.alloc(pid_hint=0x1_0000_0042)
+        check(fake.channels[chan]["pid_hint"] == 0x1_0000_0042, "pid hint lost on the way")
+        log(f"slot {slot} = channel {chan}")
+
+        # DIRECT: the control page and the ring are the daemon's memfd.
+        fake.set_page(chan, CTRL_FENCE, 77)
+        check(q.readl(dev.ctrl(slot, CTRL_FENCE)) == 77, "direct: FENCE not the daemon's page")
+        dev.submit(slot, 0, 3, 1000)
+        check(fake.page(chan, CTRL_IB_PUT) == 3, "direct: IB_PUT did not reach the page")
+        entry = struct.unpack_from("<QII", fake.channels[chan]["mem"], PAGE + 16)
+        check(entry == (1000, 2, 0), f"ring entry 1 in the memfd: {entry}")
+        check(fake.bells(chan) == 1, "direct: the doorbell write did not signal the eventfd")
+        check(not fake.reports, "direct: a TRAP_REPORT was sent")
+
+        # TRAPPED: every IB_PUT store is forwarded, reported and rung.
+        n = fake.push_mode(chan, MODE_TRAPPED, 1)
+        wait_for(lambda: len(fake.acks) > n, 5, "the TRAPPED ack")
+        check(fake.acks[-1] == (chan, MODE_TRAPPED, 1, 3), f"TRAPPED ack {fake.acks[-1]}")
+        check(dev.slot_reg(slot, SLOT_MODE) == MODE_TRAPPED, "SLOT_MODE not trapped")
+        fake.bells(chan)
+        for put in (4, 5, 6):
+            q.writel(dev.ctrl(slot, CTRL_IB_PUT), put)
+        wait_for(lambda: len(fake.reports) >= 3, 5, "three TRAP_REPORTs")
+        check(fake.reports == [(chan, 4), (chan, 5), (chan, 6)], f"reports {fake.reports}")
+        check(fake.page(chan, CTRL_IB_PUT) == 6, "trapped: IB_PUT not forwarded")
+        check(fake.bells(chan) == 3, "trapped: each forwarded write must ring once")
+        check(q.readl(dev.ctrl(slot, CTRL_FENCE)) == 77, "trapped: reads must show the real page")
+        bad = dev.reg(REG_BAD_ACCESS)
+        q.writel(dev.ctrl(slot, CTRL_FENCE), 5)        # GPU-owned field
+        q.writeb(dev.ctrl(slot, CTRL_IB_PUT), 9)       # wrong size
+        check(fake.page(chan, CTRL_FENCE) == 77 and fake.page(chan, CTRL_IB_PUT) == 6,
+              "trapped: a bad store reached the page")
+        check(dev.reg(REG_BAD_ACCESS) == bad + 2, "trapped: bad stores not counted")
+
+        # SHADOWED: stores are held in a private page; the daemon sees nothing.
+        n = fake.push_mode(chan, MODE_SHADOWED, 2)
+        wait_for(lambda: len(fake.acks) > n, 5, "the SHADOWED ack")
+        check(fake.acks[-1] == (chan, MODE_SHADOWED, 2, 6), f"SHADOWED ack {fake.acks[-1]}")
+        reports = len(fake.reports)
+        fake.bells(chan)
+        dev.submit(slot, 6, 4, 1000)
+        check(fake.page(chan, CTRL_IB_PUT) == 6, "shadowed: IB_PUT reached the real page")
+        check(q.readl(dev.ctrl(slot, CTRL_IB_PUT)) == 10, "shadowed: guest cannot read back IB_PUT")
+        time.sleep(0.02)
+        check(fake.bells(chan) == 0, "shadowed: the doorbell rang")
+        check(len(fake.reports) == reports, "shadowed: a TRAP_REPORT was sent")
+        fake.set_page(chan, CTRL_FENCE, 88)
+        wait_for(lambda: q.readl(dev.ctrl(slot, CTRL_FENCE)) == 88, 2,
+                 "the shadow page's FENCE to follow the real page")
+
+        # Unshadow: TRAPPED first (held IB_PUT copied, doorbell), then DIRECT.
+        n = fake.push_mode(chan, MODE_TRAPPED, 3)
+        wait_for(lambda: len(fake.acks) > n, 5, "the unshadow ack")
+        check(fake.acks[-1] == (chan, MODE_TRAPPED, 3, 10), f"unshadow ack {fake.acks[-1]}")
+        check(fake.page(chan, CTRL_IB_PUT) == 10, "unshadow: held IB_PUT not released")
+        check(fake.bells(chan) >= 1, "unshadow: no doorbell")
+        n = fake.push_mode(chan, MODE_DIRECT, 4)
+        wait_for(lambda: len(fake.acks) > n, 5, "the DIRECT ack")
+        check(fake.acks[-1] == (chan, MODE_DIRECT, 4, 10), f"DIRECT ack {fake.acks[-1]}")
+        # A (buggy) SHADOWED -> DIRECT push is done as two steps internally.
+        fake.push_mode(chan, MODE_SHADOWED, 5)
+        wait_for(lambda: len(fake.acks) >= n + 2, 5, "ack 5")
+        dev.submit(slot, 10, 2, 1000)
+        n = fake.push_mode(chan, MODE_DIRECT, 6)
+        wait_for(lambda: len(fake.acks) > n, 5, "ack 6")
+        check(fake.acks[-1] == (chan, MODE_DIRECT, 6, 12), f"SHADOWED->DIRECT ack {fake.acks[-1]}")
+        check(fake.page(chan, CTRL_IB_PUT) == 12, "SHADOWED->DIRECT lost the held IB_PUT")
+        # Mode messages for channels this VM does not own are ignored.
+        n = fake.push_mode(9999, MODE_SHADOWED, 1)
+        time.sleep(0.05)
+        check(len(fake.acks) == n, "acked a MODE for a foreign channel")
+
+        # MSI-X vectors and the INTx fallback; fence waits.
+        check_interrupts(dev, fake, slot, chan)
+        check_fence_waits_fake(dev, fake)
+
+        # Cost of a doorbell store: direct (RAM device page) vs trapped (MMIO exit,
+        # TRAP_REPORT, eventfd).  Each qtest write is a round trip through QEMU's
+        # main loop, which is included in both numbers; the ring write is the
+        # baseline of that round trip.
+        # Blocks of the three kinds alternate so drift of the (shared) machine
+        # hits them alike; medians of the per-block means are reported.
+        ROUNDS, N = 12, 150
+        base, direct, trapped = [], [], []
+        seq = 7
+        for _ in range(ROUNDS):
+            base.append(time_writes(q, dev.ring(slot, 200), N, lambda i: i))
+            direct.append(time_writes(q, dev.ctrl(slot, CTRL_IB_PUT), N, lambda i: 12))
+            n = fake.push_mode(chan, MODE_TRAPPED, seq)
+            wait_for(lambda: len(fake.acks) > n, 5, f"ack {seq}")
+            before = len(fake.reports)
+            fake.paused = True      # N reports fit in the socket buffer
+            time.sleep(0.06)
+            trapped.append(time_writes(q, dev.ctrl(slot, CTRL_IB_PUT), N, lambda i: 12))
+            fake.paused = False
+            wait_for(lambda: len(fake.reports) >= before + N, 10, "the trap reports of a timing block")
+            n = fake.push_mode(chan, MODE_DIRECT, seq + 1)
+            wait_for(lambda: len(fake.acks) > n, 5, f"ack {seq + 1}")
+            seq += 2
+        base_us, direct_us, trapped_us = (sorted(v)[len(v) // 2] for v in (base, direct, trapped))
+        result("doorbell.baseline_ring_write_us", f"{base_us:.2f}")
+        result("doorbell.direct_us", f"{direct_us:.2f}")
+        result("doorbell.trapped_us", f"{trapped_us:.2f}")
+        result("doorbell.trapped_over_direct", f"{trapped_us / direct_us:.2f}")
+        result("doorbell.trapped_extra_us", f"{trapped_us - direct_us:.2f}")
+        log(f"doorbell store (median of {ROUNDS} blocks of {N}): direct {direct_us:.2f} us, "
+            f"trapped {trapped_us:.2f} us, ring-write baseline {base_us:.2f} us; the qtest round "
+            f"trip dominates both, trapped costs {trapped_us - direct_us:.2f} us more per store")
+        reports = len(fake.reports)
+        fake.bells(chan)
+
+        # Bad mailbox input.
+        bad_mailbox(dev)
+
+        # Daemon refuses: status reported, slot stays free.
+        fake.refuse_alloc = True
+        st, _, daemon_status = dev.command(CMD_CHAN_ALLOC)
+        check(st == CMDST_E_DAEMON and daemon_status == E_LIMIT, f"refused alloc: {st} {daemon_status}")
+        fake.refuse_alloc = False
+
+        # Slots run out: 4 slots, one used.
+        extra = [dev.alloc(i)[0] for i in range(3)]
+        st, _, _ = dev.command(CMD_CHAN_ALLOC)
+        check(st == CMDST_E_NOSLOT, f"alloc with every slot used: {st}")
+        for s in extra:
+            dev.free(s)
+        check(all(dev.slot_reg(s, SLOT_STATE) == SLOT_FREE for s in extra), "freed slots not free")
+        check(q.readl(dev.ctrl(extra[0], CTRL_FENCE)) == 0xFFFFFFFF, "freed slot still mapped")
+
+        # Daemon restart: the connection drops, channels are lost; the chardev
+        # reconnects, the device says HELLO again and re-allocates them.
+        gen = dev.reg(REG_LINK_GEN)
+        dev.set_reg(REG_IRQ_ACK, 0xFFFFFFFF)
+        st, ws = dev.fence_wait(slot, fake.page(chan, CTRL_FENCE) + 1000)
+        check(ws == WAIT_ARMED, f"FENCE_WAIT before the drop: {st}/{ws}")
+        fake.drop()
+        wait_for(lambda: dev.slot_reg(slot, SLOT_STATE) in (SLOT_LOST, SLOT_LIVE) and
+                 dev.reg(REG_LINK_GEN) > gen or dev.slot_reg(slot, SLOT_STATE) == SLOT_LOST,
+                 5, "the slot to be marked lost")
+        check(dev.reg(REG_IRQ_STATUS) & IRQ_LINK, "no LINK interrupt on disconnect")
+        check(dev.wait_reg(slot, WAIT_STATUS) == WAIT_E_DEAD and
+              dev.wait_reg(slot, WAIT_ERROR) == CHAN_ERR_LOST,
+              f"wait on a lost channel: {dev.wait_reg(slot, WAIT_STATUS)}/"
+              f"{dev.wait_reg(slot, WAIT_ERROR):#x}")
+        check(dev.reg(REG_IRQ_STATUS) & IRQ_FENCE and dev.fence_done() & (1 << slot),
+              "lost wait not signalled")
+        wait_for(lambda: dev.reg(REG_LINK_GEN) > gen and dev.slot_reg(slot, SLOT_STATE) == SLOT_LIVE,
+                 10, "reconnect and re-allocation")
+        new_chan = dev.slot_reg(slot, SLOT_CHAN_ID)
+        check(new_chan != chan and new_chan in fake.channels, f"re-allocated channel {new_chan}")
+        check(fake.channels[new_chan]["pid_hint"] == 0x1_0000_0042, "re-allocation lost the pid hint")
+        check(len(fake.hellos) == 2, f"HELLOs: {len(fake.hellos)}")
+        dev.submit(slot, 0, 1, 1000)
+        check(fake.page(new_chan, CTRL_IB_PUT) == 1, "the re-allocated channel is not mapped")
+        result("fake.reconnects", fake.connections - 1)
+
+        # Malformed daemon messages end the connection, never QEMU.
+        gen = dev.reg(REG_LINK_GEN)
+        fake.send(MSG_MODE, 0, b"\x01" * 16)         # mode 0x01010101 out of range
+        wait_for(lambda: dev.reg(REG_LINK_GEN) > gen, 10, "reconnect after a bad MODE")
+        gen = dev.reg(REG_LINK_GEN)
+        with fake.lock:
+            fake.conn.sendall(struct.pack("<IHHII", 0xDEADBEEF, 65, 0, 5000, 1))
+        wait_for(lambda: dev.reg(REG_LINK_GEN) > gen, 10, "reconnect after a bad header")
+        gen = dev.reg(REG_LINK_GEN)
+        fake.send(MSG_FREE_REPLY, 4242, struct.pack("<II", 0, 1))  # answers nothing
+        wait_for(lambda: dev.reg(REG_LINK_GEN) > gen, 10, "reconnect after a stray reply")
+        wait_for(lambda: dev.slot_reg(slot, SLOT_STATE) == SLOT_LIVE, 10, "slot live again")
+        dev.free(slot)
+        check(q.alive(), "QEMU died")
+    finally:
+        rc = q.close()
+        fake.close()
+        err = q.read_stderr() if os.path.exists(q.stderr_path) else ""
+        if err.strip():
+            log("qemu stderr:\n" + "\n".join("#   " + l for l in err.splitlines()[-20:]))
+    check(rc == 0, f"QEMU exit status {rc}")
+
+
+def check_interrupts(dev, fake, slot, chan):
+    """INTx fallback without MSI-X; with MSI-X, each cause on its vector:
+    masked vectors collect the PBA bit, unmasked ones write their message
+    into guest RAM (the bus master address space), where the test reads it."""
+    q = dev.q
+    dev.set_reg(REG_IRQ_ACK, 0xFFFFFFFF)
+    check(not dev.intx(), "INTx asserted with IRQ_STATUS clear")
+    # --- INTx: level while IRQ_STATUS & IRQ_MASK
+    dev.command(99)                                   # E_INVALID, still CMD_DONE
+    check(dev.intx(), "INTx not asserted for CMD_DONE (MSI-X disabled)")
+    dev.set_reg(REG_IRQ_MASK, IRQ_ALL & ~IRQ_CMD_DONE)
+    check(not dev.intx(), "INTx asserted for a masked cause")
+    dev.set_reg(REG_IRQ_MASK, IRQ_ALL)
+    check(dev.intx(), "INTx not asserted again after unmasking")
+    dev.set_reg(REG_IRQ_ACK, IRQ_CMD_DONE)
+    check(not dev.intx(), "INTx still asserted after IRQ_ACK")
+    # --- MSI-X enabled: INTx goes quiet; vectors start masked (PBA)
+    dev.command(99)
+    check(dev.intx(), "INTx for the next check")
+    dev.msix_enable(True)
+    check(not dev.intx(), "INTx still asserted with MSI-X enabled")
+    check(dev.msix_pba() == 0, f"PBA {dev.msix_pba():#x} right after enabling MSI-X")
+    dev.command(99)                                   # the ack inside makes CMD_DONE new
+    check(dev.msix_pba() == 1 << VEC_CMD_DONE, f"CMD_DONE: PBA {dev.msix_pba():#x}")
+    check(not dev.intx(), "INTx asserted with MSI-X enabled")
+    # NOTICE (vector 1): a DEGRADED notice changes nothing else.
+    fake.send(MSG_NOTICE, 0, struct.pack("<IIQ", 3, chan, 0))
+    wait_for(lambda: dev.msix_pba() & (1 << VEC_NOTICE), 5, "the NOTICE vector's pending bit")
+    check(dev.slot_reg(slot, SLOT_NOTICE) == 3, "SLOT_NOTICE after DEGRADED")
+    # FENCE (vector 2): a wait that ends at once.
+    fake.set_page(chan, CTRL_FENCE, 3)
+    st, ws = dev.fence_wait(slot, 3)
+    check(st == CMDST_OK and ws == WAIT_OK, f"FENCE_WAIT(3) with FENCE 3: {st}/{ws}")
+    check(dev.msix_pba() == 0b111, f"every vector pending: PBA {dev.msix_pba():#x}")
+    # Program the vectors at guest RAM and unmask: each pending message is sent.
+    for v in range(3):
+        q.writel(MSG_RAM_GPA + 4 * v, 0)
+        q.writel(dev.msix_entry(v, 0), MSG_RAM_GPA + 4 * v)
+        q.writel(dev.msix_entry(v, 4), 0)
+        q.writel(dev.msix_entry(v, 8), 0xC0DE0 + v)
+    for v in range(3):
+        q.writel(dev.msix_entry(v, 12), 0)            # unmask
+        check(q.readl(MSG_RAM_GPA + 4 * v) == 0xC0DE0 + v,
+              f"vector {v}: pending message not delivered on unmask")
+    check(dev.msix_pba() == 0, f"PBA {dev.msix_pba():#x} after delivery")
+    # Unmasked: a newly set cause sends its vector's message at once.
+    def fired(v):
+        return q.readl(MSG_RAM_GPA + 4 * v) == 0xC0DE0 + v
+    for v in range(3):
+        q.writel(MSG_RAM_GPA + 4 * v, 0)
+    dev.set_reg(REG_IRQ_ACK, 0xFFFFFFFF)
+    dev.command(99)
+    check(fired(VEC_CMD_DONE) and not fired(VEC_NOTICE) and not fired(VEC_FENCE),
+          "CMD_DONE must fire vector 0 only")
+    q.writel(MSG_RAM_GPA, 0)
+    st, ws = dev.fence_wait(slot, 4)
+    check(ws == WAIT_ARMED, f"FENCE_WAIT(4) with FENCE 3: {ws}")
+    check(fired(VEC_CMD_DONE) and not fired(VEC_FENCE), "armed wait: vector 0 only")
+    fake.set_page(chan, CTRL_FENCE, 4)
+    wait_for(lambda: fired(VEC_FENCE), 2, "the fence vector's message")
+    check(dev.wait_reg(slot, WAIT_STATUS) == WAIT_OK, "wait status after the fence vector")
+    check(not fired(VEC_NOTICE), "fence completion fired the notice vector")
+    fake.send(MSG_NOTICE, 0, struct.pack("<IIQ", 3, chan, 0))
+    wait_for(lambda: fired(VEC_NOTICE), 5, "the NOTICE vector's message")
+    # A cause already pending (not acked) sends nothing new.
+    q.writel(MSG_RAM_GPA + 4 * VEC_NOTICE, 0)
+    fake.send(MSG_NOTICE, 0, struct.pack("<IIQ", 3, chan, 0))
+    time.sleep(0.05)
+    check(not fired(VEC_NOTICE), "an un-acked cause sent a second message")
+    # IRQ_MASK gates MSI-X too.
+    dev.set_reg(REG_IRQ_ACK, 0xFFFFFFFF)
+    dev.set_reg(REG_IRQ_MASK, IRQ_ALL & ~IRQ_CMD_DONE)
+    q.writel(MSG_RAM_GPA, 0)
+    dev.command(99)
+    check(not fired(VEC_CMD_DONE), "a cause masked in IRQ_MASK fired its vector")
+    dev.set_reg(REG_IRQ_MASK, IRQ_ALL)
+    # Disabling MSI-X with a cause pending falls back to INTx at once.
+    dev.msix_enable(False)
+    check(dev.intx(), "INTx not asserted after disabling MSI-X with IRQ_STATUS set")
+    dev.set_reg(REG_IRQ_ACK, 0xFFFFFFFF)
+    check(not dev.intx(), "INTx after ack")
+    for v in range(3):
+        q.writel(dev.msix_entry(v, 12), 1)            # masked again
+    result("msix.vectors_checked", 3)
+
+
+def check_fence_waits_fake(dev, fake):
+    """FENCE_WAIT against a fake daemon that sets FENCE/STATUS by hand."""
+    q = dev.q
+    slot, chan = dev.alloc(pid_hint=0x77)
+    bit = 1 << slot
+    fake.set_page(chan, CTRL_FENCE, 5)
+    dev.set_reg(REG_FENCE_DONE_LO, 0xFFFFFFFF)
+    dev.set_reg(REG_FENCE_DONE_HI, 0xFFFFFFFF)
+    dev.set_reg(REG_IRQ_ACK, 0xFFFFFFFF)
+    # Already reached: ends at once, FENCE_DONE and IRQ_FENCE set.
+    st, ws = dev.fence_wait(slot, 5)
+    check(st == CMDST_OK and ws == WAIT_OK, f"FENCE_WAIT(5) at FENCE 5: {st}/{ws}")
+    check(dev.wait_reg(slot, WAIT_FENCE) == 5, "WAIT_FENCE")
+    check(dev.fence_done() == bit, f"FENCE_DONE {dev.fence_done():#x}")
+    check(dev.reg(REG_IRQ_STATUS) & IRQ_FENCE, "no IRQ_FENCE for an immediate completion")
+    dev.set_reg(REG_FENCE_DONE_LO, bit)
+    check(dev.fence_done() == 0, "FENCE_DONE write-1-to-clear")
+    dev.set_reg(REG_IRQ_ACK, IRQ_FENCE)
+    # Wrap-safe: 0xFFFFFF00 is 261 behind 5.
+    st, ws = dev.fence_wait(slot, 0xFFFFFF00)
+    check(ws == WAIT_OK, f"FENCE_WAIT(0xFFFFFF00) at FENCE 5: {ws}")
+    dev.set_reg(REG_IRQ_ACK, IRQ_FENCE)
+    # Not reached: armed; only the command completes.
+    st, ws = dev.fence_wait(slot, 9)
+    check(st == CMDST_OK and ws == WAIT_ARMED, f"FENCE_WAIT(9) at FENCE 5: {st}/{ws}")
+    check(dev.fence_done() & bit == 0, "FENCE_DONE set by an armed wait")
+    check(not dev.reg(REG_IRQ_STATUS) & IRQ_FENCE, "IRQ_FENCE set by an armed wait")
+    st, _ = dev.fence_wait(slot, 7)
+    check(st == CMDST_E_INVALID, f"second FENCE_WAIT on an armed slot: {st}")
+    check(dev.wait_reg(slot, WAIT_FENCE) == 9, "the refused wait replaced the armed one")
+    fake.set_page(chan, CTRL_FENCE, 8)
+    time.sleep(0.02)
+    check(dev.wait_reg(slot, WAIT_STATUS) == WAIT_ARMED, "wait ended before FENCE got there")
+    t0 = time.monotonic()
+    fake.set_page(chan, CTRL_FENCE, 9)
+    ws = dev.wait_ended(slot, 2, "the wait for fence 9")
+    took = time.monotonic() - t0
+    check(ws == WAIT_OK, f"wait for 9 ended with {ws}")
+    check(dev.fence_done() & bit and dev.reg(REG_IRQ_STATUS) & IRQ_FENCE, "completion not signalled")
+    result("fence_wait.fake_latency_ms", f"{took * 1e3:.2f}")
+    # Across the 32-bit wrap.
+    fake.set_page(chan, CTRL_FENCE, 0xFFFFFFF0)
+    st, ws = dev.fence_wait(slot, 0x10)
+    check(ws == WAIT_ARMED, f"FENCE_WAIT(0x10) at 0xFFFFFFF0: {ws}")
+    fake.set_page(chan, CTRL_FENCE, 0xFFFFFFFF)
+    time.sleep(0.01)
+    check(dev.wait_reg(slot, WAIT_STATUS) == WAIT_ARMED, "wrap: ended at 0xFFFFFFFF")
+    fake.set_page(chan, CTRL_FENCE, 0x10)
+    check(dev.wait_ended(slot, 2, "the wait across the wrap") == WAIT_OK, "wrap: wait not OK")
+    # The channel dies (watchdog) before FENCE gets there: E_DEAD + its ERROR.
+    st, ws = dev.fence_wait(slot, 0x20)
+    check(ws == WAIT_ARMED, f"FENCE_WAIT(0x20): {ws}")
+    dev.set_reg(REG_FENCE_DONE_LO, 0xFFFFFFFF)
+    fake.set_page(chan, CTRL_ERROR, CHAN_ERR_WATCHDOG)
+    fake.set_page(chan, CTRL_STATUS, 1)
+    ws = dev.wait_ended(slot, 2, "the wait on a dying channel")
+    check(ws == WAIT_E_DEAD and dev.wait_reg(slot, WAIT_ERROR) == CHAN_ERR_WATCHDOG,
+          f"dead channel: wait {ws}, error {dev.wait_reg(slot, WAIT_ERROR)}")
+    check(dev.fence_done() & bit, "dead channel: FENCE_DONE not set")
+    # Arming on a dead channel ends at once with the error; a reached fence is still OK.
+    st, ws = dev.fence_wait(slot, 0x30)
+    check(st == CMDST_OK and ws == WAIT_E_DEAD, f"FENCE_WAIT on a dead channel: {st}/{ws}")
+    st, ws = dev.fence_wait(slot, 0x10)
+    check(ws == WAIT_OK, f"FENCE_WAIT for a reached fence on a dead channel: {ws}")
+    # CHAN_FREE cancels an armed wait (no completion); the slot refuses waits after.
+    fake.set_page(chan, CTRL_STATUS, 0)
+    fake.set_page(chan, CTRL_ERROR, 0)
+    st, ws = dev.fence_wait(slot, 0x40)
+    check(ws == WAIT_ARMED, f"FENCE_WAIT(0x40): {ws}")
+    dev.set_reg(REG_FENCE_DONE_LO, 0xFFFFFFFF)
+    dev.free(slot)
+    check(dev.wait_reg(slot, WAIT_STATUS) == WAIT_NONE, "CHAN_FREE left the wait armed")
+    check(dev.fence_done() & bit == 0, "CHAN_FREE completed the wait")
+    st, _ = dev.fence_wait(slot, 1)
+    check(st == CMDST_E_INVALID, f"FENCE_WAIT on a freed slot: {st}")
+
+
+def bad_mailbox(dev):
+    q = dev.q
+    bad = dev.reg(REG_BAD_ACCESS)
+    st, _, _ = dev.command(99)
+    check(st == CMDST_E_INVALID, f"unknown command: status {st}")
+    st, _, _ = dev.command(0)
+    check(st == CMDST_E_INVALID, f"command 0: status {st}")
+    st, _, _ = dev.command(CMD_CHAN_FREE, 9999)
+    check(st == CMDST_E_INVALID, f"free of slot 9999: status {st}")
+    st, _, _ = dev.command(CMD_CHAN_FREE, 0xFFFFFFFF)
+    check(st == CMDST_E_INVALID, f"free of slot -1: status {st}")
+    free_slot = dev.slots - 1
+    check(dev.slot_reg(free_slot, SLOT_STATE) == SLOT_FREE, "last slot unexpectedly used")
+    st, _, _ = dev.command(CMD_CHAN_FREE, free_slot)
+    check(st == CMDST_E_INVALID, f"free of a free slot: status {st}")
+    for bad_slot in (dev.slots, 9999, 0xFFFFFFFF, free_slot):
+        st, _ = dev.fence_wait(bad_slot, 1)
+        check(st == CMDST_E_INVALID, f"FENCE_WAIT on slot {bad_slot:#x}: status {st}")
+    check(dev.wait_reg(free_slot, WAIT_STATUS) == WAIT_NONE, "a refused FENCE_WAIT armed a wait")
+    after_cmds = dev.reg(REG_BAD_ACCESS)
+    # Wrong sizes and alignment on the mailbox.
+    q.writeb(BAR0_GPA + REG_CMD, CMD_CHAN_ALLOC)
+    q.writew(BAR0_GPA + REG_CMD, CMD_CHAN_ALLOC)
+    q.writeq(BAR0_GPA + REG_CMD, CMD_CHAN_ALLOC)
+    q.writel(BAR0_GPA + REG_CMD + 2, CMD_CHAN_ALLOC)
+    check(q.readb(BAR0_GPA + REG_MAGIC) == 0xFF, "byte read of a register not rejected")
+    q.writel(BAR0_GPA + REG_MAGIC, 0)       # read-only
+    q.writel(BAR0_GPA + REG_RESULT0, 5)     # read-only
+    q.writel(BAR0_GPA + 0xFFC, 5)           # unknown
+    check(dev.reg(REG_MAGIC) == MAGIC and dev.reg(REG_RESULT0) != 5, "a read-only register changed")
+    check(dev.reg(REG_CMD_STATUS) != CMDST_BUSY, "a bad-size CMD write started a command")
+    # Empty slots: all ones, stores dropped; beyond the BARs nothing of ours.
+    check(q.readl(dev.ctrl(free_slot, CTRL_FENCE)) == 0xFFFFFFFF, "empty control slot readable")
+    check(q.readl(dev.ring(free_slot)) == 0xFFFFFFFF, "empty ring slot readable")
+    q.writel(dev.ctrl(free_slot, CTRL_IB_PUT), 1)
+    q.writel(dev.ring(free_slot), 1)
+    q.writel(dev.doorbell(free_slot), 1)    # free slot doorbell: ignored, not an error
+    q.writeb(dev.doorbell(free_slot), 1)    # wrong size: counted
+    q.writel(BAR4_GPA + dev.sizes[4] + 0x100, 1)  # outside BAR4: not the device's
+    n_bad = dev.reg(REG_BAD_ACCESS) - after_cmds
+    # 5 size/alignment + 1 read + 3 ro/unknown + 2 empty-slot stores + 1 doorbell size
+    check(n_bad == 12, f"BAD_ACCESS counted {n_bad} of 12 bad accesses")
+    # Interrupt mask/ack registers.
+    dev.set_reg(REG_IRQ_MASK, 0xFFFFFFFF)
+    check(dev.reg(REG_IRQ_MASK) == IRQ_ALL, f"IRQ_MASK {dev.reg(REG_IRQ_MASK):#x}: unknown bits kept")
+    dev.set_reg(REG_IRQ_ACK, 0xFFFFFFFF)
+    check(dev.reg(REG_IRQ_STATUS) == 0, "IRQ_ACK did not clear")
+    result("mailbox.bad_accesses_counted", dev.reg(REG_BAD_ACCESS) - bad)
+
+
+def start_vm(bins, tmp, daemon, name, slots=16):
+    vm_uuid = uuidlib.uuid4()
+    q = Qemu(bins.qemu, tmp, daemon.socket, vm_uuid, name=name, slots=slots)
+    dev = Device(q)
+    dev.wait_link()
+    return q, dev, vm_uuid
+
+
+def wait_fence(dev, slot, target, timeout, what):
+    def done():
+        f = dev.q.readl(dev.ctrl(slot, CTRL_FENCE))
+        return (f - target) & 0xFFFFFFFF < 0x80000000
+    wait_for(done, timeout, what, step=0.005)
+
+
+def case_daemon(bins, tmp):
+    d = Pvgpud(bins, tmp)
+    d.start()
+    q = None
+    try:
+        q, dev, vm_uuid = start_vm(bins, tmp, d, "vm-qt")
+        probe(dev, 16)
+        slot, chan = dev.alloc(pid_hint=1234)
+        ents = {e["path"]: e for e in d.ctl("list")["entities"]}
+        check("vm-qt" in ents and ents["vm-qt"].get("uuid") == str(vm_uuid), f"list: {list(ents)}")
+        check(ents.get("vm-qt/task-1234", {}).get("channels") == 1, f"task entity: {ents}")
+        # 64 kernels of 200 us: the simulated GPU runs them, FENCE reaches 64.
+        put = 0
+        t0 = time.monotonic()
+        for _ in range(8):
+            put = dev.submit(slot, put, 8, 200_000)
+        wait_fence(dev, slot, 64, 10, "64 kernels to complete")
+        took = time.monotonic() - t0
+        check(q.readl(dev.ctrl(slot, CTRL_IB_GET)) == 64, "IB_GET after 64 entries")
+        check(q.readl(dev.ctrl(slot, CTRL_STATUS)) == 0, "channel status not OK")
+        result("daemon.64x200us_ms", f"{took * 1e3:.1f}")
+        # FENCE_WAIT with the real GPU: 4 kernels of 20 ms; the wait ends
+        # when FENCE reaches the last one, not before.
+        dev.set_reg(REG_IRQ_ACK, 0xFFFFFFFF)
+        start = put
+        t0 = time.monotonic()
+        put = dev.submit(slot, put, 4, 20_000_000)
+        st, ws = dev.fence_wait(slot, put)
+        check(st == CMDST_OK and ws == WAIT_ARMED, f"FENCE_WAIT({put}) right after submit: {st}/{ws}")
+        ws = dev.wait_ended(slot, 10, "the fence wait on 4 x 20 ms")
+        took = time.monotonic() - t0
+        fence = q.readl(dev.ctrl(slot, CTRL_FENCE))
+        check(ws == WAIT_OK and fence == put, f"wait ended {ws} at FENCE {fence} (want {put})")
+        check(took >= 0.075, f"wait ended after {took * 1e3:.1f} ms, before the work could finish")
+        check(dev.reg(REG_IRQ_STATUS) & IRQ_FENCE and dev.fence_done() & (1 << slot),
+              "fence completion not signalled")
+        result("daemon.fence_wait_4x20ms_ms", f"{took * 1e3:.1f}")
+        st, ws = dev.fence_wait(slot, put)
+        check(st == CMDST_OK and ws == WAIT_OK, f"FENCE_WAIT on a reached fence: {st}/{ws}")
+        st, ws = dev.fence_wait(slot, start + 1)
+        check(ws == WAIT_OK, f"FENCE_WAIT on an older fence: {ws}")
+        # Past the end of the ring: more than 256 entries ahead of IB_GET is a
+        # bad entry; the daemon kills the channel and the device says so.
+        slot2, chan2 = dev.alloc(pid_hint=1235)
+        dev.set_reg(REG_IRQ_ACK, 0xFFFFFFFF)
+        st, ws = dev.fence_wait(slot2, 1)
+        check(ws == WAIT_ARMED, f"FENCE_WAIT on an idle channel: {st}/{ws}")
+        q.writel(dev.ctrl(slot2, CTRL_IB_PUT), 1000)
+        q.writel(dev.doorbell(slot2), 1)
+        wait_for(lambda: dev.slot_reg(slot2, SLOT_NOTICE) == 2, 5, "the BAD_ENTRY notice")
+        check(dev.reg(REG_IRQ_STATUS) & IRQ_NOTICE, "no NOTICE interrupt")
+        check(q.readl(dev.ctrl(slot2, CTRL_STATUS)) == 1, "dead channel's STATUS not ERROR")
+        ws = dev.wait_ended(slot2, 2, "the wait on the dead channel")
+        check(ws == WAIT_E_DEAD and dev.wait_reg(slot2, WAIT_ERROR) == CHAN_ERR_BAD_ENTRY,
+              f"wait on a BAD_ENTRY channel: {ws}/{dev.wait_reg(slot2, WAIT_ERROR)}")
+        st, ws = dev.fence_wait(slot2, 1)
+        check(st == CMDST_OK and ws == WAIT_E_DEAD, f"FENCE_WAIT on a dead channel: {st}/{ws}")
+        dev.free(slot2)
+        # The first channel is unaffected.
+        put = dev.submit(slot, put, 4, 100_000)
+        wait_fence(dev, slot, put, 5, "the first channel after the other died")
+        bad_mailbox(dev)
+        # Channel limits: slots or the daemon's per-client limit, whichever is lower.
+        got, st = [], CMDST_OK
+        while st == CMDST_OK and len(got) < 64:
+            st, s, _ = dev.command(CMD_CHAN_ALLOC, 7)
+            if st == CMDST_OK:
+                got.append(s)
+        check(st in (CMDST_E_NOSLOT, CMDST_E_DAEMON), f"alloc flood ended with status {st}")
+        result("daemon.channels_granted", len(got) + 1)
+        for s in got:
+            dev.free(s)
+        dev.free(slot)
+        check(d.ctl("stats")["channels"] == 0, "channels left in the daemon after freeing")
+        check(q.alive() and d.alive(), "QEMU or pvgpud died")
+    finally:
+        rc = q.close() if q else 0
+        d.stop()
+    check(rc == 0, f"QEMU exit status {rc}")
+
+
+def case_modes(bins, tmp):
+    """A guest channel submits while a host throttle competes; the scheduler
+    shadows / traps the guest channel.  Every entry must complete once."""
+    d = Pvgpud(bins, tmp)
+    d.start()
+    q = load = None
+    try:
+        q, dev, _ = start_vm(bins, tmp, d, "vm-modes")
+        slot, chan = dev.alloc(pid_hint=77)
+        # A light VM against a heavy host task: the VM over-uses and gets
+        # shadowed and unshadowed while it keeps submitting.
+        d.ctl("set-weight", "vm-modes", "20")
+        load = subprocess.Popen([bins.load, "throttle", "--socket", d.socket, "--name", "thr",
+                                 "--kernel-us", "2000", "--channels", "2", "--duration-s", "30"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        kernel_ns = 500_000
+        put = 0
+        modes_seen = {}
+        t_end = time.monotonic() + 4.0
+        while time.monotonic() < t_end:
+            get = q.readl(dev.ctrl(slot, CTRL_IB_GET))
+            mode = dev.slot_reg(slot, SLOT_MODE)
+            modes_seen[mode] = modes_seen.get(mode, 0) + 1
+            if (put - get) & 0xFFFFFFFF < 64:
+                put = dev.submit(slot, put, 8, kernel_ns)
+            else:
+                time.sleep(0.002)
+        stats_mid = d.ctl("stats")
+        load.terminate()
+        load.wait(10)
+        load = None
+        submitted = put
+        wait_fence(dev, slot, submitted, 60, f"all {submitted} entries to complete")
+        time.sleep(0.2)
+        fence = q.readl(dev.ctrl(slot, CTRL_FENCE))
+        get = q.readl(dev.ctrl(slot, CTRL_IB_GET))
+        ents = {e["path"]: e for e in d.ctl("list")["entities"]}
+        gpu_ms = ents["vm-modes"]["gpu_time_ms"]
+        expect_ms = submitted * kernel_ns / 1e6
+        counters = d.ctl("stats")["counters"]
+        result("modes.submitted", submitted)
+        result("modes.fence", fence)
+        result("modes.modes_seen", json.dumps({MODE_NAMES[m]: c for m, c in modes_seen.items()}))
+        result("modes.mode_switches", counters.get("mode_switches"))
+        result("modes.traps", counters.get("traps"))
+        result("modes.gpu_time_ms", f"{gpu_ms:.1f}")
+        result("modes.expected_gpu_time_ms", f"{expect_ms:.1f}")
+        log(f"stats mid-run: {json.dumps(stats_mid.get('counters'))}")
+        check(fence == submitted and get == submitted,
+              f"completed {fence} (IB_GET {get}) of {submitted} submitted")
+        check(abs(gpu_ms - expect_ms) <= 0.05 * expect_ms + 5,
+              f"GPU time {gpu_ms:.1f} ms for {submitted} x {kernel_ns / 1e6} ms: "
+              "lost or doubled submissions")
+        check(counters.get("mode_switches", 0) > 0, "the scheduler never switched a mode")
+        check(len(modes_seen) > 1 or counters.get("mode_switches", 0) > 0,
+              "the guest channel was never switched")
+        dev.free(slot)
+        check(q.alive() and d.alive(), "QEMU or pvgpud died")
+    finally:
+        if load:
+            load.kill()
+            load.wait()
+        rc = q.close() if q else 0
+        d.stop()
+    check(rc == 0, f"QEMU exit status {rc}")
+
+
+def case_restart(bins, tmp):
+    d = Pvgpud(bins, tmp)
+    d.start()
+    q = None
+    try:
+        q, dev, vm_uuid = start_vm(bins, tmp, d, "vm-restart")
+        slot, chan = dev.alloc(pid_hint=5)
+        put = dev.submit(slot, 0, 4, 100_000)
+        wait_fence(dev, slot, put, 5, "work before the restart")
+        gen = dev.reg(REG_LINK_GEN)
+        st, ws = dev.fence_wait(slot, put + 1)
+        check(ws == WAIT_ARMED, f"FENCE_WAIT for work never submitted: {st}/{ws}")
+        d.stop(signal.SIGKILL)
+        wait_for(lambda: dev.slot_reg(slot, SLOT_STATE) == SLOT_LOST, 5, "the slot to be lost")
+        check(dev.wait_reg(slot, WAIT_STATUS) == WAIT_E_DEAD and
+              dev.wait_reg(slot, WAIT_ERROR) == CHAN_ERR_LOST, "wait not ended by the lost link")
+        st, ws = dev.fence_wait(slot, put + 1)
+        check(st == CMDST_OK and ws == WAIT_E_DEAD, f"FENCE_WAIT on a lost slot: {st}/{ws}")
+        st, ws = dev.fence_wait(slot, put)
+        check(ws == WAIT_OK, f"FENCE_WAIT for completed work on a lost slot: {ws}")
+        check(q.readl(dev.ctrl(slot, CTRL_STATUS)) == 1 and
+              q.readl(dev.ctrl(slot, CTRL_ERROR)) == CHAN_ERR_LOST, "lost channel's page")
+        st, _, _ = dev.command(CMD_CHAN_ALLOC)
+        check(st == CMDST_E_LINK, f"alloc without a daemon: {st}")
+        q.writel(dev.ctrl(slot, CTRL_IB_PUT), 99)       # dropped, no crash
+        d.start()
+        wait_for(lambda: dev.reg(REG_LINK_GEN) > gen and dev.slot_reg(slot, SLOT_STATE) == SLOT_LIVE,
+                 15, "reconnect and re-allocation")
+        check(q.readl(dev.ctrl(slot, CTRL_IB_PUT)) == 0, "re-allocated channel not fresh")
+        put = dev.submit(slot, 0, 4, 100_000)
+        wait_fence(dev, slot, put, 5, "work after the restart")
+        ents = {e["path"]: e for e in d.ctl("list")["entities"]}
+        check("vm-restart/task-5" in ents, f"entities after restart: {list(ents)}")
+        dev.free(slot)
+        check(q.alive(), "QEMU died")
+    finally:
+        rc = q.close() if q else 0
+        d.stop()
+    check(rc == 0, f"QEMU exit status {rc}")
+
+
+CASES = {"fake": case_fake, "daemon": case_daemon, "modes": case_modes, "restart": case_restart}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--qemu", required=True)
+    ap.add_argument("--pvgpud")
+    ap.add_argument("--pvgpuctl")
+    ap.add_argument("--load")
+    ap.add_argument("case", choices=list(CASES) + ["all"])
+    bins = ap.parse_args()
+    if os.environ.get("PVGPU_QEMU_DIR"):
+        bins.qemu = os.path.join(os.environ["PVGPU_QEMU_DIR"], "qemu-system-x86_64")
+    for tool in ("pvgpud", "pvgpuctl", "load"):
+        if bins.case != "fake" and not getattr(bins, tool):
+            ap.error(f"--{tool} is needed for case {bins.case}")
+    if not os.access(bins.qemu, os.X_OK):
+        print(f"SKIP: no QEMU build at {bins.qemu} (run qemu-patches/build-qemu.sh)")
+        return 77
+    cases = list(CASES) if bins.case == "all" else [bins.case]
+    for name in cases:
+        tmp = tempfile.mkdtemp(prefix=f"pvgpu-qemu-{name}-")
+        log(f"case {name} in {tmp}")
+        try:
+            CASES[name](bins, tmp)
+        except TestFailure as e:
+            print(f"FAIL {name}: {e}", flush=True)
+            print(f"# files kept in {tmp}")
+            return 1
+        shutil.rmtree(tmp, ignore_errors=True)
+        print(f"PASS {name}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
