@@ -715,6 +715,33 @@ def case_fake(bins, tmp):
         for s in extra:
             dev.free(s)
         check(all(dev.slot_reg(s, SLOT_STATE) == SLOT_FREE for s in extra), "freed slots not free")
+
+        # Batched switches: MODE pushes for several channels arriving in one
+        # read are applied together (one flat-view update), and every
+        # unshadow still releases exactly what its shadow held.
+        group = [dev.alloc(0x50 + i) for i in range(3)]
+        def burst(mode, seq):
+            n = len(fake.acks)
+            msg = b"".join(HDR.pack(MAGIC, MSG_MODE, 0, 16, 0) + struct.pack("<IIII", c, mode, seq, 0)
+                           for _, c in group)
+            with fake.lock:
+                fake.conn.sendall(msg)
+            wait_for(lambda: len(fake.acks) >= n + len(group), 5, f"acks of a burst of {len(group)}")
+            return fake.acks[n:]
+        acks = burst(MODE_SHADOWED, 100)
+        check(sorted(acks) == sorted((c, MODE_SHADOWED, 100, 0) for _, c in group), f"burst acks {acks}")
+        for sl2, _ in group:
+            dev.submit(sl2, 0, 2, 1000)
+        check(all(fake.page(c, CTRL_IB_PUT) == 0 for _, c in group), "burst: shadowed work leaked")
+        acks = burst(MODE_TRAPPED, 101)
+        check(sorted(acks) == sorted((c, MODE_TRAPPED, 101, 2) for _, c in group), f"burst acks {acks}")
+        check(all(fake.page(c, CTRL_IB_PUT) == 2 for _, c in group), "burst unshadow: held IB_PUT not released")
+        burst(MODE_DIRECT, 102)
+        check(all(dev.slot_reg(sl2, SLOT_MODE) == MODE_DIRECT for sl2, _ in group), "burst: not direct")
+        dev.submit(group[0][0], 2, 1, 1000)
+        check(fake.page(group[0][1], CTRL_IB_PUT) == 3, "burst: direct page not mapped")
+        for sl2, _ in group:
+            dev.free(sl2)
         check(q.readl(dev.ctrl(extra[0], CTRL_FENCE)) == 0xFFFFFFFF, "freed slot still mapped")
 
         # Daemon restart: the connection drops, channels are lost; the chardev

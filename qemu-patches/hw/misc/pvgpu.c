@@ -218,6 +218,10 @@ struct PvgpuState {
     int rx_fds[PVGPU_PROTO_MAX_FDS];
     int rx_nfds;
 
+    /* MODE pushes read in one go, applied together (see pvgpu_apply_modes) */
+    struct pvgpu_mode mode_batch[PVGPU_MAX_SLOTS];
+    unsigned mode_batch_len;
+
     QEMUTimer *refresh;
     QEMUTimer *fence_timer;           /* runs while a fence wait is armed */
     Error *migration_blocker;
@@ -423,16 +427,11 @@ static void pvgpu_refresh_arm(PvgpuState *s)
  * so every later guest store traps, then the shadow's IB_PUT is copied into
  * the real page and the doorbell rung.
  */
-static uint32_t slot_set_mode(PvgpuSlot *sl, uint32_t mode)
+/* Point BAR2 at the page for `mode`; the caller holds a memory transaction. */
+static void slot_map_mode(PvgpuSlot *sl, uint32_t mode)
 {
     struct pvgpu_ctrl_page *real = slot_real(sl);
-    uint32_t put;
 
-    if (sl->mode == PVGPU_MODE_SHADOWED && mode == PVGPU_MODE_DIRECT) {
-        slot_set_mode(sl, PVGPU_MODE_TRAPPED);
-    }
-
-    memory_region_transaction_begin();
     switch (mode) {
     case PVGPU_MODE_DIRECT:
         slot_show_ctrl(sl, &sl->map->ctrl);
@@ -456,24 +455,79 @@ static uint32_t slot_set_mode(PvgpuSlot *sl, uint32_t mode)
         slot_arm_bell(sl, false);
         break;
     }
-    memory_region_transaction_commit();
+}
 
-    if (sl->mode == PVGPU_MODE_SHADOWED && mode == PVGPU_MODE_TRAPPED) {
-        /* Guest stores reach the trap now: release what the shadow held. */
-        smp_mb();
-        put = sl->shadow->ib_put;
-        sl->forwarded_put = put;
-        sl->late_check = 3;
-        if (put != real->ib_put) {
-            slot_forward_put(sl, put, false);
-        } else {
-            pvgpu_kick(sl);
+/* After the trap is mapped (committed): release what the shadow held. */
+static void slot_release_shadow(PvgpuSlot *sl)
+{
+    struct pvgpu_ctrl_page *real = slot_real(sl);
+    uint32_t put;
+
+    smp_mb();
+    put = sl->shadow->ib_put;
+    sl->forwarded_put = put;
+    sl->late_check = 3;
+    if (put != real->ib_put) {
+        slot_forward_put(sl, put, false);
+    } else {
+        pvgpu_kick(sl);
+    }
+}
+
+/*
+ * Switch `n` slots to new modes with as few flat-view updates as possible:
+ * one transaction maps every new page (leaving SHADOWED maps the trap first,
+ * thesis 4.3.2), then the shadows' held IB_PUTs are released -- guest stores
+ * trap by now, so none is lost or doubled -- then a second transaction maps
+ * the real page for those going on to DIRECT.  guest_put[i] receives the
+ * IB_PUT to acknowledge.
+ */
+static void slot_set_modes(PvgpuSlot **sl, const uint32_t *mode, uint32_t *guest_put,
+                           unsigned n)
+{
+    bool from_shadow[PVGPU_MAX_SLOTS];
+    bool second = false;
+    unsigned i;
+
+    assert(n <= PVGPU_MAX_SLOTS);
+    memory_region_transaction_begin();
+    for (i = 0; i < n; i++) {
+        from_shadow[i] = sl[i]->mode == PVGPU_MODE_SHADOWED && mode[i] != PVGPU_MODE_SHADOWED;
+        slot_map_mode(sl[i], from_shadow[i] ? PVGPU_MODE_TRAPPED : mode[i]);
+        second = second || (from_shadow[i] && mode[i] == PVGPU_MODE_DIRECT);
+    }
+    memory_region_transaction_commit();
+    for (i = 0; i < n; i++) {
+        if (from_shadow[i]) {
+            slot_release_shadow(sl[i]);
         }
     }
-    sl->mode = mode;
-    pvgpu_refresh_arm(sl->dev);
+    if (second) {
+        memory_region_transaction_begin();
+        for (i = 0; i < n; i++) {
+            if (from_shadow[i] && mode[i] == PVGPU_MODE_DIRECT) {
+                slot_map_mode(sl[i], PVGPU_MODE_DIRECT);
+            }
+        }
+        memory_region_transaction_commit();
+    }
+    for (i = 0; i < n; i++) {
+        sl[i]->mode = mode[i];
+    }
+    pvgpu_refresh_arm(sl[0]->dev);
     smp_mb();
-    return mode == PVGPU_MODE_SHADOWED ? sl->shadow->ib_put : real->ib_put;
+    for (i = 0; i < n; i++) {
+        guest_put[i] = mode[i] == PVGPU_MODE_SHADOWED ? sl[i]->shadow->ib_put
+                                                      : slot_real(sl[i])->ib_put;
+    }
+}
+
+static uint32_t slot_set_mode(PvgpuSlot *sl, uint32_t mode)
+{
+    uint32_t put;
+
+    slot_set_modes(&sl, &mode, &put, 1);
+    return put;
 }
 
 /*
@@ -1155,6 +1209,7 @@ static void pvgpu_link_lost_full(PvgpuState *s, const char *why, bool closed)
     unsigned i;
     bool was_up = s->link != LINK_DOWN;
 
+    s->mode_batch_len = 0;            /* their channels are gone */
     if (was_up) {
         qemu_log_mask(LOG_UNIMP, "pvgpu: daemon link lost: %s\n", why);
         warn_report("pvgpu: connection to pvgpud lost (%s); channels are gone", why);
@@ -1283,8 +1338,45 @@ static void pvgpu_on_reply(PvgpuState *s, const struct pvgpu_msg_hdr *h,
     }
 }
 
+/* Apply the batched MODE pushes (one flat-view update for all), then ack. */
+static void pvgpu_flush_modes(PvgpuState *s)
+{
+    PvgpuSlot *sl[PVGPU_MAX_SLOTS];
+    uint32_t mode[PVGPU_MAX_SLOTS], put[PVGPU_MAX_SLOTS];
+    struct pvgpu_mode_ack ack[PVGPU_MAX_SLOTS];
+    unsigned i, n = 0, len = s->mode_batch_len;
+
+    s->mode_batch_len = 0;
+    for (i = 0; i < len; i++) {
+        const struct pvgpu_mode *m = &s->mode_batch[i];
+        PvgpuSlot *x = slot_by_chan(s, m->chan_id);
+
+        if (!x || x->state != SLOT_LIVE) {
+            continue;                 /* raced with CHAN_FREE */
+        }
+        sl[n] = x;
+        mode[n] = m->mode;
+        memset(&ack[n], 0, sizeof(ack[n]));
+        ack[n].chan_id = m->chan_id;
+        ack[n].mode = m->mode;
+        ack[n].mode_seq = m->mode_seq;
+        n++;
+    }
+    if (n == 0) {
+        return;
+    }
+    slot_set_modes(sl, mode, put, n);
+    for (i = 0; i < n; i++) {
+        ack[i].guest_put = put[i];
+        pvgpu_send(s, PVGPU_MSG_MODE_ACK, 0, &ack[i], sizeof(ack[i]));
+    }
+}
+
 static void pvgpu_on_message(PvgpuState *s)
 {
+    if (((const struct pvgpu_msg_hdr *)s->rx)->type != PVGPU_MSG_MODE) {
+        pvgpu_flush_modes(s);     /* MODEs read earlier take effect first */
+    }
     struct pvgpu_msg_hdr h;
     const uint8_t *body = s->rx + sizeof(h);
 
@@ -1296,23 +1388,25 @@ static void pvgpu_on_message(PvgpuState *s)
     switch (h.type) {
     case PVGPU_MSG_MODE: {
         struct pvgpu_mode m;
-        struct pvgpu_mode_ack ack = { 0 };
-        PvgpuSlot *sl;
+        unsigned i;
 
         memcpy(&m, body, sizeof(m));
         if (m.mode > PVGPU_MODE_SHADOWED || m.reserved) {
             pvgpu_link_lost(s, "bad MODE");
             return;
         }
-        sl = slot_by_chan(s, m.chan_id);
-        if (!sl || sl->state != SLOT_LIVE) {
-            return;                   /* raced with CHAN_FREE */
+        /* Batched with the other MODEs of this read; a second switch of
+         * the same channel must see the first one done. */
+        for (i = 0; i < s->mode_batch_len; i++) {
+            if (s->mode_batch[i].chan_id == m.chan_id) {
+                pvgpu_flush_modes(s);
+                break;
+            }
         }
-        ack.chan_id = m.chan_id;
-        ack.mode = m.mode;
-        ack.mode_seq = m.mode_seq;
-        ack.guest_put = slot_set_mode(sl, m.mode);
-        pvgpu_send(s, PVGPU_MSG_MODE_ACK, 0, &ack, sizeof(ack));
+        if (s->mode_batch_len == PVGPU_MAX_SLOTS) {
+            pvgpu_flush_modes(s);
+        }
+        s->mode_batch[s->mode_batch_len++] = m;
         return;
     }
     case PVGPU_MSG_NOTICE: {
@@ -1428,6 +1522,7 @@ static void pvgpu_chr_read(void *opaque, const uint8_t *buf, int size)
             }
         }
     }
+    pvgpu_flush_modes(s);
 }
 
 static void pvgpu_chr_event(void *opaque, QEMUChrEvent event)
