@@ -28,6 +28,9 @@ import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from testlib import Skip, TestFailure, check, log, result  # noqa: E402
+
 SKIP = 77
 
 # ---- protocol constants (include/pvgpu/protocol.h) ---------------------------
@@ -42,27 +45,6 @@ PAGE = 4096
 RING_ENTRIES = 256
 CHAN_MEM_SIZE = PAGE + RING_ENTRIES * 16
 ENTRY_IRQ = 1
-
-
-class TestFailure(Exception):
-    pass
-
-
-class Skip(Exception):
-    pass
-
-
-def check(cond, message):
-    if not cond:
-        raise TestFailure(message)
-
-
-def result(key, value):
-    print(f"RESULT {key}={value}", flush=True)
-
-
-def log(message):
-    print(f"# {message}", flush=True)
 
 
 # ---- processes -----------------------------------------------------------------

@@ -40,6 +40,9 @@ import threading
 import time
 import uuid as uuidlib
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from testlib import Skip, TestFailure, check, log, result  # noqa: E402
+
 # ---- ABI (include/pvgpu/abi.h, protocol.h) and the device (docs/pvgpu-device.md)
 
 PAGE = 4096
@@ -80,23 +83,6 @@ SLOT_STRIDE = 2 * PAGE  # BAR2: control page + doorbell page per slot
 
 BAR0_GPA, BAR1_GPA, BAR2_GPA, BAR4_GPA = 0xE0000000, 0xE0001000, 0xE0100000, 0xE0400000
 PCI_DEV = 4  # -device pvgpu,addr=04.0
-
-
-class TestFailure(Exception):
-    pass
-
-
-def check(cond, message):
-    if not cond:
-        raise TestFailure(message)
-
-
-def result(key, value):
-    print(f"RESULT {key}={value}", flush=True)
-
-
-def log(message):
-    print(f"# {message}", flush=True)
 
 
 def wait_for(pred, timeout, what, step=0.002):
