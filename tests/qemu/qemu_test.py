@@ -1082,6 +1082,23 @@ def case_daemon(bins, tmp):
             dev.free(s)
         dev.free(slot)
         check(d.ctl("stats")["channels"] == 0, "channels left in the daemon after freeing")
+        # Guest reset (q35 reset control register): every channel goes back
+        # to the daemon and mailbox/interrupt state starts afresh.
+        for i in range(3):
+            dev.alloc(pid_hint=2000 + i)
+        dev.set_reg(REG_IRQ_MASK, IRQ_NOTICE)
+        check(d.ctl("stats")["channels"] == 3, "three channels before the reset")
+        q.cmd("outb 0xcf9 0x6")
+        wait_for(lambda: d.ctl("stats")["channels"] == 0, 5, "the channels to be freed on reset")
+        dev = Device(q)  # the reset cleared the BARs: map them again
+        check(dev.reg(REG_IRQ_MASK) == IRQ_ALL and dev.reg(REG_IRQ_STATUS) == 0,
+              f"after reset: IRQ_MASK {dev.reg(REG_IRQ_MASK):#x} IRQ_STATUS {dev.reg(REG_IRQ_STATUS):#x}")
+        check(all(dev.slot_reg(i, SLOT_STATE) == SLOT_FREE for i in range(dev.slots)),
+              "slots not free after reset")
+        slot, chan = dev.alloc(pid_hint=1234)
+        put = dev.submit(slot, 0, 2, 100_000)
+        wait_fence(dev, slot, put, 5, "work after the reset")
+        dev.free(slot)
         check(q.alive() and d.alive(), "QEMU or pvgpud died")
     finally:
         rc = q.close() if q else 0

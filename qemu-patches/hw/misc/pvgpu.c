@@ -1701,6 +1701,55 @@ static void pvgpu_finalize(Object *obj)
     }
 }
 
+/*
+ * Device reset (guest reboot, system_reset): the guest forgets every
+ * channel, so they go back to the daemon; mailbox, interrupt and wait state
+ * return to power-on values.  A command in flight finishes silently.  The
+ * daemon link stays up.
+ */
+static void pvgpu_reset(DeviceState *dev)
+{
+    PvgpuState *s = PVGPU(dev);
+    unsigned i;
+
+    for (i = 0; i < s->req_count; i++) {
+        s->req[(s->req_head + i) % PVGPU_MAX_REQUESTS].mailbox = false;
+    }
+    for (i = 0; i < s->num_slots; i++) {
+        PvgpuSlot *sl = &s->slots[i];
+        struct pvgpu_chan_ref ref = { 0 };
+
+        slot_wait_cancel(sl);
+        switch (sl->state) {
+        case SLOT_PENDING:           /* its CHAN_REPLY will be given back */
+            sl->state = SLOT_FREE;
+            break;
+        case SLOT_LOST:
+            slot_free(sl);
+            break;
+        case SLOT_LIVE:
+            ref.chan_id = sl->chan_id;
+            sl->state = SLOT_FREEING;
+            memory_region_transaction_begin();
+            slot_arm_bell(sl, false);
+            slot_show_ctrl(sl, &sl->ctrl_trap);
+            memory_region_transaction_commit();
+            if (!pvgpu_request(s, PVGPU_MSG_CHAN_FREE, &ref, sizeof(ref), i, false)) {
+                pvgpu_link_lost(s, "write to the daemon failed");
+            }
+            break;
+        }
+    }
+    s->cmd_status = CMDST_OK;
+    s->arg[0] = s->arg[1] = 0;
+    s->result[0] = s->result[1] = 0;
+    s->irq_status = 0;
+    s->irq_mask = IRQ_ALL;
+    s->fence_done = 0;
+    s->bad_access = 0;
+    pvgpu_update_irq(s);
+}
+
 static Property pvgpu_properties[] = {
     DEFINE_PROP_CHR("chardev", PvgpuState, chr),
     DEFINE_PROP_UINT32("slots", PvgpuState, num_slots, 16),
@@ -1715,6 +1764,7 @@ static void pvgpu_class_init(ObjectClass *klass, void *data)
     k->realize = pvgpu_realize;
     k->exit = pvgpu_exit;
     k->config_write = pvgpu_write_config;
+    dc->reset = pvgpu_reset;
     k->vendor_id = PVGPU_PCI_VENDOR_ID;
     k->device_id = PVGPU_PCI_DEVICE_ID;
     k->revision = PVGPU_DEV_VERSION;
