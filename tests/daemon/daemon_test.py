@@ -234,9 +234,13 @@ def measure_window(loads, kernel_us, warmup, window):
     for load in loads:
         load.wait_until(lambda l: len(l.reports) >= 1, 10, "its first report")
     t0 = max(l.reports[0][0] for l in loads) + warmup
-    t1 = t0 + window
+    return measure_between(loads, kernel_us, t0, t0 + window, window + warmup + 10)
+
+
+def measure_between(loads, kernel_us, t0, t1, timeout):
+    """Waits until every load has reported past t1, then measures [t0, t1]."""
     for load in loads:
-        load.wait_until(lambda l, t1=t1: l.reports and l.reports[-1][0] >= t1, window + warmup + 10,
+        load.wait_until(lambda l, t1=t1: l.reports and l.reports[-1][0] >= t1, timeout,
                         f"reports past t={t1:.3f}")
     return measure_shares(loads, kernel_us, t0, t1)
 
@@ -435,10 +439,7 @@ def case_fairness(bins, tmp):
             ctl(bins, d, "set-policy", "none")
             check(ctl_json(bins, d, "policy")["policy"] == "none", "set-policy none did not stick")
             now = time.monotonic()
-            for load in loads:
-                load.wait_until(lambda l, t=now + 4.0: l.reports and l.reports[-1][0] >= t, 15,
-                                "reports under policy none")
-            shares_none, util_none = measure_shares(loads, [long_k, short_k], now + 0.5, now + 4.0)
+            shares_none, util_none = measure_between(loads, [long_k, short_k], now + 0.5, now + 4.0, 15)
             result("fairness.none.long_share", f"{shares_none[0]:.3f}")
             result("fairness.none.short_share", f"{shares_none[1]:.3f}")
             result("fairness.none.gpu_utilisation", f"{util_none:.3f}")
@@ -468,10 +469,7 @@ def case_weights(bins, tmp):
             out = ctl(bins, d, "set-weight", "host/w-a", "300").stdout
             log(f"set-weight: {out.strip()}")
             now = time.monotonic()
-            for load in loads:
-                load.wait_until(lambda l, t=now + 3.5: l.reports and l.reports[-1][0] >= t, 15,
-                                "reports after set-weight")
-            shares, _ = measure_shares(loads, [k, k], now + 0.5, now + 3.5)
+            shares, _ = measure_between(loads, [k, k], now + 0.5, now + 3.5, 15)
             result("weights.3to1.a_share", f"{shares[0]:.3f}")
             result("weights.3to1.b_share", f"{shares[1]:.3f}")
             # Same tolerance and reasoning as the fairness case.
