@@ -930,8 +930,8 @@ static void pvgpu_cmd_alloc(PvgpuState *s)
     s->cmd_status = CMDST_BUSY;
     if (!pvgpu_request(s, PVGPU_MSG_CHAN_ALLOC, &a, sizeof(a), sl->index,
                        true)) {
+        /* Still BUSY: the link loss completes the command with E_LINK. */
         sl->state = SLOT_FREE;
-        s->cmd_status = CMDST_OK;
         pvgpu_link_lost(s, "write to the daemon failed");
     }
 }
@@ -967,7 +967,7 @@ static void pvgpu_cmd_free(PvgpuState *s)
     memory_region_transaction_commit();
     s->cmd_status = CMDST_BUSY;
     if (!pvgpu_request(s, PVGPU_MSG_CHAN_FREE, &ref, sizeof(ref), idx, true)) {
-        s->cmd_status = CMDST_OK;
+        /* The link loss frees the slot and completes the command (E_LINK). */
         pvgpu_link_lost(s, "write to the daemon failed");
     }
 }
