@@ -41,6 +41,7 @@ MSG_HELLO_REPLY, MSG_CHAN_REPLY, MSG_FREE_REPLY, MSG_MODE, MSG_NOTICE, MSG_ERROR
     64, 65, 66, 67, 68, 69, 70)
 ROLE_VMM, ROLE_HOST = 1, 2
 E_OK, E_VERSION, E_INVALID, E_STATE, E_LIMIT = 0, 1, 2, 3, 4
+PROTO_VERSION = 2  # PVGPU_PROTO_VERSION
 PAGE = 4096
 RING_ENTRIES = 256
 CHAN_MEM_SIZE = PAGE + RING_ENTRIES * 16
@@ -839,7 +840,8 @@ class FakeDaemon:
     def handle(self, mtype, seq, payload):
         if mtype == MSG_HELLO:
             version, role, _, _, _, _ = struct.unpack("<II16s64sII", payload)
-            check(version == 1 and role == ROLE_HOST, f"HELLO version {version} role {role}")
+            check(version == PROTO_VERSION and role == ROLE_HOST, f"HELLO version {version} role {role}")
+            # Answered as a version-1 daemon would: libpvgpu needs nothing newer.
             self.send(MSG_HELLO_REPLY, struct.pack("<IIII", E_OK, 1, 7, 4), seq)
         elif mtype == MSG_CHAN_ALLOC:
             memfd = os.memfd_create("fake-chan")
