@@ -137,7 +137,8 @@ struct Client::Impl {
     std::uint64_t next_handle = 1;
     std::unique_ptr<TransportBackend> backend;
     bool connected = false;
-    std::string lost_reason;           // why the last session ended
+    bool had_session = false;          // a session was ever established
+    std::string lost_reason;           // why the last session ended (or never began)
 
     void log(const std::string& line) const {
         if (options.log) options.log(line);
@@ -148,11 +149,11 @@ struct Client::Impl {
     void start() {
         try {
             backend->connect();
-            connected = true;
+            connected = had_session = true;
         } catch (const LinkLost& e) {
             if (backend->kind() == pvgpu::Transport::Socket || !options.reconnect) throw ClientError(e.reason);
             lost_reason = e.reason;
-            log(backend->describe() + ": " + e.reason + "; channels wait for it");
+            log(e.reason + "; channel allocations wait for it");
         }
     }
 
@@ -167,8 +168,10 @@ struct Client::Impl {
     // control pages (work that completed needs no resubmission), then
     // reconnect with backoff, re-allocate every channel and resubmit.
     void recover() {
+        const bool reconnecting = had_session;
         drop_session();
-        const std::string why = "lost " + backend->describe() + " (" + lost_reason + ")";
+        const std::string why = (reconnecting ? "lost " + backend->describe() : backend->describe() + " is not up") +
+                                " (" + lost_reason + ")";
         if (!options.reconnect) throw ClientError(why);
         log(why + "; reconnecting");
 
@@ -178,15 +181,15 @@ struct Client::Impl {
         for (unsigned attempt = 1;; ++attempt) {
             try {
                 backend->connect();
-                connected = true;
+                connected = had_session = true;
                 for (auto& [handle, c] : channels) {
                     if (!c.dead.empty()) continue;  // a dead channel stays dead
                     attach(c, backend->allocate());
                     resubmit(c);
                 }
-                ++stats.reconnects;
-                log("reconnected to " + backend->describe() + " after " + std::to_string(attempt) +
-                    " attempt(s)");
+                if (reconnecting) ++stats.reconnects;
+                log(std::string(reconnecting ? "reconnected: " : "up: ") + backend->describe() + " after " +
+                    std::to_string(attempt) + " attempt(s)");
                 return;
             } catch (const LinkLost& e) {
                 drop_session();

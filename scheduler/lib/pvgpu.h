@@ -9,9 +9,10 @@
 //    Completion waits sleep in PVGPU_IOC_WAIT (interrupt-driven).
 // Auto (the default) uses the device if its node exists, else the socket.
 //
-// Socket transport: a host process connects to the daemon's client socket, allocates channels
-// and submits work by writing ring entries into shared memory and ringing a
-// doorbell; nothing on the submission path goes through the socket.  The
+// Socket transport: a host process connects to the daemon's client socket,
+// allocates channels and submits work by writing ring entries into shared
+// memory and ringing a doorbell; nothing on the submission path goes through
+// the socket.  The
 // socket carries the rest: HELLO, channel allocation, and the MODE messages
 // the daemon pushes (the library answers them while the application waits;
 // the daemon enforces every mode itself, so a host client only stops ringing
@@ -27,9 +28,10 @@
 // entry that was running when the daemon died may run twice (at-least-once).
 //
 // Threading: a Client and its Channels are used from one thread at a time.
-// Errors are reported as pvgpu::ClientError.
+// Errors are reported as pvgpu::ClientError; device errors name the node,
+// the ioctl and the errno.
 //
-//     pvgpu::Client client("/run/pvgpu/pvgpud.sock", "render");
+//     pvgpu::Client client(pvgpu::ClientOptions{});  // /dev/pvgpu in a VM, else the socket
 //     pvgpu::Channel ch = client.alloc_channel();
 //     std::uint64_t f = ch.submit(500'000);   // a 500 us kernel
 //     ch.wait(f);

@@ -544,6 +544,7 @@ TEST_CASE("link down: allocation waits for it, up to the reconnect timeout") {
         pvgpu::Channel ch = client.alloc_channel();
         CHECK(ch);
         CHECK(dev->link_gen == 2);
+        CHECK(client.stats().reconnects == 0);  // it was never connected
     }
     SECTION("stays down") {
         auto dev = std::make_shared<FakeDevice>();
