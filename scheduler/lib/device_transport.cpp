@@ -77,9 +77,9 @@ public:
     void connect() override {
         info_ = query_info();
         require_link();
-        if (options_.weight == 0) return;
-        // After a reconnect pvgpud no longer knows the weight: apply it in
-        // every session, not only the first.
+        // Once set, the driver keeps the weight and sends it again after a
+        // reconnect of the device (docs/guest.md section 7).
+        if (options_.weight == 0 || weight_applied_) return;
         pvgpu_ioc_set_weight w{};
         w.size = sizeof w;
         w.pid = 0;
@@ -90,6 +90,10 @@ public:
             throw ClientError("PVGPU_IOC_SET_WEIGHT(" + std::to_string(options_.weight) + ") on " + ops_->path() +
                               " failed: " + errno_text(err));
         }
+        weight_applied_ = true;
+        if (info_.pid_hints == 0)
+            log(ops_->path() + ": pid hints are off in this VM (module parameter pid_hints=0), so the task "
+                               "weight " + std::to_string(options_.weight) + " has no effect");
     }
 
     void disconnect() override {}
@@ -100,10 +104,14 @@ public:
         if (const int err = retry_eintr([&] { return ops_->alloc(a); })) {
             info_ = query_info();
             require_link();
+            std::string why;
             if (err == ENOSPC)
                 throw ClientError("no free channel on " + ops_->path() + ": " + std::to_string(info_.slots_used) +
                                   " of " + std::to_string(info_.num_slots) + " slots in use in this VM");
-            throw ClientError("PVGPU_IOC_ALLOC on " + ops_->path() + " failed: " + errno_text(err));
+            if (err == EDQUOT) why = " (pvgpud refused: the VM's channel limit)";
+            if (err == EBUSY) why = " (pvgpud refused: channels with and without pid hints in one VM)";
+            if (err == ETIMEDOUT) why = " (pvgpud did not answer in time; see the driver's cmd_timeout_ms)";
+            throw ClientError("PVGPU_IOC_ALLOC on " + ops_->path() + " failed: " + errno_text(err) + why);
         }
         ChannelLink link;
         link.handle = a.handle;
@@ -247,6 +255,7 @@ private:
     std::unique_ptr<DeviceOps> ops_;
     const ClientOptions& options_;
     pvgpu_ioc_info info_{};
+    bool weight_applied_ = false;
 };
 
 }  // namespace

@@ -84,8 +84,9 @@ struct ClientOptions {
     std::string device_path;
     // Device transport: this process's weight among the tasks of its VM
     // (1..10000, like nice; the VM's own share is the host admin's).  Applied
-    // with PVGPU_IOC_SET_WEIGHT when the client opens the device and again
-    // after every reconnect of the device to pvgpud.  0: leave it as it is
+    // with PVGPU_IOC_SET_WEIGHT when the client opens the device (or, if its
+    // link is down then, at the first session; the driver re-sends it after a
+    // reconnect).  0: leave it as it is
     // (default 100).  On the socket transport a non-zero weight is an error:
     // the protocol gives host tasks no say in their own weight (the admin sets
     // it with `pvgpuctl set-weight host/NAME W`).

@@ -567,7 +567,7 @@ TEST_CASE("link down: allocation waits for it, up to the reconnect timeout") {
         dev->lose_link(1'000'000);
         CHECK_THROWS_WITH(ch.wait(f), Contains("lost the link of /dev/fake-pvgpu") && Contains("error 0x80"));
     }
-    SECTION("the weight is applied again after a reconnect") {
+    SECTION("the weight is applied once, also when the link was down at first") {
         auto dev = std::make_shared<FakeDevice>();
         pvgpu::ClientOptions o = fast_options();
         o.weight = 300;
@@ -576,7 +576,16 @@ TEST_CASE("link down: allocation waits for it, up to the reconnect timeout") {
         const std::uint64_t f = ch.submit(1);
         dev->lose_link(2);
         REQUIRE(ch.wait(f));
-        CHECK(dev->weights.size() == 2);
+        CHECK(dev->weights.size() == 1);  // the driver sends it again itself
+
+        auto down = std::make_shared<FakeDevice>();
+        down->link = PVGPU_LINK_DOWN;
+        down->down_for_infos = 2;
+        pvgpu::Client late = fake_client(down, o);
+        CHECK(down->weights.empty());
+        pvgpu::Channel c2 = late.alloc_channel();
+        REQUIRE(down->weights.size() == 1);
+        CHECK(down->weights[0].weight == 300);
     }
 }
 
