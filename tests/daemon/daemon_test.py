@@ -900,7 +900,8 @@ class FakeDaemon:
 
 
 def case_library(bins, tmp):
-    """libpvgpu's API (tests/daemon/libpvgpu_test.cpp, Catch2) against pvgpud."""
+    """libpvgpu's API (tests/daemon/libpvgpu_test.cpp, Catch2) against pvgpud, and
+    pvgpu-load's transport choice and info."""
     check(bins.libtest, "--libtest not given")
     d = Daemon(bins, tmp)
     d.start()
@@ -911,9 +912,47 @@ def case_library(bins, tmp):
             print(line if line.startswith("RESULT") else f"#   {line}")
         print(p.stderr, end="")
         check(p.returncode == 0, f"libpvgpu tests: exit status {p.returncode}")
+        check_load_info(bins, d, tmp)
         check(d.alive(), "pvgpud died")
     finally:
         d.stop()
+
+
+def check_load_info(bins, d, tmp):
+    """pvgpu-load info and the transport choice: the socket by default on a
+    host, the device node whenever it exists ($PVGPU_DEVICE), --weight refused
+    on the socket."""
+    def load(*args, **env_extra):
+        env = {k: v for k, v in os.environ.items() if k not in ("PVGPU_DEVICE", "PVGPU_SOCKET")}
+        env.update(env_extra)
+        return subprocess.run([bins.load, *args], env=env, capture_output=True, text=True, timeout=15)
+
+    p = load("info", PVGPU_SOCKET=d.socket, PVGPU_DEVICE=os.path.join(tmp, "no-such-device"))
+    check(p.returncode == 0, f"info: exit {p.returncode}: {p.stderr}")
+    info = dict(line.split("=", 1) for line in p.stdout.splitlines())
+    log(f"pvgpu-load info: {info}")
+    check(list(info) == ["transport", "socket", "protocol_version", "client_id", "max_channels"],
+          f"info keys: {list(info)}")
+    check(info["transport"] == "socket" and info["socket"] == d.socket, f"info: {info}")
+    check(int(info["protocol_version"]) >= 1 and int(info["client_id"]) >= 1 and int(info["max_channels"]) >= 1,
+          f"info values: {info}")
+
+    # A device node that exists wins over the socket (here a regular file, so
+    # the first ioctl fails and says so); --socket forces the socket.
+    fake_node = os.path.join(tmp, "not-a-device")
+    with open(fake_node, "w"):
+        pass
+    p = load("info", PVGPU_SOCKET=d.socket, PVGPU_DEVICE=fake_node)
+    check(p.returncode == 1 and f"PVGPU_IOC_INFO on {fake_node} failed" in p.stderr,
+          f"auto with a device node: exit {p.returncode}: {p.stderr}")
+    p = load("info", "--socket", d.socket, PVGPU_DEVICE=fake_node)
+    check(p.returncode == 0 and "transport=socket" in p.stdout, f"--socket: exit {p.returncode}: {p.stderr}")
+
+    p = load("bench", "--socket", d.socket, "--kernel-us", "10", "--kernels", "1", "--weight", "50")
+    check(p.returncode == 1 and "only inside a VM" in p.stderr and p.stdout == "",
+          f"--weight on the socket: exit {p.returncode}: {p.stderr}")
+    p = load("info", "--weight", "10001")
+    check(p.returncode == 2 and "out of range 1..10000" in p.stderr, f"--weight 10001: exit {p.returncode}")
 
 
 def case_client(bins, tmp):
