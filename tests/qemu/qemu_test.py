@@ -70,7 +70,7 @@ REG_MAGIC, REG_VERSION, REG_NUM_SLOTS, REG_LINK = 0x00, 0x04, 0x08, 0x0C
 REG_CMD, REG_CMD_STATUS, REG_ARG0, REG_ARG1 = 0x10, 0x14, 0x18, 0x1C
 REG_RESULT0, REG_RESULT1, REG_IRQ_STATUS, REG_IRQ_ACK = 0x20, 0x24, 0x28, 0x2C
 REG_IRQ_MASK, REG_BAD_ACCESS, REG_LINK_GEN, REG_ARG2 = 0x30, 0x34, 0x38, 0x3C
-REG_TASK_NAME, TASK_NAME_LEN = 0x200, 32
+REG_TASK_NAME, TASK_NAME_LEN = 0xa00, 32
 DEV_VERSION = 2
 REG_FENCE_DONE_LO, REG_FENCE_DONE_HI = 0x40, 0x44
 REG_SLOT_BASE, SLOT_STATE, SLOT_MODE, SLOT_CHAN_ID, SLOT_NOTICE = 0x100, 0x0, 0x4, 0x8, 0xC
@@ -1007,15 +1007,15 @@ def check_fence_waits_fake(dev, fake):
 
 
 def check_slots_limit(bins, tmp, sock, vm_uuid):
-    """More than 16 slots would put slot registers under TASK_NAME (0x200)."""
+    """A device has at most 64 slots (the wait registers end where TASK_NAME begins)."""
     p = subprocess.run([bins.qemu, "-machine", "q35", "-accel", "qtest", "-display", "none",
                         "-nodefaults", "-bios", os.path.join(tmp, "bios.bin"), "-uuid", str(vm_uuid),
                         # nothing listens there: this QEMU must not take the fake's connection
                         "-chardev", f"socket,id=pv2,path={sock}.none,reconnect=1",
-                        "-device", "pvgpu,chardev=pv2,slots=32"],
+                        "-device", "pvgpu,chardev=pv2,slots=128"],
                        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
-    check(p.returncode != 0 and "'slots' must be a power of two in 1..16 (got 32)" in p.stderr,
-          f"slots=32: exit {p.returncode}, stderr {p.stderr.strip()!r}")
+    check(p.returncode != 0 and "'slots' must be a power of two in 1..64 (got 128)" in p.stderr,
+          f"slots=128: exit {p.returncode}, stderr {p.stderr.strip()!r}")
 
 
 def check_task_names_fake(dev, fake):

@@ -90,7 +90,7 @@ OBJECT_DECLARE_SIMPLE_TYPE(PvgpuState, PVGPU)
 #define   SLOT_REG_CHAN_ID      0x8   /*   ro: daemon channel id */
 #define   SLOT_REG_NOTICE       0xc   /*   ro: last PVGPU_NOTICE_* (0: none) */
 #define REG_SLOT_STRIDE         0x10
-#define REG_TASK_NAME           0x200 /* rw, 32 bytes: name for the next CHAN_ALLOC */
+#define REG_TASK_NAME           0xa00 /* rw, 32 bytes: name for the next CHAN_ALLOC */
 #define TASK_NAME_LEN           32    /* = sizeof(pvgpu_chan_alloc.task_name) */
 #define REG_WAIT_BASE           0x600 /* per slot, 16 bytes each: */
 #define   WAIT_REG_STATUS       0x0   /*   ro: WAIT_* */
@@ -143,14 +143,14 @@ OBJECT_DECLARE_SIMPLE_TYPE(PvgpuState, PVGPU)
 #define SLOT_CTRL_STRIDE        (2 * PVGPU_PAGE_SIZE)
 #define SLOT_DOORBELL_OFF       PVGPU_PAGE_SIZE
 
-/* The slot registers (0x100 + 16 * slot) end where TASK_NAME begins. */
-#define PVGPU_MAX_SLOTS         16
+#define PVGPU_MAX_SLOTS         64
 #define PVGPU_SHADOW_REFRESH_MS 1
 #define PVGPU_FENCE_POLL_NS     (200 * 1000)  /* fence wait check while armed */
 #define PVGPU_MAX_REQUESTS      (PVGPU_MAX_SLOTS + 4)
 
-QEMU_BUILD_BUG_ON(REG_SLOT_BASE + PVGPU_MAX_SLOTS * REG_SLOT_STRIDE > REG_TASK_NAME);
-QEMU_BUILD_BUG_ON(REG_TASK_NAME + TASK_NAME_LEN > REG_WAIT_BASE);
+/* Slot registers, then wait registers, then TASK_NAME: no overlap. */
+QEMU_BUILD_BUG_ON(REG_SLOT_BASE + PVGPU_MAX_SLOTS * REG_SLOT_STRIDE > REG_WAIT_BASE);
+QEMU_BUILD_BUG_ON(REG_WAIT_BASE + PVGPU_MAX_SLOTS * REG_WAIT_STRIDE > REG_TASK_NAME);
 QEMU_BUILD_BUG_ON(TASK_NAME_LEN != sizeof_field(struct pvgpu_chan_alloc, task_name));
 
 /* ------------------------------------------------------------------------ */
@@ -1076,6 +1076,9 @@ static uint64_t pvgpu_mmio_read(void *opaque, hwaddr addr, unsigned size)
         s->bad_access++;
         return ~0ull;
     }
+    if (addr >= REG_TASK_NAME && addr < REG_TASK_NAME + TASK_NAME_LEN) {
+        return ldl_le_p(&s->task_name[addr - REG_TASK_NAME]);
+    }
     if (addr >= REG_WAIT_BASE) {
         uint32_t idx = (addr - REG_WAIT_BASE) / REG_WAIT_STRIDE;
         PvgpuSlot *sl;
@@ -1093,9 +1096,6 @@ static uint64_t pvgpu_mmio_read(void *opaque, hwaddr addr, unsigned size)
             return sl->wait_error;
         }
         return 0;
-    }
-    if (addr >= REG_TASK_NAME && addr < REG_TASK_NAME + TASK_NAME_LEN) {
-        return ldl_le_p(&s->task_name[addr - REG_TASK_NAME]);
     }
     if (addr >= REG_SLOT_BASE) {
         uint32_t idx = (addr - REG_SLOT_BASE) / REG_SLOT_STRIDE;
