@@ -93,6 +93,7 @@ struct pvgpu_slot {
 	wait_queue_head_t wq;
 	u32 event_seq;		/* bumped on every change a waiter must see */
 	bool armed;		/* the device has a wait armed on the slot */
+	u32 wait_ends;		/* device wait endings seen by the IRQ handler */
 	bool reached_valid;
 	u32 reached;		/* a fence the device reported reached */
 	bool dead;		/* the channel died: waits end DEAD until freed */
@@ -600,6 +601,7 @@ static void pvgpu_fence_irq(struct pvgpu_dev *dev)
 		spin_lock_irqsave(&dev->lock, flags);
 		if (s->use == PVGPU_USE_OWNED && ws != PVGPU_WS_ARMED) {
 			s->armed = false;
+			s->wait_ends++;
 			if (ws == PVGPU_WS_OK) {
 				if (!s->reached_valid || fence_reached(wf, s->reached))
 					s->reached = wf;
@@ -937,7 +939,7 @@ static int pvgpu_arm(struct pvgpu_dev *dev, struct pvgpu_slot *s, u32 handle,
 {
 	struct pvgpu_waiter *w;
 	unsigned long flags;
-	u32 target = 0, r1 = 0, we;
+	u32 target = 0, r1 = 0, we, ends;
 	bool have = false;
 	int st;
 
@@ -956,7 +958,12 @@ static int pvgpu_arm(struct pvgpu_dev *dev, struct pvgpu_slot *s, u32 handle,
 			target = w->fence;
 		have = true;
 	}
+	/*
+	 * Armed from here on: the IRQ handler clears it when the wait ends,
+	 * possibly before this command's result is looked at below.
+	 */
 	s->armed = true;
+	ends = s->wait_ends;
 	spin_unlock_irqrestore(&dev->lock, flags);
 
 	st = pvgpu_cmd(dev, PVGPU_CMD_FENCE_WAIT, handle, target, 0, NULL, &r1,
@@ -973,9 +980,10 @@ static int pvgpu_arm(struct pvgpu_dev *dev, struct pvgpu_slot *s, u32 handle,
 			s->armed = false;
 			pvgpu_mark_dead(s, we ? we : PVGPU_CHAN_ERR_LOST);
 		} else if (st == PVGPU_ST_E_INVALID && r1 == PVGPU_WS_ARMED) {
-			s->armed = true;	/* an earlier wait is still armed */
-		} else if (st == PVGPU_ST_OK) {
-			s->armed = r1 == PVGPU_WS_ARMED;
+			/* an earlier wait is armed, unless it ended meanwhile */
+			s->armed = s->wait_ends == ends;
+		} else if (st == PVGPU_ST_OK && r1 == PVGPU_WS_ARMED) {
+			/* armed; s->armed is false already if it ended meanwhile */
 		} else if (st == PVGPU_ST_E_INVALID) {
 			/* the device does not hold the channel any more */
 			s->armed = false;
