@@ -883,6 +883,11 @@ static int cmd_lost(int argc, char **argv)
 	if (argc > 1 || (argc == 1 && !recover))
 		return -1;
 	gen = info(fd).link_gen;
+	if (info(fd).device_version >= 2) {
+		/* The driver must send it again to the restarted daemon. */
+		expect_errno("SET_WEIGHT 250", set_weight(fd, 0, 250), 0);
+		note("weight 250 set for pid %d", (int)getpid());
+	}
 	chan_open(&c, fd);
 	/* 200 s of work (1 s kernels, under the watchdog): the daemon dies first. */
 	for (int i = 0; i < 200; i++)
@@ -924,6 +929,13 @@ static int cmd_lost(int argc, char **argv)
 	chan_open(&fresh, fd);
 	chan_push(&fresh, 1000, true);
 	chan_wait(&fresh, 1, 30);
+	/* 3 s more work so the host can look at the task entity meanwhile. */
+	note("new channel %u works; busy for 3 s (task-%d)", fresh.handle, (int)getpid());
+	for (int i = 0; i < 1500; i++)
+		chan_push(&fresh, 2000000, true);
+	chan_wait(&fresh, fresh.put, 60);
+	if (info(fd).device_version >= 2 && info(fd).weight != 250)
+		fail("INFO.weight %u after the restart, want 250", info(fd).weight);
 	chan_close(&fresh);
 	note("recovered: the old handle stayed DEAD/0x80 until freed, a new channel works");
 	close(fd);
