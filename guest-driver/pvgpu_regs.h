@@ -42,7 +42,7 @@
 #define PVGPU_REG_SLOT_MODE(i)		(0x104 + 16 * (i))
 #define PVGPU_REG_SLOT_CHAN_ID(i)	(0x108 + 16 * (i))
 #define PVGPU_REG_SLOT_NOTICE(i)	(0x10c + 16 * (i))
-#define PVGPU_REG_TASK_NAME(k)		(0x200 + 4 * (k))	/* VERSION >= 2 */
+#define PVGPU_REG_TASK_NAME(k)		(0xa00 + 4 * (k))	/* VERSION >= 2 */
 #define PVGPU_TASK_NAME_LEN		32
 #define PVGPU_REG_WAIT_STATUS(i)	(0x600 + 16 * (i))
 #define PVGPU_REG_WAIT_FENCE(i)		(0x604 + 16 * (i))
