@@ -242,7 +242,7 @@ static int pvgpu_mbox_settle(struct pvgpu_dev *dev, long timeout)
 	if (!wait_event_timeout(dev->cmd_wq,
 				pvgpu_cmd_settled(dev) || READ_ONCE(dev->dying),
 				timeout))
-		return -EBUSY;
+		return -ETIME;	/* the daemon still has not answered it */
 	if (!pvgpu_cmd_settled(dev))
 		return -ENODEV;
 	status = pvgpu_rd(dev, PVGPU_REG_CMD_STATUS);

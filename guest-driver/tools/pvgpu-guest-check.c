@@ -942,6 +942,49 @@ static int cmd_lost(int argc, char **argv)
 	return 0;
 }
 
+/*
+ * For the daemon-stall test: print "alloc-timeout: ready", then allocate
+ * until an ALLOC fails ETIMEDOUT (the host stops pvgpud with SIGSTOP), print
+ * "alloc-timeout: timed out" (the host resumes it with SIGCONT): the daemon's
+ * late answer allocates a channel nobody owns, which the driver must free.
+ */
+static int cmd_alloc_timeout(int argc, char **argv)
+{
+	int fd = dev_open(), e = 0;
+	uint32_t before = info(fd).slots_used;
+	struct pvgpu_ioc_alloc a;
+	struct chan c;
+	double end;
+
+	(void)argv;
+	if (argc)
+		return -1;
+	note("ready: stop pvgpud (SIGSTOP) now");
+	end = now_s() + 120;
+	while (now_s() < end) {
+		e = try_alloc(fd, &a);
+		if (e)
+			break;
+		free_chan(fd, a.handle);
+	}
+	expect_errno("ALLOC while the daemon is stopped", e, ETIMEDOUT);
+	note("timed out: resume pvgpud (SIGCONT) now");
+	end = now_s() + 120;
+	while (info(fd).slots_used != before) {
+		if (now_s() > end)
+			fail("slots_used %u 120 s after the timeout, was %u: the late channel was not freed",
+			     info(fd).slots_used, before);
+		pause_ms(50);
+	}
+	chan_open(&c, fd);
+	chan_push(&c, 1000, true);
+	chan_wait(&c, 1, 30);
+	chan_close(&c);
+	note("the late channel was freed (slots_used back to %u); new work completes", before);
+	close(fd);
+	return 0;
+}
+
 static const struct {
 	const char *name;
 	const char *args;
@@ -958,6 +1001,8 @@ static const struct {
 	{ "kill-wait", "", cmd_kill_wait, "SIGKILL a child blocked in WAIT; its channel is freed" },
 	{ "fill-ring", "", cmd_fill_ring, "a child fills its ring and exits; channel freed" },
 	{ "weight", "W", cmd_weight, "SET_WEIGHT own process; EPERM for pid 1 without caps" },
+	{ "alloc-timeout", "", cmd_alloc_timeout,
+	  "for the daemon stall test: ALLOC ETIMEDOUT, the late channel freed" },
 	{ "lost", "[--recover]", cmd_lost,
 	  "for the daemon restart test: WAIT ends DEAD/0x80 (see docs/guest.md)" },
 };
