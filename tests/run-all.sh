@@ -25,15 +25,21 @@ meson test -C "$build" --benchmark --print-errorlogs || status=1
 python3 - "$build/meson-logs/testlog-tests.json" "$build/meson-logs/testlog.json" <<'PY'
 import json, sys
 passed = failed = skipped = 0
+xfail = []
 for path in sys.argv[1:]:
     for line in open(path):
-        r = json.loads(line)["result"]
+        t = json.loads(line)
+        r = t["result"]
+        if r == "EXPECTEDFAIL":
+            xfail.append(t["name"])
         if r in ("OK", "EXPECTEDFAIL"):
             passed += 1
         elif r == "SKIP":
             skipped += 1
         else:
             failed += 1
+if xfail:
+    print("known unmet targets (expected failures, counted as passed): " + ", ".join(xfail))
 print("%d passed, %d failed, %d skipped" % (passed, failed, skipped))
 PY
 exit $status
