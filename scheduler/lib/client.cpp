@@ -307,7 +307,8 @@ struct Client::Impl {
     bool refresh(ChannelState& c) {
         if (!c.link.attached() || c.lost) return false;
         const pvgpu_ctrl_page& page = *c.link.ctrl;
-        const std::uint32_t fence = load_acquire(page.fence);
+        std::uint32_t fence = load_acquire(page.fence);
+        if (c.link.reached_valid && static_cast<std::int32_t>(c.link.reached - fence) > 0) fence = c.link.reached;
         // Only we store IB_PUT, in every mode (a shadow page holds our
         // stores).  Another value means the page is no longer our channel:
         // the device re-allocated the slot after a reconnect (a fresh page),

@@ -171,7 +171,11 @@ public:
                                   " dead without an error code");
             // The control page says the same; this saves relying on it.
             target->link->error = w.error;
-        } else if (w.status != PVGPU_WAIT_OK) {
+        } else if (w.status == PVGPU_WAIT_OK) {
+            ChannelLink& l = *target->link;
+            if (!l.reached_valid || static_cast<std::int32_t>(w.fence - l.reached) > 0) l.reached = w.fence;
+            l.reached_valid = true;
+        } else {
             throw ClientError("PVGPU_IOC_WAIT on " + ops_->path() + " returned unknown status " +
                               std::to_string(w.status));
         }

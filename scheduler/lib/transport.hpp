@@ -108,6 +108,12 @@ struct ChannelLink {
     // Device transport: the driver's handle and the doorbell register.
     std::uint32_t handle = 0;
     volatile std::uint32_t* doorbell_reg = nullptr;
+    // The highest fence a WAIT reported reached.  The driver reads it from
+    // the device's wait registers (the real channel), while a shadowed
+    // control page shows a copy refreshed only every millisecond: without
+    // this, a wait that ended would find FENCE behind and wait again at once.
+    std::uint32_t reached = 0;
+    bool reached_valid = false;
 
     bool attached() const { return ctrl != nullptr; }
 };
