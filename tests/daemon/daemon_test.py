@@ -1008,17 +1008,17 @@ def list_at(bins, daemon):
     return (t0 + time.monotonic()) / 2, entities_by_path(listing)
 
 
-# Largest |pvgpuctl - clients| allowed, from the spread measured on the
-# 2-core machine (docs/results.md, "Monitoring under every policy"): GPU
-# time per entity as a fraction of the interval's GPU time (worst seen 0.022,
-# hfq, whose releases of held work start kernels on an idle engine that the
-# daemon sees only by its settle reads, late by timer latency under load;
-# 0.009 under none), the window's achieved share (worst 0.008) and Jain's
-# index (worst 0.006).  Both sides have real-time jitter: the clients report
-# every 0.1 s and their counts are interpolated between reports.
-MONITOR_GPU_TIME_TOL = 0.04
-MONITOR_SHARE_TOL = 0.03
-MONITOR_JAIN_TOL = 0.03
+# Largest |pvgpuctl - clients| allowed, from the spread of three runs on the
+# shared 2-core machine (docs/results.md section 12): GPU time per entity as
+# a fraction of the interval's GPU time (worst 0.044, timeslice; 0.006 under
+# none), the window's achieved share (worst 0.042) and Jain's index (worst
+# 0.019).  Under timeslice, dfq and hfq the short-kernel client owns the GPU
+# alone in turns, so each kernel starts on an idle engine; the daemon sees
+# that start only through its settle reads, late by its timer latency under
+# load.  The clients report every 0.1 s and are interpolated between reports.
+MONITOR_GPU_TIME_TOL = 0.06
+MONITOR_SHARE_TOL = 0.06
+MONITOR_JAIN_TOL = 0.04
 
 
 def case_monitoring(bins, tmp):
