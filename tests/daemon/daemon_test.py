@@ -1002,10 +1002,11 @@ def fairness_of(achieved, target):
 
 
 def list_at(bins, daemon):
-    """`pvgpuctl list --json` and the CLOCK_MONOTONIC time it describes."""
+    """`pvgpuctl list --json` (by path), the CLOCK_MONOTONIC time it
+    describes and the length of the window its achieved shares cover."""
     t0 = time.monotonic()
     listing = ctl_json(bins, daemon, "list")
-    return (t0 + time.monotonic()) / 2, entities_by_path(listing)
+    return (t0 + time.monotonic()) / 2, entities_by_path(listing), listing["window_s"]
 
 
 # Largest |pvgpuctl - clients| allowed, from the spread of three runs on the
@@ -1036,17 +1037,16 @@ def case_monitoring(bins, tmp):
             load.wait_until(lambda l: len(l.reports) >= 1, 10, "its first report")
         for policy in ("none", "timeslice", "dfq", "hfq"):
             ctl(bins, d, "set-policy", policy)
-            window = ctl_json(bins, d, "list").get("window_s", 2.0)
-            # Let the daemon's window fill with this policy only.
-            settle_until = time.monotonic() + window + 0.3
+            # Let the daemon's window (2 s) fill with this policy only.
+            settle_until = time.monotonic() + 2.3
             for load in loads:
-                load.wait_until(lambda l, t=settle_until: l.reports and l.reports[-1][0] >= t, window + 10,
+                load.wait_until(lambda l, t=settle_until: l.reports and l.reports[-1][0] >= t, 12,
                                 "the window to fill")
-            ta, before = list_at(bins, d)
+            ta, before, _ = list_at(bins, d)
             tb_due = ta + 3.0
             for load in loads:
                 load.wait_until(lambda l, t=tb_due: l.reports and l.reports[-1][0] >= t, 15, "3 s of reports")
-            tb, after = list_at(bins, d)
+            tb, after, window = list_at(bins, d)
             stats = ctl_json(bins, d, "stats")
             for load in loads:  # reports past tb, to interpolate at tb
                 load.wait_until(lambda l, t=tb: l.reports and l.reports[-1][0] >= t + 0.05, 10, "a report past tb")
