@@ -2,6 +2,11 @@
 """Reproduce the experiments of docs/results.md with pvgpu-sim.
 
 Usage: python3 docs/experiments.py PVGPU_SIM OUT_DIR [--bench PVGPU_BENCH_DECISION]
+                                   [--only NAME,NAME,...]
+
+NAME is one of: fairness, thesis_5421, thesis_5422, nested, gdev, accuracy,
+accounting_all, grace, anticipation, overhead, bench (default: all; bench
+only with --bench).
 
 Runs every experiment of DESIGN.md section 8 on the bundled scenarios (variants
 are made by editing the JSON, never by hand), prints markdown tables on stdout
@@ -246,28 +251,64 @@ def accounting_all(r, out):
     out.write(table(["scenario", "round-robin", "timeslice"], rows) + "\n")
 
 
-def grace(r, out):
-    out.write("## Work conservation against protection: hfq's grace_us\n\n")
+def hfq_sweep(r, out, param, values, scenarios):
+    """Worst share error and idle-with-work of hfq per scenario, value of
+    `param` and GPU model."""
     rows = []
-    for name in ["design-example", "demo", "low-demand", "mixed"]:
+    for name in scenarios:
         base = load(name)
-        for g in [20, 50, 100, 200]:
-            sc = json.loads(json.dumps(base))
-            row = [name, g]
+        for v in values:
+            row = [name, v]
             for arb in ARBS:
-                sc2 = json.loads(json.dumps(sc))
-                sc2["policy"] = {"name": "hfq", "params": {"grace_us": g}}
-                sc2.setdefault("gpu", {})["arbitration"] = arb
-                path = os.path.join(r.tmp, "grace.json")
+                sc = json.loads(json.dumps(base))
+                sc["policy"] = {"name": "hfq", "params": {param: v}}
+                sc.setdefault("gpu", {})["arbitration"] = arb
+                path = os.path.join(r.tmp, "sweep.json")
                 with open(path, "w") as f:
-                    json.dump(sc2, f)
+                    json.dump(sc, f)
                 rep = json.loads(subprocess.run([r.sim, "run", path, "--json"], check=True,
                                                 capture_output=True, text=True).stdout)
                 row += ["%.4f" % rep["metrics"]["max_share_error"],
                         "%.4f" % rep["gpu"]["idle_with_demand_fraction"]]
             rows.append(row)
-    out.write(table(["scenario", "grace_us", "error (rr)", "idle w/ work (rr)", "error (ts)",
+    out.write(table(["scenario", param, "error (rr)", "idle w/ work (rr)", "error (ts)",
                      "idle w/ work (ts)"], rows) + "\n")
+
+
+def grace(r, out):
+    out.write("## Work conservation against protection: hfq's grace_us\n\n")
+    hfq_sweep(r, out, "grace_us", [20, 50, 100, 200], ["design-example", "demo", "low-demand", "mixed"])
+
+
+def anticipation(r, out):
+    out.write("## hfq's anticipate_us: protection of bursty leaves against idle GPU\n\n")
+    hfq_sweep(r, out, "anticipate_us", [0, 250, 500, 1000, 2000],
+              ["design-example", "low-demand", "demo", "mixed", "flat"])
+
+
+def overhead_gapped(r, out):
+    # One task with CPU gaps, mechanism costs of a real host (trap exit 2 us,
+    # remap 50 us, engine-status read 1 us): what hfq costs against none.
+    base = load("overhead")
+    base["costs"] = {"trap_us": 2, "remap_us": 50, "poll_us": 1}
+    rows = []
+    for us, gap in [(500, 0), (500, 50), (500, 500), (100, 100), (4000, 200)]:
+        sc = json.loads(json.dumps(base))
+        sc["tree"][0]["children"][0]["workload"].update({"kernel_us": us, "gap_us": gap})
+        for arb in ARBS:
+            none = r.run(sc, "none", arb)
+            hfq = r.run(sc, "hfq", arb)
+            k0 = ent(none, "vm1/saturate")["kernels_completed"]
+            rows.append([us, gap, arb,
+                         "%.4f" % (ent(hfq, "vm1/saturate")["kernels_completed"] / k0),
+                         "%.0f" % hfq["metrics"]["scheduler_cpu_us_per_s"],
+                         "%.0f" % hfq["metrics"]["policy_cpu_us_per_s"],
+                         hfq["mechanisms"]["polls"], hfq["mechanisms"]["remaps"],
+                         hfq["mechanisms"]["policy_calls"]])
+    out.write("One task with CPU gaps, hfq against none (costs: trap 2 us, remap 50 us, "
+              "poll 1 us):\n\n")
+    out.write(table(["kernel (us)", "gap (us)", "gpu", "hfq/none kernels", "mech us/s",
+                     "policy us/s", "polls", "remaps", "decisions"], rows) + "\n")
 
 
 def overhead(r, out):
@@ -288,7 +329,8 @@ def overhead(r, out):
 
 def bench(path, out):
     out.write("## Decision cost vs number of entities\n\n")
-    res = subprocess.run([path], check=True, capture_output=True, text=True).stdout
+    res = subprocess.run([path, "--min-kernels", "10"], check=True, capture_output=True,
+                         text=True).stdout
     out.write("```\n" + res + "```\n\n")
 
 
@@ -299,6 +341,11 @@ def main():
         i = args.index("--bench")
         bench_path = args[i + 1]
         del args[i:i + 2]
+    only = None
+    if "--only" in args:
+        i = args.index("--only")
+        only = set(args[i + 1].split(","))
+        del args[i:i + 2]
     if len(args) != 2:
         sys.stderr.write(__doc__)
         return 2
@@ -308,17 +355,25 @@ def main():
     out = sys.stdout
     with tempfile.TemporaryDirectory() as tmp:
         r = Runner(sim, tmp)
-        fairness(r, out)
-        thesis_5421(r, out, plots)
-        thesis_5422(r, out, plots)
-        nested(r, out)
-        gdev(r, out, plots)
-        accuracy(r, out, plots)
-        accounting_all(r, out)
-        grace(r, out)
-        overhead(r, out)
+        parts = [("fairness", lambda: fairness(r, out)),
+                 ("thesis_5421", lambda: thesis_5421(r, out, plots)),
+                 ("thesis_5422", lambda: thesis_5422(r, out, plots)),
+                 ("nested", lambda: nested(r, out)),
+                 ("gdev", lambda: gdev(r, out, plots)),
+                 ("accuracy", lambda: accuracy(r, out, plots)),
+                 ("accounting_all", lambda: accounting_all(r, out)),
+                 ("grace", lambda: grace(r, out)),
+                 ("anticipation", lambda: anticipation(r, out)),
+                 ("overhead", lambda: (overhead(r, out), overhead_gapped(r, out)))]
         if bench_path:
-            bench(bench_path, out)
+            parts.append(("bench", lambda: bench(bench_path, out)))
+        names = {n for n, _ in parts} | {"bench"}
+        if only and not only <= names:
+            sys.stderr.write("unknown part(s): %s\n" % ", ".join(sorted(only - names)))
+            return 2
+        for name, fn in parts:
+            if only is None or name in only:
+                fn()
     return 0
 
 

@@ -7,10 +7,13 @@
 set -eu
 cd "$(dirname "$0")/.."
 build=${1:-build}
+# The test guests' kernel, the headers pvgpu.ko is built against (before the
+# build is configured), busybox and firmware.
+tests/vm/setup-guest.sh "$build"
 ./setup.sh "$build"
-# QEMU 7.2 with the pvgpu device, for the 'qemu' suite (first build ~5 min;
-# later runs reuse build/qemu-src).  PVGPU_SKIP_QEMU=1 skips it knowingly:
-# the qemu suite then reports its tests as skipped.
+# QEMU 7.2 with the pvgpu device, for the 'qemu' and 'vm' suites (first build
+# ~5 min; later runs reuse build/qemu-src).  PVGPU_SKIP_QEMU=1 skips it
+# knowingly: those suites then report their tests as skipped.
 if [ "${PVGPU_SKIP_QEMU:-0}" != 1 ]; then
     qemu-patches/build-qemu.sh
 fi

@@ -86,7 +86,9 @@ struct pvgpu_ioc_alloc {
 	pvgpu_u64 reserved[2];     /* in: 0 */
 };
 
-/* PVGPU_IOC_FREE: give a channel back (its mappings read all ones afterwards). */
+/* PVGPU_IOC_FREE: give a channel back.  The driver removes the caller's
+ * mappings of it first (a later access raises SIGBUS): the slot may be handed
+ * to another process next, so an old mapping must not reach it. */
 struct pvgpu_ioc_free {
 	pvgpu_u32 size;
 	pvgpu_u32 flags;           /* in: 0 */

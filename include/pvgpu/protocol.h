@@ -10,7 +10,9 @@
  *
  * Versioning: HELLO carries the client's version; the daemon answers with the
  * version it will speak (the lower of the two) or refuses.  Unknown message
- * types are errors; new message types need a new version.
+ * types are errors; new message types need a new version and are used only
+ * once HELLO agreed on it.  Version 2 adds TASK_WEIGHT / TASK_WEIGHT_REPLY;
+ * everything else is as in version 1.
  *
  * Admin clients (pvgpuctl) use a separate socket speaking newline-delimited
  * JSON; see docs/protocol.md.
@@ -21,7 +23,8 @@
 #include "abi.h"
 
 #define PVGPU_PROTO_MAGIC 0x55504750u /* "PGPU" little-endian */
-#define PVGPU_PROTO_VERSION 1u
+#define PVGPU_PROTO_VERSION 2u
+#define PVGPU_PROTO_VERSION_TASK_WEIGHT 2u /* first version with TASK_WEIGHT */
 #define PVGPU_PROTO_MAX_PAYLOAD 1024u /* a larger len is a protocol error */
 #define PVGPU_PROTO_MAX_FDS 2u        /* fds one message may carry */
 
@@ -41,6 +44,7 @@ enum pvgpu_msg_type {
 	PVGPU_MSG_MODE_ACK = 4,       /* struct pvgpu_mode_ack */
 	PVGPU_MSG_TRAP_REPORT = 5,    /* struct pvgpu_trap_report */
 	PVGPU_MSG_PING = 6,           /* no payload; daemon answers PONG */
+	PVGPU_MSG_TASK_WEIGHT = 7,    /* v2, VMM only: struct pvgpu_task_weight */
 
 	/* daemon -> client */
 	PVGPU_MSG_HELLO_REPLY = 64,   /* struct pvgpu_hello_reply */
@@ -50,6 +54,7 @@ enum pvgpu_msg_type {
 	PVGPU_MSG_NOTICE = 68,        /* struct pvgpu_notice (pushed) */
 	PVGPU_MSG_ERROR = 69,         /* struct pvgpu_error; the daemon may close after it */
 	PVGPU_MSG_PONG = 70,          /* no payload */
+	PVGPU_MSG_TASK_WEIGHT_REPLY = 71, /* v2: struct pvgpu_status_reply (chan_id 0) */
 };
 
 /* Client roles */
@@ -109,7 +114,16 @@ struct pvgpu_chan_ref {
 
 struct pvgpu_status_reply {
 	pvgpu_u32 status;
-	pvgpu_u32 chan_id;
+	pvgpu_u32 chan_id;         /* TASK_WEIGHT_REPLY: 0 */
+};
+
+/* Version 2, VMM only: the guest's weight for one of its tasks (the entity
+ * <vm>/task-<pid_hint>), applied inside the VM's share, never enlarging it.
+ * weight 1..PVGPU_WEIGHT_MAX sets it, 0 forgets it (back to the default). */
+struct pvgpu_task_weight {
+	pvgpu_u64 pid_hint;        /* non-zero */
+	pvgpu_u32 weight;          /* 0 or PVGPU_WEIGHT_MIN..PVGPU_WEIGHT_MAX */
+	pvgpu_u32 reserved;
 };
 
 enum pvgpu_chan_mode {
@@ -173,5 +187,6 @@ PVGPU_STATIC_ASSERT(sizeof(struct pvgpu_mode) == 16, "mode layout");
 PVGPU_STATIC_ASSERT(sizeof(struct pvgpu_mode_ack) == 16, "mode ack layout");
 PVGPU_STATIC_ASSERT(sizeof(struct pvgpu_notice) == 16, "notice layout");
 PVGPU_STATIC_ASSERT(sizeof(struct pvgpu_error) == 128, "error layout");
+PVGPU_STATIC_ASSERT(sizeof(struct pvgpu_task_weight) == 16, "task weight layout");
 
 #endif /* PVGPU_PROTOCOL_H */

@@ -19,6 +19,8 @@ using ChannelId = std::uint32_t;
 // members ask the device to allocate its own.  The GPU writes IB_GET, FENCE,
 // STATUS and ERROR into `ctrl`; `ctrl->ib_put` belongs to the submitter, the
 // GPU keeps its own IB_PUT register and learns new values from doorbells.
+// `ctrl` is tenant-writable memory: what the GPU writes there is a copy for
+// the submitter; the host reads the GPU's own registers below, never the page.
 struct ChannelMemory {
     pvgpu_ctrl_page* ctrl = nullptr;
     pvgpu_ring* ring = nullptr;
@@ -57,8 +59,10 @@ public:
     virtual void destroy_channel(ChannelId ch) = 0;
     virtual pvgpu_ring* ring(ChannelId ch) = 0;
 
-    // Registers of the GPU's own control page (what a direct mapping exposes).
-    // Writing IB_PUT is the doorbell.
+    // The GPU's own channel registers (what a direct mapping exposes; the
+    // control page holds a copy a tenant can overwrite).  Writing IB_PUT is
+    // the doorbell.  IB_GET and FENCE are the GPU's progress and cannot be
+    // faked by whatever the tenant writes into its control page.
     virtual void write_ib_put(ChannelId ch, std::uint32_t put) = 0;
     virtual std::uint32_t read_ib_put(ChannelId ch) const = 0;
     virtual std::uint32_t read_ib_get(ChannelId ch) const = 0;

@@ -45,12 +45,19 @@ template <class F> void Scheduler::call_policy(F&& f) {
         f();
         return;
     }
+    ++stats_.policy_calls;
     auto t0 = std::chrono::steady_clock::now();
     f();
     stats_.policy_cpu += std::chrono::duration_cast<std::chrono::nanoseconds>(
                              std::chrono::steady_clock::now() - t0)
                              .count();
 }
+
+TimerId Scheduler::PolicyTimers::arm(Time at, std::function<void()> fn) {
+    return s_.timers_.arm(at, [this, f = std::move(fn)] { s_.call_policy(f); });
+}
+
+void Scheduler::PolicyTimers::cancel(TimerId id) { s_.timers_.cancel(id); }
 
 void Scheduler::set_policy(std::unique_ptr<Policy> policy) {
     if (!policy) throw std::invalid_argument("scheduler needs a policy");

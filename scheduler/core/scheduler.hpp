@@ -37,7 +37,10 @@ struct SchedulerStats {
     std::uint64_t released_entries = 0;
     // Host CPU the mechanisms cost, from MechanismCosts (deterministic).
     Duration mechanism_cpu = 0;
-    // Host CPU measured inside policy callbacks (real, not deterministic).
+    // Entries into policy code: callbacks, traps, interrupts and the policy's
+    // own timers, each counted once however much it nests (a decision).
+    std::uint64_t policy_calls = 0;
+    // Host CPU measured inside those entries (real, not deterministic).
     Duration policy_cpu = 0;
 };
 
@@ -72,7 +75,7 @@ public:
 
     // --- PolicyContext ---
     Time now() const override { return clock_.now(); }
-    Timers& timers() override { return timers_; }
+    Timers& timers() override { return policy_timers_; }
     const EntityTree& tree() const override { return tree_; }
     const GpuDevice& gpu() const override { return gpu_; }
     const std::vector<ChannelId>& channels_of(EntityId leaf) const override;
@@ -101,9 +104,22 @@ private:
     // Runs a policy callback and charges its CPU time.
     template <class F> void call_policy(F&& f);
 
+    // The timers a policy sees: each expiry is an entry into policy code,
+    // timed and counted like a callback.
+    class PolicyTimers final : public Timers {
+    public:
+        explicit PolicyTimers(Scheduler& s) : s_(s) {}
+        TimerId arm(Time at, std::function<void()> fn) override;
+        void cancel(TimerId id) override;
+
+    private:
+        Scheduler& s_;
+    };
+
     GpuDevice& gpu_;
     const Clock& clock_;
     Timers& timers_;
+    PolicyTimers policy_timers_{*this};
     MechanismCosts costs_;
     EntityTree tree_;
     std::unique_ptr<Policy> policy_;

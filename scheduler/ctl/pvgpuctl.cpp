@@ -371,7 +371,10 @@ std::vector<Row> tree_rows(const json& entities) {
         while (common < shown.size() && common + 1 < parts.size() && shown[common] == parts[common]) ++common;
         for (std::size_t d = common; d + 1 < parts.size(); ++d)
             rows.push_back(Row{std::string(2 * d, ' ') + parts[d] + "/", nullptr});
-        rows.push_back(Row{std::string(2 * (parts.size() - 1), ' ') + parts.back(), e});
+        std::string label = std::string(2 * (parts.size() - 1), ' ') + parts.back();
+        // A guest task's name (its comm) says more than its pid hint.
+        if (const auto name = e->value("task_name", std::string{}); !name.empty()) label += " (" + name + ")";
+        rows.push_back(Row{std::move(label), e});
         shown = parts;
     }
     return rows;

@@ -265,6 +265,7 @@ void Daemon::on_message(ClientConn& c, wire::Message& m) {
         case PVGPU_MSG_MODE_ACK: on_mode_ack(cl, m); break;
         case PVGPU_MSG_TRAP_REPORT: on_trap_report(cl, m); break;
         case PVGPU_MSG_PING: c.send(PVGPU_MSG_PONG, m.hdr.seq); break;
+        case PVGPU_MSG_TASK_WEIGHT: on_task_weight(cl, m); break;
         default: c.fail(PVGPU_E_INVALID, std::string("unexpected message ") + wire::type_name(type)); break;
         }
     } catch (const std::exception& e) {
@@ -322,7 +323,7 @@ void Daemon::on_hello(Client& cl, const wire::Message& m) {
         std::uint32_t weight = vm_weight(uuid, raw, name);
         EntityId e = tree.add(kRootEntity, name, EntityKind::Vm, weight);
         meta_[e] = Meta{Kind::Vm, uuid, uuid, 0, {}};
-        vms_[uuid] = Vm{uuid, raw, e, conn.id(), {}};
+        vms_[uuid] = Vm{uuid, raw, e, conn.id(), {}, {}};
         cl.uuid = uuid;
         log_info("client ", conn.id(), ": VM ", name, " (", uuid, "), pid ", conn.peer().pid, ", weight ",
                  weight);
@@ -341,6 +342,7 @@ void Daemon::on_hello(Client& cl, const wire::Message& m) {
         return refuse(PVGPU_E_INVALID, "unknown role " + std::to_string(h.role));
     }
     cl.role = h.role;
+    cl.version = r.version;
     cl.hello = true;
     conn.hello_done();
     r.status = PVGPU_OK;
@@ -354,6 +356,11 @@ std::uint32_t Daemon::vm_weight(const std::string& uuid, const std::string& hell
     for (const auto& n : {hello_name, name})
         if (auto w = state_.vm_names.find(n); !n.empty() && w != state_.vm_names.end()) return w->second;
     return PVGPU_WEIGHT_DEFAULT;
+}
+
+std::uint32_t Daemon::admin_task_weight(const std::string& uuid, const std::string& key) const {
+    auto w = state_.tasks.find(uuid + "/" + key);
+    return w == state_.tasks.end() ? PVGPU_WEIGHT_DEFAULT : w->second;
 }
 
 // ---------------------------------------------------------------- channels
@@ -378,8 +385,10 @@ EntityId Daemon::leaf_for(Client& cl, std::uint64_t pid_hint, const std::string&
     }
     if (auto t = vm.tasks.find(pid_hint); t != vm.tasks.end()) return t->second;
     std::string name = "task-" + std::to_string(pid_hint);
-    auto w = state_.tasks.find(vm.uuid + "/" + name);
-    std::uint32_t weight = w == state_.tasks.end() ? PVGPU_WEIGHT_DEFAULT : w->second;
+    // What the guest asked for this task wins: it is newer than any admin
+    // weight saved for a hint (a guest pid) from an earlier session.
+    auto g = vm.guest_weights.find(pid_hint);
+    std::uint32_t weight = g != vm.guest_weights.end() ? g->second : admin_task_weight(vm.uuid, name);
     EntityId e = tree.add(vm.entity, name, EntityKind::Task, weight);
     meta_[e] = Meta{Kind::VmTask, vm.uuid, name, pid_hint, sanitize_name(task_name, 32)};
     vm.tasks[pid_hint] = e;
@@ -478,6 +487,56 @@ void Daemon::on_trap_report(Client& cl, const wire::Message& m) {
     // In any mode: a store racing a switch must not be lost.  The channel's
     // ShadowChannel counts it when trapped here too, holds it when shadowed.
     if (deliver_put(*ch, t.put) && sched_->stats().traps == before) ++counters_.untrapped_reports;
+}
+
+// The guest's weight for one of its tasks.  A child of the VM entity, so it
+// only divides the VM's share among the VM's tasks: a guest redistributes
+// its share, it can never enlarge it.
+void Daemon::on_task_weight(Client& cl, const wire::Message& m) {
+    ClientConn& conn = *cl.conn;
+    if (cl.version < PVGPU_PROTO_VERSION_TASK_WEIGHT) {
+        conn.fail(PVGPU_E_STATE, "TASK_WEIGHT needs protocol version " +
+                                     std::to_string(PVGPU_PROTO_VERSION_TASK_WEIGHT) + "; this session speaks " +
+                                     std::to_string(cl.version));
+        return;
+    }
+    if (cl.role != PVGPU_ROLE_VMM) {
+        conn.fail(PVGPU_E_STATE, "TASK_WEIGHT is for VMM clients only");
+        return;
+    }
+    const auto t = m.as<pvgpu_task_weight>();
+    pvgpu_status_reply r{};
+    auto answer = [&](std::uint32_t status) {
+        r.status = status;
+        conn.send_struct(PVGPU_MSG_TASK_WEIGHT_REPLY, m.hdr.seq, r);
+    };
+    if (t.pid_hint == 0 || t.weight > PVGPU_WEIGHT_MAX) return answer(PVGPU_E_INVALID);
+    Vm& vm = vms_.at(cl.uuid);
+    const std::string key = "task-" + std::to_string(t.pid_hint);
+    auto task = vm.tasks.find(t.pid_hint);
+    std::uint32_t applied;
+    if (t.weight == 0) {
+        vm.guest_weights.erase(t.pid_hint);
+        applied = admin_task_weight(vm.uuid, key);
+    } else {
+        // Remembered hints are bounded (the guest could name any number of
+        // tasks that never allocate a channel); changing a known one is fine.
+        const std::size_t limit = std::size_t{cfg_.limits.max_channels_per_client} * 4;
+        if (!vm.guest_weights.count(t.pid_hint) && vm.guest_weights.size() >= limit) {
+            log_debug("client ", conn.id(), ": task weight for hint ", t.pid_hint, " refused: ", limit,
+                      " task weights remembered");
+            return answer(PVGPU_E_LIMIT);
+        }
+        vm.guest_weights[t.pid_hint] = t.weight;
+        applied = t.weight;
+    }
+    if (task != vm.tasks.end()) {
+        sched_->entities().set_weight(task->second, applied);
+        log_debug("client ", conn.id(), ": guest set the weight of ", admin_path(task->second), " to ", applied);
+    } else {
+        log_debug("client ", conn.id(), ": guest weight ", t.weight, " remembered for ", key);
+    }
+    answer(PVGPU_OK);
 }
 
 void Daemon::on_doorbell(ChannelId id) {
@@ -660,6 +719,10 @@ json Daemon::admin_list() {
             if (kind == Kind::VmTask && m != meta_.end()) {
                 o["pid_hint"] = m->second.pid_hint;
                 if (!m->second.task_name.empty()) o["task_name"] = m->second.task_name;
+                if (auto v = vms_.find(m->second.uuid); v != vms_.end()) {
+                    const auto& gw = v->second.guest_weights;
+                    if (auto g = gw.find(m->second.pid_hint); g != gw.end()) o["guest_weight"] = g->second;
+                }
             }
             entities.push_back(std::move(o));
             visit(id);
@@ -693,7 +756,12 @@ json Daemon::admin_set_weight(const json& req) {
         if (auto m = meta_.find(id); m != meta_.end()) {
             const Meta& meta = m->second;
             if (meta.kind == Kind::Vm) state_.vms[meta.uuid] = State::Vm{tree.get(id).name, weight};
-            if (meta.kind == Kind::VmTask) state_.tasks[meta.uuid + "/" + meta.key] = weight;
+            if (meta.kind == Kind::VmTask) {
+                state_.tasks[meta.uuid + "/" + meta.key] = weight;
+                // The latest word wins: a guest request made before this
+                // would otherwise come back when the task re-appears.
+                if (auto v = vms_.find(meta.uuid); v != vms_.end()) v->second.guest_weights.erase(meta.pid_hint);
+            }
             if (meta.kind == Kind::Host) state_.host_tasks[meta.key] = weight;
         }
         save_state();

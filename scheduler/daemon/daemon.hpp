@@ -85,6 +85,10 @@ private:
         EntityId entity = kNoEntity;
         std::uint32_t client = 0;
         std::map<std::uint64_t, EntityId> tasks;  // pid hint -> task entity
+        // Weights the guest asked for its tasks (TASK_WEIGHT), by pid hint,
+        // whether or not the task has an entity now; bounded, dropped with
+        // the connection.
+        std::map<std::uint64_t, std::uint32_t> guest_weights;
     };
     struct Channel {
         ChannelId id = 0;
@@ -107,6 +111,7 @@ private:
         std::unique_ptr<ClientConn> conn;
         bool hello = false;
         std::uint32_t role = 0;
+        std::uint32_t version = 0;         // protocol version agreed at HELLO
         std::string uuid;                  // VMM
         EntityId host_entity = kNoEntity;  // HOST
         std::set<ChannelId> channels;
@@ -122,6 +127,7 @@ private:
     void on_free(Client& cl, const wire::Message& m);
     void on_mode_ack(Client& cl, const wire::Message& m);
     void on_trap_report(Client& cl, const wire::Message& m);
+    void on_task_weight(Client& cl, const wire::Message& m);
     void reap();
     void teardown(std::uint32_t client_id);
 
@@ -143,6 +149,8 @@ private:
     std::string admin_path(EntityId id) const;
     std::uint32_t vm_weight(const std::string& uuid, const std::string& hello_name,
                             const std::string& name) const;
+    // A VM task's weight without a guest request: the admin's, else the default.
+    std::uint32_t admin_task_weight(const std::string& uuid, const std::string& key) const;
     void remove_entity(EntityId id);
     void save_state();
 

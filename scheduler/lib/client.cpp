@@ -1,123 +1,79 @@
 // libpvgpu: see pvgpu.h for the contract.
 //
-// Structure: Client::Impl owns the socket, the channel states (keyed by a
-// handle that stays stable across reconnects) and the request/reply logic.
-// Lost connections surface inside the library as ConnectionLost; every public
-// operation runs under with_reconnect(), which re-establishes the session
-// (connect, HELLO, CHAN_ALLOC per channel, resubmission) and retries.
+// Structure: Client::Impl owns the channel states (keyed by a handle that
+// stays stable across reconnects) and everything that is the same on every
+// transport: fences, the entries kept for resubmission, ring and control page
+// access, waiting, recovery.  A Transport (transport.hpp; socket_transport.cpp,
+// device_transport.cpp) owns the session and the channels' memory.  Lost links
+// surface inside the library as LinkLost; every public operation runs under
+// with_reconnect(), which re-establishes the session (connect, allocate each
+// channel, resubmit) and retries.
 #include "pvgpu.h"
 
-#include <fcntl.h>
-#include <poll.h>
-#include <sys/mman.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <pvgpu/abi.h>
-#include <pvgpu/protocol.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
-#include <cstring>
+#include <cstdlib>
 #include <deque>
 #include <map>
 #include <optional>
-#include <system_error>
 #include <thread>
 #include <utility>
 
-#include "proto/unique_fd.hpp"
-#include "proto/wire.hpp"
+#include "device_ops.hpp"
+#include "socket_transport.hpp"
+#include "transport.hpp"
 
 namespace pvgpu {
-namespace {
 
-using SteadyClock = std::chrono::steady_clock;
-using TimePoint = SteadyClock::time_point;
-using std::chrono::nanoseconds;
-
-// The daemon closed the connection or the socket broke; recoverable by
-// reconnecting.  Deliberately not a std::exception: it never leaves the library.
-struct ConnectionLost {
-    std::string reason;
-    // The daemon said why with an ERROR first (it found fault with us):
-    // reconnecting would only repeat it.
-    bool refused = false;
-};
-
-std::string errno_text(int err) { return std::error_code(err, std::system_category()).message(); }
-
-// Control page registers are shared with the GPU: acquire/release pairs order
-// the ring entry writes before IB_PUT and the GPU's FENCE after its work.
-std::uint32_t load_acquire(const volatile std::uint32_t& reg) {
-    return __atomic_load_n(&reg, __ATOMIC_ACQUIRE);
-}
-void store_release(volatile std::uint32_t& reg, std::uint32_t value) {
-    __atomic_store_n(&reg, value, __ATOMIC_RELEASE);
-}
-
-TimePoint saturating_add(TimePoint t, nanoseconds d) {
-    if (d >= TimePoint::max() - t) return TimePoint::max();
-    return t + d;
-}
-
-const char* status_text(std::uint32_t status) {
-    switch (status) {
-    case PVGPU_OK: return "ok";
-    case PVGPU_E_VERSION: return "no common protocol version";
-    case PVGPU_E_INVALID: return "invalid request";
-    case PVGPU_E_STATE: return "not allowed in this state";
-    case PVGPU_E_LIMIT: return "too many channels for this client";
-    case PVGPU_E_NOENT: return "no such channel";
-    case PVGPU_E_INTERNAL: return "daemon internal error";
-    default: return "unknown status";
+const char* transport_name(Transport t) {
+    switch (t) {
+    case Transport::Auto: return "auto";
+    case Transport::Socket: return "socket";
+    case Transport::Device: return "device";
     }
+    return "?";
+}
+
+namespace detail {
+
+std::string device_path(const ClientOptions& options) {
+    if (!options.device_path.empty()) return options.device_path;
+    const char* env = std::getenv(kDeviceEnv);
+    return env && *env ? env : kDefaultDevicePath;
+}
+
+pvgpu::Transport select_transport(const ClientOptions& options) {
+    if (options.transport != pvgpu::Transport::Auto) return options.transport;
+    // Only existence decides: a node we may not open is an error to report,
+    // not a reason to talk to a socket that is not there inside a VM.
+    return ::access(device_path(options).c_str(), F_OK) == 0 ? pvgpu::Transport::Device
+                                                             : pvgpu::Transport::Socket;
 }
 
 std::string channel_error_text(std::uint32_t err) {
     switch (err) {
     case PVGPU_CHAN_ERR_WATCHDOG: return "killed by the GPU watchdog (a kernel ran too long)";
     case PVGPU_CHAN_ERR_BAD_ENTRY: return "killed by the GPU: bad ring entry";
+    case PVGPU_CHAN_ERR_LOST: return "lost with the link to pvgpud (error 0x80)";
     default: return "stopped by the GPU (error " + std::to_string(err) + ")";
     }
 }
 
-// RAII shared mapping of a channel's memfd.
-class Mapping {
-public:
-    Mapping() = default;
-    Mapping(int fd, std::size_t size) : size_(size) {
-        void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        if (p == MAP_FAILED) throw ClientError("cannot map channel memory: " + errno_text(errno));
-        addr_ = p;
-    }
-    Mapping(Mapping&& o) noexcept
-        : addr_(std::exchange(o.addr_, nullptr)), size_(std::exchange(o.size_, 0)) {}
-    Mapping& operator=(Mapping&& o) noexcept {
-        if (this != &o) {
-            reset();
-            addr_ = std::exchange(o.addr_, nullptr);
-            size_ = std::exchange(o.size_, 0);
-        }
-        return *this;
-    }
-    Mapping(const Mapping&) = delete;
-    Mapping& operator=(const Mapping&) = delete;
-    ~Mapping() { reset(); }
+}  // namespace detail
 
-    void reset() {
-        if (addr_) ::munmap(addr_, size_);
-        addr_ = nullptr;
-        size_ = 0;
-    }
-    std::byte* data() const { return static_cast<std::byte*>(addr_); }
+namespace {
 
-private:
-    void* addr_ = nullptr;
-    std::size_t size_ = 0;
-};
+using namespace detail;
+using std::chrono::nanoseconds;
+
+TimePoint saturating_add(TimePoint t, nanoseconds d) {
+    if (d >= TimePoint::max() - t) return TimePoint::max();
+    return t + d;
+}
 
 // One submitted entry the library has not yet seen complete.  The payload is
 // kept so the entry can be resubmitted on a fresh channel after a reconnect.
@@ -129,24 +85,20 @@ struct Entry {
 };
 
 struct ChannelState {
-    // Current daemon-side channel (replaced on reconnect).
-    std::uint32_t chan_id = 0;
-    Mapping mem;
-    UniqueFd doorbell;
-    pvgpu_ctrl_page* ctrl = nullptr;
-    pvgpu_ring* ring = nullptr;
-    std::uint32_t put = 0;             // entries written into this channel's ring
-    std::uint32_t next_dev_fence = 1;
-    std::uint32_t mode = PVGPU_MODE_DIRECT;
-    std::uint32_t mode_seq = 0;
+    // Current channel (replaced on reconnect).
+    ChannelLink link;
+    // The link's channel is no longer ours (lost, replaced): recover.
+    bool lost = false;
 
-    // Application view (survives reconnects).
+    // Application view (survives reconnects).  Application fences are 64-bit
+    // and never wrap; the ring carries 32-bit device fences, matched to them
+    // through `pending` (compared by difference, so they may wrap).
     std::uint64_t next_fence = 1;
     std::uint64_t completed = 0;
     std::deque<Entry> pending;
     std::string dead;                  // non-empty: why the channel is unusable
 
-    // Completion polling (see next_check):
+    // Completion estimate (see next_check):
     TimePoint head_floor{};            // the head entry cannot have started before this
     TimePoint last_incomplete{};       // last time a look found the head not done
     double lateness_ns = 0;            // learned: completion time past the lower bound, per kernel
@@ -161,91 +113,65 @@ struct ChannelState {
 }  // namespace
 
 struct Client::Impl {
-    explicit Impl(ClientOptions o) : options(std::move(o)) {
-        if (options.name.size() >= PVGPU_NAME_LEN)
-            throw ClientError("client name '" + options.name + "' is longer than " +
-                              std::to_string(PVGPU_NAME_LEN - 1) + " bytes");
-        if (options.socket_path.empty()) throw ClientError("empty daemon socket path");
-        if (options.socket_path.size() >= sizeof(sockaddr_un{}.sun_path))
-            throw ClientError("socket path too long: " + options.socket_path);
+    Impl(ClientOptions o, std::unique_ptr<DeviceOps> device) : options(std::move(o)) {
+        if (options.name.size() >= 64)
+            throw ClientError("client name '" + options.name + "' is longer than 63 bytes");
         if (options.min_poll.count() <= 0 || options.max_poll < options.min_poll)
             throw ClientError("invalid poll interval bounds");
+        if (options.weight > PVGPU_WEIGHT_MAX)
+            throw ClientError("task weight " + std::to_string(options.weight) + " is out of range " +
+                              std::to_string(PVGPU_WEIGHT_MIN) + ".." + std::to_string(PVGPU_WEIGHT_MAX));
+        if (device || select_transport(options) == pvgpu::Transport::Device) {
+            if (!device) device = open_device(device_path(options));
+            backend = make_device_transport(std::move(device), options);
+        } else {
+            backend = make_socket_transport(options, stats, [this](std::uint32_t chan_id) {
+                return by_chan_id(chan_id);
+            });
+        }
     }
 
     ClientOptions options;
-    UniqueFd sock;
-    wire::Reader reader;
-    bool connected = false;
-    std::string lost_reason;           // why the last connection ended
-    std::string daemon_error;          // ERROR pushed on this connection, if any
-    std::uint32_t client_id = 0;
-    std::uint32_t max_channels = 0;
-    std::uint32_t next_seq = 1;
-    std::uint32_t awaited_seq = 0;     // request whose reply we are waiting for
-    std::optional<wire::Message> reply;
+    ClientStats stats;
     std::map<std::uint64_t, ChannelState> channels;  // by handle
     std::uint64_t next_handle = 1;
-    TimePoint last_pump{};
-    ClientStats stats;
+    std::unique_ptr<TransportBackend> backend;
+    bool connected = false;
+    bool had_session = false;          // a session was ever established
+    std::string lost_reason;           // why the last session ended (or never began)
 
     void log(const std::string& line) const {
         if (options.log) options.log(line);
     }
 
-    // ---- connection -------------------------------------------------------
-
-    // Connects and says HELLO.  Connection failures are ConnectionLost (a
-    // caller may retry); a refusal by the daemon is a ClientError.
-    void connect_and_hello() {
-        UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-        if (!fd) throw ClientError("socket: " + errno_text(errno));
-        sockaddr_un addr{};
-        addr.sun_family = AF_UNIX;
-        std::memcpy(addr.sun_path, options.socket_path.data(), options.socket_path.size());
-        int rc;
-        do {
-            rc = ::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr);
-        } while (rc < 0 && errno == EINTR);
-        if (rc < 0)
-            throw ConnectionLost{"cannot connect to " + options.socket_path + ": " + errno_text(errno)};
-        // Non-blocking from here: wire I/O never blocks, we wait with ppoll.
-        const int flags = ::fcntl(fd.get(), F_GETFL);
-        if (flags < 0 || ::fcntl(fd.get(), F_SETFL, flags | O_NONBLOCK) < 0)
-            throw ClientError("fcntl: " + errno_text(errno));
-        sock = std::move(fd);
-        reader = wire::Reader{};
-        daemon_error.clear();
-        reply.reset();
-        awaited_seq = 0;
-
-        pvgpu_hello hello{};
-        hello.version = PVGPU_PROTO_VERSION;
-        hello.role = PVGPU_ROLE_HOST;
-        wire::set_name(hello.name, sizeof hello.name, options.name);
-        hello.pid = static_cast<std::uint32_t>(::getpid());
-        const wire::Message m = request(PVGPU_MSG_HELLO, hello);
-        if (m.hdr.type != PVGPU_MSG_HELLO_REPLY)
-            throw ClientError("pvgpud answered HELLO with " + std::string(wire::type_name(m.hdr.type)));
-        const auto r = m.as<pvgpu_hello_reply>();
-        if (r.status != PVGPU_OK)
-            throw ClientError("pvgpud refused HELLO: " + std::string(status_text(r.status)));
-        client_id = r.client_id;
-        max_channels = r.max_channels;
-        connected = true;
+    // The first session.  A socket that is not there is a configuration
+    // error; a device whose link is down will come back (a daemon restart).
+    void start() {
+        try {
+            backend->connect();
+            connected = had_session = true;
+        } catch (const LinkLost& e) {
+            if (backend->kind() == pvgpu::Transport::Socket || !options.reconnect) throw ClientError(e.reason);
+            lost_reason = e.reason;
+            log(e.reason + "; channel allocations wait for it");
+        }
     }
+
+    // ---- sessions ---------------------------------------------------------
 
     void mark_lost(std::string reason) {
         connected = false;
         lost_reason = std::move(reason);
     }
 
-    // Re-establishes the session after a lost connection: last look at the
-    // old control pages (work that completed needs no resubmission), then
+    // Re-establishes the session after a lost link: last look at the old
+    // control pages (work that completed needs no resubmission), then
     // reconnect with backoff, re-allocate every channel and resubmit.
     void recover() {
+        const bool reconnecting = had_session;
         drop_session();
-        const std::string why = "lost connection to pvgpud at " + options.socket_path + " (" +
-                                lost_reason + ")";
+        const std::string why = (reconnecting ? "lost " + backend->describe() : backend->describe() + " is not up") +
+                                " (" + lost_reason + ")";
         if (!options.reconnect) throw ClientError(why);
         log(why + "; reconnecting");
 
@@ -254,16 +180,18 @@ struct Client::Impl {
         std::string last_error;
         for (unsigned attempt = 1;; ++attempt) {
             try {
-                connect_and_hello();
+                backend->connect();
+                connected = had_session = true;
                 for (auto& [handle, c] : channels) {
                     if (!c.dead.empty()) continue;  // a dead channel stays dead
-                    allocate(c);
+                    attach(c, backend->allocate());
                     resubmit(c);
                 }
-                ++stats.reconnects;
-                log("reconnected to pvgpud after " + std::to_string(attempt) + " attempt(s)");
+                if (reconnecting) ++stats.reconnects;
+                log(std::string(reconnecting ? "reconnected: " : "up: ") + backend->describe() + " after " +
+                    std::to_string(attempt) + " attempt(s)");
                 return;
-            } catch (const ConnectionLost& e) {
+            } catch (const LinkLost& e) {
                 drop_session();
                 if (e.refused) {
                     lost_reason = why;
@@ -279,21 +207,23 @@ struct Client::Impl {
             }
             if (SteadyClock::now() - start >= options.reconnect_timeout)
                 throw ClientError(why + "; could not reconnect within " +
-                                  std::to_string(options.reconnect_timeout.count()) +
-                                  " ms: " + last_error);
+                                  std::to_string(options.reconnect_timeout.count()) + " ms: " + last_error);
             std::this_thread::sleep_for(backoff);  // retry pacing, not synchronisation
             backoff = std::min(backoff * 2, options.reconnect_max_backoff);
         }
     }
 
-    // Forgets a half-established session: no socket, every channel detached.
+    // Forgets a half-established session: every channel released, no session.
     void drop_session() {
         for (auto& [handle, c] : channels) {
             refresh(c);
-            detach(c);
+            try {
+                backend->release(c.link, false);
+            } catch (const LinkLost&) {  // NOLINT(bugprone-empty-catch): the session is being dropped
+            }
+            c.lost = false;
         }
-        sock.reset();
-        reader = wire::Reader{};
+        backend->disconnect();
         connected = false;
     }
 
@@ -301,197 +231,24 @@ struct Client::Impl {
         if (!connected) recover();
     }
 
-    // Runs `op`, reconnecting and retrying whenever the connection is lost.
+    // Runs `op`, reconnecting and retrying whenever the link is lost.
     template <class Op> auto with_reconnect(Op&& op) {
         for (;;) {
             ensure_connected();
             try {
                 return op();
-            } catch (const ConnectionLost& e) {
+            } catch (const LinkLost& e) {
                 mark_lost(e.reason);
                 if (e.refused) throw ClientError("connection to pvgpud ended: " + e.reason);
             }
         }
     }
 
-    // ---- messages ---------------------------------------------------------
-
-    void send(std::vector<std::byte> bytes) {
-        std::size_t off = 0;
-        const TimePoint deadline = SteadyClock::now() + options.request_timeout;
-        while (off < bytes.size()) {
-            std::size_t n;
-            try {
-                n = wire::send_some(sock.get(), std::span(bytes).subspan(off), {});
-            } catch (const std::system_error& e) {
-                throw ConnectionLost{e.code().message()};
-            }
-            off += n;
-            if (off == bytes.size()) break;
-            // The socket buffer is full.  Keep reading while we wait so a
-            // daemon that is itself blocked writing to us can make progress.
-            pollfd p{sock.get(), POLLOUT | POLLIN, 0};
-            const auto left = deadline - SteadyClock::now();
-            if (left <= nanoseconds::zero())
-                throw ClientError("pvgpud does not read its socket (send timed out)");
-            const timespec ts = to_timespec(left);
-            if (::ppoll(&p, 1, &ts, nullptr) < 0 && errno != EINTR)
-                throw ClientError("ppoll: " + errno_text(errno));
-            if (p.revents & (POLLIN | POLLHUP | POLLERR)) receive_into_reader();
-        }
-    }
-
-    void receive_into_reader() {
-        bool open;
-        try {
-            open = wire::receive(sock.get(), reader);
-        } catch (const std::system_error& e) {
-            throw ConnectionLost{e.code().message()};
-        }
-        if (!open) {
-            if (!daemon_error.empty()) throw ConnectionLost{daemon_error, true};
-            throw ConnectionLost{"daemon closed the connection"};
-        }
-    }
-
-    // Sends a request and waits for the reply with the same seq, handling
-    // pushes meanwhile.  An ERROR reply becomes a ClientError.
-    template <class Body> wire::Message request(std::uint16_t type, const Body& body) {
-        std::uint32_t seq = next_seq++;
-        if (seq == 0) seq = next_seq++;  // 0 is for pushes
-        awaited_seq = seq;
-        reply.reset();
-        send(wire::encode(type, seq, body));
-        const TimePoint deadline = SteadyClock::now() + options.request_timeout;
-        while (!reply) {
-            if (SteadyClock::now() >= deadline)
-                throw ClientError("pvgpud did not answer " + std::string(wire::type_name(type)) +
-                                  " within " + std::to_string(options.request_timeout.count()) + " ms");
-            pump(deadline);
-        }
-        awaited_seq = 0;
-        wire::Message m = std::move(*reply);
-        reply.reset();
-        if (m.hdr.type == PVGPU_MSG_ERROR) {
-            const auto e = m.as<pvgpu_error>();
-            throw ClientError("pvgpud rejected " + std::string(wire::type_name(type)) + ": " +
-                              wire::name_of(e.message, sizeof e.message) + " (" +
-                              status_text(e.status) + ")");
-        }
-        return m;
-    }
-
-    // Waits for socket input until `deadline` and handles every complete
-    // message.  Returns false if a signal interrupted the wait.
-    bool pump(TimePoint deadline) {
-        last_pump = SteadyClock::now();
-        // Messages already buffered may change what the caller waits for.
-        if (dispatch_buffered() > 0) return true;
-        pollfd p{sock.get(), POLLIN, 0};
-        timespec ts{};
-        const timespec* timeout = nullptr;
-        if (deadline != TimePoint::max()) {
-            ts = to_timespec(std::max(nanoseconds::zero(), deadline - SteadyClock::now()));
-            timeout = &ts;
-        }
-        const int rc = ::ppoll(&p, 1, timeout, nullptr);
-        if (rc < 0) {
-            if (errno == EINTR) return false;
-            throw ClientError("ppoll: " + errno_text(errno));
-        }
-        if (rc > 0) {
-            receive_into_reader();
-            dispatch_buffered();
-        }
-        return true;
-    }
-
-    // Handles complete buffered messages; returns how many.
-    std::size_t dispatch_buffered() {
-        std::size_t handled = 0;
-        // Stop once a reply is in: pushes behind it may name the channel the
-        // reply creates, which the caller registers only after it returns.
-        while (!reply) {
-            auto next = reader.next();
-            if (std::holds_alternative<std::monostate>(next)) break;
-            if (auto* err = std::get_if<wire::DecodeError>(&next))
-                throw ConnectionLost{"protocol error from pvgpud: " + err->reason, true};
-            handle(std::move(std::get<wire::Message>(next)));
-            ++handled;
-        }
-        return handled;
-    }
-
-    void handle(wire::Message m) {
-        switch (m.hdr.type) {
-        case PVGPU_MSG_MODE: {
-            const auto mode = m.as<pvgpu_mode>();
-            ++stats.mode_messages;
-            ChannelState* c = by_chan_id(mode.chan_id);
-            if (!c) return;  // a channel we freed; the daemon forgets it too
-            // Leaving SHADOWED (to TRAPPED, or DIRECT from a buggy daemon):
-            // ring for what was held back, then ack with that IB_PUT.  A host
-            // client has no mapping to switch; DIRECT and TRAPPED are the same
-            // here (every submit rings).
-            const bool unshadow = c->mode == PVGPU_MODE_SHADOWED && mode.mode != PVGPU_MODE_SHADOWED;
-            c->mode = mode.mode;
-            c->mode_seq = mode.mode_seq;
-            if (unshadow && c->ctrl) publish(*c);
-            pvgpu_mode_ack ack{};
-            ack.chan_id = mode.chan_id;
-            ack.mode = mode.mode;
-            ack.mode_seq = mode.mode_seq;
-            ack.guest_put = c->put;
-            send(wire::encode(PVGPU_MSG_MODE_ACK, 0, ack));
-            return;
-        }
-        case PVGPU_MSG_NOTICE: {
-            const auto n = m.as<pvgpu_notice>();
-            ++stats.notices;
-            ChannelState* c = by_chan_id(n.chan_id);
-            if (n.kind == PVGPU_NOTICE_DEGRADED) {
-                log("pvgpud: channel " + std::to_string(n.chan_id) +
-                    " ignored a mode switch; enforced host-side");
-                return;
-            }
-            if (c && c->dead.empty())
-                c->dead = channel_error_text(n.kind == PVGPU_NOTICE_WATCHDOG ? PVGPU_CHAN_ERR_WATCHDOG
-                                                                              : PVGPU_CHAN_ERR_BAD_ENTRY);
-            return;
-        }
-        case PVGPU_MSG_ERROR:
-            if (m.hdr.seq != 0 && m.hdr.seq == awaited_seq) {
-                reply = std::move(m);
-            } else {
-                const auto e = m.as<pvgpu_error>();
-                // The daemon closes right after this: the reason for the loss.
-                daemon_error = "pvgpud error: " + wire::name_of(e.message, sizeof e.message) + " (" +
-                               status_text(e.status) + ")";
-            }
-            return;
-        case PVGPU_MSG_HELLO_REPLY:
-        case PVGPU_MSG_CHAN_REPLY:
-        case PVGPU_MSG_FREE_REPLY:
-        case PVGPU_MSG_PONG:
-            if (m.hdr.seq == awaited_seq && awaited_seq != 0) reply = std::move(m);
-            return;  // a stale reply to a request we gave up on
-        default:
-            throw ConnectionLost{"pvgpud sent an unexpected " + std::string(wire::type_name(m.hdr.type)), true};
-        }
-    }
-
-    static timespec to_timespec(nanoseconds d) {
-        timespec ts{};
-        ts.tv_sec = static_cast<time_t>(d.count() / 1'000'000'000);
-        ts.tv_nsec = static_cast<long>(d.count() % 1'000'000'000);
-        return ts;
-    }
-
     // ---- channels ---------------------------------------------------------
 
-    ChannelState* by_chan_id(std::uint32_t chan_id) {
+    ChannelLink* by_chan_id(std::uint32_t chan_id) {
         for (auto& [handle, c] : channels)
-            if (c.ctrl && c.chan_id == chan_id) return &c;
+            if (c.link.attached() && c.link.chan_id == chan_id) return &c.link;
         return nullptr;
     }
 
@@ -501,74 +258,29 @@ struct Client::Impl {
         return it->second;
     }
 
-    // Allocates a daemon-side channel for `c` and maps its memory.
-    void allocate(ChannelState& c) {
-        pvgpu_chan_alloc body{};
-        wire::Message m = request(PVGPU_MSG_CHAN_ALLOC, body);
-        if (m.hdr.type != PVGPU_MSG_CHAN_REPLY)
-            throw ClientError("pvgpud answered CHAN_ALLOC with " +
-                              std::string(wire::type_name(m.hdr.type)));
-        const auto r = m.as<pvgpu_chan_reply>();
-        if (r.status != PVGPU_OK) {
-            std::string why = status_text(r.status);
-            if (r.status == PVGPU_E_LIMIT) why += " (limit " + std::to_string(max_channels) + ")";
-            throw ClientError("pvgpud refused CHAN_ALLOC: " + why);
-        }
-        if (m.fds.size() != 2 || r.mem_size < PVGPU_CHAN_MEM_SIZE)
-            throw ClientError("pvgpud sent a malformed CHAN_REPLY");
-        c.mem = Mapping(m.fds[0].get(), r.mem_size);  // the mapping outlives the memfd
-        c.doorbell = std::move(m.fds[1]);
-        c.chan_id = r.chan_id;
-        c.ctrl = reinterpret_cast<pvgpu_ctrl_page*>(c.mem.data());
-        c.ring = reinterpret_cast<pvgpu_ring*>(c.mem.data() + PVGPU_CHAN_RING_OFFSET);
+    static void attach(ChannelState& c, ChannelLink link) {
+        c.link = std::move(link);
+        c.lost = false;
         // A fresh channel starts at 0; reading the page keeps us right if not.
-        c.put = c.ctrl->ib_put;
-        c.next_dev_fence = load_acquire(c.ctrl->fence) + 1;
-        c.mode = r.mode;
-        c.mode_seq = 0;
+        c.link.put = load_acquire(c.link.ctrl->ib_put);
+        c.link.next_dev_fence = load_acquire(c.link.ctrl->fence) + 1;
         c.misses = 0;
     }
 
-    static void detach(ChannelState& c) {
-        c.ctrl = nullptr;
-        c.ring = nullptr;
-        c.mem.reset();
-        c.doorbell.reset();
-    }
-
-    // Writes the entries of `c.pending` from index `from` into the ring and
-    // rings the doorbell once.
+    // Writes the entries of `c.pending` from index `from` into the ring,
+    // publishes IB_PUT and rings the doorbell once.
     void write_entries(ChannelState& c, std::size_t from) {
+        ChannelLink& l = c.link;
         for (std::size_t i = from; i < c.pending.size(); ++i) {
-            Entry& e = c.pending[i];
-            pvgpu_ring_entry& slot = c.ring->entries[c.put & PVGPU_RING_MASK];
+            const Entry& e = c.pending[i];
+            pvgpu_ring_entry& slot = l.ring->entries[l.put & PVGPU_RING_MASK];
             slot.payload = e.payload;
             slot.fence = e.dev_fence;
             slot.flags = PVGPU_ENTRY_IRQ;
-            ++c.put;
+            ++l.put;
         }
-        // Shadowed: the daemon holds this channel's work back whatever we do,
-        // so do not ring (no syscall, no daemon wake-up per submit).  IB_PUT
-        // is still published: pvgpud reads it to see the held backlog, and
-        // hfq needs that to keep the channel in its run queue (keeping IB_PUT
-        // private, as docs/protocol.md 2.5 says, measured 0.82/0.18 instead
-        // of 0.54/0.46 for 2000 us vs 200 us kernels).
-        if (c.mode == PVGPU_MODE_SHADOWED)
-            store_release(c.ctrl->ib_put, c.put);
-        else
-            publish(c);
-    }
-
-    // Stores IB_PUT (after the entries: release order) and rings the doorbell.
-    static void publish(ChannelState& c) {
-        store_release(c.ctrl->ib_put, c.put);
-        const std::uint64_t one = 1;
-        ssize_t n;
-        do {
-            n = ::write(c.doorbell.get(), &one, sizeof one);
-        } while (n < 0 && errno == EINTR);
-        if (n != static_cast<ssize_t>(sizeof one))
-            throw ClientError("doorbell write failed: " + errno_text(errno));
+        store_release(l.ctrl->ib_put, l.put);  // after the entries
+        backend->ring_doorbell(l);
     }
 
     // After a reconnect: the outstanding entries go to the new channel in
@@ -579,27 +291,37 @@ struct Client::Impl {
         c.head_floor = prev;
         c.misses = 0;
         for (Entry& e : c.pending) {
-            e.dev_fence = c.next_dev_fence++;
+            e.dev_fence = c.link.next_dev_fence++;
             prev += nanoseconds(e.payload);
             e.earliest_done = prev;
         }
         write_entries(c, 0);
         stats.resubmitted += c.pending.size();
         log("resubmitted " + std::to_string(c.pending.size()) + " entries on channel " +
-            std::to_string(c.chan_id));
+            std::to_string(c.link.chan_id));
     }
 
-    // Reads FENCE and STATUS; retires completed entries.  Returns whether any did.
+    // Reads FENCE, IB_PUT and STATUS; retires completed entries.  Returns
+    // whether any did.  Notices a channel that is no longer ours (`lost`) or
+    // that the GPU killed (`dead`).
     bool refresh(ChannelState& c) {
-        if (!c.ctrl) return false;
-        const std::uint32_t fence = load_acquire(c.ctrl->fence);
+        if (!c.link.attached() || c.lost) return false;
+        const pvgpu_ctrl_page& page = *c.link.ctrl;
+        const std::uint32_t fence = load_acquire(page.fence);
+        // Only we store IB_PUT, in every mode (a shadow page holds our
+        // stores).  Another value means the page is no longer our channel:
+        // the device re-allocated the slot after a reconnect (a fresh page),
+        // or freed it (all ones).  Its FENCE is then not ours either.
+        if (load_acquire(page.ib_put) != c.link.put) {
+            c.lost = true;
+            return false;
+        }
         const TimePoint now = SteadyClock::now();
         std::size_t retired = 0;
         std::uint64_t later_work = 0;  // retired entries after the first: ran after last_incomplete
         // Entries complete in order; compare by difference so 32-bit ring
         // fences may wrap.
-        while (!c.pending.empty() &&
-               static_cast<std::int32_t>(fence - c.pending.front().dev_fence) >= 0) {
+        while (!c.pending.empty() && static_cast<std::int32_t>(fence - c.pending.front().dev_fence) >= 0) {
             if (retired++ > 0) later_work += c.pending.front().payload;
             if (c.pending.front().fence == c.probe_fence) learn_lateness(c, now);
             c.completed = c.pending.front().fence;
@@ -612,9 +334,22 @@ struct Client::Impl {
             c.misses = 0;
         }
         if (!c.pending.empty()) c.last_incomplete = now;
-        if (c.dead.empty() && load_acquire(c.ctrl->status) == PVGPU_CHAN_STATUS_ERROR)
-            c.dead = channel_error_text(load_acquire(c.ctrl->error));
+        std::uint32_t error = c.link.error;
+        if (error == PVGPU_CHAN_ERR_NONE && load_acquire(page.status) == PVGPU_CHAN_STATUS_ERROR)
+            error = load_acquire(page.error);
+        if (error == PVGPU_CHAN_ERR_LOST)
+            c.lost = true;
+        else if (error != PVGPU_CHAN_ERR_NONE && c.dead.empty())
+            c.dead = channel_error_text(error);
         return retired > 0;
+    }
+
+    // Throws what keeps `c` from making progress.
+    void check_usable(const ChannelState& c) const {
+        if (!c.dead.empty()) throw ClientError("channel " + std::to_string(c.link.chan_id) + ": " + c.dead);
+        if (c.lost)
+            throw LinkLost{"channel " + std::to_string(c.link.chan_id) + " " +
+                           channel_error_text(PVGPU_CHAN_ERR_LOST)};
     }
 
     // How late the awaited entry completed past its lower bound, per kernel
@@ -639,8 +374,8 @@ struct Client::Impl {
     TimePoint next_check(ChannelState& c, std::size_t target, TimePoint now) {
         std::uint64_t work = 0;  // head .. target
         for (std::size_t i = 0; i <= target; ++i) work += c.pending[i].payload;
-        const std::uint32_t head_pos = c.put - static_cast<std::uint32_t>(c.pending.size());
-        const bool head_fetched = static_cast<std::int32_t>(load_acquire(c.ctrl->ib_get) - head_pos) > 0;
+        const std::uint32_t head_pos = c.link.put - static_cast<std::uint32_t>(c.pending.size());
+        const bool head_fetched = static_cast<std::int32_t>(load_acquire(c.link.ctrl->ib_get) - head_pos) > 0;
         if (!head_fetched) {
             c.head_floor = std::max(c.head_floor, now);
             c.misses = 0;
@@ -675,41 +410,49 @@ struct Client::Impl {
     // Waits until one of the goals is reached (true), the deadline passes or
     // (if `return_on_signal`) a signal arrives (false).
     bool wait_goals(std::span<const Goal> goals, TimePoint deadline, bool return_on_signal) {
-        if (goals.empty()) {
-            // Nothing to wait for: just answer the daemon until the deadline.
-            while (SteadyClock::now() < deadline)
-                if (!pump(deadline) && return_on_signal) break;
-            return false;
-        }
         for (;;) {
-            TimePoint wake = deadline;
             const TimePoint now = SteadyClock::now();
+            // A transport that reports completion sleeps on the goal expected
+            // first, until the next one is expected; one that cannot, until
+            // the first expected completion.
+            TimePoint first_check = TimePoint::max();
+            TimePoint second_check = TimePoint::max();
+            std::optional<WaitTarget> target;
             for (const Goal& g : goals) {
                 ChannelState& c = channel(g.handle);
                 refresh(c);
                 if (c.completed >= g.fence) return true;
-                if (!c.dead.empty())
-                    throw ClientError("channel " + std::to_string(c.chan_id) + ": " + c.dead);
+                check_usable(c);
                 const auto it = std::find_if(c.pending.begin(), c.pending.end(),
                                              [&](const Entry& e) { return e.fence >= g.fence; });
                 if (it == c.pending.end()) throw ClientError("internal: fence not outstanding");
-                wake = std::min(wake, next_check(c, static_cast<std::size_t>(it - c.pending.begin()), now));
+                const TimePoint check = next_check(c, static_cast<std::size_t>(it - c.pending.begin()), now);
+                if (check < first_check) {
+                    second_check = first_check;
+                    first_check = check;
+                    target = WaitTarget{&c.link, it->dev_fence};
+                } else {
+                    second_check = std::min(second_check, check);
+                }
             }
             if (now >= deadline) return false;
-            ++stats.polls;
-            if (!pump(wake) && return_on_signal) return false;
+            TimePoint wake = std::min(deadline, first_check);
+            if (backend->notifies_completion() && target)
+                wake = std::min(deadline, second_check);
+            else
+                target.reset();
+            if (!goals.empty()) ++stats.polls;  // with none it is only a sleep
+            if (backend->sleep(target ? &*target : nullptr, wake) == SleepResult::Interrupted && return_on_signal)
+                return false;
         }
     }
 
     // Queues `kernels` (at most a ring's worth) with one doorbell.
     std::uint64_t submit(std::uint64_t handle, std::span<const std::uint64_t> kernels) {
         ChannelState& c = channel(handle);
-        if (!c.dead.empty()) throw ClientError("channel " + std::to_string(c.chan_id) + ": " + c.dead);
-        // Answer anything the daemon pushed, at most once a millisecond: a
-        // mode switch may wait for its ack far longer, and a syscall per
-        // submission would double the cost of submitting.
-        if (const TimePoint t = SteadyClock::now(); t - last_pump >= std::chrono::milliseconds(1)) pump(t);
+        backend->service();
         refresh(c);
+        check_usable(c);
         // Respect the ring: at most PVGPU_RING_ENTRIES entries not completed.
         while (c.pending.size() + kernels.size() > PVGPU_RING_ENTRIES) {
             const Goal g{handle, c.pending[c.pending.size() + kernels.size() - PVGPU_RING_ENTRIES - 1].fence};
@@ -724,9 +467,9 @@ struct Client::Impl {
         const std::size_t first = c.pending.size();
         for (const std::uint64_t kernel_ns : kernels) {
             done += nanoseconds(kernel_ns);
-            c.pending.push_back(Entry{c.next_fence++, c.next_dev_fence++, kernel_ns, done});
+            c.pending.push_back(Entry{c.next_fence++, c.link.next_dev_fence++, kernel_ns, done});
         }
-        // Pending first, ring second: if the daemon is gone by now the
+        // Pending first, ring second: if the link is gone by now the
         // entries are resubmitted after the reconnect.
         write_entries(c, first);
         return c.pending.back().fence;
@@ -734,7 +477,7 @@ struct Client::Impl {
 
     std::uint64_t alloc() {
         ChannelState c;
-        allocate(c);
+        attach(c, backend->allocate());
         const std::uint64_t handle = next_handle++;
         channels.emplace(handle, std::move(c));
         return handle;
@@ -743,19 +486,11 @@ struct Client::Impl {
     void free(std::uint64_t handle) {
         auto it = channels.find(handle);
         if (it == channels.end()) return;
-        const std::uint32_t chan_id = it->second.chan_id;
-        const bool was_attached = it->second.ctrl != nullptr;
+        ChannelLink link = std::move(it->second.link);
         channels.erase(it);  // a reconnect from here on does not bring it back
-        if (!connected || !was_attached) return;  // the daemon dropped it with the connection
         try {
-            pvgpu_chan_ref ref{};
-            ref.chan_id = chan_id;
-            const wire::Message m = request(PVGPU_MSG_CHAN_FREE, ref);
-            const auto r = m.as<pvgpu_status_reply>();
-            if (m.hdr.type != PVGPU_MSG_FREE_REPLY || r.status != PVGPU_OK)
-                throw ClientError("pvgpud refused CHAN_FREE of channel " + std::to_string(chan_id) +
-                                  ": " + status_text(r.status));
-        } catch (const ConnectionLost& e) {
+            backend->release(link, connected);
+        } catch (const LinkLost& e) {
             mark_lost(e.reason);  // recovered lazily by the next operation
         }
     }
@@ -763,17 +498,14 @@ struct Client::Impl {
 
 // ---- Client -----------------------------------------------------------------
 
-Client::Client(ClientOptions options) : impl_(std::make_shared<Impl>(std::move(options))) {
-    try {
-        impl_->connect_and_hello();
-    } catch (const ConnectionLost& e) {
-        throw ClientError(e.reason);
-    }
+Client::Client(ClientOptions options) : impl_(std::make_shared<Impl>(std::move(options), nullptr)) {
+    impl_->start();
 }
 
 Client::Client(const std::string& socket_path, const std::string& name)
     : Client([&] {
           ClientOptions o;
+          o.transport = Transport::Socket;
           o.socket_path = socket_path;
           o.name = name;
           return o;
@@ -791,7 +523,7 @@ Channel Client::alloc_channel() {
 
 void Client::process_events() {
     if (!impl_) throw ClientError("use of a moved-from Client");
-    impl_->with_reconnect([&] { impl_->pump(SteadyClock::now()); });
+    impl_->with_reconnect([&] { impl_->backend->sleep(nullptr, SteadyClock::now()); });
 }
 
 bool Client::wait_any(std::span<const WaitGoal> goals, std::chrono::steady_clock::time_point deadline) {
@@ -807,8 +539,26 @@ bool Client::wait_any(std::span<const WaitGoal> goals, std::chrono::steady_clock
     return impl_->with_reconnect([&] { return impl_->wait_goals(internal, deadline, true); });
 }
 
-std::uint32_t Client::client_id() const { return impl_ ? impl_->client_id : 0; }
-std::uint32_t Client::max_channels() const { return impl_ ? impl_->max_channels : 0; }
+std::uint32_t Client::client_id() const { return impl_ ? impl_->backend->client_id() : 0; }
+std::uint32_t Client::max_channels() const { return impl_ ? impl_->backend->max_channels() : 0; }
+
+Transport Client::transport() const {
+    if (!impl_) throw ClientError("use of a moved-from Client");
+    return impl_->backend->kind();
+}
+
+TransportInfo Client::info() {
+    if (!impl_) throw ClientError("use of a moved-from Client");
+    return impl_->backend->info();
+}
+
+Client detail::ClientAccess::with_device(ClientOptions options, std::unique_ptr<DeviceOps> ops) {
+    if (!ops) throw ClientError("with_device: no device");
+    options.transport = Transport::Device;
+    Client client(std::make_shared<Client::Impl>(std::move(options), std::move(ops)));
+    client.impl_->start();
+    return client;
+}
 
 const ClientStats& Client::stats() const {
     static const ClientStats empty;
@@ -901,7 +651,7 @@ void Channel::free() {
 
 std::uint32_t Channel::id() const {
     require(client_);
-    return client_->channel(handle_).chan_id;
+    return client_->channel(handle_).link.chan_id;
 }
 
 }  // namespace pvgpu

@@ -1,8 +1,18 @@
-// libpvgpu: the host client library of pvgpud.
+// libpvgpu: the client library of pvgpu, for host processes and for
+// applications inside a VM.
 //
-// A host process connects to the daemon's client socket, allocates channels
-// and submits work by writing ring entries into shared memory and ringing a
-// doorbell; nothing on the submission path goes through the socket.  The
+// Two transports carry the same API (ClientOptions::transport):
+//  - socket: a host process talks to pvgpud's client socket (below);
+//  - device: an application in a guest opens the pvgpu driver's device node
+//    (/dev/pvgpu, include/pvgpu/guest_ioctl.h), maps its channels' pages and
+//    submits exactly the same way: ring entries, IB_PUT, a doorbell store.
+//    Completion waits sleep in PVGPU_IOC_WAIT (interrupt-driven).
+// Auto (the default) uses the device if its node exists, else the socket.
+//
+// Socket transport: a host process connects to the daemon's client socket,
+// allocates channels and submits work by writing ring entries into shared
+// memory and ringing a doorbell; nothing on the submission path goes through
+// the socket.  The
 // socket carries the rest: HELLO, channel allocation, and the MODE messages
 // the daemon pushes (the library answers them while the application waits;
 // the daemon enforces every mode itself, so a host client only stops ringing
@@ -10,14 +20,18 @@
 //
 // If the daemon goes away (crash or restart), the library reconnects with a
 // bounded backoff, allocates its channels again and resubmits every entry
-// that was submitted but not seen completed, so no queued work is lost.
+// that was submitted but not seen completed, so no queued work is lost.  On
+// the device transport the same happens when a channel dies with
+// PVGPU_CHAN_ERR_LOST (the VM's device lost pvgpud): the library frees it,
+// allocates a new one once the device's link is back, and resubmits.
 // Fences returned to the application keep increasing across reconnects; an
 // entry that was running when the daemon died may run twice (at-least-once).
 //
 // Threading: a Client and its Channels are used from one thread at a time.
-// Errors are reported as pvgpu::ClientError.
+// Errors are reported as pvgpu::ClientError; device errors name the node,
+// the ioctl and the errno.
 //
-//     pvgpu::Client client("/run/pvgpu/pvgpud.sock", "render");
+//     pvgpu::Client client(pvgpu::ClientOptions{});  // /dev/pvgpu in a VM, else the socket
 //     pvgpu::Channel ch = client.alloc_channel();
 //     std::uint64_t f = ch.submit(500'000);   // a 500 us kernel
 //     ch.wait(f);
@@ -43,11 +57,40 @@ public:
 // Default client socket of pvgpud (docs/protocol.md).
 inline constexpr const char* kDefaultSocketPath = "/run/pvgpu/pvgpud.sock";
 
+// Default device node of the guest driver (guest_ioctl.h PVGPU_DEVICE_NODE).
+inline constexpr const char* kDefaultDevicePath = "/dev/pvgpu";
+// Environment variable naming the device node when ClientOptions::device_path is empty.
+inline constexpr const char* kDeviceEnv = "PVGPU_DEVICE";
+
+enum class Transport {
+    Auto,    // the device if its node exists (a guest), else the socket
+    Socket,  // pvgpud's client socket (a host process)
+    Device,  // the guest driver's device node (an application in a VM)
+};
+
+// "auto", "socket", "device".
+const char* transport_name(Transport t);
+
 struct ClientOptions {
+    Transport transport = Transport::Auto;
+
     std::string socket_path = kDefaultSocketPath;
     // Task name: the daemon shows this client as host/<name>.  Empty: the
-    // daemon names it pid-<pid>.  At most 63 bytes.
+    // daemon names it pid-<pid>.  At most 63 bytes.  Socket transport only:
+    // in a guest the driver names the task after the process (comm).
     std::string name;
+
+    // Device node.  Empty: $PVGPU_DEVICE if set, else /dev/pvgpu.
+    std::string device_path;
+    // Device transport: this process's weight among the tasks of its VM
+    // (1..10000, like nice; the VM's own share is the host admin's).  Applied
+    // with PVGPU_IOC_SET_WEIGHT when the client opens the device (or, if its
+    // link is down then, at the first session; the driver re-sends it after a
+    // reconnect).  0: leave it as it is
+    // (default 100).  On the socket transport a non-zero weight is an error:
+    // the protocol gives host tasks no say in their own weight (the admin sets
+    // it with `pvgpuctl set-weight host/NAME W`).
+    std::uint32_t weight = 0;
 
     // Reconnection after the daemon closed the socket.  Attempts start after
     // `reconnect_initial_backoff` and double up to `reconnect_max_backoff`;
@@ -61,13 +104,15 @@ struct ClientOptions {
     // How long to wait for the daemon's reply to HELLO, CHAN_ALLOC, CHAN_FREE.
     std::chrono::milliseconds request_timeout{5'000};
 
-    // Completion polling (see Channel::wait).  There is no completion
-    // notification in the protocol, so the library sleeps in ppoll() on the
+    // Completion polling (see Channel::wait), socket transport.  There is
+    // no completion notification in the protocol, so the library sleeps in ppoll() on the
     // daemon socket until the awaited work could have finished (kernel
     // lengths from the head entry on, counted from when the GPU fetched it
     // (IB_GET), plus a learned per-kernel overhead), then re-checks at a
     // fraction of the head kernel's length, backing off; these re-checks are
-    // spaced `min_poll` .. `max_poll` apart.
+    // spaced `min_poll` .. `max_poll` apart.  The device transport sleeps
+    // in PVGPU_IOC_WAIT instead (when waiting for several channels at once:
+    // on the one expected to finish first, until the next one is expected).
     std::chrono::microseconds min_poll{20};
     std::chrono::microseconds max_poll{2'000};
 
@@ -84,13 +129,45 @@ struct ClientStats {
     std::uint64_t polls = 0;             // wake-ups spent checking fences
 };
 
+// What Client::info() reports about the transport in use.
+struct TransportInfo {
+    Transport transport = Transport::Socket;  // never Auto
+    std::string path;                          // socket path or device node
+
+    // Socket: what pvgpud said in HELLO_REPLY.
+    std::uint32_t protocol_version = 0;
+    std::uint32_t client_id = 0;
+    std::uint32_t max_channels = 0;
+
+    // Device: PVGPU_IOC_INFO, read when info() is called.
+    std::uint32_t abi_version = 0;
+    std::uint32_t device_version = 0;
+    std::uint32_t num_slots = 0;
+    std::uint32_t slots_used = 0;   // by every process of the VM
+    std::uint32_t link = 0;         // PVGPU_LINK_*
+    std::uint32_t link_gen = 0;
+    std::uint32_t irq_mode = 0;     // PVGPU_IRQ_*
+    bool pid_hints = false;
+    std::uint32_t channels = 0;     // held by this client
+    std::uint64_t pid_hint = 0;     // this process's hint (0: none)
+    std::uint32_t weight = 0;       // this process's weight inside its VM
+};
+
 class Channel;
+
+namespace detail {
+struct ClientAccess;
+}
 
 class Client {
 public:
-    // Connects and says HELLO; throws ClientError if the daemon is not there
-    // (no retry here: a daemon that was never reached is a configuration error).
+    // Socket: connects and says HELLO; throws ClientError if the daemon is
+    // not there (no retry here: a daemon that was never reached is a
+    // configuration error).  Device: opens the node, checks its ABI version
+    // and applies `weight`; a device whose link to pvgpud is down is not an
+    // error here (allocations wait for it up to reconnect_timeout).
     explicit Client(ClientOptions options);
+    // The socket transport on `socket_path`.
     Client(const std::string& socket_path, const std::string& name);
     Client(Client&&) noexcept;
     Client& operator=(Client&&) noexcept;
@@ -116,13 +193,19 @@ public:
     };
     bool wait_any(std::span<const WaitGoal> goals, std::chrono::steady_clock::time_point deadline);
 
-    std::uint32_t client_id() const;     // changes on reconnect
-    std::uint32_t max_channels() const;  // the daemon's per-client limit
+    std::uint32_t client_id() const;     // changes on reconnect; device: 0
+    std::uint32_t max_channels() const;  // the daemon's per-client limit; device: its slots
     const ClientStats& stats() const;
+
+    Transport transport() const;         // Socket or Device, never Auto
+    // The transport's state; on the device a fresh PVGPU_IOC_INFO.
+    TransportInfo info();
 
     struct Impl;
 
 private:
+    friend struct detail::ClientAccess;  // tests: a client on a fake device
+    explicit Client(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
     std::shared_ptr<Impl> impl_;
 };
 
@@ -164,7 +247,7 @@ public:
     void free();
 
     // The daemon's channel id (changes when the channel is re-allocated after
-    // a reconnect).
+    // a reconnect; on the device, as the driver reported it).
     std::uint32_t id() const;
     explicit operator bool() const { return client_ != nullptr; }
 

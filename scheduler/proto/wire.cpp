@@ -100,6 +100,13 @@ std::optional<std::string> check_body(std::uint16_t type, std::span<const std::b
         if (!mode_known(b.mode)) return "mode " + std::to_string(b.mode) + " is out of range";
         return std::nullopt;
     }
+    case PVGPU_MSG_TASK_WEIGHT: {
+        // The weight's range is the daemon's to answer (E_INVALID in the
+        // reply), not a reason to drop the connection.
+        const auto b = read_body<pvgpu_task_weight>(payload);
+        if (b.reserved != 0) return R("reserved field is not zero");
+        return std::nullopt;
+    }
     case PVGPU_MSG_TRAP_REPORT:
     case PVGPU_MSG_PING:
     case PVGPU_MSG_PONG:
@@ -131,6 +138,12 @@ std::optional<std::string> check_body(std::uint16_t type, std::span<const std::b
     case PVGPU_MSG_FREE_REPLY: {
         const auto b = read_body<pvgpu_status_reply>(payload);
         if (!status_known(b.status)) return "status " + std::to_string(b.status) + " is unknown";
+        return std::nullopt;
+    }
+    case PVGPU_MSG_TASK_WEIGHT_REPLY: {
+        const auto b = read_body<pvgpu_status_reply>(payload);
+        if (!status_known(b.status)) return "status " + std::to_string(b.status) + " is unknown";
+        if (b.chan_id != 0) return R("chan_id is not zero");
         return std::nullopt;
     }
     case PVGPU_MSG_MODE: {
@@ -168,6 +181,7 @@ std::optional<std::size_t> payload_size(std::uint16_t type) {
     case PVGPU_MSG_MODE_ACK: return sizeof(pvgpu_mode_ack);
     case PVGPU_MSG_TRAP_REPORT: return sizeof(pvgpu_trap_report);
     case PVGPU_MSG_PING: return 0;
+    case PVGPU_MSG_TASK_WEIGHT: return sizeof(pvgpu_task_weight);
     case PVGPU_MSG_HELLO_REPLY: return sizeof(pvgpu_hello_reply);
     case PVGPU_MSG_CHAN_REPLY: return sizeof(pvgpu_chan_reply);
     case PVGPU_MSG_FREE_REPLY: return sizeof(pvgpu_status_reply);
@@ -175,6 +189,7 @@ std::optional<std::size_t> payload_size(std::uint16_t type) {
     case PVGPU_MSG_NOTICE: return sizeof(pvgpu_notice);
     case PVGPU_MSG_ERROR: return sizeof(pvgpu_error);
     case PVGPU_MSG_PONG: return 0;
+    case PVGPU_MSG_TASK_WEIGHT_REPLY: return sizeof(pvgpu_status_reply);
     default: return std::nullopt;
     }
 }
@@ -187,6 +202,7 @@ const char* type_name(std::uint16_t type) {
     case PVGPU_MSG_MODE_ACK: return "MODE_ACK";
     case PVGPU_MSG_TRAP_REPORT: return "TRAP_REPORT";
     case PVGPU_MSG_PING: return "PING";
+    case PVGPU_MSG_TASK_WEIGHT: return "TASK_WEIGHT";
     case PVGPU_MSG_HELLO_REPLY: return "HELLO_REPLY";
     case PVGPU_MSG_CHAN_REPLY: return "CHAN_REPLY";
     case PVGPU_MSG_FREE_REPLY: return "FREE_REPLY";
@@ -194,6 +210,7 @@ const char* type_name(std::uint16_t type) {
     case PVGPU_MSG_NOTICE: return "NOTICE";
     case PVGPU_MSG_ERROR: return "ERROR";
     case PVGPU_MSG_PONG: return "PONG";
+    case PVGPU_MSG_TASK_WEIGHT_REPLY: return "TASK_WEIGHT_REPLY";
     default: return "UNKNOWN";
     }
 }

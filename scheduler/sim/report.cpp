@@ -61,7 +61,8 @@ nlohmann::json to_json(const SimResult& r) {
                        {"accounting_reads", r.stats.accounting_reads},
                        {"fences", r.stats.fences},
                        {"channel_errors", r.stats.channel_errors},
-                       {"released_entries", r.stats.released_entries}};
+                       {"released_entries", r.stats.released_entries},
+                       {"policy_calls", r.stats.policy_calls}};
     j["policy_counters"] = r.policy_counters;
     j["events"] = r.events;
     return j;

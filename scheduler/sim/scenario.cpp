@@ -340,8 +340,8 @@ Dist parse_kernel_us(const json& v, const std::string& path) {
 }
 
 Workload parse_workload(const json& v, const std::string& path) {
-    static constexpr std::array<std::string_view, 6> kFields = {"kernel_us", "gap_us",  "batch",
-                                                                "channels",  "kernels", "start_ms"};
+    static constexpr std::array<std::string_view, 7> kFields = {
+        "kernel_us", "gap_us", "batch", "channels", "kernels", "start_ms", "forge_progress"};
     expect_object(v, path);
     reject_unknown(v, path, kFields);
     Workload w;
@@ -355,6 +355,8 @@ Workload parse_workload(const json& v, const std::string& path) {
     if (const json* k = find(v, "kernels"))
         w.kernels = integer(*k, member(path, "kernels"), 0, std::numeric_limits<std::uint64_t>::max());
     if (const json* s = find(v, "start_ms")) w.start_ms = non_negative(*s, member(path, "start_ms"), kMaxTimeMs);
+    if (const json* f = find(v, "forge_progress"))
+        w.forge_progress = boolean(*f, member(path, "forge_progress"));
     return w;
 }
 

@@ -35,6 +35,10 @@ struct Workload {
     std::uint32_t channels = 1; // independent loops, one channel each
     std::uint64_t kernels = 0;  // per channel; 0 = endless
     double start_ms = 0;
+    // A cheating tenant: keeps IB_GET pinned at 0 and FENCE at its last
+    // submission in its control page, as if nothing it queued had run and
+    // everything had completed.  The host must not believe either.
+    bool forge_progress = false;
 };
 
 struct NodeSpec {

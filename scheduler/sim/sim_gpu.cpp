@@ -60,8 +60,8 @@ pvgpu_ring* SimGpu::ring(ChannelId ch) { return chan(ch).ring; }
 void SimGpu::set_fence_watcher(ChannelId ch, FenceWatcher w) { chan(ch).watcher = std::move(w); }
 
 std::uint32_t SimGpu::read_ib_put(ChannelId ch) const { return chan(ch).put; }
-std::uint32_t SimGpu::read_ib_get(ChannelId ch) const { return chan(ch).ctrl->ib_get; }
-std::uint32_t SimGpu::read_fence(ChannelId ch) const { return chan(ch).ctrl->fence; }
+std::uint32_t SimGpu::read_ib_get(ChannelId ch) const { return chan(ch).get; }
+std::uint32_t SimGpu::read_fence(ChannelId ch) const { return chan(ch).fence; }
 std::uint32_t SimGpu::read_status(ChannelId ch) const { return chan(ch).dead ? PVGPU_CHAN_STATUS_ERROR : PVGPU_CHAN_STATUS_OK; }
 
 bool SimGpu::runnable(const Channel& c) const {
@@ -128,7 +128,8 @@ void SimGpu::start(ChannelId ch) {
         c.remaining = static_cast<Duration>(e.payload);
         c.ran = 0;
         c.in_flight = true;
-        c.ctrl->ib_get = c.completed + 1;
+        c.get = c.completed + 1;
+        c.ctrl->ib_get = c.get;
     }
     run_segment();
 }
@@ -189,7 +190,8 @@ void SimGpu::segment_end() {
     const pvgpu_ring_entry e = c.ring->entries[c.completed & PVGPU_RING_MASK];
     c.in_flight = false;
     ++c.completed;
-    c.ctrl->fence = e.fence;
+    c.fence = e.fence;
+    c.ctrl->fence = c.fence;
     update_ready(ch);
     if (cfg_.arbitration == Arbitration::Timeslice && now < slice_end_ && runnable(c)) {
         start(ch);  // same slice, next kernel

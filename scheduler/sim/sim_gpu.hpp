@@ -65,6 +65,9 @@ public:
     // memory or gets the device's per-channel interrupt).  Not a host path.
     using FenceWatcher = std::function<void(std::uint32_t fence)>;
     void set_fence_watcher(ChannelId ch, FenceWatcher w);
+    // Guest side: the control page as mapped to the submitter, which may
+    // write anything into it.  Not a host path.
+    pvgpu_ctrl_page* control_page(ChannelId ch) { return chan(ch).ctrl; }
     const SimGpuConfig& config() const { return cfg_; }
     Duration busy_time() const { return busy_; }
     std::uint64_t context_switches() const { return switches_; }
@@ -80,6 +83,11 @@ private:
         // scribble on, so it must not bring a dead channel back.
         bool dead = false;
         std::uint32_t completed = 0;   // entries finished
+        // The GPU's own GET and FENCE registers.  The control page gets a copy
+        // for the submitter, but that page is tenant memory: a host reads
+        // progress from these, never from the page.
+        std::uint32_t get = 0;
+        std::uint32_t fence = 0;
         // The kernel at `completed` when it was preempted or not started yet.
         bool in_flight = false;
         Duration remaining = 0;

@@ -31,6 +31,24 @@ SubmitLoop::SubmitLoop(EventLoop& loop, SimGpu& gpu, Scheduler& sched, ChannelId
     gpu_.set_fence_watcher(ch_, [this](std::uint32_t f) { on_fence(f); });
 }
 
+SubmitLoop::~SubmitLoop() { loop_.cancel(forge_timer_); }
+
+// A real cheater rewrites its page from a CPU loop at any time; every 10 us
+// and around each of its own doorbells and completions is as good here: the
+// GPU's copy never survives long enough for a host read to depend on it.
+void SubmitLoop::pin_page() {
+    pvgpu_ctrl_page* page = gpu_.control_page(ch_);
+    page->ib_get = 0;
+    page->fence = put_;
+}
+
+void SubmitLoop::forge() {
+    forge_timer_ = kNoTimer;
+    if (failed_) return;
+    pin_page();
+    forge_timer_ = loop_.arm(loop_.now() + 10 * kMicrosecond, [this] { forge(); });
+}
+
 double SubmitLoop::demand() const {
     double busy = w_.kernel_us.mean() * w_.batch;
     return std::min(1.0, busy / (busy + w_.gap_us));
@@ -40,6 +58,7 @@ void SubmitLoop::start() {
     loop_.arm(start_, [this] {
         batch_left_ = w_.batch;
         submit_next();
+        if (w_.forge_progress) forge();
     });
 }
 
@@ -69,6 +88,7 @@ void SubmitLoop::submit_next() {
     std::uint32_t put = put_;
     auto write = [this, put] {
         sched_.channel(ch_).guest_write_put(put);
+        if (w_.forge_progress) pin_page();
         if (batch_left_ != 0) submit_next();
     };
     // A trapped store exits to the host first: it lands (and the vCPU goes
@@ -81,6 +101,7 @@ void SubmitLoop::submit_next() {
 
 void SubmitLoop::on_fence(std::uint32_t fence) {
     ++completed_;
+    if (w_.forge_progress) pin_page();
     if (fence != batch_fence_ || batch_left_ != 0) return;
     set_outstanding(false);
     if (w_.kernels != 0 && submitted_ >= w_.kernels) {

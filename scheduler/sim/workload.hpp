@@ -33,6 +33,7 @@ public:
 
     SubmitLoop(EventLoop& loop, SimGpu& gpu, Scheduler& sched, ChannelId ch, const Workload& w,
                std::uint64_t seed, DemandListener on_demand);
+    ~SubmitLoop();
     SubmitLoop(const SubmitLoop&) = delete;
     SubmitLoop& operator=(const SubmitLoop&) = delete;
 
@@ -56,6 +57,9 @@ private:
     void submit_next();     // one entry of the current batch
     void on_fence(std::uint32_t fence);
     void set_outstanding(bool v);
+    // Workload::forge_progress: overwrite the control page now / every 10 us.
+    void pin_page();
+    void forge();
 
     EventLoop& loop_;
     SimGpu& gpu_;
@@ -73,6 +77,7 @@ private:
     std::optional<Time> finished_;
     bool failed_ = false;
     bool outstanding_ = false;
+    TimerId forge_timer_ = kNoTimer;
 };
 
 }  // namespace pvgpu::sim

@@ -1,13 +1,16 @@
-// pvgpu-load: GPU load generator for pvgpud on libpvgpu (docs/pvgpu-load.1.md).
+// pvgpu-load: GPU load generator for pvgpud on libpvgpu (docs/pvgpu-load.1.md),
+// on the host (pvgpud's socket) or inside a VM (/dev/pvgpu).
 //
 //   throttle: endless kernels of a fixed length (the thesis' "throttle"),
-//   bench:    a finite job; prints its runtime.
+//   bench:    a finite job; prints its runtime,
+//   info:     what the transport reports (device state, or pvgpud's HELLO).
 //
 // Each of --channels loops submits --batch kernels back to back, keeps up to
 // --depth batches in flight, and waits --gap-us after a batch completes
 // before submitting the next one (the simulator's workload model).  All loops
 // run on one thread; waiting is done by libpvgpu (no busy spinning).
 #include <pvgpu.h>
+#include <pvgpu/guest_ioctl.h>
 
 #include <signal.h>
 #include <sys/prctl.h>
@@ -40,12 +43,15 @@ constexpr int kExitInterrupted = 3;
 
 constexpr const char* kUsage = R"(usage: pvgpu-load throttle --kernel-us N [--channels K] [--duration-s S] [OPTIONS]
        pvgpu-load bench --kernel-us N --kernels M [--channels K] [OPTIONS]
+       pvgpu-load info [--socket PATH | --device PATH] [--weight W]
 
-Generates GPU load on pvgpud through libpvgpu.
+Generates GPU load on pvgpud through libpvgpu, from a host process (pvgpud's
+socket) or from inside a VM (the guest driver's device node).
 
   throttle            submit kernels of N us without end, until --duration-s
                       passes or SIGINT/SIGTERM; then print a summary
   bench               run M kernels of N us per channel; print runtime_ms=<ms>
+  info                print what the transport reports and exit
 
 Options:
   --kernel-us N       kernel length in microseconds (the simulated GPU's run
@@ -58,9 +64,17 @@ Options:
                       batch, wait for it, gap, repeat); B*D <= 256
   --gap-us G          CPU time between a completed batch and the next
                       submission, in microseconds (default 0)
-  --socket PATH       pvgpud client socket (default $PVGPU_SOCKET or
+  --socket PATH       use pvgpud's client socket PATH
+  --device PATH       use the guest driver's device node PATH
+                      (default: the device $PVGPU_DEVICE or /dev/pvgpu if it
+                      exists, else the socket $PVGPU_SOCKET or
                       /run/pvgpu/pvgpud.sock)
-  --name NAME         task name; pvgpud shows host/NAME (default: the mode)
+  --name NAME         task name (default: the mode); host: pvgpud shows
+                      host/NAME; in a VM it becomes the process name, which
+                      the guest driver reports
+  --weight W          in a VM: this task's weight among the VM's tasks,
+                      1..10000 (default: leave it, 100); not on the host,
+                      where the admin sets it (pvgpuctl set-weight)
   --report-interval-s R
                       every R seconds print to stderr:
                       "pvgpu-load: t=<CLOCK_MONOTONIC s> completed=<kernels so
@@ -74,11 +88,15 @@ Output (stdout, one key=value per line):
             polls, cpu_ms
   throttle: kernels, elapsed_ms, rate, gpu_ms, reconnects, resubmitted,
             mode_messages, polls, cpu_ms
+  info:     transport, then socket: socket, protocol_version, client_id,
+            max_channels; device: device, abi_version, device_version, slots,
+            slots_used, link, link_gen, irq_mode, pid_hints, channels,
+            pid_hint, weight
 
 Exit status:
   0  success (throttle: also when stopped by SIGINT/SIGTERM or --duration-s)
-  1  runtime error: pvgpud unreachable or gone past the reconnect timeout,
-     a channel killed by the GPU, a protocol error
+  1  runtime error: pvgpud (or the device) unreachable or gone past the
+     reconnect timeout, a channel killed by the GPU, a protocol error
   2  bad usage
   3  bench interrupted by SIGINT/SIGTERM before all kernels completed
 )";
@@ -99,7 +117,10 @@ struct Options {
     unsigned batch = 1;
     unsigned depth = 1;
     double gap_us = 0;
+    pvgpu::Transport transport = pvgpu::Transport::Auto;
     std::string socket;
+    std::string device;
+    std::uint32_t weight = 0;
     std::string name;
     double report_interval_s = 0;
     double reconnect_timeout_s = 30;
@@ -136,9 +157,10 @@ std::uint64_t parse_count(std::string_view opt, std::string_view text, std::uint
 Options parse_args(int argc, char** argv) {
     Options o;
     std::vector<std::string_view> args(argv + 1, argv + argc);
-    if (args.empty()) throw UsageError{"missing mode (throttle or bench)"};
+    if (args.empty()) throw UsageError{"missing mode (throttle, bench or info)"};
     bool have_kernel_us = false;
     bool have_kernels = false;
+    std::string workload_option;  // one given, for info's complaint
     for (std::size_t i = 0; i < args.size(); ++i) {
         std::string_view a = args[i];
         if (a == "-h" || a == "--help") {
@@ -147,8 +169,8 @@ Options parse_args(int argc, char** argv) {
         }
         if (!a.starts_with("-")) {
             if (!o.mode.empty()) throw UsageError{"unexpected argument '" + std::string(a) + "'"};
-            if (a != "throttle" && a != "bench")
-                throw UsageError{"unknown mode '" + std::string(a) + "' (throttle or bench)"};
+            if (a != "throttle" && a != "bench" && a != "info")
+                throw UsageError{"unknown mode '" + std::string(a) + "' (throttle, bench or info)"};
             o.mode = a;
             continue;
         }
@@ -163,6 +185,9 @@ Options parse_args(int argc, char** argv) {
             if (i + 1 >= args.size()) throw UsageError{std::string(key) + " needs a value"};
             return args[++i];
         };
+        if (key != "--socket" && key != "--device" && key != "--weight" && key != "--name" &&
+            key != "--reconnect-timeout-s")
+            workload_option = key;
         if (key == "--kernel-us") {
             o.kernel_us = parse_number(key, value(), 1e-3, 1e7);
             have_kernel_us = true;
@@ -179,8 +204,16 @@ Options parse_args(int argc, char** argv) {
             o.depth = static_cast<unsigned>(parse_count(key, value(), 1, 256));
         } else if (key == "--gap-us") {
             o.gap_us = parse_number(key, value(), 0, 1e9);
-        } else if (key == "--socket") {
-            o.socket = value();
+        } else if (key == "--socket" || key == "--device") {
+            const auto t = key == "--socket" ? pvgpu::Transport::Socket : pvgpu::Transport::Device;
+            if (o.transport != pvgpu::Transport::Auto && o.transport != t)
+                throw UsageError{"--socket and --device exclude each other"};
+            o.transport = t;
+            (t == pvgpu::Transport::Socket ? o.socket : o.device) = value();
+            if ((t == pvgpu::Transport::Socket ? o.socket : o.device).empty())
+                throw UsageError{std::string(key) + ": empty path"};
+        } else if (key == "--weight") {
+            o.weight = static_cast<std::uint32_t>(parse_count(key, value(), 1, 10000));
         } else if (key == "--name") {
             o.name = value();
         } else if (key == "--report-interval-s") {
@@ -191,8 +224,10 @@ Options parse_args(int argc, char** argv) {
             throw UsageError{"unknown option '" + std::string(key) + "'"};
         }
     }
-    if (o.mode.empty()) throw UsageError{"missing mode (throttle or bench)"};
-    if (!have_kernel_us) throw UsageError{"--kernel-us is required"};
+    if (o.mode.empty()) throw UsageError{"missing mode (throttle, bench or info)"};
+    if (o.mode == "info" && !workload_option.empty())
+        throw UsageError{workload_option + " is for throttle and bench, not info"};
+    if (o.mode != "info" && !have_kernel_us) throw UsageError{"--kernel-us is required"};
     if (o.mode == "bench" && !have_kernels) throw UsageError{"bench needs --kernels M"};
     if (o.mode == "throttle" && have_kernels) throw UsageError{"--kernels is for bench; throttle runs endless"};
     if (o.mode == "bench" && o.duration_s) throw UsageError{"--duration-s is for throttle"};
@@ -226,13 +261,66 @@ double cpu_ms() {
            (static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e3);
 }
 
+const char* link_text(std::uint32_t link) {
+    switch (link) {
+    case PVGPU_LINK_DOWN: return "down";
+    case PVGPU_LINK_HELLO: return "hello";
+    case PVGPU_LINK_READY: return "ready";
+    default: return "unknown";
+    }
+}
+
+const char* irq_text(std::uint32_t mode) {
+    switch (mode) {
+    case PVGPU_IRQ_MSIX: return "msix";
+    case PVGPU_IRQ_INTX: return "intx";
+    default: return "unknown";
+    }
+}
+
+int print_info(const pvgpu::TransportInfo& i) {
+    std::printf("transport=%s\n", pvgpu::transport_name(i.transport));
+    if (i.transport == pvgpu::Transport::Socket) {
+        std::printf("socket=%s\n", i.path.c_str());
+        std::printf("protocol_version=%u\n", i.protocol_version);
+        std::printf("client_id=%u\n", i.client_id);
+        std::printf("max_channels=%u\n", i.max_channels);
+    } else {
+        std::printf("device=%s\n", i.path.c_str());
+        std::printf("abi_version=%u\n", i.abi_version);
+        std::printf("device_version=%u\n", i.device_version);
+        std::printf("slots=%u\n", i.num_slots);
+        std::printf("slots_used=%u\n", i.slots_used);
+        std::printf("link=%s\n", link_text(i.link));
+        std::printf("link_gen=%u\n", i.link_gen);
+        std::printf("irq_mode=%s\n", irq_text(i.irq_mode));
+        std::printf("pid_hints=%s\n", i.pid_hints ? "on" : "off");
+        std::printf("channels=%u\n", i.channels);
+        std::printf("pid_hint=%llu\n", static_cast<unsigned long long>(i.pid_hint));
+        std::printf("weight=%u\n", i.weight);
+    }
+    std::fflush(stdout);
+    return kExitOk;
+}
+
 int run(const Options& o) {
     pvgpu::ClientOptions copt;
+    copt.transport = o.transport;
     copt.socket_path = o.socket;
+    copt.device_path = o.device;
+    copt.weight = o.weight;
     copt.name = o.name;
     copt.reconnect_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.reconnect_timeout_s * 1000));
     copt.log = [](const std::string& line) { std::fprintf(stderr, "pvgpu-load: %s\n", line.c_str()); };
     pvgpu::Client client(copt);
+    if (o.mode == "info") return print_info(client.info());
+    if (client.transport() == pvgpu::Transport::Device) {
+        // The guest driver names a task after its process (comm), read when
+        // a channel is allocated.
+        ::prctl(PR_SET_NAME, o.name.substr(0, 15).c_str(), 0UL, 0UL, 0UL);
+    }
+    std::fprintf(stderr, "pvgpu-load: transport=%s path=%s\n", pvgpu::transport_name(client.transport()),
+                 client.transport() == pvgpu::Transport::Device ? client.info().path.c_str() : o.socket.c_str());
 
     const bool bench = o.mode == "bench";
     const auto kernel_ns = static_cast<std::uint64_t>(std::llround(o.kernel_us * 1000));

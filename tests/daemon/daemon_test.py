@@ -41,6 +41,7 @@ MSG_HELLO_REPLY, MSG_CHAN_REPLY, MSG_FREE_REPLY, MSG_MODE, MSG_NOTICE, MSG_ERROR
     64, 65, 66, 67, 68, 69, 70)
 ROLE_VMM, ROLE_HOST = 1, 2
 E_OK, E_VERSION, E_INVALID, E_STATE, E_LIMIT = 0, 1, 2, 3, 4
+PROTO_VERSION = 2  # PVGPU_PROTO_VERSION
 PAGE = 4096
 RING_ENTRIES = 256
 CHAN_MEM_SIZE = PAGE + RING_ENTRIES * 16
@@ -839,7 +840,8 @@ class FakeDaemon:
     def handle(self, mtype, seq, payload):
         if mtype == MSG_HELLO:
             version, role, _, _, _, _ = struct.unpack("<II16s64sII", payload)
-            check(version == 1 and role == ROLE_HOST, f"HELLO version {version} role {role}")
+            check(version == PROTO_VERSION and role == ROLE_HOST, f"HELLO version {version} role {role}")
+            # Answered as a version-1 daemon would: libpvgpu needs nothing newer.
             self.send(MSG_HELLO_REPLY, struct.pack("<IIII", E_OK, 1, 7, 4), seq)
         elif mtype == MSG_CHAN_ALLOC:
             memfd = os.memfd_create("fake-chan")
@@ -898,7 +900,8 @@ class FakeDaemon:
 
 
 def case_library(bins, tmp):
-    """libpvgpu's API (tests/daemon/libpvgpu_test.cpp, Catch2) against pvgpud."""
+    """libpvgpu's API (tests/daemon/libpvgpu_test.cpp, Catch2) against pvgpud, and
+    pvgpu-load's transport choice and info."""
     check(bins.libtest, "--libtest not given")
     d = Daemon(bins, tmp)
     d.start()
@@ -909,9 +912,47 @@ def case_library(bins, tmp):
             print(line if line.startswith("RESULT") else f"#   {line}")
         print(p.stderr, end="")
         check(p.returncode == 0, f"libpvgpu tests: exit status {p.returncode}")
+        check_load_info(bins, d, tmp)
         check(d.alive(), "pvgpud died")
     finally:
         d.stop()
+
+
+def check_load_info(bins, d, tmp):
+    """pvgpu-load info and the transport choice: the socket by default on a
+    host, the device node whenever it exists ($PVGPU_DEVICE), --weight refused
+    on the socket."""
+    def load(*args, **env_extra):
+        env = {k: v for k, v in os.environ.items() if k not in ("PVGPU_DEVICE", "PVGPU_SOCKET")}
+        env.update(env_extra)
+        return subprocess.run([bins.load, *args], env=env, capture_output=True, text=True, timeout=15)
+
+    p = load("info", PVGPU_SOCKET=d.socket, PVGPU_DEVICE=os.path.join(tmp, "no-such-device"))
+    check(p.returncode == 0, f"info: exit {p.returncode}: {p.stderr}")
+    info = dict(line.split("=", 1) for line in p.stdout.splitlines())
+    log(f"pvgpu-load info: {info}")
+    check(list(info) == ["transport", "socket", "protocol_version", "client_id", "max_channels"],
+          f"info keys: {list(info)}")
+    check(info["transport"] == "socket" and info["socket"] == d.socket, f"info: {info}")
+    check(int(info["protocol_version"]) >= 1 and int(info["client_id"]) >= 1 and int(info["max_channels"]) >= 1,
+          f"info values: {info}")
+
+    # A device node that exists wins over the socket (here a regular file, so
+    # the first ioctl fails and says so); --socket forces the socket.
+    fake_node = os.path.join(tmp, "not-a-device")
+    with open(fake_node, "w"):
+        pass
+    p = load("info", PVGPU_SOCKET=d.socket, PVGPU_DEVICE=fake_node)
+    check(p.returncode == 1 and f"PVGPU_IOC_INFO on {fake_node} failed" in p.stderr,
+          f"auto with a device node: exit {p.returncode}: {p.stderr}")
+    p = load("info", "--socket", d.socket, PVGPU_DEVICE=fake_node)
+    check(p.returncode == 0 and "transport=socket" in p.stdout, f"--socket: exit {p.returncode}: {p.stderr}")
+
+    p = load("bench", "--socket", d.socket, "--kernel-us", "10", "--kernels", "1", "--weight", "50")
+    check(p.returncode == 1 and "only inside a VM" in p.stderr and p.stdout == "",
+          f"--weight on the socket: exit {p.returncode}: {p.stderr}")
+    p = load("info", "--weight", "10001")
+    check(p.returncode == 2 and "out of range 1..10000" in p.stderr, f"--weight 10001: exit {p.returncode}")
 
 
 def case_client(bins, tmp):

@@ -28,6 +28,7 @@ free = msg(3, 3, struct.pack("<II", 3, 0))
 mode_ack = msg(4, 4, struct.pack("<IIII", 3, 1, 10, 77))
 trap = msg(5, 0, struct.pack("<II", 3, 12))
 ping = msg(6, 5)
+task_weight = msg(7, 6, struct.pack("<QII", 1234, 250, 0))
 hello_reply = msg(64, 1, struct.pack("<IIII", 0, 1, 7, 16))
 chan_ok = msg(65, 2, struct.pack("<IIII", 0, 3, CHAN_MEM_SIZE, 0))
 chan_err = msg(65, 2, struct.pack("<IIII", 4, 0, 0, 0))
@@ -36,11 +37,13 @@ mode = msg(67, 0, struct.pack("<IIII", 3, 2, 9, 0))
 notice = msg(68, 0, struct.pack("<IIQ", 1, 3, 1234))
 error = msg(69, 7, struct.pack("<II", 3, 0) + name("HELLO first", 120))
 pong = msg(70, 5)
+task_weight_reply = msg(71, 6, struct.pack("<II", 4, 0))
 
 corpus = {
-    "client-session": bytes([15]) + hello + alloc + ping + mode_ack + trap + free,
+    "client-session": bytes([15]) + hello + alloc + ping + mode_ack + trap + task_weight + free,
     "host-session": bytes([63]) + hello_host + alloc + free,
-    "daemon-replies": bytes([6]) + hello_reply + chan_err + free_reply + mode + notice + error + pong,
+    "daemon-replies": bytes([6]) + hello_reply + chan_err + free_reply + mode + notice + task_weight_reply
+    + error + pong,
     "chan-reply-fds": bytes([0x40 | 47]) + chan_ok,
     "fds-every-fourth": bytes([0x80 | 31]) + chan_ok + ping + pong + ping + chan_ok,
     "byte-by-byte": bytes([0]) + hello + ping,

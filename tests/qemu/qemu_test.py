@@ -11,9 +11,11 @@ Cases:
   fake      a fake pvgpud in this script (full control of MODE pushes and of
             the connection): fd handoff, direct/trapped/shadowed mappings,
             ioeventfd doorbells, unshadowing, trap reports, daemon restart,
-            malformed daemon messages, and the trapped vs direct cost.
+            malformed daemon messages, task names and task weights (device
+            version 2), and the trapped vs direct cost.
   daemon    the real pvgpud: allocation, submission, fences, bad guest input,
-            a BAD_ENTRY notice, channel limits.
+            a BAD_ENTRY notice, channel limits, guest task weights and names
+            in `pvgpuctl list`.
   modes     the real pvgpud with a competing host load so the scheduler
             switches the guest channel's mode while it submits: every
             submitted entry completes exactly once.
@@ -55,20 +57,26 @@ MODE_NAMES = {0: "direct", 1: "trapped", 2: "shadowed"}
 MAGIC = 0x55504750
 HDR = struct.Struct("<IHHII")
 MSG_HELLO, MSG_CHAN_ALLOC, MSG_CHAN_FREE, MSG_MODE_ACK, MSG_TRAP_REPORT, MSG_PING = 1, 2, 3, 4, 5, 6
+MSG_TASK_WEIGHT = 7
 MSG_HELLO_REPLY, MSG_CHAN_REPLY, MSG_FREE_REPLY, MSG_MODE, MSG_NOTICE, MSG_ERROR, MSG_PONG = (
     64, 65, 66, 67, 68, 69, 70)
-E_OK, E_LIMIT = 0, 4
+MSG_TASK_WEIGHT_REPLY = 71
+PROTO_VERSION = 2
+E_OK, E_VERSION, E_INVALID, E_STATE, E_LIMIT = 0, 1, 2, 3, 4
+WEIGHT_MAX = 10000
 
 VENDOR_ID, DEVICE_ID = 0x1234, 0x5047
 REG_MAGIC, REG_VERSION, REG_NUM_SLOTS, REG_LINK = 0x00, 0x04, 0x08, 0x0C
 REG_CMD, REG_CMD_STATUS, REG_ARG0, REG_ARG1 = 0x10, 0x14, 0x18, 0x1C
 REG_RESULT0, REG_RESULT1, REG_IRQ_STATUS, REG_IRQ_ACK = 0x20, 0x24, 0x28, 0x2C
-REG_IRQ_MASK, REG_BAD_ACCESS, REG_LINK_GEN = 0x30, 0x34, 0x38
+REG_IRQ_MASK, REG_BAD_ACCESS, REG_LINK_GEN, REG_ARG2 = 0x30, 0x34, 0x38, 0x3C
+REG_TASK_NAME, TASK_NAME_LEN = 0xa00, 32
+DEV_VERSION = 2
 REG_FENCE_DONE_LO, REG_FENCE_DONE_HI = 0x40, 0x44
 REG_SLOT_BASE, SLOT_STATE, SLOT_MODE, SLOT_CHAN_ID, SLOT_NOTICE = 0x100, 0x0, 0x4, 0x8, 0xC
 REG_WAIT_BASE, WAIT_STATUS, WAIT_FENCE, WAIT_ERROR = 0x600, 0x0, 0x4, 0x8
 LINK_DOWN, LINK_HELLO, LINK_READY = 0, 1, 2
-CMD_CHAN_ALLOC, CMD_CHAN_FREE, CMD_FENCE_WAIT = 1, 2, 3
+CMD_CHAN_ALLOC, CMD_CHAN_FREE, CMD_FENCE_WAIT, CMD_TASK_WEIGHT = 1, 2, 3, 4
 CMDST_OK, CMDST_BUSY, CMDST_E_INVALID, CMDST_E_NOSLOT, CMDST_E_LINK, CMDST_E_DAEMON = range(6)
 IRQ_CMD_DONE, IRQ_NOTICE, IRQ_LINK, IRQ_FENCE = 1, 2, 4, 8
 IRQ_ALL = IRQ_CMD_DONE | IRQ_NOTICE | IRQ_LINK | IRQ_FENCE
@@ -293,11 +301,18 @@ class Device:
     def wait_link(self, timeout=10):
         wait_for(lambda: self.reg(REG_LINK) == LINK_READY, timeout, "the device's daemon link")
 
-    def command(self, cmd, arg0=0, arg1=0, timeout=10):
+    def start(self, cmd, arg0=0, arg1=0, arg2=None):
+        """Writes the arguments and CMD; returns CMD_STATUS right after."""
         self.set_reg(REG_ARG0, arg0)
         self.set_reg(REG_ARG1, arg1)
+        if arg2 is not None:
+            self.set_reg(REG_ARG2, arg2)
         self.set_reg(REG_IRQ_ACK, IRQ_CMD_DONE)
         self.set_reg(REG_CMD, cmd)
+        return self.reg(REG_CMD_STATUS)
+
+    def command(self, cmd, arg0=0, arg1=0, timeout=10, arg2=None):
+        self.start(cmd, arg0, arg1, arg2)
         deadline = time.monotonic() + timeout
         while True:
             st = self.reg(REG_CMD_STATUS)
@@ -309,6 +324,20 @@ class Device:
         if st == CMDST_OK:
             check(self.reg(REG_IRQ_STATUS) & IRQ_CMD_DONE, "CMD_DONE interrupt status not set")
         return st, self.reg(REG_RESULT0), self.reg(REG_RESULT1)
+
+    def set_task_name(self, raw):
+        """TASK_NAME as the driver writes it: 32 bytes, eight 32-bit stores."""
+        raw = raw.ljust(TASK_NAME_LEN, b"\0")
+        for k in range(TASK_NAME_LEN // 4):
+            self.set_reg(REG_TASK_NAME + 4 * k, struct.unpack_from("<I", raw, 4 * k)[0])
+
+    def task_name(self):
+        return b"".join(struct.pack("<I", self.reg(REG_TASK_NAME + 4 * k))
+                        for k in range(TASK_NAME_LEN // 4))
+
+    def task_weight(self, pid_hint, weight):
+        """TASK_WEIGHT: returns (CMD_STATUS, RESULT0, RESULT1)."""
+        return self.command(CMD_TASK_WEIGHT, pid_hint & 0xFFFFFFFF, pid_hint >> 32, arg2=weight)
 
     def alloc(self, pid_hint=0):
         st, slot, chan = self.command(CMD_CHAN_ALLOC, pid_hint & 0xFFFFFFFF, pid_hint >> 32)
@@ -360,6 +389,12 @@ class FakeDaemon:
         self.stop = False
         self.connections = 0
         self.refuse_alloc = False
+        self.version = PROTO_VERSION   # what HELLO_REPLY agrees on at most
+        self.hold_hello = False        # leave HELLOs unanswered (LINK stays HELLO)
+        self.held_hellos = []          # (conn, seq, version) of unanswered HELLOs
+        self.task_weights = []         # (seq, pid_hint, weight, reserved) received
+        self.task_weight_status = E_OK
+        self.hold_task_weight = False  # never answer TASK_WEIGHT
         self.paused = False   # stop reading (timing runs: keep Python off the CPU)
         self.thread = threading.Thread(target=self.serve, daemon=True)
         self.thread.start()
@@ -415,9 +450,19 @@ class FakeDaemon:
             uuid = bytes(body[8:24])
             name = body[24:88].split(b"\0")[0].decode()
             self.hellos.append((version, role, uuid, name))
-            self.send(MSG_HELLO_REPLY, seq, struct.pack("<IIII", 0, 1, 1, 16), conn=conn)
+            if self.hold_hello:
+                self.held_hellos.append((conn, seq, version))
+                return
+            self.answer_hello(conn, seq, version)
+        elif mtype == MSG_TASK_WEIGHT:
+            hint, weight, reserved = struct.unpack("<QII", body)
+            self.task_weights.append((seq, hint, weight, reserved))
+            if not self.hold_task_weight:
+                self.send(MSG_TASK_WEIGHT_REPLY, seq, struct.pack("<II", self.task_weight_status, 0),
+                          conn=conn)
         elif mtype == MSG_CHAN_ALLOC:
             pid_hint = struct.unpack_from("<Q", body)[0]
+            task_name = bytes(body[8:40])
             if self.refuse_alloc:
                 self.send(MSG_CHAN_REPLY, seq, struct.pack("<IIII", E_LIMIT, 0, 0, 0), conn=conn)
                 return
@@ -427,7 +472,8 @@ class FakeDaemon:
             os.ftruncate(mfd, CHAN_MEM_SIZE)
             efd = os.eventfd(0, os.EFD_NONBLOCK)
             mem = mmap.mmap(mfd, CHAN_MEM_SIZE)
-            self.channels[chan] = {"mem": mem, "bell": efd, "pid_hint": pid_hint}
+            self.channels[chan] = {"mem": mem, "bell": efd, "pid_hint": pid_hint,
+                                   "task_name": task_name}
             self.send(MSG_CHAN_REPLY, seq, struct.pack("<IIII", 0, chan, CHAN_MEM_SIZE, 0),
                       fds=[mfd, efd], conn=conn)
             os.close(mfd)
@@ -442,6 +488,15 @@ class FakeDaemon:
             self.reports.append(struct.unpack("<II", body))
         elif mtype == MSG_PING:
             self.send(MSG_PONG, seq, b"", conn=conn)
+
+    def answer_hello(self, conn, seq, version):
+        self.send(MSG_HELLO_REPLY, seq, struct.pack("<IIII", 0, min(version, self.version), 1, 16),
+                  conn=conn)
+
+    def release_hellos(self):
+        held, self.held_hellos = self.held_hellos, []
+        for conn, seq, version in held:
+            self.answer_hello(conn, seq, version)
 
     def page(self, chan, off):
         return struct.unpack_from("<I", self.channels[chan]["mem"], off)[0]
@@ -538,7 +593,10 @@ class Pvgpud:
 def probe(dev, slots):
     q = dev.q
     check(dev.reg(REG_MAGIC) == MAGIC, f"MAGIC {dev.reg(REG_MAGIC):#x}")
-    check(dev.reg(REG_VERSION) == 1, "VERSION")
+    check(dev.reg(REG_VERSION) == DEV_VERSION, f"VERSION {dev.reg(REG_VERSION)}")
+    check((dev.cfg_read(dev.bdf, 0x08) & 0xFF) == DEV_VERSION, "PCI revision is not VERSION")
+    check(dev.reg(REG_ARG2) == 0, "ARG2 not 0 at reset")
+    check(dev.task_name() == bytes(TASK_NAME_LEN), "TASK_NAME not 0 at reset")
     check(dev.slots == slots, f"NUM_SLOTS {dev.slots}")
     check(dev.sizes[0] == PAGE, f"BAR0 size {dev.sizes[0]:#x}")
     check(dev.sizes[2] == slots * SLOT_STRIDE, f"BAR2 size {dev.sizes[2]:#x}")
@@ -571,8 +629,11 @@ def case_fake(bins, tmp):
         probe(dev, 4)
         dev.wait_link()
         check(fake.hellos and fake.hellos[0][1] == 1, f"HELLO {fake.hellos}")
+        check(fake.hellos[0][0] == PROTO_VERSION, f"HELLO offers version {fake.hellos[0][0]}")
         check(fake.hellos[0][2] == vm_uuid.bytes, "HELLO carries a different UUID")
         check(fake.hellos[0][3] == "vm-fake", f"HELLO name {fake.hellos[0][3]!r}")
+
+        check_slots_limit(bins, tmp, sock, vm_uuid)
 
         slot, chan = dev.alloc(pid_hint=0x1_0000_0042)
         check(fake.channels[chan]["pid_hint"] == 0x1_0000_0042, "pid hint lost on the way")
@@ -770,6 +831,8 @@ def case_fake(bins, tmp):
         wait_for(lambda: dev.reg(REG_LINK_GEN) > gen, 10, "reconnect after a stray reply")
         wait_for(lambda: dev.slot_reg(slot, SLOT_STATE) == SLOT_LIVE, 10, "slot live again")
         dev.free(slot)
+        check_task_names_fake(dev, fake)
+        check_task_weights_fake(dev, fake)
         check(q.alive(), "QEMU died")
     finally:
         rc = q.close()
@@ -943,6 +1006,144 @@ def check_fence_waits_fake(dev, fake):
     check(st == CMDST_E_INVALID, f"FENCE_WAIT on a freed slot: {st}")
 
 
+def check_slots_limit(bins, tmp, sock, vm_uuid):
+    """A device has at most 64 slots (the wait registers end where TASK_NAME begins)."""
+    p = subprocess.run([bins.qemu, "-machine", "q35", "-accel", "qtest", "-display", "none",
+                        "-nodefaults", "-bios", os.path.join(tmp, "bios.bin"), "-uuid", str(vm_uuid),
+                        # nothing listens there: this QEMU must not take the fake's connection
+                        "-chardev", f"socket,id=pv2,path={sock}.none,reconnect=1",
+                        "-device", "pvgpu,chardev=pv2,slots=128"],
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
+    check(p.returncode != 0 and "'slots' must be a power of two in 1..64 (got 128)" in p.stderr,
+          f"slots=128: exit {p.returncode}, stderr {p.stderr.strip()!r}")
+
+
+def check_task_names_fake(dev, fake):
+    """TASK_NAME goes out with CHAN_ALLOC, sanitised; re-allocations keep it."""
+    dev.set_task_name(b"bench")
+    check(dev.task_name() == b"bench".ljust(TASK_NAME_LEN, b"\0"), f"TASK_NAME reads {dev.task_name()!r}")
+    slot, chan = dev.alloc(pid_hint=0x61)
+    check(fake.channels[chan]["task_name"] == b"bench".ljust(TASK_NAME_LEN, b"\0"),
+          f"task_name {fake.channels[chan]['task_name']!r}")
+    # Non-printable bytes become '?'; the name ends at the first NUL and
+    # whatever follows it is not sent; the register reads back unchanged.
+    raw = b"a\x01b\xffc\x7f\0junk"
+    dev.set_task_name(raw)
+    check(dev.task_name() == raw.ljust(TASK_NAME_LEN, b"\0"), "TASK_NAME does not read back as written")
+    s2, c2 = dev.alloc(pid_hint=0x62)
+    check(fake.channels[c2]["task_name"] == b"a?b?c?".ljust(TASK_NAME_LEN, b"\0"),
+          f"sanitised task_name {fake.channels[c2]['task_name']!r}")
+    # 32 bytes without a NUL: the last byte is forced to NUL.
+    dev.set_task_name(b"x" * TASK_NAME_LEN)
+    s3, c3 = dev.alloc(pid_hint=0x63)
+    check(fake.channels[c3]["task_name"] == b"x" * 31 + b"\0", f"full task_name {fake.channels[c3]['task_name']!r}")
+    # The register keeps its value for the next CHAN_ALLOC (the driver
+    # rewrites it before each one); 0 sends no name.
+    dev.set_task_name(b"")
+    s4, c4 = dev.alloc(pid_hint=0x64)
+    check(fake.channels[c4]["task_name"] == bytes(TASK_NAME_LEN), "empty TASK_NAME sent a name")
+    # A reconnect re-allocates lost slots with their own names.
+    gen = dev.reg(REG_LINK_GEN)
+    fake.drop()
+    wait_for(lambda: dev.reg(REG_LINK_GEN) > gen and dev.slot_reg(s2, SLOT_STATE) == SLOT_LIVE, 10,
+             "re-allocation after a drop")
+    again = dev.slot_reg(s2, SLOT_CHAN_ID)
+    check(fake.channels[again]["task_name"] == b"a?b?c?".ljust(TASK_NAME_LEN, b"\0"),
+          f"re-allocation task_name {fake.channels[again]['task_name']!r}")
+    for sl in (slot, s2, s3, s4):
+        wait_for(lambda: dev.slot_reg(sl, SLOT_STATE) == SLOT_LIVE, 10, f"slot {sl} live again")
+        dev.free(sl)
+    result("task_name.sanitised", "ok")
+
+
+def check_task_weights_fake(dev, fake):
+    """CMD_TASK_WEIGHT: checked at once, else BUSY until the daemon answers."""
+    bad = dev.reg(REG_BAD_ACCESS)
+    # OK: the daemon gets hint and weight, the command completes with RESULT0/1 = 0.
+    n = len(fake.task_weights)
+    st, r0, r1 = dev.task_weight(0x2_0000_0042, 700)
+    check((st, r0, r1) == (CMDST_OK, 0, 0), f"TASK_WEIGHT: {st}/{r0}/{r1}")
+    check(fake.task_weights[n:] and fake.task_weights[-1][1:] == (0x2_0000_0042, 700, 0),
+          f"TASK_WEIGHT on the wire: {fake.task_weights[n:]}")
+    check(dev.reg(REG_ARG2) == 700, "ARG2 does not read back")
+    st, _, _ = dev.task_weight(0x42, 0)                # 0 forgets: valid, sent
+    check(st == CMDST_OK and fake.task_weights[-1][1:] == (0x42, 0, 0), f"weight 0: {st}")
+    st, _, _ = dev.task_weight(0x42, WEIGHT_MAX)
+    check(st == CMDST_OK, f"weight {WEIGHT_MAX}: {st}")
+    # Invalid arguments: E_INVALID before the CMD write returns, nothing sent.
+    n = len(fake.task_weights)
+    for hint, weight in ((0, 100), (0x42, WEIGHT_MAX + 1), (0x42, 0xFFFFFFFF)):
+        st = dev.start(CMD_TASK_WEIGHT, hint & 0xFFFFFFFF, hint >> 32, weight)
+        check(st == CMDST_E_INVALID, f"TASK_WEIGHT({hint:#x}, {weight}): {st}, want E_INVALID at once")
+    time.sleep(0.05)
+    check(len(fake.task_weights) == n, f"invalid TASK_WEIGHTs reached the daemon: {fake.task_weights[n:]}")
+    # The daemon refuses: E_DAEMON, RESULT1 = its status.
+    fake.task_weight_status = E_LIMIT
+    st, r0, r1 = dev.task_weight(0x43, 200)
+    check((st, r0, r1) == (CMDST_E_DAEMON, 0, E_LIMIT), f"refused TASK_WEIGHT: {st}/{r0}/{r1}")
+    fake.task_weight_status = E_OK
+    # A daemon that does not answer keeps the mailbox BUSY (other commands
+    # are refused and counted) until the link drops: then E_LINK.
+    fake.hold_task_weight = True
+    n = len(fake.task_weights)
+    st = dev.start(CMD_TASK_WEIGHT, 0x44, 0, 300)
+    check(st == CMDST_BUSY, f"TASK_WEIGHT without a reply: {st}")
+    wait_for(lambda: len(fake.task_weights) > n, 5, "the unanswered TASK_WEIGHT")
+    time.sleep(0.05)
+    check(dev.reg(REG_CMD_STATUS) == CMDST_BUSY, "TASK_WEIGHT completed without a reply")
+    before = dev.reg(REG_BAD_ACCESS)
+    dev.set_reg(REG_CMD, CMD_CHAN_ALLOC)
+    check(dev.reg(REG_BAD_ACCESS) == before + 1 and dev.reg(REG_CMD_STATUS) == CMDST_BUSY,
+          "a command while BUSY was not refused")
+    # FENCE_WAIT state and the slot registers stay readable meanwhile.
+    check(dev.slot_reg(0, SLOT_STATE) == SLOT_FREE, "slot registers while BUSY")
+    gen = dev.reg(REG_LINK_GEN)
+    dev.set_reg(REG_IRQ_ACK, IRQ_CMD_DONE)
+    fake.hold_hello = True      # the reconnect stays in LINK_HELLO for the next check
+    fake.hold_task_weight = False
+    fake.drop()
+    wait_for(lambda: dev.reg(REG_CMD_STATUS) != CMDST_BUSY, 5, "the link loss to end the command")
+    check(dev.reg(REG_CMD_STATUS) == CMDST_E_LINK, f"unanswered TASK_WEIGHT ended {dev.reg(REG_CMD_STATUS)}")
+    check(dev.reg(REG_IRQ_STATUS) & IRQ_CMD_DONE, "no CMD_DONE for the E_LINK completion")
+    # No READY link (connected, HELLO unanswered): E_LINK at once.
+    wait_for(lambda: fake.held_hellos, 10, "the reconnect's HELLO")
+    check(dev.reg(REG_LINK) == LINK_HELLO, f"LINK {dev.reg(REG_LINK)} with HELLO unanswered")
+    n = len(fake.task_weights)
+    st = dev.start(CMD_TASK_WEIGHT, 0x45, 0, 300)
+    check(st == CMDST_E_LINK, f"TASK_WEIGHT without a READY link: {st}")
+    fake.hold_hello = False
+    fake.release_hellos()
+    wait_for(lambda: dev.reg(REG_LINK) == LINK_READY and dev.reg(REG_LINK_GEN) > gen, 10, "LINK READY")
+    check(len(fake.task_weights) == n, "TASK_WEIGHT sent without a READY link")
+    st, _, _ = dev.task_weight(0x45, 300)
+    check(st == CMDST_OK, f"TASK_WEIGHT after the reconnect: {st}")
+    # A version-1 pvgpud never gets TASK_WEIGHT: E_DAEMON / E_VERSION at once.
+    fake.version = 1
+    gen = dev.reg(REG_LINK_GEN)
+    fake.drop()
+    wait_for(lambda: dev.reg(REG_LINK) == LINK_READY and dev.reg(REG_LINK_GEN) > gen, 10,
+             "LINK READY with a version-1 daemon")
+    n = len(fake.task_weights)
+    st = dev.start(CMD_TASK_WEIGHT, 0x46, 0, 300)
+    check(st == CMDST_E_DAEMON and dev.reg(REG_RESULT1) == E_VERSION,
+          f"TASK_WEIGHT with a version-1 daemon: {st}/{dev.reg(REG_RESULT1)}")
+    slot, chan = dev.alloc(pid_hint=0x47)     # version 1 still allocates channels
+    dev.free(slot)
+    check(len(fake.task_weights) == n, "TASK_WEIGHT sent to a version-1 daemon")
+    # A reply that answers nothing ends the connection like any stray reply.
+    fake.version = PROTO_VERSION
+    gen = dev.reg(REG_LINK_GEN)
+    fake.drop()
+    wait_for(lambda: dev.reg(REG_LINK) == LINK_READY and dev.reg(REG_LINK_GEN) > gen, 10, "LINK READY (v2)")
+    gen = dev.reg(REG_LINK_GEN)
+    fake.send(MSG_TASK_WEIGHT_REPLY, 4243, struct.pack("<II", 0, 0))
+    wait_for(lambda: dev.reg(REG_LINK_GEN) > gen, 10, "reconnect after a stray TASK_WEIGHT_REPLY")
+    st, _, _ = dev.task_weight(0x48, 1)
+    check(st == CMDST_OK, f"TASK_WEIGHT after the stray reply: {st}")
+    check(dev.reg(REG_BAD_ACCESS) == bad + 1, f"BAD_ACCESS {dev.reg(REG_BAD_ACCESS) - bad}, want 1")
+    result("task_weight.fake_cases", "ok")
+
+
 def bad_mailbox(dev):
     q = dev.q
     bad = dev.reg(REG_BAD_ACCESS)
@@ -1015,10 +1216,25 @@ def case_daemon(bins, tmp):
     try:
         q, dev, vm_uuid = start_vm(bins, tmp, d, "vm-qt")
         probe(dev, 16)
+        # A weight set before the task has a channel waits for its entity.
+        st, _, _ = dev.task_weight(1235, 50)
+        check(st == CMDST_OK, f"TASK_WEIGHT before the task's channel: {st}")
+        dev.set_task_name(b"qt-bench")
         slot, chan = dev.alloc(pid_hint=1234)
         ents = {e["path"]: e for e in d.ctl("list")["entities"]}
         check("vm-qt" in ents and ents["vm-qt"].get("uuid") == str(vm_uuid), f"list: {list(ents)}")
-        check(ents.get("vm-qt/task-1234", {}).get("channels") == 1, f"task entity: {ents}")
+        task = ents.get("vm-qt/task-1234", {})
+        check(task.get("channels") == 1, f"task entity: {ents}")
+        check(task.get("task_name") == "qt-bench" and task.get("weight") == 100, f"task entity: {task}")
+        # The guest sets its task's weight; the VM's own weight stays the admin's.
+        st, r0, r1 = dev.task_weight(1234, 700)
+        check((st, r0, r1) == (CMDST_OK, 0, 0), f"TASK_WEIGHT(1234, 700): {st}/{r0}/{r1}")
+        ents = {e["path"]: e for e in d.ctl("list")["entities"]}
+        task = ents.get("vm-qt/task-1234", {})
+        check(task.get("weight") == 700 and task.get("task_name") == "qt-bench",
+              f"pvgpuctl list after TASK_WEIGHT: {task}")
+        check(ents["vm-qt"]["weight"] == 100, f"the VM's weight changed: {ents['vm-qt']}")
+        result("daemon.task_weight_entity", json.dumps(task, sort_keys=True))
         # 64 kernels of 200 us: the simulated GPU runs them, FENCE reaches 64.
         put = 0
         t0 = time.monotonic()
@@ -1051,7 +1267,11 @@ def case_daemon(bins, tmp):
         check(ws == WAIT_OK, f"FENCE_WAIT on an older fence: {ws}")
         # Past the end of the ring: more than 256 entries ahead of IB_GET is a
         # bad entry; the daemon kills the channel and the device says so.
+        dev.set_task_name(b"qt-bad")
         slot2, chan2 = dev.alloc(pid_hint=1235)
+        task = {e["path"]: e for e in d.ctl("list")["entities"]}.get("vm-qt/task-1235", {})
+        check(task.get("weight") == 50 and task.get("task_name") == "qt-bad",
+              f"the weight set before the channel: {task}")
         dev.set_reg(REG_IRQ_ACK, 0xFFFFFFFF)
         st, ws = dev.fence_wait(slot2, 1)
         check(ws == WAIT_ARMED, f"FENCE_WAIT on an idle channel: {st}/{ws}")
@@ -1093,6 +1313,8 @@ def case_daemon(bins, tmp):
         dev = Device(q)  # the reset cleared the BARs: map them again
         check(dev.reg(REG_IRQ_MASK) == IRQ_ALL and dev.reg(REG_IRQ_STATUS) == 0,
               f"after reset: IRQ_MASK {dev.reg(REG_IRQ_MASK):#x} IRQ_STATUS {dev.reg(REG_IRQ_STATUS):#x}")
+        check(dev.reg(REG_ARG2) == 0 and dev.task_name() == bytes(TASK_NAME_LEN),
+              "ARG2 / TASK_NAME not cleared by the reset")
         check(all(dev.slot_reg(i, SLOT_STATE) == SLOT_FREE for i in range(dev.slots)),
               "slots not free after reset")
         slot, chan = dev.alloc(pid_hint=1234)

@@ -17,6 +17,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -686,9 +688,10 @@ public:
         return eof;
     }
 
-    wire::Message hello(std::uint32_t role, const std::string& name, std::uint8_t uuid_byte = 0) {
+    wire::Message hello(std::uint32_t role, const std::string& name, std::uint8_t uuid_byte = 0,
+                        std::uint32_t version = PVGPU_PROTO_VERSION) {
         pvgpu_hello h{};
-        h.version = PVGPU_PROTO_VERSION;
+        h.version = version;
         h.role = role;
         if (uuid_byte) std::memset(h.uuid, uuid_byte, sizeof h.uuid);
         wire::set_name(h.name, sizeof h.name, name);
@@ -699,10 +702,69 @@ public:
         return std::move(*m);
     }
 
+    // CHAN_ALLOC; the CHAN_REPLY (fds included).
+    wire::Message alloc(std::uint64_t pid_hint, const std::string& task_name = {}) {
+        pvgpu_chan_alloc a{};
+        a.pid_hint = pid_hint;
+        wire::set_name(a.task_name, sizeof a.task_name, task_name);
+        send(PVGPU_MSG_CHAN_ALLOC, ++seq_, a);
+        auto m = next_of(PVGPU_MSG_CHAN_REPLY);
+        REQUIRE(m);
+        CHECK(m->hdr.seq == seq_);
+        return std::move(*m);
+    }
+    std::uint32_t free_channel(std::uint32_t chan_id) {
+        send(PVGPU_MSG_CHAN_FREE, ++seq_, pvgpu_chan_ref{chan_id, 0});
+        auto m = next_of(PVGPU_MSG_FREE_REPLY);
+        REQUIRE(m);
+        return m->as<pvgpu_status_reply>().status;
+    }
+    // TASK_WEIGHT; the reply's status (the reply must echo the seq).
+    std::uint32_t task_weight(std::uint64_t pid_hint, std::uint32_t weight) {
+        send(PVGPU_MSG_TASK_WEIGHT, ++seq_, pvgpu_task_weight{pid_hint, weight, 0});
+        auto m = next_of(PVGPU_MSG_TASK_WEIGHT_REPLY);
+        REQUIRE(m);
+        CHECK(m->hdr.seq == seq_);
+        const auto r = m->as<pvgpu_status_reply>();
+        CHECK(r.chan_id == 0u);
+        return r.status;
+    }
+
 private:
     Context& c_;
     UniqueFd fd_;
     wire::Reader reader_;
+    std::uint32_t seq_ = 100;
+};
+
+// A channel's memory mapped by a test client: submits kernels the way a
+// guest or libpvgpu does (ring entries, IB_PUT, doorbell).
+class MappedChannel {
+public:
+    explicit MappedChannel(wire::Message reply) : reply_(std::move(reply)) {
+        REQUIRE(reply_.as<pvgpu_chan_reply>().status == PVGPU_OK);
+        REQUIRE(reply_.fds.size() == 2);
+        mem_ = mmap(nullptr, PVGPU_CHAN_MEM_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, reply_.fds[0].get(), 0);
+        REQUIRE(mem_ != MAP_FAILED);
+    }
+    MappedChannel(const MappedChannel&) = delete;
+    MappedChannel& operator=(const MappedChannel&) = delete;
+    ~MappedChannel() { munmap(mem_, PVGPU_CHAN_MEM_SIZE); }
+
+    std::uint32_t id() const { return reply_.as<pvgpu_chan_reply>().chan_id; }
+    pvgpu_ctrl_page& ctrl() const { return *static_cast<pvgpu_ctrl_page*>(mem_); }
+    void submit(std::uint32_t count, Duration kernel) {
+        auto* ring = reinterpret_cast<pvgpu_ring*>(static_cast<char*>(mem_) + PVGPU_CHAN_RING_OFFSET);
+        for (std::uint32_t i = 0; i < count; ++i, ++put_)
+            ring->entries[put_ & PVGPU_RING_MASK] = {static_cast<std::uint64_t>(kernel), put_ + 1, 0};
+        ctrl().ib_put = put_;
+        REQUIRE(eventfd_write(reply_.fds[1].get(), 1) == 0);
+    }
+
+private:
+    wire::Message reply_;
+    void* mem_ = nullptr;
+    std::uint32_t put_ = 0;
 };
 
 struct DaemonRig {
@@ -1019,4 +1081,212 @@ TEST_CASE("daemon: a store to IB_PUT without a doorbell still runs while work is
     ctrl->ib_put = 2;  // no doorbell this time
     REQUIRE(c.run_until([&] { return ctrl->fence == 2u; }));
     munmap(p, PVGPU_CHAN_MEM_SIZE);
+}
+
+// ------------------------------------------------------------ guest task weights
+
+namespace {
+
+// `list` entities by path.
+std::map<std::string, nlohmann::json> entities_by_path(DaemonContext& c, const std::string& admin) {
+    std::map<std::string, nlohmann::json> out;
+    const auto list = admin_request(c, admin, R"({"cmd":"list"})");
+    for (const auto& e : list["entities"]) out[e["path"].get<std::string>()] = e;
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("daemon: a guest sets its tasks' weights with TASK_WEIGHT", "[daemon][e2e][task-weight]") {
+    // Channel limit 2: at most 8 remembered task weights per VM.
+    DaemonRig rig([](Config& cfg) { cfg.limits.max_channels_per_client = 2; });
+    DaemonContext c(rig.loop());
+    const std::string admin = rig.dir / "admin.sock";
+    auto vm = std::make_unique<TestClient>(c, rig.dir / "pvgpud.sock");
+    auto hr = vm->hello(PVGPU_ROLE_VMM, "vm1", 0x31).as<pvgpu_hello_reply>();
+    REQUIRE(hr.status == PVGPU_OK);
+    CHECK(hr.version == 2u);
+
+    SECTION("before the task's first channel: remembered, then given to the new entity") {
+        CHECK(vm->task_weight(77, 300) == PVGPU_OK);
+        CHECK(entities_by_path(c, admin).count("vm1/task-77") == 0);  // nothing created
+        auto ch = vm->alloc(77, "bench");
+        REQUIRE(ch.as<pvgpu_chan_reply>().status == PVGPU_OK);
+        auto e = entities_by_path(c, admin);
+        REQUIRE(e.count("vm1/task-77"));
+        CHECK(e["vm1/task-77"]["weight"] == 300);
+        CHECK(e["vm1/task-77"]["guest_weight"] == 300);
+        CHECK(e["vm1/task-77"]["task_name"] == "bench");
+        CHECK(e["vm1"]["weight"] == 100);  // the VM's own weight is the admin's alone
+    }
+    SECTION("after: the live entity changes at once; kept while the task has no channel") {
+        auto ch = vm->alloc(78, "render");
+        REQUIRE(ch.as<pvgpu_chan_reply>().status == PVGPU_OK);
+        CHECK(entities_by_path(c, admin)["vm1/task-78"]["weight"] == 100);
+        CHECK(vm->task_weight(78, 2500) == PVGPU_OK);
+        CHECK(entities_by_path(c, admin)["vm1/task-78"]["weight"] == 2500);
+        CHECK(vm->free_channel(ch.as<pvgpu_chan_reply>().chan_id) == PVGPU_OK);
+        CHECK(entities_by_path(c, admin).count("vm1/task-78") == 0);
+        REQUIRE(vm->alloc(78).as<pvgpu_chan_reply>().status == PVGPU_OK);
+        CHECK(entities_by_path(c, admin)["vm1/task-78"]["weight"] == 2500);
+    }
+    SECTION("weight 0 forgets: back to the default, also for the next entity") {
+        auto ch = vm->alloc(79);
+        REQUIRE(ch.as<pvgpu_chan_reply>().status == PVGPU_OK);
+        CHECK(vm->task_weight(79, 40) == PVGPU_OK);
+        CHECK(entities_by_path(c, admin)["vm1/task-79"]["weight"] == 40);
+        CHECK(vm->task_weight(79, 0) == PVGPU_OK);
+        auto e = entities_by_path(c, admin);
+        CHECK(e["vm1/task-79"]["weight"] == PVGPU_WEIGHT_DEFAULT);
+        CHECK_FALSE(e["vm1/task-79"].contains("guest_weight"));
+        CHECK(vm->free_channel(ch.as<pvgpu_chan_reply>().chan_id) == PVGPU_OK);
+        REQUIRE(vm->alloc(79).as<pvgpu_chan_reply>().status == PVGPU_OK);
+        CHECK(entities_by_path(c, admin)["vm1/task-79"]["weight"] == PVGPU_WEIGHT_DEFAULT);
+        // Forgetting a hint that was never set is fine.
+        CHECK(vm->task_weight(12345, 0) == PVGPU_OK);
+    }
+    SECTION("out of range: E_INVALID, nothing changes, the connection stays") {
+        REQUIRE(vm->alloc(80).as<pvgpu_chan_reply>().status == PVGPU_OK);
+        CHECK(vm->task_weight(80, 700) == PVGPU_OK);
+        CHECK(vm->task_weight(80, PVGPU_WEIGHT_MAX + 1) == PVGPU_E_INVALID);
+        CHECK(vm->task_weight(80, 0xffffffffu) == PVGPU_E_INVALID);
+        CHECK(vm->task_weight(0, 100) == PVGPU_E_INVALID);  // hint 0 names no task
+        CHECK(entities_by_path(c, admin)["vm1/task-80"]["weight"] == 700);
+        CHECK(vm->task_weight(80, PVGPU_WEIGHT_MAX) == PVGPU_OK);
+        CHECK(vm->task_weight(80, PVGPU_WEIGHT_MIN) == PVGPU_OK);
+        CHECK(entities_by_path(c, admin)["vm1/task-80"]["weight"] == PVGPU_WEIGHT_MIN);
+    }
+    SECTION("remembered weights are bounded: channel limit x 4, E_LIMIT past it") {
+        for (std::uint64_t h = 1; h <= 8; ++h) CHECK(vm->task_weight(h, 200) == PVGPU_OK);
+        CHECK(vm->task_weight(9, 200) == PVGPU_E_LIMIT);
+        CHECK(vm->task_weight(3, 900) == PVGPU_OK);  // changing a remembered one is fine
+        CHECK(vm->task_weight(4, 0) == PVGPU_OK);    // forgetting frees a place
+        CHECK(vm->task_weight(9, 200) == PVGPU_OK);
+        CHECK(vm->task_weight(10, 200) == PVGPU_E_LIMIT);
+        REQUIRE(vm->alloc(3).as<pvgpu_chan_reply>().status == PVGPU_OK);
+        CHECK(entities_by_path(c, admin)["vm1/task-3"]["weight"] == 900);
+    }
+    SECTION("dropped with the VM's connection") {
+        CHECK(vm->task_weight(81, 5000) == PVGPU_OK);
+        vm.reset();
+        REQUIRE(c.run_until([&] { return entities_by_path(c, admin).empty(); }));
+        vm = std::make_unique<TestClient>(c, rig.dir / "pvgpud.sock");
+        REQUIRE(vm->hello(PVGPU_ROLE_VMM, "vm1", 0x31).as<pvgpu_hello_reply>().status == PVGPU_OK);
+        REQUIRE(vm->alloc(81).as<pvgpu_chan_reply>().status == PVGPU_OK);
+        CHECK(entities_by_path(c, admin)["vm1/task-81"]["weight"] == PVGPU_WEIGHT_DEFAULT);
+    }
+    SECTION("an admin set-weight on the task is the latest word") {
+        REQUIRE(vm->alloc(82).as<pvgpu_chan_reply>().status == PVGPU_OK);
+        CHECK(vm->task_weight(82, 5000) == PVGPU_OK);
+        CHECK(admin_request(c, admin, R"({"cmd":"set-weight","target":"vm1/task-82","weight":60})")["ok"] == true);
+        auto e = entities_by_path(c, admin);
+        CHECK(e["vm1/task-82"]["weight"] == 60);
+        CHECK_FALSE(e["vm1/task-82"].contains("guest_weight"));
+        CHECK(vm->task_weight(82, 0) == PVGPU_OK);  // forgetting returns to the admin's weight
+        CHECK(entities_by_path(c, admin)["vm1/task-82"]["weight"] == 60);
+    }
+    SECTION("a VM without pid hints: answered OK and remembered, nothing applied") {
+        REQUIRE(vm->alloc(0).as<pvgpu_chan_reply>().status == PVGPU_OK);
+        CHECK(vm->task_weight(83, 400) == PVGPU_OK);
+        auto e = entities_by_path(c, admin);
+        CHECK(e.size() == 1);
+        CHECK(e["vm1"]["weight"] == 100);
+    }
+    // Whatever happened, the session is still up.
+    vm->send_raw(wire::encode(PVGPU_MSG_PING, 7));
+    CHECK(vm->next_of(PVGPU_MSG_PONG));
+}
+
+TEST_CASE("daemon: TASK_WEIGHT needs a version-2 VMM session; version-1 clients work as before",
+          "[daemon][e2e][task-weight]") {
+    DaemonRig rig;
+    DaemonContext c(rig.loop());
+    const std::string sock = rig.dir / "pvgpud.sock";
+    const std::string admin = rig.dir / "admin.sock";
+    SECTION("a version-1 VMM: HELLO agrees on 1, channels work, TASK_WEIGHT ends the session") {
+        TestClient vm(c, sock);
+        auto hr = vm.hello(PVGPU_ROLE_VMM, "old", 0x41, 1).as<pvgpu_hello_reply>();
+        REQUIRE(hr.status == PVGPU_OK);
+        CHECK(hr.version == 1u);
+        MappedChannel ch(vm.alloc(5, "legacy"));
+        ch.submit(2, 100 * kMicrosecond);
+        REQUIRE(c.run_until([&] { return ch.ctrl().fence == 2u; }));
+        CHECK(entities_by_path(c, admin)["old/task-5"]["task_name"] == "legacy");
+        vm.send(PVGPU_MSG_TASK_WEIGHT, 9, pvgpu_task_weight{5, 300, 0});
+        auto m = vm.next_of(PVGPU_MSG_ERROR);
+        REQUIRE(m);
+        CHECK(m->as<pvgpu_error>().status == PVGPU_E_STATE);
+        CHECK(std::string(m->as<pvgpu_error>().message) ==
+              "TASK_WEIGHT needs protocol version 2; this session speaks 1");
+        CHECK(vm.closed_by_peer());
+    }
+    SECTION("a host client: E_STATE") {
+        TestClient host(c, sock);
+        REQUIRE(host.hello(PVGPU_ROLE_HOST, "render").as<pvgpu_hello_reply>().version == 2u);
+        host.send(PVGPU_MSG_TASK_WEIGHT, 9, pvgpu_task_weight{5, 300, 0});
+        auto m = host.next_of(PVGPU_MSG_ERROR);
+        REQUIRE(m);
+        CHECK(m->as<pvgpu_error>().status == PVGPU_E_STATE);
+        CHECK(std::string(m->as<pvgpu_error>().message) == "TASK_WEIGHT is for VMM clients only");
+        CHECK(host.closed_by_peer());
+    }
+    SECTION("before HELLO: E_STATE") {
+        TestClient early(c, sock);
+        early.send(PVGPU_MSG_TASK_WEIGHT, 9, pvgpu_task_weight{5, 300, 0});
+        auto m = early.next_of(PVGPU_MSG_ERROR);
+        REQUIRE(m);
+        CHECK(m->as<pvgpu_error>().status == PVGPU_E_STATE);
+        CHECK(early.closed_by_peer());
+    }
+    SECTION("a newer client gets the daemon's version") {
+        TestClient vm(c, sock);
+        auto hr = vm.hello(PVGPU_ROLE_VMM, "new", 0x42, 9).as<pvgpu_hello_reply>();
+        REQUIRE(hr.status == PVGPU_OK);
+        CHECK(hr.version == PVGPU_PROTO_VERSION);
+        CHECK(vm.task_weight(5, 300) == PVGPU_OK);
+    }
+    auto stats = admin_request(c, admin, R"({"cmd":"stats"})");
+    CHECK(stats["ok"] == true);
+}
+
+TEST_CASE("daemon: task weights divide their VM's share and never enlarge it", "[daemon][e2e][task-weight]") {
+    DaemonRig rig;
+    DaemonContext c(rig.loop());
+    const std::string sock = rig.dir / "pvgpud.sock";
+    const std::string admin = rig.dir / "admin.sock";
+    // Two VMs of equal weight; A runs two tasks, B one; every channel stays
+    // backlogged (16 x 200 ms each) while the shares are read.
+    TestClient a(c, sock), b(c, sock);
+    REQUIRE(a.hello(PVGPU_ROLE_VMM, "vmA", 0x51).as<pvgpu_hello_reply>().status == PVGPU_OK);
+    REQUIRE(b.hello(PVGPU_ROLE_VMM, "vmB", 0x52).as<pvgpu_hello_reply>().status == PVGPU_OK);
+    CHECK(a.task_weight(1, PVGPU_WEIGHT_MAX) == PVGPU_OK);
+    MappedChannel a1(a.alloc(1, "greedy")), a2(a.alloc(2, "modest")), b3(b.alloc(3, "other"));
+    for (MappedChannel* ch : {&a1, &a2, &b3}) ch->submit(16, 200 * kMillisecond);
+
+    // Target shares as the scheduler computes them for the backlogged leaves.
+    std::map<std::string, nlohmann::json> e;
+    REQUIRE(c.run_until(
+        [&] {
+            e = entities_by_path(c, admin);
+            for (const char* p : {"vmA/task-1", "vmA/task-2", "vmB/task-3"})
+                if (!e.count(p) || e[p]["target_share"].get<double>() <= 0) return false;
+            return true;
+        },
+        5 * kSecond));
+    auto share = [&](const char* path) { return e[path]["target_share"].get<double>(); };
+    const double total = PVGPU_WEIGHT_MAX + PVGPU_WEIGHT_DEFAULT;
+    CHECK(e["vmA/task-1"]["weight"] == PVGPU_WEIGHT_MAX);
+    CHECK(share("vmA") == Approx(0.5).margin(1e-9));
+    CHECK(share("vmB") == Approx(0.5).margin(1e-9));
+    CHECK(share("vmA/task-1") == Approx(0.5 * PVGPU_WEIGHT_MAX / total).margin(1e-9));
+    CHECK(share("vmA/task-2") == Approx(0.5 * PVGPU_WEIGHT_DEFAULT / total).margin(1e-9));
+    CHECK(share("vmB/task-3") == Approx(0.5).margin(1e-9));
+
+    // The other way round: B's task asks for the minimum; B keeps half.
+    CHECK(b.task_weight(3, PVGPU_WEIGHT_MIN) == PVGPU_OK);
+    e = entities_by_path(c, admin);
+    CHECK(e["vmB/task-3"]["weight"] == PVGPU_WEIGHT_MIN);
+    CHECK(share("vmA") == Approx(0.5).margin(1e-9));
+    CHECK(share("vmB") == Approx(0.5).margin(1e-9));
+    CHECK(share("vmB/task-3") == Approx(0.5).margin(1e-9));
 }

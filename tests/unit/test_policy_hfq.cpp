@@ -28,18 +28,20 @@ struct Rig {
     Truth truth;
     std::vector<std::unique_ptr<SubmitLoop>> loops;
 
-    explicit Rig(Arbitration arb = Arbitration::RoundRobin, std::string policy = "hfq")
+    explicit Rig(Arbitration arb = Arbitration::RoundRobin, std::string policy = "hfq",
+                 const PolicyParams& params = {})
         : gpu(loop, loop, SimGpuConfig{arb, 2 * kMillisecond, 0, 2 * kSecond}),
-          sched(gpu, loop, loop, make_policy(policy, {})) {
+          sched(gpu, loop, loop, make_policy(policy, params)) {
         gpu.set_observer(&truth);
     }
 
     // A greedy (or gapped, or finite) submit loop on a new channel of `leaf`.
     SubmitLoop& add_loop(EntityId leaf, double kernel_us, double gap_us = 0, std::uint64_t kernels = 0,
-                         double start_ms = 0) {
+                         double start_ms = 0, std::uint32_t batch = 1) {
         Workload w;
         w.kernel_us = {Dist::Kind::Fixed, kernel_us, 0};
         w.gap_us = gap_us;
+        w.batch = batch;
         w.kernels = kernels;
         w.start_ms = start_ms;
         ChannelId ch = sched.open_channel(leaf);
@@ -216,4 +218,69 @@ TEST_CASE("hfq rejects bad parameters", "[hfq]") {
     CHECK_THROWS_WITH(make_policy("hfq", {{"unblock_ms", 5}, {"threshold_ms", 1}}),
                       Catch::Contains("unblock_ms"));
     CHECK_THROWS_WITH(make_policy("hfq", {{"bogus", 1}}), Catch::Contains("bogus"));
+}
+
+// Gapped and batched submitters: the cases where a leaf's demand is bursty.
+// Each runs 1 s of warm-up and a 10 s window; the simulation has no noise, and
+// the margins below are what the block threshold (2 ms of weighted GPU time)
+// and one kernel at the window's edges can move a share: 2 ms / 10 s, 0.0002,
+// rounded up to 0.01 so that a change of defaults does not break them.
+namespace {
+
+struct Split {
+    double a, b, busy;
+};
+
+Split run_pair(Arbitration arb, double a_kernel_us, double b_kernel_us, double b_gap_us,
+               std::uint32_t b_batch, const PolicyParams& params = {}) {
+    Rig rig(arb, "hfq", params);
+    EntityId a = rig.sched.entities().add(kRootEntity, "a", EntityKind::Task, 100);
+    EntityId b = rig.sched.entities().add(kRootEntity, "b", EntityKind::Task, 100);
+    SubmitLoop& la = rig.add_loop(a, a_kernel_us);
+    SubmitLoop& lb = rig.add_loop(b, b_kernel_us, b_gap_us, 0, 0, b_batch);
+    rig.run_ms(1000);
+    Duration a0 = rig.ran(la), b0 = rig.ran(lb);
+    rig.run_ms(10000);
+    double da = double(rig.ran(la) - a0), db = double(rig.ran(lb) - b0);
+    return {da / 1e10, db / 1e10, (da + db) / 1e10};
+}
+
+}  // namespace
+
+TEST_CASE("hfq: a batched leaf against long kernels gets half", "[hfq][bursty]") {
+    auto arb = GENERATE(Arbitration::RoundRobin, Arbitration::Timeslice);
+    // b: batches of four 250 us kernels back to back; a: 2 ms kernels.
+    Split s = run_pair(arb, 2000, 250, 0, 4);
+    INFO(to_string(arb) << ": a " << s.a << " b " << s.b << " busy " << s.busy);
+    CHECK(s.b == Approx(0.5).margin(0.01));
+    CHECK(s.busy >= 0.99);
+}
+
+// Hidden ([.targets], run by `meson test --suite targets`): hfq does not meet
+// this yet.  b gets 0.33: in each 200 us gap a fed 1 ms kernel of the
+// blocked leaf starts, and b waits for it (results.md section 7).
+TEST_CASE("hfq: a gapped leaf whose demand exceeds its share gets half", "[hfq][bursty][.targets]") {
+    auto arb = GENERATE(Arbitration::RoundRobin, Arbitration::Timeslice);
+    // b: 500 us kernels, 200 us CPU gap (demand 0.71); a: greedy 1 ms kernels.
+    Split s = run_pair(arb, 1000, 500, 200, 1);
+    INFO(to_string(arb) << ": a " << s.a << " b " << s.b << " busy " << s.busy);
+    CHECK(s.b == Approx(0.5).margin(0.01));
+}
+
+TEST_CASE("hfq: a gapped leaf below its share gets its demand", "[hfq][bursty]") {
+    auto arb = GENERATE(Arbitration::RoundRobin, Arbitration::Timeslice);
+    // b: 300 us kernels, 1 ms CPU gap: demand 300/1300 = 0.231 < 0.5.
+    Split s = run_pair(arb, 500, 300, 1000, 1);
+    INFO(to_string(arb) << ": a " << s.a << " b " << s.b << " busy " << s.busy);
+    CHECK(s.b == Approx(300.0 / 1300.0).margin(0.01));
+}
+
+// Hidden ([.targets]): on the round-robin GPU b gets 0.141 of its 0.2; each
+// burst waits behind a 2 ms kernel (results.md section 7).
+TEST_CASE("hfq: a batched, gapped leaf below its share gets its demand", "[hfq][bursty][.targets]") {
+    auto arb = GENERATE(Arbitration::RoundRobin, Arbitration::Timeslice);
+    // b: four 250 us kernels, then 4 ms of CPU: demand 1/5; a: greedy 2 ms kernels.
+    Split s = run_pair(arb, 2000, 250, 4000, 4);
+    INFO(to_string(arb) << ": a " << s.a << " b " << s.b << " busy " << s.busy);
+    CHECK(s.b == Approx(0.2).margin(0.01));
 }

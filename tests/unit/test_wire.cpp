@@ -92,6 +92,7 @@ pvgpu_chan_reply chan_reply_err() { return {PVGPU_E_LIMIT, 0, 0, 0}; }
 pvgpu_mode mode_body() { return {3, PVGPU_MODE_SHADOWED, 9, 0}; }
 pvgpu_mode_ack mode_ack_body() { return {3, PVGPU_MODE_TRAPPED, 10, 77}; }
 pvgpu_notice notice_body() { return {PVGPU_NOTICE_WATCHDOG, 3, 1234}; }
+pvgpu_task_weight task_weight_body() { return {0x1'0000'0042, 250, 0}; }
 pvgpu_error error_body() {
     pvgpu_error e{};
     e.status = PVGPU_E_STATE;
@@ -118,6 +119,7 @@ std::vector<Sample> all_samples() {
         {PVGPU_MSG_MODE_ACK, body(mode_ack_body()), 0},
         {PVGPU_MSG_TRAP_REPORT, body(pvgpu_trap_report{3, 12}), 0},
         {PVGPU_MSG_PING, {}, 0},
+        {PVGPU_MSG_TASK_WEIGHT, body(task_weight_body()), 0},
         {PVGPU_MSG_HELLO_REPLY, body(hello_reply_body()), 0},
         {PVGPU_MSG_CHAN_REPLY, body(chan_reply_ok()), 2},
         {PVGPU_MSG_CHAN_REPLY, body(chan_reply_err()), 0},
@@ -126,6 +128,7 @@ std::vector<Sample> all_samples() {
         {PVGPU_MSG_NOTICE, body(notice_body()), 0},
         {PVGPU_MSG_ERROR, body(error_body()), 0},
         {PVGPU_MSG_PONG, {}, 0},
+        {PVGPU_MSG_TASK_WEIGHT_REPLY, body(pvgpu_status_reply{PVGPU_E_LIMIT, 0}), 0},
     };
 }
 
@@ -308,7 +311,7 @@ TEST_CASE("wire: header rules", "[wire][validate]") {
         CHECK_THAT(reader_error(body(h)), Catch::Contains("bad magic"));
     }
     SECTION("unknown types") {
-        for (std::uint16_t t : {0, 7, 63, 71, 0xffff}) {
+        for (std::uint16_t t : {0, 8, 63, 72, 0xffff}) {
             auto h = header(t, 0);
             CHECK_THAT(*validate(h, {}, 0), Catch::Contains("unknown message type " + std::to_string(t)));
             CHECK_THAT(reader_error(body(h)), Catch::Contains("unknown message type"));
@@ -407,6 +410,37 @@ TEST_CASE("wire: payload rules", "[wire][validate]") {
         a = alloc_body();
         a.task_name[0] = 0x7f;
         CHECK_THAT(*check(PVGPU_MSG_CHAN_ALLOC, a), Catch::Contains("task_name has a non-printable byte"));
+    }
+    SECTION("TASK_WEIGHT") {
+        CHECK_FALSE(check(PVGPU_MSG_TASK_WEIGHT, task_weight_body()));
+        auto t = task_weight_body();
+        t.reserved = 1;
+        CHECK_THAT(*check(PVGPU_MSG_TASK_WEIGHT, t),
+                   Catch::Contains("TASK_WEIGHT (seq 1): reserved field is not zero"));
+        // Out-of-range values are the daemon's to refuse in its reply
+        // (E_INVALID): they must reach it, not end the connection.
+        for (auto [hint, weight] : {std::pair<std::uint64_t, std::uint32_t>{0, 100},
+                                    {1, 0},
+                                    {1, PVGPU_WEIGHT_MAX + 1},
+                                    {~0ull, 0xffffffffu}}) {
+            t = {hint, weight, 0};
+            CHECK_FALSE(check(PVGPU_MSG_TASK_WEIGHT, t));
+        }
+        CHECK_THAT(*validate(header(PVGPU_MSG_TASK_WEIGHT, 8), Bytes(8), 0),
+                   Catch::Contains("TASK_WEIGHT (seq 1): len 8, expected 16"));
+        CHECK_THAT(*check(PVGPU_MSG_TASK_WEIGHT, task_weight_body(), 1), Catch::Contains("only CHAN_REPLY"));
+    }
+    SECTION("TASK_WEIGHT_REPLY") {
+        for (std::uint32_t st : {PVGPU_OK, PVGPU_E_INVALID, PVGPU_E_LIMIT, PVGPU_E_INTERNAL})
+            CHECK_FALSE(check(PVGPU_MSG_TASK_WEIGHT_REPLY, pvgpu_status_reply{st, 0}));
+        CHECK_THAT(*check(PVGPU_MSG_TASK_WEIGHT_REPLY, pvgpu_status_reply{7, 0}),
+                   Catch::Contains("TASK_WEIGHT_REPLY (seq 1): status 7 is unknown"));
+        CHECK_THAT(*check(PVGPU_MSG_TASK_WEIGHT_REPLY, pvgpu_status_reply{PVGPU_OK, 3}),
+                   Catch::Contains("chan_id is not zero"));
+        CHECK_THAT(*validate(header(PVGPU_MSG_TASK_WEIGHT_REPLY, 16), Bytes(16), 0),
+                   Catch::Contains("len 16, expected 8"));
+        CHECK_THAT(*check(PVGPU_MSG_TASK_WEIGHT_REPLY, pvgpu_status_reply{PVGPU_OK, 0}, 2),
+                   Catch::Contains("only CHAN_REPLY"));
     }
     SECTION("CHAN_FREE") {
         CHECK_THAT(*check(PVGPU_MSG_CHAN_FREE, pvgpu_chan_ref{1, 2}), Catch::Contains("reserved field is not zero"));

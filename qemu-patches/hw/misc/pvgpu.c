@@ -28,6 +28,7 @@
 
 #include "qemu/osdep.h"
 #include "qemu/units.h"
+#include "qemu/bswap.h"
 #include "qemu/module.h"
 #include "qemu/timer.h"
 #include "qemu/log.h"
@@ -62,7 +63,7 @@ OBJECT_DECLARE_SIMPLE_TYPE(PvgpuState, PVGPU)
 #define PVGPU_PCI_DEVICE_ID     0x5047      /* "PG", experimental */
 
 #define PVGPU_DEV_MAGIC         0x55504750u /* "PGPU" */
-#define PVGPU_DEV_VERSION       1u
+#define PVGPU_DEV_VERSION       2u  /* 2: ARG2, TASK_NAME, CMD_TASK_WEIGHT */
 
 /* BAR0 registers, 32-bit */
 #define REG_MAGIC               0x00  /* ro */
@@ -80,14 +81,17 @@ OBJECT_DECLARE_SIMPLE_TYPE(PvgpuState, PVGPU)
 #define REG_IRQ_MASK            0x30  /* rw */
 #define REG_BAD_ACCESS          0x34  /* ro: rejected guest accesses */
 #define REG_LINK_GEN            0x38  /* ro: connections to the daemon so far */
-#define REG_FENCE_DONE_LO       0x40  /* rw1c: slots 0..31 whose fence wait ended */
-#define REG_FENCE_DONE_HI       0x44  /* rw1c: slots 32..63 */
+#define REG_ARG2                0x3c  /* rw */
+#define REG_FENCE_DONE_LO       0x40  /* rw1c: slots whose fence wait ended */
+#define REG_FENCE_DONE_HI       0x44  /* rw1c: slots 32..63 (version 1); reads 0 */
 #define REG_SLOT_BASE           0x100 /* per slot, 16 bytes each: */
 #define   SLOT_REG_STATE        0x0   /*   ro: SLOT_* */
 #define   SLOT_REG_MODE         0x4   /*   ro: PVGPU_MODE_* now mapped */
 #define   SLOT_REG_CHAN_ID      0x8   /*   ro: daemon channel id */
 #define   SLOT_REG_NOTICE       0xc   /*   ro: last PVGPU_NOTICE_* (0: none) */
 #define REG_SLOT_STRIDE         0x10
+#define REG_TASK_NAME           0xa00 /* rw, 32 bytes: name for the next CHAN_ALLOC */
+#define TASK_NAME_LEN           32    /* = sizeof(pvgpu_chan_alloc.task_name) */
 #define REG_WAIT_BASE           0x600 /* per slot, 16 bytes each: */
 #define   WAIT_REG_STATUS       0x0   /*   ro: WAIT_* */
 #define   WAIT_REG_FENCE        0x4   /*   ro: the fence waited for */
@@ -108,6 +112,7 @@ OBJECT_DECLARE_SIMPLE_TYPE(PvgpuState, PVGPU)
 #define CMD_CHAN_ALLOC          1     /* ARG0/ARG1: pid hint lo/hi */
 #define CMD_CHAN_FREE           2     /* ARG0: slot */
 #define CMD_FENCE_WAIT          3     /* ARG0: slot, ARG1: fence */
+#define CMD_TASK_WEIGHT         4     /* ARG0/ARG1: pid hint lo/hi, ARG2: weight */
 
 #define CMDST_OK                0
 #define CMDST_BUSY              1
@@ -143,6 +148,11 @@ OBJECT_DECLARE_SIMPLE_TYPE(PvgpuState, PVGPU)
 #define PVGPU_FENCE_POLL_NS     (200 * 1000)  /* fence wait check while armed */
 #define PVGPU_MAX_REQUESTS      (PVGPU_MAX_SLOTS + 4)
 
+/* Slot registers, then wait registers, then TASK_NAME: no overlap. */
+QEMU_BUILD_BUG_ON(REG_SLOT_BASE + PVGPU_MAX_SLOTS * REG_SLOT_STRIDE > REG_WAIT_BASE);
+QEMU_BUILD_BUG_ON(REG_WAIT_BASE + PVGPU_MAX_SLOTS * REG_WAIT_STRIDE > REG_TASK_NAME);
+QEMU_BUILD_BUG_ON(TASK_NAME_LEN != sizeof_field(struct pvgpu_chan_alloc, task_name));
+
 /* ------------------------------------------------------------------------ */
 
 /* One mapping of a daemon channel's memfd.  Freed after an RCU grace
@@ -162,6 +172,7 @@ typedef struct PvgpuSlot {
     uint32_t chan_id;
     uint32_t notice;
     uint64_t pid_hint;
+    char task_name[TASK_NAME_LEN];    /* as sent with CHAN_ALLOC (re-allocation) */
 
     PvgpuMap *map;                    /* NULL when FREE/PENDING */
     EventNotifier bell;               /* the daemon's doorbell eventfd */
@@ -199,8 +210,9 @@ struct PvgpuState {
 
     /* mailbox */
     uint32_t cmd_status;
-    uint32_t arg[2];
+    uint32_t arg[3];
     uint32_t result[2];
+    uint8_t task_name[TASK_NAME_LEN]; /* TASK_NAME as the guest wrote it */
     uint32_t irq_status;
     uint32_t irq_mask;
     uint32_t bad_access;
@@ -210,6 +222,7 @@ struct PvgpuState {
     /* daemon link */
     uint32_t link;
     uint32_t link_gen;
+    uint32_t link_version;            /* protocol version agreed at HELLO */
     uint32_t next_seq;
     PvgpuRequest req[PVGPU_MAX_REQUESTS]; /* FIFO: the daemon answers in order */
     unsigned req_head, req_count;
@@ -774,6 +787,7 @@ static void slot_free(PvgpuSlot *sl)
     sl->mode = PVGPU_MODE_DIRECT;
     sl->chan_id = 0;
     sl->pid_hint = 0;
+    memset(sl->task_name, 0, sizeof(sl->task_name));
     sl->notice = 0;
 }
 
@@ -904,6 +918,22 @@ static void pvgpu_cmd_done(PvgpuState *s, uint32_t status, uint32_t r0,
     pvgpu_raise_irq(s, IRQ_CMD_DONE);
 }
 
+/*
+ * TASK_NAME as the protocol's text field: the bytes up to the first NUL,
+ * at most TASK_NAME_LEN - 1 of them, non-printable ones as '?', NUL-padded.
+ * The guest's register is never trusted to be terminated or printable.
+ */
+static void pvgpu_task_name(const PvgpuState *s, char *out)
+{
+    size_t i;
+
+    memset(out, 0, TASK_NAME_LEN);
+    for (i = 0; i < TASK_NAME_LEN - 1 && s->task_name[i]; i++) {
+        uint8_t c = s->task_name[i];
+        out[i] = (c >= 0x20 && c <= 0x7e) ? c : '?';
+    }
+}
+
 static void pvgpu_cmd_alloc(PvgpuState *s)
 {
     struct pvgpu_chan_alloc a = { 0 };
@@ -925,13 +955,15 @@ static void pvgpu_cmd_alloc(PvgpuState *s)
         return;
     }
     a.pid_hint = ((uint64_t)s->arg[1] << 32) | s->arg[0];
+    pvgpu_task_name(s, a.task_name);
     sl->pid_hint = a.pid_hint;
+    memcpy(sl->task_name, a.task_name, sizeof(sl->task_name));
     sl->state = SLOT_PENDING;
     s->cmd_status = CMDST_BUSY;
     if (!pvgpu_request(s, PVGPU_MSG_CHAN_ALLOC, &a, sizeof(a), sl->index,
                        true)) {
+        /* Still BUSY: the link loss completes the command with E_LINK. */
         sl->state = SLOT_FREE;
-        s->cmd_status = CMDST_OK;
         pvgpu_link_lost(s, "write to the daemon failed");
     }
 }
@@ -967,7 +999,39 @@ static void pvgpu_cmd_free(PvgpuState *s)
     memory_region_transaction_commit();
     s->cmd_status = CMDST_BUSY;
     if (!pvgpu_request(s, PVGPU_MSG_CHAN_FREE, &ref, sizeof(ref), idx, true)) {
-        s->cmd_status = CMDST_OK;
+        /* The link loss frees the slot and completes the command (E_LINK). */
+        pvgpu_link_lost(s, "write to the daemon failed");
+    }
+}
+
+/*
+ * The guest's weight for one of its tasks (the daemon's entity
+ * <vm>/task-<hint>).  Checked here first so that nonsense never reaches the
+ * daemon; then BUSY until the daemon answers, like CHAN_ALLOC: a daemon that
+ * never answers holds the mailbox until the link drops (E_LINK) or the
+ * device is reset.
+ */
+static void pvgpu_cmd_task_weight(PvgpuState *s)
+{
+    struct pvgpu_task_weight tw = { 0 };
+
+    tw.pid_hint = ((uint64_t)s->arg[1] << 32) | s->arg[0];
+    tw.weight = s->arg[2];
+    if (tw.pid_hint == 0 || tw.weight > PVGPU_WEIGHT_MAX) {
+        pvgpu_cmd_done(s, CMDST_E_INVALID, 0, 0);
+        return;
+    }
+    if (s->link != LINK_READY) {
+        pvgpu_cmd_done(s, CMDST_E_LINK, 0, 0);
+        return;
+    }
+    if (s->link_version < PVGPU_PROTO_VERSION_TASK_WEIGHT) {
+        /* An older pvgpud: it would take the message for a protocol error. */
+        pvgpu_cmd_done(s, CMDST_E_DAEMON, 0, PVGPU_E_VERSION);
+        return;
+    }
+    s->cmd_status = CMDST_BUSY;
+    if (!pvgpu_request(s, PVGPU_MSG_TASK_WEIGHT, &tw, sizeof(tw), -1, true)) {
         pvgpu_link_lost(s, "write to the daemon failed");
     }
 }
@@ -1011,6 +1075,9 @@ static uint64_t pvgpu_mmio_read(void *opaque, hwaddr addr, unsigned size)
     if (size != 4 || (addr & 3)) {
         s->bad_access++;
         return ~0ull;
+    }
+    if (addr >= REG_TASK_NAME && addr < REG_TASK_NAME + TASK_NAME_LEN) {
+        return ldl_le_p(&s->task_name[addr - REG_TASK_NAME]);
     }
     if (addr >= REG_WAIT_BASE) {
         uint32_t idx = (addr - REG_WAIT_BASE) / REG_WAIT_STRIDE;
@@ -1065,6 +1132,8 @@ static uint64_t pvgpu_mmio_read(void *opaque, hwaddr addr, unsigned size)
         return s->arg[0];
     case REG_ARG1:
         return s->arg[1];
+    case REG_ARG2:
+        return s->arg[2];
     case REG_RESULT0:
         return s->result[0];
     case REG_RESULT1:
@@ -1094,6 +1163,10 @@ static void pvgpu_mmio_write(void *opaque, hwaddr addr, uint64_t val,
         s->bad_access++;
         return;
     }
+    if (addr >= REG_TASK_NAME && addr < REG_TASK_NAME + TASK_NAME_LEN) {
+        stl_le_p(&s->task_name[addr - REG_TASK_NAME], val);
+        return;
+    }
     switch (addr) {
     case REG_CMD:
         if (s->cmd_status == CMDST_BUSY) {
@@ -1110,6 +1183,9 @@ static void pvgpu_mmio_write(void *opaque, hwaddr addr, uint64_t val,
         case CMD_FENCE_WAIT:
             pvgpu_cmd_fence_wait(s);
             break;
+        case CMD_TASK_WEIGHT:
+            pvgpu_cmd_task_weight(s);
+            break;
         default:
             s->bad_access++;
             pvgpu_cmd_done(s, CMDST_E_INVALID, 0, 0);
@@ -1121,6 +1197,9 @@ static void pvgpu_mmio_write(void *opaque, hwaddr addr, uint64_t val,
         break;
     case REG_ARG1:
         s->arg[1] = val;
+        break;
+    case REG_ARG2:
+        s->arg[2] = val;
         break;
     case REG_IRQ_ACK:
         s->irq_status &= ~(uint32_t)val;
@@ -1197,6 +1276,7 @@ static void pvgpu_realloc_lost(PvgpuState *s)
             continue;
         }
         a.pid_hint = sl->pid_hint;
+        memcpy(a.task_name, sl->task_name, sizeof(a.task_name));
         if (!pvgpu_request(s, PVGPU_MSG_CHAN_ALLOC, &a, sizeof(a), i, false)) {
             return;
         }
@@ -1215,6 +1295,7 @@ static void pvgpu_link_lost_full(PvgpuState *s, const char *why, bool closed)
         warn_report("pvgpu: connection to pvgpud lost (%s); channels are gone", why);
     }
     s->link = LINK_DOWN;
+    s->link_version = 0;
     s->req_count = 0;
     pvgpu_rx_reset(s);
     for (i = 0; i < s->num_slots; i++) {
@@ -1265,6 +1346,14 @@ static void pvgpu_on_reply(PvgpuState *s, const struct pvgpu_msg_hdr *h,
             pvgpu_link_lost(s, "HELLO refused");
             return;
         }
+        if (hr.version < 1 || hr.version > PVGPU_PROTO_VERSION) {
+            error_report("pvgpu: pvgpud answered HELLO with protocol version "
+                         "%u (this device speaks 1..%u)", hr.version,
+                         PVGPU_PROTO_VERSION);
+            pvgpu_link_lost(s, "HELLO_REPLY with a version never offered");
+            return;
+        }
+        s->link_version = hr.version;
         s->link = LINK_READY;
         s->link_gen++;
         pvgpu_realloc_lost(s);
@@ -1333,6 +1422,20 @@ static void pvgpu_on_reply(PvgpuState *s, const struct pvgpu_msg_hdr *h,
             }
         }
         return;
+    case PVGPU_MSG_TASK_WEIGHT_REPLY: {
+        struct pvgpu_status_reply sr;
+        memcpy(&sr, body, sizeof(sr));
+        if (r.type != PVGPU_MSG_TASK_WEIGHT || sr.chan_id != 0 ||
+            sr.status > PVGPU_E_INTERNAL) {
+            pvgpu_link_lost(s, "unexpected or malformed TASK_WEIGHT_REPLY");
+            return;
+        }
+        if (r.mailbox) {
+            pvgpu_cmd_done(s, sr.status == PVGPU_OK ? CMDST_OK : CMDST_E_DAEMON,
+                           0, sr.status);
+        }
+        return;
+    }
     case PVGPU_MSG_PONG:
         return;
     }
@@ -1453,6 +1556,7 @@ static uint32_t pvgpu_payload_size(uint16_t type)
     case PVGPU_MSG_NOTICE:      return sizeof(struct pvgpu_notice);
     case PVGPU_MSG_ERROR:       return sizeof(struct pvgpu_error);
     case PVGPU_MSG_PONG:        return 0;
+    case PVGPU_MSG_TASK_WEIGHT_REPLY: return sizeof(struct pvgpu_status_reply);
     }
     return UINT32_MAX;            /* unknown or wrong direction */
 }
@@ -1570,8 +1674,8 @@ static void pvgpu_realize(PCIDevice *pdev, Error **errp)
     }
     if (s->num_slots < 1 || s->num_slots > PVGPU_MAX_SLOTS ||
         (s->num_slots & (s->num_slots - 1))) {
-        error_setg(errp, "pvgpu: 'slots' must be a power of two in 1..%d",
-                   PVGPU_MAX_SLOTS);
+        error_setg(errp, "pvgpu: 'slots' must be a power of two in 1..%d "
+                   "(got %u)", PVGPU_MAX_SLOTS, s->num_slots);
         return;
     }
 
@@ -1741,7 +1845,8 @@ static void pvgpu_reset(DeviceState *dev)
         }
     }
     s->cmd_status = CMDST_OK;
-    s->arg[0] = s->arg[1] = 0;
+    memset(s->arg, 0, sizeof(s->arg));
+    memset(s->task_name, 0, sizeof(s->task_name));
     s->result[0] = s->result[1] = 0;
     s->irq_status = 0;
     s->irq_mask = IRQ_ALL;

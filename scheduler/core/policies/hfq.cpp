@@ -19,8 +19,19 @@
 // from its shadow page (a partial release: no remap, it stays blocked).
 // When nothing at all is running the policy stops polling and arms doorbell
 // traps instead, so an idle host costs no CPU.
+//
+// Anticipation (BFQ's idling, Iyer and Druschel's anticipatory scheduler): a
+// leaf that runs unblocked and has just gone idle between bursts is likely
+// to come back after its usual think time.  If that think time is shorter
+// than the kernel the GPU would otherwise be fed from a shadow page, feeding
+// it would make the returning leaf wait a whole kernel on a non-preemptive
+// engine: hfq holds the engine idle instead, for at most twice the leaf's
+// learned think time, and only if that is within `anticipate_us`.  Off by
+// default: it buys design-example its share at 9% idle GPU and costs demo
+// and mixed theirs (docs/results.md section 7).
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <set>
 #include <unordered_map>
 
@@ -60,11 +71,12 @@ struct Node {
     bool shadowed = false;  // leaves: channels are asked to be Shadowed
     Duration accounted = 0;
     Time idle_since = -1;   // leaves: first moment seen without work
+    Duration think = -1;    // leaves: mean time from going idle to new work, -1 unknown
     RunQueue rq;
 };
 
 struct Params {
-    Duration threshold, unblock, lag, poll, settle, idle, grace;
+    Duration threshold, unblock, lag, poll, settle, idle, grace, anticipate;
 };
 
 class HfqPolicy final : public Policy {
@@ -150,7 +162,8 @@ public:
         return {{"blocks", static_cast<double>(blocks_)},
                 {"unblocks", static_cast<double>(unblocks_)},
                 {"work_conserving_releases", static_cast<double>(wc_releases_)},
-                {"idle_arms", static_cast<double>(idle_arms_)}};
+                {"idle_arms", static_cast<double>(idle_arms_)},
+                {"anticipations", static_cast<double>(anticipations_)}};
     }
 
 private:
@@ -261,7 +274,18 @@ private:
     }
 
     void mark_busy(EntityId leaf) {
-        nodes_[leaf].idle_since = -1;
+        Node& n = nodes_[leaf];
+        if (n.idle_since >= 0) {
+            // Back from a think.  Seen while the engine was held for it, the
+            // time is close (settle polls); seen while a fed kernel ran, it
+            // is only an upper bound and may only lower the estimate.
+            Duration t = ctx_->now() - n.idle_since;
+            if (ctx_->now() <= held_until_ + p_.poll)
+                n.think = n.think < 0 ? t : n.think + (t - n.think) / 4;
+            else if (n.think >= 0)
+                n.think = std::min(n.think, t);
+        }
+        n.idle_since = -1;
         idle_candidates_.erase(leaf);
         activate(leaf);
     }
@@ -446,19 +470,85 @@ private:
                 feeding_ = false;
             return;
         }
+        Time now = ctx_->now();
+        if (Time hold = anticipation_until(now); hold > now) {
+            // A returning leaf is expected before a fed kernel would end.
+            if (!grace_timer_.armed() || grace_at_ < hold) {
+                ++anticipations_;
+                grace_at_ = hold;
+                held_until_ = hold;
+                grace_timer_.arm(hold, [this] { release_if_idle(); });
+            }
+            return;
+        }
         if (feeding_) {
             // Already feeding the GPU from shadow pages and the unblocked
             // entities still have nothing: next entry now, no grace.
             release_if_idle();
         } else if (!grace_timer_.armed()) {
-            grace_timer_.arm(ctx_->now() + p_.grace, [this] { release_if_idle(); });
+            grace_at_ = now + p_.grace;
+            grace_timer_.arm(grace_at_, [this] { release_if_idle(); });
         }
+    }
+
+    // Until when to keep the engine idle for an unblocked leaf between
+    // bursts; `now` or earlier when no leaf is worth waiting for.
+    Time anticipation_until(Time now) {
+        if (p_.anticipate <= 0 || idle_candidates_.empty()) return now;
+        Duration fed = feed_estimate();
+        Time until = now;
+        for (EntityId leaf : idle_candidates_) {
+            const Node& n = nodes_[leaf];
+            if (n.shadowed || n.idle_since < 0) continue;
+            // A long think is not worth an idle GPU: holding it would cost
+            // more GPU time than the returning leaf gets back.  An unknown
+            // think is probed once with the longest hold.
+            Duration wait = n.think < 0 ? p_.anticipate : 2 * n.think;
+            if (wait > p_.anticipate || wait >= fed) continue;
+            until = std::max(until, n.idle_since + wait);
+        }
+        return until;
+    }
+
+    // The learned kernel length of what release_if_idle() would feed next;
+    // unknown counts as long (the worst case for a returning leaf).
+    Duration feed_estimate() {
+        EntityId leaf = feed_candidate();
+        if (leaf == kNoEntity) return 0;
+        Duration est = std::numeric_limits<Duration>::max();
+        for (ChannelId ch : ctx_->channels_of(leaf))
+            if (auto it = kernel_est_.find(ch); it != kernel_est_.end() && ctx_->held(ch) > 0)
+                est = std::min(est, it->second);
+        return est;
     }
 
     // The engine stayed idle although shadowed channels hold work: feed it
     // from the least-ahead blocked leaf that has some.
     void release_if_idle() {
+        // A probe of an unknown think time that ran out: the leaf thinks
+        // longer than anticipation could pay for.
+        if (p_.anticipate > 0)
+            for (EntityId leaf : idle_candidates_) {
+                Node& n = nodes_[leaf];
+                if (n.think < 0 && n.idle_since >= 0 && ctx_->now() - n.idle_since >= p_.anticipate)
+                    n.think = p_.anticipate;
+            }
         if (ctx_->engine_status()) return;
+        EntityId best = feed_candidate();
+        if (best == kNoEntity) return;
+        // Hand the GPU one held entry straight from the shadow page: no remap,
+        // the leaf stays blocked, and the engine is busy again at once.
+        for (ChannelId ch : ctx_->channels_of(best)) {
+            if (ctx_->release(ch, 1) != 0) {
+                ++wc_releases_;
+                feeding_ = true;
+                break;
+            }
+        }
+    }
+
+    // The least-ahead shadowed leaf that holds work, or kNoEntity.
+    EntityId feed_candidate() const {
         EntityId best = kNoEntity;
         double best_lead = INFINITY;
         for (EntityId leaf : shadowed_leaves_) {
@@ -473,16 +563,7 @@ private:
                 best = leaf;
             }
         }
-        if (best == kNoEntity) return;
-        // Hand the GPU one held entry straight from the shadow page: no remap,
-        // the leaf stays blocked, and the engine is busy again at once.
-        for (ChannelId ch : ctx_->channels_of(best)) {
-            if (ctx_->release(ch, 1) != 0) {
-                ++wc_releases_;
-                feeding_ = true;
-                break;
-            }
-        }
+        return best;
     }
 
     Params p_;
@@ -498,6 +579,8 @@ private:
     Duration settle_ = 0;
     std::uint64_t dither_ = 0x9e3779b97f4a7c15ULL;  // xorshift state, fixed for determinism
     Timer grace_timer_;
+    Time grace_at_ = 0;
+    Time held_until_ = -1;  // end of the last anticipation hold
     Time last_t_ = 0;
     std::optional<ChannelId> last_running_;
     ChannelId last_was_fence_of_ = 0;  // channel whose fence the last observation was, if it kept running
@@ -505,7 +588,7 @@ private:
     Time quiet_since_ = -1;
     bool idle_armed_ = false;
     bool feeding_ = false;  // work conservation is handing out held entries
-    std::uint64_t blocks_ = 0, unblocks_ = 0, wc_releases_ = 0, idle_arms_ = 0;
+    std::uint64_t blocks_ = 0, unblocks_ = 0, wc_releases_ = 0, idle_arms_ = 0, anticipations_ = 0;
 };
 
 }  // namespace
@@ -522,6 +605,9 @@ PolicyInfo hfq_info() {
                 {"settle_us", 5.0, "first re-poll after the engine is seen idle with work pending"},
                 {"idle_us", 2000.0, "an entity without work this long leaves the run queue"},
                 {"grace_us", 20.0, "GPU idle this long with held work releases one entry of it"},
+                {"anticipate_us", 0.0,
+                 "hold the GPU idle for an unblocked leaf between bursts for twice its learned think "
+                 "time, if that is within this and shorter than the kernel that would be fed (0: never)"},
             }};
 }
 
@@ -531,9 +617,10 @@ std::unique_ptr<Policy> make_hfq(const PolicyParams& p) {
     Params params{from_us(get("threshold_ms") * 1000), from_us(get("unblock_ms") * 1000),
                   from_us(get("lag_ms") * 1000),       from_us(get("poll_us")),
                   from_us(get("settle_us")),           from_us(get("idle_us")),
-                  from_us(get("grace_us"))};
+                  from_us(get("grace_us")),          from_us(get("anticipate_us"))};
     if (params.poll <= 0) throw std::invalid_argument("hfq: poll_us must be positive");
     if (params.settle <= 0) throw std::invalid_argument("hfq: settle_us must be positive");
+    if (params.anticipate < 0) throw std::invalid_argument("hfq: anticipate_us must not be negative");
     if (params.unblock > params.threshold)
         throw std::invalid_argument("hfq: unblock_ms must not exceed threshold_ms");
     return std::make_unique<HfqPolicy>(params);

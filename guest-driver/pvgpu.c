@@ -1,0 +1,1512 @@
+// SPDX-License-Identifier: GPL-2.0-or-later
+/*
+ * pvgpu guest driver: GPU channels of the pvgpu PCI device for user space.
+ *
+ * The device (docs/pvgpu-device.md) gives the guest a mailbox in BAR0 to
+ * allocate and free channels of the host daemon, and BAR windows onto each
+ * channel's control page, doorbell and ring.  This driver owns the mailbox
+ * and hands channels to processes through /dev/pvgpu: ioctls to allocate,
+ * free and wait on fences (include/pvgpu/guest_ioctl.h), and mmap of the
+ * caller's own channel pages, so submission needs no system call.
+ *
+ * Locking, outermost first:
+ *   io_sem (read)   every path that touches the device; remove takes it for
+ *                   write after setting `dying`, so the BARs outlive users.
+ *   pf->lock        a file's channel set; mmap and free hold it so that no
+ *                   mapping of a slot is created after the slot was zapped.
+ *   cmd_lock        one mailbox command at a time (taken with a timeout,
+ *                   see pvgpu_mbox_lock()).
+ *   weights_lock    the table of task weights.
+ *   lock (spinlock) slot state shared with the interrupt handler.
+ * No copy to or from user space happens under pf->lock or cmd_lock.
+ */
+
+#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+
+#include <linux/bitops.h>
+#include <linux/delay.h>
+#include <linux/capability.h>
+#include <linux/cred.h>
+#include <linux/fs.h>
+#include <linux/interrupt.h>
+#include <linux/io.h>
+#include <linux/jiffies.h>
+#include <linux/kref.h>
+#include <linux/miscdevice.h>
+#include <linux/mm.h>
+#include <linux/module.h>
+#include <linux/mutex.h>
+#include <linux/pci.h>
+#include <linux/pid.h>
+#include <linux/rwsem.h>
+#include <linux/sched.h>
+#include <linux/sched/signal.h>
+#include <linux/slab.h>
+#include <linux/spinlock.h>
+#include <linux/uaccess.h>
+#include <linux/wait.h>
+#include <linux/workqueue.h>
+#include <asm/unaligned.h>
+
+#include "pvgpu/guest_ioctl.h"
+#include "pvgpu/protocol.h"
+#include "pvgpu_regs.h"
+
+#define PVGPU_DRV_VERSION "0.1.0"
+#define PVGPU_MAX_WEIGHTS 256	/* remembered task weights (bounded table) */
+
+static bool msix = true;
+module_param(msix, bool, 0444);
+MODULE_PARM_DESC(msix, "Use MSI-X (default 1); 0 forces the legacy INTx interrupt");
+
+static bool pid_hints = true;
+module_param(pid_hints, bool, 0444);
+MODULE_PARM_DESC(pid_hints,
+		 "Tag each channel with its process (tgid) so the host schedules processes separately (default 1); 0 puts all channels in the VM's entity");
+
+static unsigned int cmd_timeout_ms = 5000;
+module_param(cmd_timeout_ms, uint, 0644);
+MODULE_PARM_DESC(cmd_timeout_ms,
+		 "How long a mailbox command may wait for the host daemon, in ms (default 5000)");
+
+/* Driver view of a slot (the device's SLOT_STATE is the authority on use). */
+enum pvgpu_slot_use {
+	PVGPU_USE_FREE,		/* not held by this driver */
+	PVGPU_USE_OWNED,	/* a channel of an open file */
+	PVGPU_USE_ZOMBIE,	/* the device holds it, nobody owns it: free it */
+	PVGPU_USE_FREEING,	/* CHAN_FREE sent, the daemon has not answered yet */
+};
+
+struct pvgpu_file;
+
+struct pvgpu_slot {
+	enum pvgpu_slot_use use;
+	struct pvgpu_file *owner;
+	pid_t tgid;		/* allocating process (init namespace) */
+	u64 hint;
+	u32 chan_id;
+	u32 link_gen;		/* LINK_GEN when allocated */
+	u32 alloc_seq;		/* tells one allocation of the slot from the next */
+	struct address_space *mapping;	/* where the owner's mappings live */
+	/* fence waits (see pvgpu_wait()) */
+	struct list_head waiters;
+	wait_queue_head_t wq;
+	u32 event_seq;		/* bumped on every change a waiter must see */
+	bool armed;		/* the device has a wait armed on the slot */
+	u32 wait_ends;		/* device wait endings seen by the IRQ handler */
+	bool reached_valid;
+	u32 reached;		/* a fence the device reported reached */
+	bool dead;		/* the channel died: waits end DEAD until freed */
+	u32 dead_error;
+};
+
+struct pvgpu_waiter {
+	struct list_head node;
+	u32 fence;
+};
+
+struct pvgpu_weight {
+	struct pid *pid;	/* NULL: unused entry */
+	u32 weight;
+};
+
+enum pvgpu_stale {
+	PVGPU_STALE_NONE,
+	PVGPU_STALE_ALLOC,	/* its slot, if it arrives, must be freed */
+	PVGPU_STALE_FREE,	/* stale_slot becomes free when it completes */
+	PVGPU_STALE_OTHER,
+};
+
+struct pvgpu_dev {
+	struct kref ref;
+	struct pci_dev *pdev;
+	void __iomem *mbox;
+	void __iomem *chan_bar;		/* BAR2: the kernel reads FENCE/STATUS */
+	resource_size_t chan_phys;	/* BAR2 */
+	resource_size_t ring_phys;	/* BAR4 */
+	u32 version;
+	u32 num_slots;
+	u32 irq_mode;			/* PVGPU_IRQ_MSIX or PVGPU_IRQ_INTX */
+	int nvec;
+	struct miscdevice misc;
+	bool misc_registered;
+
+	struct rw_semaphore io_sem;
+	bool dying;
+
+	struct mutex cmd_lock;		/* one mailbox command at a time */
+	wait_queue_head_t mbox_wq;	/* cmd_lock released */
+	wait_queue_head_t cmd_wq;	/* CMD_DONE */
+	enum pvgpu_stale stale;		/* a command that outlived its caller */
+	u32 stale_slot;
+
+	spinlock_t lock;		/* slots[], with the IRQ handler */
+	struct pvgpu_slot slots[PVGPU_MAX_SLOTS];
+	u32 alloc_seq;
+
+	struct mutex weights_lock;	/* weights[], weights_gen */
+	struct pvgpu_weight weights[PVGPU_MAX_WEIGHTS];
+	u32 weights_gen;		/* LINK_GEN the weights were sent under */
+	bool weights_sent;
+
+	struct work_struct link_work;
+	struct work_struct reap_work;
+};
+
+struct pvgpu_file {
+	struct pvgpu_dev *dev;
+	struct mutex lock;		/* mmap against free of this file's slots */
+};
+
+static DEFINE_MUTEX(pvgpu_global_lock);
+static struct pvgpu_dev *pvgpu_the_dev;	/* one device: one /dev/pvgpu */
+
+static u32 pvgpu_rd(struct pvgpu_dev *dev, u32 reg)
+{
+	return readl(dev->mbox + reg);
+}
+
+static void pvgpu_wr(struct pvgpu_dev *dev, u32 reg, u32 val)
+{
+	writel(val, dev->mbox + reg);
+}
+
+static bool fence_reached(u32 now, u32 fence)
+{
+	return (s32)(now - fence) >= 0;
+}
+
+static long pvgpu_cmd_jiffies(void)
+{
+	return msecs_to_jiffies(cmd_timeout_ms ? cmd_timeout_ms : 1);
+}
+
+static void pvgpu_dev_free(struct kref *ref)
+{
+	struct pvgpu_dev *dev = container_of(ref, struct pvgpu_dev, ref);
+	int i;
+
+	for (i = 0; i < PVGPU_MAX_WEIGHTS; i++)
+		put_pid(dev->weights[i].pid);
+	pci_dev_put(dev->pdev);
+	kfree(dev);
+}
+
+/* ---- mailbox ------------------------------------------------------------ */
+
+static bool pvgpu_cmd_settled(struct pvgpu_dev *dev)
+{
+	return pvgpu_rd(dev, PVGPU_REG_CMD_STATUS) != PVGPU_ST_BUSY;
+}
+
+static void pvgpu_slot_reset(struct pvgpu_slot *s)
+{
+	s->use = PVGPU_USE_FREE;
+	s->owner = NULL;
+	s->tgid = 0;
+	s->hint = 0;
+	s->chan_id = 0;
+	s->mapping = NULL;
+	s->armed = false;
+	s->reached_valid = false;
+	s->dead = false;
+	s->dead_error = 0;
+	s->event_seq++;
+}
+
+static bool pvgpu_has_zombies(struct pvgpu_dev *dev)
+{
+	unsigned long flags;
+	bool any = false;
+	u32 i;
+
+	spin_lock_irqsave(&dev->lock, flags);
+	for (i = 0; i < dev->num_slots; i++)
+		any |= dev->slots[i].use == PVGPU_USE_ZOMBIE;
+	spin_unlock_irqrestore(&dev->lock, flags);
+	return any;
+}
+
+/*
+ * A command that its caller stopped waiting for (timeout, signal) keeps the
+ * mailbox busy.  Before the next command, wait for it and finish its
+ * business: a channel it allocated has no owner any more and is freed.
+ */
+static int pvgpu_mbox_settle(struct pvgpu_dev *dev, long timeout)
+{
+	unsigned long flags;
+	u32 status, slot;
+
+	if (dev->stale == PVGPU_STALE_NONE)
+		return 0;
+	if (!wait_event_timeout(dev->cmd_wq,
+				pvgpu_cmd_settled(dev) || READ_ONCE(dev->dying),
+				timeout))
+		return -ETIME;	/* the daemon still has not answered it */
+	if (!pvgpu_cmd_settled(dev))
+		return -ENODEV;
+	status = pvgpu_rd(dev, PVGPU_REG_CMD_STATUS);
+	slot = pvgpu_rd(dev, PVGPU_REG_RESULT0);
+	spin_lock_irqsave(&dev->lock, flags);
+	if (dev->stale == PVGPU_STALE_ALLOC && status == PVGPU_ST_OK &&
+	    slot < dev->num_slots && dev->slots[slot].use == PVGPU_USE_FREE) {
+		dev->slots[slot].use = PVGPU_USE_ZOMBIE;
+	} else if (dev->stale == PVGPU_STALE_FREE) {
+		pvgpu_slot_reset(&dev->slots[dev->stale_slot]);
+	}
+	dev->stale = PVGPU_STALE_NONE;
+	spin_unlock_irqrestore(&dev->lock, flags);
+	return 0;
+}
+
+/*
+ * Take the mailbox.  A plain mutex would make a fence wait or a killed
+ * process sit behind an allocation that waits for the daemon, so the lock is
+ * taken with a timeout and, if asked, interruptibly.
+ */
+static int pvgpu_mbox_lock(struct pvgpu_dev *dev, long timeout, bool interruptible)
+{
+	long left;
+	int ret;
+
+	if (interruptible)
+		left = wait_event_interruptible_timeout(dev->mbox_wq,
+							mutex_trylock(&dev->cmd_lock),
+							timeout);
+	else
+		left = wait_event_timeout(dev->mbox_wq,
+					  mutex_trylock(&dev->cmd_lock), timeout);
+	if (left < 0)
+		return -EINTR;
+	if (left == 0)
+		return -ETIME;
+	ret = pvgpu_mbox_settle(dev, left);
+	if (ret) {
+		mutex_unlock(&dev->cmd_lock);
+		wake_up(&dev->mbox_wq);
+	}
+	return ret;
+}
+
+static void pvgpu_mbox_unlock(struct pvgpu_dev *dev)
+{
+	bool reap = dev->stale == PVGPU_STALE_NONE && pvgpu_has_zombies(dev);
+
+	mutex_unlock(&dev->cmd_lock);
+	wake_up(&dev->mbox_wq);
+	if (reap && !READ_ONCE(dev->dying))
+		schedule_work(&dev->reap_work);
+}
+
+/*
+ * Run one command with the mailbox held.  Returns its CMD_STATUS, or a
+ * negative errno if the caller gave up (the command is then stale and
+ * settled by the next mailbox user).
+ */
+static int pvgpu_cmd(struct pvgpu_dev *dev, u32 cmd, u32 arg0, u32 arg1,
+		     u32 arg2, u32 *r0, u32 *r1, bool interruptible,
+		     enum pvgpu_stale stale, u32 stale_slot)
+{
+	long left;
+	u32 status;
+
+	lockdep_assert_held(&dev->cmd_lock);
+	pvgpu_wr(dev, PVGPU_REG_ARG0, arg0);
+	pvgpu_wr(dev, PVGPU_REG_ARG1, arg1);
+	if (dev->version >= 2)
+		pvgpu_wr(dev, PVGPU_REG_ARG2, arg2);
+	pvgpu_wr(dev, PVGPU_REG_CMD, cmd);
+
+	if (interruptible)
+		left = wait_event_interruptible_timeout(dev->cmd_wq,
+							pvgpu_cmd_settled(dev) ||
+							READ_ONCE(dev->dying),
+							pvgpu_cmd_jiffies());
+	else
+		left = wait_event_timeout(dev->cmd_wq,
+					  pvgpu_cmd_settled(dev) ||
+					  READ_ONCE(dev->dying),
+					  pvgpu_cmd_jiffies());
+	if (left <= 0 || !pvgpu_cmd_settled(dev)) {
+		dev->stale = stale;
+		dev->stale_slot = stale_slot;
+		if (READ_ONCE(dev->dying))
+			return -ENODEV;
+		return left < 0 ? -EINTR : -ETIMEDOUT;
+	}
+	status = pvgpu_rd(dev, PVGPU_REG_CMD_STATUS);
+	if (r0)
+		*r0 = pvgpu_rd(dev, PVGPU_REG_RESULT0);
+	if (r1)
+		*r1 = pvgpu_rd(dev, PVGPU_REG_RESULT1);
+	return status;
+}
+
+/* Free every slot nobody owns.  Called with the mailbox held. */
+static void pvgpu_reap_locked(struct pvgpu_dev *dev)
+{
+	unsigned long flags;
+	u32 i;
+	int st;
+
+	for (i = 0; i < dev->num_slots && dev->stale == PVGPU_STALE_NONE; i++) {
+		spin_lock_irqsave(&dev->lock, flags);
+		if (dev->slots[i].use != PVGPU_USE_ZOMBIE) {
+			spin_unlock_irqrestore(&dev->lock, flags);
+			continue;
+		}
+		dev->slots[i].use = PVGPU_USE_FREEING;
+		spin_unlock_irqrestore(&dev->lock, flags);
+
+		st = pvgpu_cmd(dev, PVGPU_CMD_CHAN_FREE, i, 0, 0, NULL, NULL,
+			       false, PVGPU_STALE_FREE, i);
+		if (st < 0) {
+			dev_warn(&dev->pdev->dev,
+				 "slot %u: CHAN_FREE not answered within %u ms; freed when the daemon answers\n",
+				 i, cmd_timeout_ms);
+			break;
+		}
+		/* E_INVALID: the device no longer holds it (reset): free too. */
+		if (st != PVGPU_ST_OK)
+			dev_warn(&dev->pdev->dev, "slot %u: CHAN_FREE status %d\n", i, st);
+		spin_lock_irqsave(&dev->lock, flags);
+		pvgpu_slot_reset(&dev->slots[i]);
+		spin_unlock_irqrestore(&dev->lock, flags);
+	}
+}
+
+/* Free unowned slots now if the mailbox can be had, else from the work. */
+static void pvgpu_reap(struct pvgpu_dev *dev)
+{
+	if (pvgpu_mbox_lock(dev, pvgpu_cmd_jiffies(), false)) {
+		schedule_work(&dev->reap_work);
+		return;
+	}
+	pvgpu_reap_locked(dev);
+	pvgpu_mbox_unlock(dev);
+}
+
+static void pvgpu_reap_work(struct work_struct *work)
+{
+	struct pvgpu_dev *dev = container_of(work, struct pvgpu_dev, reap_work);
+
+	down_read(&dev->io_sem);
+	if (!dev->dying && !pvgpu_mbox_lock(dev, pvgpu_cmd_jiffies(), false)) {
+		pvgpu_reap_locked(dev);
+		/* not pvgpu_mbox_unlock(): no rescheduling from the work itself */
+		mutex_unlock(&dev->cmd_lock);
+		wake_up(&dev->mbox_wq);
+	}
+	up_read(&dev->io_sem);
+}
+
+/* ---- task weights --------------------------------------------------------- */
+
+static bool pvgpu_pid_alive(struct pid *pid)
+{
+	bool alive;
+
+	rcu_read_lock();
+	alive = pid_task(pid, PIDTYPE_TGID);
+	rcu_read_unlock();
+	return alive;
+}
+
+/* The entry of `tgid` (init namespace), or NULL.  weights_lock held. */
+static struct pvgpu_weight *pvgpu_weight_find(struct pvgpu_dev *dev, pid_t tgid)
+{
+	int i;
+
+	for (i = 0; i < PVGPU_MAX_WEIGHTS; i++) {
+		struct pvgpu_weight *w = &dev->weights[i];
+
+		if (w->pid && pid_nr(w->pid) == tgid && pvgpu_pid_alive(w->pid))
+			return w;
+	}
+	return NULL;
+}
+
+static u32 pvgpu_weight_of(struct pvgpu_dev *dev, pid_t tgid)
+{
+	struct pvgpu_weight *w;
+	u32 weight = PVGPU_WEIGHT_DEFAULT;
+
+	mutex_lock(&dev->weights_lock);
+	w = pvgpu_weight_find(dev, tgid);
+	if (w)
+		weight = w->weight;
+	mutex_unlock(&dev->weights_lock);
+	return weight;
+}
+
+/* Drop entries of processes that exited (their tgid may be reused). */
+static void pvgpu_weights_prune(struct pvgpu_dev *dev)
+{
+	int i;
+
+	for (i = 0; i < PVGPU_MAX_WEIGHTS; i++) {
+		struct pvgpu_weight *w = &dev->weights[i];
+
+		if (w->pid && !pvgpu_pid_alive(w->pid)) {
+			put_pid(w->pid);
+			w->pid = NULL;
+		}
+	}
+}
+
+static int pvgpu_weight_store(struct pvgpu_dev *dev, struct pid *pid, u32 weight)
+{
+	struct pvgpu_weight *w;
+	int i;
+
+	w = pvgpu_weight_find(dev, pid_nr(pid));
+	if (w) {
+		w->weight = weight;
+		return 0;
+	}
+	pvgpu_weights_prune(dev);
+	for (i = 0; i < PVGPU_MAX_WEIGHTS; i++) {
+		if (!dev->weights[i].pid) {
+			dev->weights[i].pid = get_pid(pid);
+			dev->weights[i].weight = weight;
+			return 0;
+		}
+	}
+	return -ENOSPC;
+}
+
+static int pvgpu_weight_errno(int st, u32 r1)
+{
+	switch (st) {
+	case PVGPU_ST_OK:
+		return 0;
+	case PVGPU_ST_E_INVALID:
+		return -EINVAL;
+	case PVGPU_ST_E_LINK:
+		return -ENOLINK;
+	case PVGPU_ST_E_DAEMON:
+		return r1 == PVGPU_E_LIMIT ? -ENOSPC : -EIO;
+	default:
+		return st < 0 ? st : -EIO;
+	}
+}
+
+/* After a daemon restart the new daemon knows no weights: send them again. */
+static void pvgpu_weights_resend(struct pvgpu_dev *dev, u32 gen)
+{
+	u32 r1 = 0;
+	int i, st;
+
+	mutex_lock(&dev->weights_lock);
+	if (dev->weights_sent && dev->weights_gen == gen) {
+		mutex_unlock(&dev->weights_lock);
+		return;
+	}
+	pvgpu_weights_prune(dev);
+	if (pvgpu_mbox_lock(dev, pvgpu_cmd_jiffies(), false)) {
+		mutex_unlock(&dev->weights_lock);
+		return;
+	}
+	for (i = 0; i < PVGPU_MAX_WEIGHTS; i++) {
+		struct pvgpu_weight *w = &dev->weights[i];
+
+		if (!w->pid)
+			continue;
+		st = pvgpu_cmd(dev, PVGPU_CMD_TASK_WEIGHT, pid_nr(w->pid), 0,
+			       w->weight, NULL, &r1, false, PVGPU_STALE_OTHER, 0);
+		if (st < 0)
+			break;
+		if (st != PVGPU_ST_OK)
+			dev_warn(&dev->pdev->dev,
+				 "re-sending the weight of pid %d failed: errno %d\n",
+				 pid_nr(w->pid), -pvgpu_weight_errno(st, r1));
+	}
+	pvgpu_mbox_unlock(dev);
+	if (i == PVGPU_MAX_WEIGHTS) {
+		dev->weights_sent = true;
+		dev->weights_gen = gen;
+	}
+	mutex_unlock(&dev->weights_lock);
+}
+
+/* ---- link changes --------------------------------------------------------- */
+
+static void pvgpu_mark_dead(struct pvgpu_slot *s, u32 error)
+{
+	if (!s->dead) {
+		s->dead = true;
+		s->dead_error = error;
+	}
+	s->event_seq++;
+	wake_up_all(&s->wq);
+}
+
+/*
+ * Losing the daemon loses every channel (the device marks its slots LOST and
+ * may later re-allocate them in place as fresh channels).  Either way the
+ * owner's channel is gone: its waits end DEAD/LOST until it frees the handle.
+ */
+static void pvgpu_link_work(struct work_struct *work)
+{
+	struct pvgpu_dev *dev = container_of(work, struct pvgpu_dev, link_work);
+	unsigned long flags;
+	u32 link, gen, i, state;
+
+	down_read(&dev->io_sem);
+	if (dev->dying)
+		goto out;
+	link = pvgpu_rd(dev, PVGPU_REG_LINK);
+	gen = pvgpu_rd(dev, PVGPU_REG_LINK_GEN);
+	for (i = 0; i < dev->num_slots; i++) {
+		state = pvgpu_rd(dev, PVGPU_REG_SLOT_STATE(i));
+		spin_lock_irqsave(&dev->lock, flags);
+		if (dev->slots[i].use == PVGPU_USE_OWNED &&
+		    (state == PVGPU_SLOT_LOST || dev->slots[i].link_gen != gen)) {
+			if (!dev->slots[i].dead)
+				dev_info(&dev->pdev->dev,
+					 "slot %u: channel lost with the daemon link\n", i);
+			pvgpu_mark_dead(&dev->slots[i], PVGPU_CHAN_ERR_LOST);
+		}
+		spin_unlock_irqrestore(&dev->lock, flags);
+	}
+	if (link == PVGPU_LINK_READY && dev->version >= 2)
+		pvgpu_weights_resend(dev, gen);
+	if (pvgpu_has_zombies(dev))
+		pvgpu_reap(dev);
+out:
+	up_read(&dev->io_sem);
+}
+
+/* ---- interrupts ------------------------------------------------------------ */
+
+static void pvgpu_fence_irq(struct pvgpu_dev *dev)
+{
+	unsigned long done, flags;
+	u32 lo, hi, i, ws, we, wf;
+	struct pvgpu_slot *s;
+
+	lo = pvgpu_rd(dev, PVGPU_REG_FENCE_DONE_LO);
+	if (lo)
+		pvgpu_wr(dev, PVGPU_REG_FENCE_DONE_LO, lo);
+	hi = dev->num_slots > 32 ? pvgpu_rd(dev, PVGPU_REG_FENCE_DONE_HI) : 0;
+	if (hi)
+		pvgpu_wr(dev, PVGPU_REG_FENCE_DONE_HI, hi);
+	done = (unsigned long)lo | ((unsigned long)hi << 32);
+
+	for_each_set_bit(i, &done, dev->num_slots) {
+		ws = pvgpu_rd(dev, PVGPU_REG_WAIT_STATUS(i));
+		we = pvgpu_rd(dev, PVGPU_REG_WAIT_ERROR(i));
+		wf = pvgpu_rd(dev, PVGPU_REG_WAIT_FENCE(i));
+		s = &dev->slots[i];
+		spin_lock_irqsave(&dev->lock, flags);
+		if (s->use == PVGPU_USE_OWNED && ws != PVGPU_WS_ARMED) {
+			s->armed = false;
+			s->wait_ends++;
+			if (ws == PVGPU_WS_OK) {
+				if (!s->reached_valid || fence_reached(wf, s->reached))
+					s->reached = wf;
+				s->reached_valid = true;
+			} else if (ws == PVGPU_WS_E_DEAD) {
+				pvgpu_mark_dead(s, we ? we : PVGPU_CHAN_ERR_LOST);
+			}
+			s->event_seq++;
+			wake_up_all(&s->wq);
+		}
+		spin_unlock_irqrestore(&dev->lock, flags);
+	}
+}
+
+static irqreturn_t pvgpu_irq(int irq, void *data)
+{
+	struct pvgpu_dev *dev = data;
+	u32 status;
+
+	status = pvgpu_rd(dev, PVGPU_REG_IRQ_STATUS) & PVGPU_IRQ_ALL;
+	if (!status)
+		return IRQ_NONE;
+	/* Ack before scanning: a cause set again meanwhile raises a new interrupt. */
+	pvgpu_wr(dev, PVGPU_REG_IRQ_ACK, status);
+	if (status & PVGPU_IRQ_CMD_DONE) {
+		wake_up_all(&dev->cmd_wq);
+		if (dev->stale != PVGPU_STALE_NONE)
+			schedule_work(&dev->reap_work);
+	}
+	if (status & PVGPU_IRQ_FENCE)
+		pvgpu_fence_irq(dev);
+	if (status & (PVGPU_IRQ_LINK | PVGPU_IRQ_NOTICE))
+		schedule_work(&dev->link_work);
+	return IRQ_HANDLED;
+}
+
+/* ---- file operations -------------------------------------------------------- */
+
+/*
+ * The caller's slot for `handle`, or NULL: a handle is usable only through
+ * the open file that allocated it and only by the allocating process.
+ * dev->lock held.
+ */
+static struct pvgpu_slot *pvgpu_own_slot(struct pvgpu_file *pf, u32 handle)
+{
+	struct pvgpu_dev *dev = pf->dev;
+	struct pvgpu_slot *s;
+
+	if (handle >= dev->num_slots)
+		return NULL;
+	s = &dev->slots[handle];
+	if (s->use != PVGPU_USE_OWNED || s->owner != pf || s->tgid != current->tgid)
+		return NULL;
+	return s;
+}
+
+static int pvgpu_open(struct inode *inode, struct file *filp)
+{
+	struct pvgpu_dev *dev = container_of(filp->private_data, struct pvgpu_dev, misc);
+	struct pvgpu_file *pf;
+
+	/* misc_open() calls us under misc_mtx: remove cannot free dev meanwhile. */
+	pf = kzalloc(sizeof(*pf), GFP_KERNEL);
+	if (!pf)
+		return -ENOMEM;
+	kref_get(&dev->ref);
+	pf->dev = dev;
+	mutex_init(&pf->lock);
+	filp->private_data = pf;
+	return nonseekable_open(inode, filp);
+}
+
+/*
+ * Take a channel away from its owner: zap the mappings first so that no
+ * store reaches the slot once it can be reallocated, wake the waiters (they
+ * see the slot is no longer theirs), and leave the slot to pvgpu_reap().
+ * pf->lock held (no mmap of the slot can run meanwhile).
+ */
+static void pvgpu_disown(struct pvgpu_file *pf, u32 slot)
+{
+	struct pvgpu_dev *dev = pf->dev;
+	struct pvgpu_slot *s = &dev->slots[slot];
+	unsigned long flags;
+
+	lockdep_assert_held(&pf->lock);
+	if (s->mapping)
+		unmap_mapping_range(s->mapping, PVGPU_MMAP_OFFSET(slot),
+				    PVGPU_MMAP_CHANNEL_SIZE, 1);
+	spin_lock_irqsave(&dev->lock, flags);
+	s->use = PVGPU_USE_ZOMBIE;
+	s->owner = NULL;
+	s->event_seq++;
+	wake_up_all(&s->wq);
+	spin_unlock_irqrestore(&dev->lock, flags);
+}
+
+/* Free the file's channels (all, or those of process `tgid`).  pf->lock held. */
+static void pvgpu_release_channels(struct pvgpu_file *pf, bool all, pid_t tgid)
+{
+	struct pvgpu_dev *dev = pf->dev;
+	unsigned long flags;
+	bool match, any = false;
+	u32 i;
+
+	for (i = 0; i < dev->num_slots; i++) {
+		struct pvgpu_slot *s = &dev->slots[i];
+
+		spin_lock_irqsave(&dev->lock, flags);
+		match = s->use == PVGPU_USE_OWNED && s->owner == pf && (all || s->tgid == tgid);
+		spin_unlock_irqrestore(&dev->lock, flags);
+		if (match) {
+			pvgpu_disown(pf, i);
+			any = true;
+		}
+	}
+	if (any && !READ_ONCE(dev->dying))
+		pvgpu_reap(dev);
+}
+
+/*
+ * Channels belong to the open file and to the process that allocated them.
+ * A forked child that shares the file cannot use them; when the allocating
+ * process exits while the file lives on (a child still holds it), its
+ * channels are freed here, on the final close of its file table.
+ */
+static int pvgpu_flush(struct file *filp, fl_owner_t id)
+{
+	struct pvgpu_file *pf = filp->private_data;
+	struct pvgpu_dev *dev = pf->dev;
+
+	if (!(current->flags & PF_EXITING))
+		return 0;
+	down_read(&dev->io_sem);
+	mutex_lock(&pf->lock);
+	pvgpu_release_channels(pf, false, current->tgid);
+	mutex_unlock(&pf->lock);
+	up_read(&dev->io_sem);
+	return 0;
+}
+
+static int pvgpu_release(struct inode *inode, struct file *filp)
+{
+	struct pvgpu_file *pf = filp->private_data;
+	struct pvgpu_dev *dev = pf->dev;
+
+	down_read(&dev->io_sem);
+	mutex_lock(&pf->lock);
+	pvgpu_release_channels(pf, true, 0);
+	mutex_unlock(&pf->lock);
+	up_read(&dev->io_sem);
+	kref_put(&dev->ref, pvgpu_dev_free);
+	kfree(pf);
+	return 0;
+}
+
+static u32 pvgpu_slots_used(struct pvgpu_dev *dev)
+{
+	u32 i, used = 0;
+
+	for (i = 0; i < dev->num_slots; i++)
+		used += pvgpu_rd(dev, PVGPU_REG_SLOT_STATE(i)) != PVGPU_SLOT_FREE;
+	return used;
+}
+
+static u64 pvgpu_caller_hint(void)
+{
+	return pid_hints ? (u64)current->tgid : 0;
+}
+
+static long pvgpu_ioc_info(struct pvgpu_file *pf, void __user *arg)
+{
+	struct pvgpu_dev *dev = pf->dev;
+	struct pvgpu_ioc_info info;
+	unsigned long flags;
+	u32 i;
+
+	if (copy_from_user(&info, arg, sizeof(info)))
+		return -EFAULT;
+	if (info.size != sizeof(info) || info.flags)
+		return -EINVAL;
+	memset(&info, 0, sizeof(info));
+	info.size = sizeof(info);
+	info.abi_version = PVGPU_GUEST_ABI_VERSION;
+	info.device_version = dev->version;
+	info.num_slots = dev->num_slots;
+	info.slots_used = pvgpu_slots_used(dev);
+	info.link = pvgpu_rd(dev, PVGPU_REG_LINK);
+	info.link_gen = pvgpu_rd(dev, PVGPU_REG_LINK_GEN);
+	info.pid_hints = pid_hints;
+	spin_lock_irqsave(&dev->lock, flags);
+	for (i = 0; i < dev->num_slots; i++)
+		info.channels += dev->slots[i].use == PVGPU_USE_OWNED &&
+				 dev->slots[i].owner == pf;
+	spin_unlock_irqrestore(&dev->lock, flags);
+	info.pid_hint = pvgpu_caller_hint();
+	info.weight = pvgpu_weight_of(dev, current->tgid);
+	info.irq_mode = dev->irq_mode;
+	return copy_to_user(arg, &info, sizeof(info)) ? -EFAULT : 0;
+}
+
+static int pvgpu_alloc_errno(int st, u32 r1)
+{
+	switch (st) {
+	case PVGPU_ST_E_NOSLOT:
+		return -ENOSPC;
+	case PVGPU_ST_E_LINK:
+		return -ENOLINK;
+	case PVGPU_ST_E_DAEMON:
+		if (r1 == PVGPU_E_LIMIT)
+			return -EDQUOT;
+		if (r1 == PVGPU_E_STATE)
+			return -EBUSY;
+		return -EIO;
+	default:
+		return st < 0 ? st : -EIO;
+	}
+}
+
+static void pvgpu_write_task_name(struct pvgpu_dev *dev)
+{
+	char comm[TASK_COMM_LEN];
+	char name[PVGPU_TASK_NAME_LEN] = {};
+	int k;
+
+	/* NUL-padded, little-endian bytes; the device sanitises the bytes. */
+	get_task_comm(comm, current);
+	strscpy(name, comm, sizeof(name));
+	for (k = 0; k < PVGPU_TASK_NAME_LEN / 4; k++)
+		pvgpu_wr(dev, PVGPU_REG_TASK_NAME(k),
+			 get_unaligned_le32(name + 4 * k));
+}
+
+/* Free the caller's channel `handle`; false if it is not the caller's. */
+static bool pvgpu_free_handle(struct pvgpu_file *pf, u32 handle)
+{
+	struct pvgpu_dev *dev = pf->dev;
+	unsigned long flags;
+	bool own;
+
+	mutex_lock(&pf->lock);
+	spin_lock_irqsave(&dev->lock, flags);
+	own = pvgpu_own_slot(pf, handle);
+	spin_unlock_irqrestore(&dev->lock, flags);
+	if (own)
+		pvgpu_disown(pf, handle);
+	mutex_unlock(&pf->lock);
+	if (own)
+		pvgpu_reap(dev);
+	return own;
+}
+
+static long pvgpu_ioc_alloc(struct pvgpu_file *pf, void __user *arg)
+{
+	struct pvgpu_dev *dev = pf->dev;
+	struct pvgpu_ioc_alloc req;
+	unsigned long flags;
+	struct pvgpu_slot *s;
+	u32 slot = 0, chan = 0, gen;
+	u64 hint = pvgpu_caller_hint();
+	int st;
+
+	if (copy_from_user(&req, arg, sizeof(req)))
+		return -EFAULT;
+	if (req.size != sizeof(req) || req.flags || req.reserved[0] || req.reserved[1])
+		return -EINVAL;
+
+	st = pvgpu_mbox_lock(dev, pvgpu_cmd_jiffies(), true);
+	if (st)
+		return st == -ETIME ? -ETIMEDOUT : st;
+	if (dev->version >= 2)
+		pvgpu_write_task_name(dev);
+	/* An allocation that succeeds started and ended under this generation. */
+	gen = pvgpu_rd(dev, PVGPU_REG_LINK_GEN);
+	st = pvgpu_cmd(dev, PVGPU_CMD_CHAN_ALLOC, lower_32_bits(hint),
+		       upper_32_bits(hint), 0, &slot, &chan, true,
+		       PVGPU_STALE_ALLOC, 0);
+	if (st == PVGPU_ST_OK) {
+		spin_lock_irqsave(&dev->lock, flags);
+		if (slot >= dev->num_slots || dev->slots[slot].use != PVGPU_USE_FREE) {
+			spin_unlock_irqrestore(&dev->lock, flags);
+			dev_err(&dev->pdev->dev, "CHAN_ALLOC returned slot %u in use\n", slot);
+			pvgpu_mbox_unlock(dev);
+			return -EIO;
+		}
+		s = &dev->slots[slot];
+		s->use = PVGPU_USE_OWNED;
+		s->owner = pf;
+		s->tgid = current->tgid;
+		s->hint = hint;
+		s->chan_id = chan;
+		s->link_gen = gen;
+		s->alloc_seq = ++dev->alloc_seq;
+		s->mapping = NULL;
+		s->armed = false;
+		s->reached_valid = false;
+		s->dead = false;
+		s->dead_error = 0;
+		s->event_seq++;
+		spin_unlock_irqrestore(&dev->lock, flags);
+	}
+	pvgpu_mbox_unlock(dev);
+	if (st != PVGPU_ST_OK)
+		return pvgpu_alloc_errno(st, chan);
+
+	req.handle = slot;
+	req.chan_id = chan;
+	req.mmap_offset = PVGPU_MMAP_OFFSET(slot);
+	req.pid_hint = hint;
+	if (copy_to_user(arg, &req, sizeof(req))) {
+		pvgpu_free_handle(pf, slot);
+		return -EFAULT;
+	}
+	return 0;
+}
+
+static long pvgpu_ioc_free(struct pvgpu_file *pf, void __user *arg)
+{
+	struct pvgpu_ioc_free req;
+
+	if (copy_from_user(&req, arg, sizeof(req)))
+		return -EFAULT;
+	if (req.size != sizeof(req) || req.flags || req.reserved)
+		return -EINVAL;
+	return pvgpu_free_handle(pf, req.handle) ? 0 : -EBADF;
+}
+
+/*
+ * Arm the device's wait on the slot for the lowest fence any waiter of the
+ * slot wants.  The device holds one armed wait per slot and it cannot be
+ * lowered, so a waiter that wants an earlier fence than the armed one is
+ * woken when that wait ends and re-arms then.
+ */
+static int pvgpu_arm(struct pvgpu_dev *dev, struct pvgpu_slot *s, u32 handle,
+		     u32 alloc_seq, long timeout)
+{
+	struct pvgpu_waiter *w;
+	unsigned long flags;
+	u32 target = 0, r1 = 0, we, ends;
+	bool have = false;
+	int st;
+
+	st = pvgpu_mbox_lock(dev, timeout, true);
+	if (st)
+		return st;
+	spin_lock_irqsave(&dev->lock, flags);
+	if (s->use != PVGPU_USE_OWNED || s->alloc_seq != alloc_seq || s->armed ||
+	    s->dead) {
+		spin_unlock_irqrestore(&dev->lock, flags);
+		pvgpu_mbox_unlock(dev);
+		return 0;
+	}
+	list_for_each_entry(w, &s->waiters, node) {
+		if (!have || (s32)(w->fence - target) < 0)
+			target = w->fence;
+		have = true;
+	}
+	/*
+	 * Armed from here on: the IRQ handler clears it when the wait ends,
+	 * possibly before this command's result is looked at below.
+	 */
+	s->armed = true;
+	ends = s->wait_ends;
+	spin_unlock_irqrestore(&dev->lock, flags);
+
+	st = pvgpu_cmd(dev, PVGPU_CMD_FENCE_WAIT, handle, target, 0, NULL, &r1,
+		       false, PVGPU_STALE_OTHER, 0);
+	we = pvgpu_rd(dev, PVGPU_REG_WAIT_ERROR(handle));
+	spin_lock_irqsave(&dev->lock, flags);
+	if (s->use == PVGPU_USE_OWNED && s->alloc_seq == alloc_seq) {
+		if (st == PVGPU_ST_OK && r1 == PVGPU_WS_OK) {
+			s->armed = false;
+			if (!s->reached_valid || fence_reached(target, s->reached))
+				s->reached = target;
+			s->reached_valid = true;
+		} else if (st == PVGPU_ST_OK && r1 == PVGPU_WS_E_DEAD) {
+			s->armed = false;
+			pvgpu_mark_dead(s, we ? we : PVGPU_CHAN_ERR_LOST);
+		} else if (st == PVGPU_ST_E_INVALID && r1 == PVGPU_WS_ARMED) {
+			/* an earlier wait is armed, unless it ended meanwhile */
+			s->armed = s->wait_ends == ends;
+		} else if (st == PVGPU_ST_OK && r1 == PVGPU_WS_ARMED) {
+			/* armed; s->armed is false already if it ended meanwhile */
+		} else if (st == PVGPU_ST_E_INVALID) {
+			/* the device does not hold the channel any more */
+			s->armed = false;
+			pvgpu_mark_dead(s, PVGPU_CHAN_ERR_LOST);
+		} else {
+			s->armed = false;
+		}
+		s->event_seq++;
+		wake_up_all(&s->wq);
+	}
+	spin_unlock_irqrestore(&dev->lock, flags);
+	pvgpu_mbox_unlock(dev);
+	return st < 0 ? st : 0;
+}
+
+static long pvgpu_ioc_wait(struct pvgpu_file *pf, void __user *arg)
+{
+	struct pvgpu_dev *dev = pf->dev;
+	struct pvgpu_waiter waiter;
+	struct pvgpu_ioc_wait req;
+	void __iomem *ctrl;
+	unsigned long flags, deadline = 0;
+	struct pvgpu_slot *s;
+	u32 alloc_seq, seq, status, fence, error = 0;
+	long left = 0, ret = 0;
+	bool forever, need_arm;
+	int done = -1;		/* PVGPU_WAIT_* when known */
+
+	if (copy_from_user(&req, arg, sizeof(req)))
+		return -EFAULT;
+	if (req.size != sizeof(req) || req.flags || req.reserved)
+		return -EINVAL;
+
+	forever = req.timeout_ns < 0;
+	if (req.timeout_ns > 0) {
+		u64 j = nsecs_to_jiffies(req.timeout_ns);
+
+		j = clamp_t(u64, j, 1, MAX_SCHEDULE_TIMEOUT / 2);
+		deadline = jiffies + j;
+	}
+
+	spin_lock_irqsave(&dev->lock, flags);
+	s = pvgpu_own_slot(pf, req.handle);
+	if (!s) {
+		spin_unlock_irqrestore(&dev->lock, flags);
+		return -EBADF;
+	}
+	alloc_seq = s->alloc_seq;
+	waiter.fence = req.fence;
+	list_add_tail(&waiter.node, &s->waiters);
+	spin_unlock_irqrestore(&dev->lock, flags);
+	ctrl = dev->chan_bar + req.handle * PVGPU_BAR2_STRIDE;
+
+	for (;;) {
+		spin_lock_irqsave(&dev->lock, flags);
+		if (dev->dying) {
+			ret = -ENODEV;
+		} else if (s->use != PVGPU_USE_OWNED || s->alloc_seq != alloc_seq) {
+			ret = -EBADF;	/* freed meanwhile by another thread */
+		} else if (s->reached_valid && fence_reached(s->reached, req.fence)) {
+			done = PVGPU_WAIT_OK;
+		} else if (s->dead) {
+			done = PVGPU_WAIT_DEAD;
+			error = s->dead_error;
+		}
+		seq = s->event_seq;
+		need_arm = !s->armed;
+		spin_unlock_irqrestore(&dev->lock, flags);
+		if (ret || done >= 0)
+			break;
+
+		/*
+		 * The control page is the owner's own memory: what it says can
+		 * only mislead the owner's own wait.  STATUS before FENCE so a
+		 * fence reached before the channel died counts as reached.
+		 */
+		status = readl(ctrl + PVGPU_CTRL_STATUS);
+		fence = readl(ctrl + PVGPU_CTRL_FENCE);
+		if (fence_reached(fence, req.fence)) {
+			done = PVGPU_WAIT_OK;
+			break;
+		}
+		if (status != PVGPU_CHAN_STATUS_OK) {
+			done = PVGPU_WAIT_DEAD;
+			error = readl(ctrl + PVGPU_CTRL_ERROR);
+			break;
+		}
+
+		if (!forever) {
+			if (req.timeout_ns == 0 || time_after_eq(jiffies, deadline)) {
+				ret = -ETIME;
+				break;
+			}
+			left = deadline - jiffies;
+		} else {
+			left = MAX_SCHEDULE_TIMEOUT;
+		}
+		if (need_arm) {
+			ret = pvgpu_arm(dev, s, req.handle, alloc_seq,
+					forever ? pvgpu_cmd_jiffies() : left);
+			if (ret == -ETIME && forever)
+				ret = 0;	/* mailbox busy: try again */
+			if (ret)
+				break;
+			continue;
+		}
+		left = wait_event_interruptible_timeout(s->wq,
+							READ_ONCE(s->event_seq) != seq ||
+							READ_ONCE(dev->dying),
+							left);
+		if (left < 0) {
+			ret = -EINTR;
+			break;
+		}
+	}
+
+	spin_lock_irqsave(&dev->lock, flags);
+	list_del(&waiter.node);
+	spin_unlock_irqrestore(&dev->lock, flags);
+	if (ret)
+		return ret == -ETIMEDOUT ? -ETIME : ret;
+
+	req.status = done;
+	req.error = done == PVGPU_WAIT_DEAD ? error : 0;
+	return copy_to_user(arg, &req, sizeof(req)) ? -EFAULT : 0;
+}
+
+static long pvgpu_ioc_set_weight(struct pvgpu_file *pf, void __user *arg)
+{
+	struct pvgpu_dev *dev = pf->dev;
+	struct pvgpu_ioc_set_weight req;
+	struct task_struct *task;
+	struct pid *pid;
+	u32 r1 = 0;
+	int st, ret;
+
+	if (copy_from_user(&req, arg, sizeof(req)))
+		return -EFAULT;
+	if (req.size != sizeof(req) || req.flags || req.reserved)
+		return -EINVAL;
+	if (req.weight < PVGPU_WEIGHT_MIN || req.weight > PVGPU_WEIGHT_MAX || req.pid < 0)
+		return -EINVAL;
+	if (dev->version < 2)
+		return -EOPNOTSUPP;
+
+	if (req.pid == 0) {
+		pid = get_task_pid(current, PIDTYPE_TGID);
+	} else {
+		rcu_read_lock();
+		task = pid_task(find_vpid(req.pid), PIDTYPE_TGID);
+		pid = task ? get_task_pid(task, PIDTYPE_TGID) : NULL;
+		rcu_read_unlock();
+		if (!pid)
+			return -ESRCH;
+	}
+	if (pid_nr(pid) != current->tgid && !capable(CAP_SYS_ADMIN)) {
+		put_pid(pid);
+		return -EPERM;
+	}
+
+	mutex_lock(&dev->weights_lock);
+	ret = pvgpu_mbox_lock(dev, pvgpu_cmd_jiffies(), true);
+	if (ret) {
+		ret = ret == -ETIME ? -ETIMEDOUT : ret;
+		goto out;
+	}
+	st = pvgpu_cmd(dev, PVGPU_CMD_TASK_WEIGHT, pid_nr(pid), 0, req.weight,
+		       NULL, &r1, true, PVGPU_STALE_OTHER, 0);
+	pvgpu_mbox_unlock(dev);
+	ret = pvgpu_weight_errno(st, r1);
+	if (!ret)
+		ret = pvgpu_weight_store(dev, pid, req.weight);
+out:
+	mutex_unlock(&dev->weights_lock);
+	put_pid(pid);
+	return ret;
+}
+
+static long pvgpu_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
+{
+	struct pvgpu_file *pf = filp->private_data;
+	struct pvgpu_dev *dev = pf->dev;
+	void __user *uarg = (void __user *)arg;
+	long ret;
+
+	switch (cmd) {
+	case PVGPU_IOC_INFO:
+	case PVGPU_IOC_ALLOC:
+	case PVGPU_IOC_FREE:
+	case PVGPU_IOC_WAIT:
+	case PVGPU_IOC_SET_WEIGHT:
+		break;
+	default:
+		return -ENOTTY;
+	}
+
+	down_read(&dev->io_sem);
+	if (dev->dying) {
+		up_read(&dev->io_sem);
+		return -ENODEV;
+	}
+	switch (cmd) {
+	case PVGPU_IOC_INFO:
+		ret = pvgpu_ioc_info(pf, uarg);
+		break;
+	case PVGPU_IOC_ALLOC:
+		ret = pvgpu_ioc_alloc(pf, uarg);
+		break;
+	case PVGPU_IOC_FREE:
+		ret = pvgpu_ioc_free(pf, uarg);
+		break;
+	case PVGPU_IOC_WAIT:
+		ret = pvgpu_ioc_wait(pf, uarg);
+		break;
+	default:
+		ret = pvgpu_ioc_set_weight(pf, uarg);
+		break;
+	}
+	up_read(&dev->io_sem);
+	return ret;
+}
+
+/* A zapped or never-populated page of a channel mapping: no anonymous fill-in. */
+static vm_fault_t pvgpu_vm_fault(struct vm_fault *vmf)
+{
+	return VM_FAULT_SIGBUS;
+}
+
+static const struct vm_operations_struct pvgpu_vm_ops = {
+	.fault = pvgpu_vm_fault,
+};
+
+static int pvgpu_mmap(struct file *filp, struct vm_area_struct *vma)
+{
+	struct pvgpu_file *pf = filp->private_data;
+	struct pvgpu_dev *dev = pf->dev;
+	u64 off = (u64)vma->vm_pgoff << PAGE_SHIFT;
+	u64 len = vma->vm_end - vma->vm_start;
+	u64 stride = PVGPU_MMAP_OFFSET(1);
+	u32 handle = off / stride, first = (off % stride) >> PAGE_SHIFT;
+	unsigned long flags, i;
+	struct pvgpu_slot *s;
+	int ret = 0;
+
+	BUILD_BUG_ON(PAGE_SIZE != PVGPU_PAGE_SIZE);
+	if (off / stride >= dev->num_slots || len == 0 ||
+	    (off % stride) + len > PVGPU_MMAP_CHANNEL_SIZE)
+		return -EINVAL;
+	if (!(vma->vm_flags & VM_SHARED))
+		return -EINVAL;	/* device memory cannot be copied on write */
+	if (vma->vm_flags & VM_EXEC)
+		return -EPERM;
+
+	down_read(&dev->io_sem);
+	mutex_lock(&pf->lock);
+	spin_lock_irqsave(&dev->lock, flags);
+	s = dev->dying ? NULL : pvgpu_own_slot(pf, handle);
+	if (s)
+		s->mapping = filp->f_mapping;
+	spin_unlock_irqrestore(&dev->lock, flags);
+	if (!s) {
+		ret = dev->dying ? -ENODEV : -EACCES;
+		goto out;
+	}
+
+	/*
+	 * VM_DONTCOPY: a child does not inherit the mapping (it cannot use
+	 * the channel either); VM_DONTEXPAND: mremap cannot grow it onto a
+	 * page of another channel.
+	 */
+	vma->vm_flags |= VM_IO | VM_PFNMAP | VM_DONTEXPAND | VM_DONTDUMP | VM_DONTCOPY;
+	vma->vm_flags &= ~VM_MAYEXEC;
+	vma->vm_page_prot = pgprot_noncached(vma->vm_page_prot);
+	vma->vm_ops = &pvgpu_vm_ops;
+	for (i = 0; i < len >> PAGE_SHIFT && !ret; i++) {
+		u32 page = first + i;
+		resource_size_t phys;
+
+		if (page < 2)
+			phys = dev->chan_phys + handle * PVGPU_BAR2_STRIDE +
+			       page * PAGE_SIZE;
+		else
+			phys = dev->ring_phys + handle * PVGPU_BAR4_STRIDE;
+		ret = io_remap_pfn_range(vma, vma->vm_start + i * PAGE_SIZE,
+					 phys >> PAGE_SHIFT, PAGE_SIZE,
+					 vma->vm_page_prot);
+	}
+out:
+	mutex_unlock(&pf->lock);
+	up_read(&dev->io_sem);
+	return ret;
+}
+
+static const struct file_operations pvgpu_fops = {
+	.owner = THIS_MODULE,
+	.open = pvgpu_open,
+	.flush = pvgpu_flush,
+	.release = pvgpu_release,
+	.unlocked_ioctl = pvgpu_ioctl,
+	.compat_ioctl = compat_ptr_ioctl,	/* same layout on i386 */
+	.mmap = pvgpu_mmap,
+	.llseek = no_llseek,
+};
+
+/* ---- PCI ------------------------------------------------------------------ */
+
+static int pvgpu_setup_irqs(struct pvgpu_dev *dev)
+{
+	struct pci_dev *pdev = dev->pdev;
+	int i, ret, nvec = -ENOSPC;
+
+	if (msix)
+		nvec = pci_alloc_irq_vectors(pdev, PVGPU_MSIX_VECTORS,
+					     PVGPU_MSIX_VECTORS, PCI_IRQ_MSIX);
+	if (nvec > 0) {
+		dev->irq_mode = PVGPU_IRQ_MSIX;
+	} else {
+		if (msix)
+			dev_info(&pdev->dev, "MSI-X unavailable (%d), using INTx\n", nvec);
+		nvec = pci_alloc_irq_vectors(pdev, 1, 1, PCI_IRQ_LEGACY);
+		if (nvec < 0)
+			return nvec;
+		dev->irq_mode = PVGPU_IRQ_INTX;
+	}
+	dev->nvec = nvec;
+	for (i = 0; i < nvec; i++) {
+		ret = request_irq(pci_irq_vector(pdev, i), pvgpu_irq,
+				  dev->irq_mode == PVGPU_IRQ_INTX ? IRQF_SHARED : 0,
+				  "pvgpu", dev);
+		if (ret) {
+			while (--i >= 0)
+				free_irq(pci_irq_vector(pdev, i), dev);
+			pci_free_irq_vectors(pdev);
+			return ret;
+		}
+	}
+	return 0;
+}
+
+static void pvgpu_free_irqs(struct pvgpu_dev *dev)
+{
+	int i;
+
+	for (i = 0; i < dev->nvec; i++)
+		free_irq(pci_irq_vector(dev->pdev, i), dev);
+	pci_free_irq_vectors(dev->pdev);
+}
+
+static int pvgpu_probe(struct pci_dev *pdev, const struct pci_device_id *id)
+{
+	struct pvgpu_dev *dev;
+	u32 magic, i;
+	int ret;
+
+	mutex_lock(&pvgpu_global_lock);
+	if (pvgpu_the_dev) {
+		mutex_unlock(&pvgpu_global_lock);
+		dev_err(&pdev->dev, "only one pvgpu device is supported; ignoring this one\n");
+		return -EBUSY;
+	}
+
+	ret = pcim_enable_device(pdev);
+	if (ret)
+		goto unlock;
+	ret = pcim_iomap_regions(pdev, BIT(PVGPU_BAR_MBOX) | BIT(PVGPU_BAR_CHANNELS) |
+				 BIT(PVGPU_BAR_RINGS), KBUILD_MODNAME);
+	if (ret)
+		goto unlock;
+
+	dev = kzalloc(sizeof(*dev), GFP_KERNEL);
+	if (!dev) {
+		ret = -ENOMEM;
+		goto unlock;
+	}
+	kref_init(&dev->ref);
+	dev->pdev = pci_dev_get(pdev);
+	dev->mbox = pcim_iomap_table(pdev)[PVGPU_BAR_MBOX];
+	dev->chan_bar = pcim_iomap_table(pdev)[PVGPU_BAR_CHANNELS];
+	dev->chan_phys = pci_resource_start(pdev, PVGPU_BAR_CHANNELS);
+	dev->ring_phys = pci_resource_start(pdev, PVGPU_BAR_RINGS);
+	init_rwsem(&dev->io_sem);
+	mutex_init(&dev->cmd_lock);
+	mutex_init(&dev->weights_lock);
+	init_waitqueue_head(&dev->mbox_wq);
+	init_waitqueue_head(&dev->cmd_wq);
+	spin_lock_init(&dev->lock);
+	INIT_WORK(&dev->link_work, pvgpu_link_work);
+	INIT_WORK(&dev->reap_work, pvgpu_reap_work);
+	for (i = 0; i < PVGPU_MAX_SLOTS; i++) {
+		INIT_LIST_HEAD(&dev->slots[i].waiters);
+		init_waitqueue_head(&dev->slots[i].wq);
+	}
+
+	magic = pvgpu_rd(dev, PVGPU_REG_MAGIC);
+	dev->version = pvgpu_rd(dev, PVGPU_REG_VERSION);
+	dev->num_slots = pvgpu_rd(dev, PVGPU_REG_NUM_SLOTS);
+	if (magic != PVGPU_MAGIC_VALUE || dev->version < 1 ||
+	    dev->num_slots < 1 || dev->num_slots > PVGPU_MAX_SLOTS ||
+	    pci_resource_len(pdev, PVGPU_BAR_CHANNELS) <
+	    (resource_size_t)dev->num_slots * PVGPU_BAR2_STRIDE ||
+	    pci_resource_len(pdev, PVGPU_BAR_RINGS) <
+	    (resource_size_t)dev->num_slots * PVGPU_BAR4_STRIDE) {
+		dev_err(&pdev->dev, "not a pvgpu device: magic %#x version %u slots %u\n",
+			magic, dev->version, dev->num_slots);
+		ret = -ENODEV;
+		goto put;
+	}
+
+	pci_set_master(pdev);	/* MSI-X messages are memory writes */
+	pvgpu_wr(dev, PVGPU_REG_IRQ_MASK, PVGPU_IRQ_ALL);
+	ret = pvgpu_setup_irqs(dev);
+	if (ret) {
+		dev_err(&pdev->dev, "no interrupt: %d\n", ret);
+		goto put;
+	}
+
+	dev->misc.minor = MISC_DYNAMIC_MINOR;
+	dev->misc.name = "pvgpu";
+	dev->misc.fops = &pvgpu_fops;
+	dev->misc.mode = 0660;
+	dev->misc.parent = &pdev->dev;
+	ret = misc_register(&dev->misc);
+	if (ret) {
+		pvgpu_free_irqs(dev);
+		goto put;
+	}
+	dev->misc_registered = true;
+	pci_set_drvdata(pdev, dev);
+	pvgpu_the_dev = dev;
+	mutex_unlock(&pvgpu_global_lock);
+
+	dev_info(&pdev->dev, "pvgpu VERSION %u, %u slots, %s, link %u, pid hints %s\n",
+		 dev->version, dev->num_slots,
+		 dev->irq_mode == PVGPU_IRQ_MSIX ? "MSI-X" : "INTx",
+		 pvgpu_rd(dev, PVGPU_REG_LINK), pid_hints ? "on" : "off");
+	return 0;
+
+put:
+	kref_put(&dev->ref, pvgpu_dev_free);
+unlock:
+	mutex_unlock(&pvgpu_global_lock);
+	return ret;
+}
+
+/*
+ * Unbind with files still open (rmmod cannot get here then: the open files
+ * hold the module).  Users are cut off, mappings zapped, and the channels
+ * given back to the daemon; the files keep only the memory of `dev`.
+ */
+static void pvgpu_remove(struct pci_dev *pdev)
+{
+	struct pvgpu_dev *dev = pci_get_drvdata(pdev);
+	struct address_space *mapping;
+	unsigned long flags;
+	u32 i;
+
+	misc_deregister(&dev->misc);
+
+	spin_lock_irqsave(&dev->lock, flags);
+	WRITE_ONCE(dev->dying, true);
+	for (i = 0; i < dev->num_slots; i++)
+		wake_up_all(&dev->slots[i].wq);
+	spin_unlock_irqrestore(&dev->lock, flags);
+	wake_up_all(&dev->cmd_wq);
+	wake_up_all(&dev->mbox_wq);
+	cancel_work_sync(&dev->link_work);
+	cancel_work_sync(&dev->reap_work);
+
+	/* Wait for every user of the device to leave. */
+	down_write(&dev->io_sem);
+	for (i = 0; i < dev->num_slots; i++) {
+		spin_lock_irqsave(&dev->lock, flags);
+		mapping = dev->slots[i].use == PVGPU_USE_OWNED ? dev->slots[i].mapping : NULL;
+		spin_unlock_irqrestore(&dev->lock, flags);
+		if (mapping)
+			unmap_mapping_range(mapping, PVGPU_MMAP_OFFSET(i),
+					    PVGPU_MMAP_CHANNEL_SIZE, 1);
+	}
+	/*
+	 * Give every channel back.  `dying` makes the mailbox helpers give up
+	 * at once, so poll here: once per unbind, bounded by the command
+	 * timeout per slot.
+	 */
+	for (i = 0; i < dev->num_slots; i++) {
+		unsigned long end = jiffies + pvgpu_cmd_jiffies();
+		u32 state = pvgpu_rd(dev, PVGPU_REG_SLOT_STATE(i));
+
+		if (state != PVGPU_SLOT_LIVE && state != PVGPU_SLOT_LOST)
+			continue;
+		while (!pvgpu_cmd_settled(dev) && time_before(jiffies, end))
+			msleep(20);
+		pvgpu_wr(dev, PVGPU_REG_ARG0, i);
+		pvgpu_wr(dev, PVGPU_REG_CMD, PVGPU_CMD_CHAN_FREE);
+		while (!pvgpu_cmd_settled(dev) && time_before(jiffies, end))
+			msleep(20);
+	}
+	up_write(&dev->io_sem);
+
+	pvgpu_free_irqs(dev);
+	cancel_work_sync(&dev->link_work);
+	cancel_work_sync(&dev->reap_work);
+
+	mutex_lock(&pvgpu_global_lock);
+	pvgpu_the_dev = NULL;
+	mutex_unlock(&pvgpu_global_lock);
+	kref_put(&dev->ref, pvgpu_dev_free);
+}
+
+static const struct pci_device_id pvgpu_ids[] = {
+	{ PCI_DEVICE(PVGPU_PCI_VENDOR_ID, PVGPU_PCI_DEVICE_ID) },
+	{ }
+};
+MODULE_DEVICE_TABLE(pci, pvgpu_ids);
+
+static struct pci_driver pvgpu_driver = {
+	.name = KBUILD_MODNAME,
+	.id_table = pvgpu_ids,
+	.probe = pvgpu_probe,
+	.remove = pvgpu_remove,
+};
+module_pci_driver(pvgpu_driver);
+
+MODULE_DESCRIPTION("pvgpu paravirtual GPU channels for guests (/dev/pvgpu)");
+MODULE_AUTHOR("pvgpu project");
+MODULE_LICENSE("GPL");
+MODULE_VERSION(PVGPU_DRV_VERSION);

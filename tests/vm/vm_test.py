@@ -1,0 +1,516 @@
+#!/usr/bin/env python3
+"""End-to-end tests and experiments with real TCG guests (tests/vm/pvgpu-vm).
+
+Each case starts its own pvgpud on private sockets, boots guests that run the
+guest driver pvgpu.ko and the static guest tools, and checks what the guests
+themselves report.  Shares are measured from the guests' own completed-kernel
+counts (pvgpu-load's periodic reports, streamed live over the guests' serial
+ports and timestamped on arrival on the host), never from pvgpud's accounting.
+Measured numbers are printed as "RESULT key=value" lines (docs/results.md).
+
+usage: vm_test.py --pvgpud P --pvgpuctl P --load P --vm P CASE
+CASE: boot | abuse | restart | vms | tasks | thesis1 | thesis2 | overhead | all
+Exit status: 0 pass, 1 fail, 77 skipped (no QEMU, guest kernel or module).
+"""
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, os.path.join(HERE, "..", "daemon"))
+from testlib import Skip, TestFailure, check, log, result  # noqa: E402
+from daemon_test import (Daemon, Load, ctl, ctl_json, good_client_throughput,  # noqa: E402
+                         measure_between, throttle)
+
+SKIP = 77
+REPORT = re.compile(r"^(?:\[(?P<tag>[\w.-]+)\] )?pvgpu-load: t=\S+ completed=(?P<n>\d+)")
+TAGGED = re.compile(r"^\[(?P<tag>[\w.-]+)\] (?P<rest>.*)$")
+VM_SEQ = [0]
+
+
+def new_uuid():
+    VM_SEQ[0] += 1
+    return "5f0c1a2e-8d1b-4c55-9a10-%012x" % (0x6e0d2f5b0000 + os.getpid() % 0x10000 * 0x100 + VM_SEQ[0])
+
+
+class Series:
+    """One guest task's completed-kernel counts over host time (arrival of its reports)."""
+
+    def __init__(self, name, cond):
+        self.name = name
+        self.cond = cond
+        self.reports = []
+        self.lines = []
+
+    def wait_until(self, pred, timeout, what):
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while not pred(self):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self.dump()
+                    raise TestFailure(f"{self.name}: timed out waiting for {what}")
+                self.cond.wait(min(left, 0.5))
+
+    def completed_at(self, t):
+        return Load.completed_at(self, t)
+
+    def dump(self):
+        for line in self.lines[-10:]:
+            print(f"#   [{self.name}] {line}")
+
+
+class Guest:
+    """A pvgpu-vm run.  Guest commands tag their lines "[tag] ..." to be told apart;
+    untagged pvgpu-load reports go to the series named by `name`."""
+
+    def __init__(self, bins, daemon, name, command, extra=(), timeout=240):
+        self.name = name
+        self.uuid = new_uuid()
+        self.cond = threading.Condition()
+        self.series = {}
+        self.out_lines = []
+        self.err_lines = []
+        cmd = [sys.executable, bins.vm, "--socket", daemon.socket, "--name", name,
+               "--uuid", self.uuid, "--timeout", str(timeout)] + list(extra) + ["--", command]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, errors="replace")
+        self.threads = [threading.Thread(target=self._read, args=(self.proc.stdout, self.out_lines),
+                                         daemon=True),
+                        threading.Thread(target=self._read, args=(self.proc.stderr, self.err_lines),
+                                         daemon=True)]
+        for t in self.threads:
+            t.start()
+
+    def _read(self, stream, sink):
+        for line in stream:
+            now = time.monotonic()
+            line = line.rstrip("\n")
+            with self.cond:
+                sink.append((now, line))
+                m = REPORT.match(line)
+                if m:
+                    s = self.get(m.group("tag") or self.name)
+                    s.reports.append((now, int(m.group("n"))))
+                    s.lines.append(line)
+                self.cond.notify_all()
+        with self.cond:
+            self.cond.notify_all()
+
+    def get(self, tag):
+        with self.cond:
+            if tag not in self.series:
+                self.series[tag] = Series(f"{self.name}/{tag}", self.cond)
+            return self.series[tag]
+
+    def wait_line(self, pattern, timeout, stream="out"):
+        """Waits for a line matching `pattern`; returns (arrival time, match)."""
+        rx = re.compile(pattern)
+        sink = self.out_lines if stream == "out" else self.err_lines
+        deadline = time.monotonic() + timeout
+        seen = 0
+        with self.cond:
+            while True:
+                for t, line in sink[seen:]:
+                    m = rx.search(line)
+                    if m:
+                        return t, m
+                seen = len(sink)
+                left = deadline - time.monotonic()
+                if left <= 0 or (self.proc.poll() is not None and
+                                 not any(t.is_alive() for t in self.threads)):
+                    self.dump()
+                    raise TestFailure(f"guest {self.name}: no line matching {pattern!r}")
+                self.cond.wait(min(left, 0.5))
+
+    def finish(self, timeout=300):
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            self.dump()
+            raise TestFailure(f"guest {self.name}: pvgpu-vm did not finish within {timeout} s")
+        for t in self.threads:
+            t.join(5)
+        return rc
+
+    def values(self, tag=None):
+        """key=value lines of the guest's stdout (those tagged `tag`, or untagged)."""
+        vals = {}
+        for _, line in self.out_lines:
+            m = TAGGED.match(line)
+            if (m.group("tag") if m else None) != tag:
+                continue
+            body = m.group("rest") if m else line
+            if "=" in body and " " not in body.split("=", 1)[0]:
+                k, v = body.split("=", 1)
+                vals[k.strip()] = v.strip()
+        return vals
+
+    def expect_ok(self, timeout=300):
+        rc = self.finish(timeout)
+        if rc != 0:
+            self.dump()
+        check(rc == 0, f"guest {self.name}: exit status {rc}")
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def dump(self, last=40):
+        with self.cond:
+            lines = sorted(self.out_lines + [(t, "! " + l) for t, l in self.err_lines])
+        for _, line in lines[-last:]:
+            print(f"#   [{self.name}] {line}")
+
+
+def tagged(tag, command):
+    """A guest shell fragment whose stdout and stderr lines carry `[tag] `."""
+    # A shell loop, not sed: busybox sed buffers its output when it is a pipe.
+    return f"( {command} ) 2>&1 | while IFS= read -r l; do echo \"[{tag}] $l\"; done"
+
+
+def load_cmd(mode, kernel_us, *opts):
+    return " ".join(["pvgpu-load", mode, "--kernel-us", str(kernel_us)] + [str(o) for o in opts])
+
+
+def guest_throttle(tag, kernel_us, duration, *opts):
+    # As the host throttles of the daemon tests: batches of 4, two in flight, so
+    # each stays backlogged and the split is the scheduler's.
+    return tagged(tag, load_cmd("throttle", kernel_us, "--batch", 4, "--depth", 2,
+                                "--duration-s", duration, "--report-interval-s", "0.1",
+                                "--name", tag, *opts))
+
+
+def shares_of(series, kernel_us, warmup, window, timeout=90):
+    for s in series:
+        s.wait_until(lambda x: len(x.reports) >= 1, timeout, "its first report")
+    t0 = max(s.reports[0][0] for s in series) + warmup
+    return measure_between(series, kernel_us, t0, t0 + window, window + warmup + timeout)
+
+
+def vm_entities(bins, d, vm_name):
+    return [e for e in ctl_json(bins, d, "list")["entities"]
+            if e["path"] == vm_name or e["path"].startswith(vm_name + "/")]
+
+
+def channels_of(bins, d, vm_name):
+    return sum(int(e.get("channels", 0)) for e in vm_entities(bins, d, vm_name))
+
+
+# ---- cases ------------------------------------------------------------------------------------
+
+
+def case_boot(bins, tmp):
+    """The guest driver loads, pvgpu-load runs unchanged in the guest, pvgpud sees the task."""
+    d = Daemon(bins, tmp)
+    d.start()
+    try:
+        g = Guest(bins, d, "boot",
+                  "pvgpu-load info && pvgpu-guest-check abi && pvgpu-guest-check mmap && "
+                  + load_cmd("bench", 1000, "--kernels", 200, "--name", "bench",
+                             "--report-interval-s", "0.2"))
+        g.get("boot").wait_until(lambda s: len(s.reports) >= 1, 120, "a report")
+        ents = vm_entities(bins, d, "boot")
+        check(any(e["path"].startswith("boot/task-") for e in ents),
+              f"pvgpuctl list shows no task of VM boot: {ents}")
+        g.expect_ok()
+        v = g.values()
+        check(v.get("kernels") == "200", f"bench completed {v.get('kernels')} of 200 kernels")
+        result("vm.boot.bench_runtime_ms", v.get("runtime_ms"))
+        info = "\n".join(l for _, l in g.out_lines)
+        check(re.search(r"transport\s*[=:]\s*device", info), f"pvgpu-load info: {info[:400]}")
+        check(d.alive(), "pvgpud died")
+    finally:
+        d.stop()
+
+
+def case_abuse(bins, tmp):
+    """Misbehaving guest processes cost only their own guest; nothing leaks."""
+    d = Daemon(bins, tmp)
+    d.start()
+    host = throttle(bins, d, "host", 1000, duration=120)
+    try:
+        steps = ["abi", "mmap", "kill-submit", "kill-wait", "fork", "fill-ring", "cycles 1000"]
+        script = " && ".join(f"pvgpu-guest-check {s}" for s in steps)
+        # rmmod while a process holds the device must be refused (the module is in use).
+        script += (" && { pvgpu-load throttle --kernel-us 500 --duration-s 30 & p=$!; "
+                   "sleep_until_channel() { i=0; while [ $i -lt 200 ]; do "
+                   "pvgpu-load info | grep -q 'slots_used=[1-9]' && return 0; "
+                   "usleep 50000; i=$((i+1)); done; return 1; }; sleep_until_channel && "
+                   "if rmmod pvgpu 2>/dev/null; then echo 'rmmod succeeded while in use'; exit 1; "
+                   "fi; kill -9 $p; wait $p; true; }")
+        script += " && pvgpu-load info && " + tagged("good", load_cmd(
+            "throttle", 1000, "--duration-s", 4, "--report-interval-s", "0.2", "--name", "good"))
+        script += " && pvgpu-load info | grep 'slots_used=0' && rmmod pvgpu && echo rmmod=ok"
+        g = Guest(bins, d, "abuser", script, timeout=400)
+        good = g.get("good")
+        good.wait_until(lambda s: len(s.reports) >= 2, 300, "the good task's reports")
+        n = channels_of(bins, d, "abuser")
+        check(n == 1, f"while only the good task runs, VM abuser holds {n} channels (leak)")
+        g.expect_ok(timeout=400)
+        check(g.values().get("rmmod") == "ok", "rmmod after the tasks exited did not succeed")
+        check(d.alive(), "pvgpud died")
+        check(channels_of(bins, d, "abuser") == 0, "channels left after the guest powered off")
+        host.finish(timeout=5, sig=signal.SIGTERM)
+        good_client_throughput(bins, d, "after-abuse", min_fraction=0.8)
+    finally:
+        host.kill()
+        d.stop()
+
+
+def case_restart(bins, tmp):
+    """pvgpud restarted (SIGKILL) under a guest bench: every kernel still completes."""
+    d = Daemon(bins, tmp)
+    d.start()
+    try:
+        g = Guest(bins, d, "restarted", load_cmd("bench", 1000, "--kernels", 3000,
+                                                 "--report-interval-s", "0.1", "--name", "bench"))
+        s = g.get("restarted")
+        s.wait_until(lambda x: x.reports and x.reports[-1][1] >= 300, 120, "300 kernels")
+        d.stop(signal.SIGKILL)
+        t_kill = time.monotonic()
+        d.start()
+        result("vm.restart.daemon_down_ms", f"{(time.monotonic() - t_kill) * 1e3:.1f}")
+        g.expect_ok(timeout=180)
+        v = g.values()
+        check(v.get("kernels") == "3000", f"bench completed {v.get('kernels')} of 3000")
+        check(int(v.get("reconnects", "0")) >= 1, f"the guest library did not re-allocate: {v}")
+        result("vm.restart.resubmitted", v.get("resubmitted"))
+    finally:
+        d.stop()
+
+
+def case_vms(bins, tmp):
+    """VMs at weights 2:1:1 get 2:1:1; the third VM (hints off, three tasks) still gets its share."""
+    d = Daemon(bins, tmp)
+    d.start()
+    k = 2000
+    guests = []
+    try:
+        dur = 40
+        guests.append(Guest(bins, d, "vmA", guest_throttle("a", k, dur)))
+        guests.append(Guest(bins, d, "vmB", guest_throttle("b", k, dur)))
+        guests.append(Guest(bins, d, "vmC", " & ".join(guest_throttle(f"c{i}", k, dur)
+                                                       for i in range(3)) + " & wait",
+                            extra=["--no-hints"]))
+        series = [guests[0].get("a"), guests[1].get("b")] + [guests[2].get(f"c{i}") for i in range(3)]
+        for s in series:
+            s.wait_until(lambda x: len(x.reports) >= 1, 150, "its first report")
+        ctl(bins, d, "set-weight", "vmA", "200")
+        ents = vm_entities(bins, d, "vmC")
+        check([e["path"] for e in ents if e["path"] != "vmC"] == [],
+              f"VM with hints off has task entities: {ents}")
+        shares, busy = shares_of(series, [k] * 5, warmup=2.0, window=8.0)
+        vm_shares = [shares[0], shares[1], sum(shares[2:])]
+        for name, got, want in zip(("vmA", "vmB", "vmC"), vm_shares, (0.5, 0.25, 0.25)):
+            result(f"vm.vms.{name}_share", f"{got:.3f}")
+            check(abs(got - want) <= 0.05, f"{name} got {got:.3f}, target {want}")
+        result("vm.vms.gpu_busy", f"{busy:.3f}")
+        for g in guests:
+            g.expect_ok(timeout=120)
+    finally:
+        for g in guests:
+            g.kill()
+        d.stop()
+
+
+def case_tasks(bins, tmp):
+    """Three guest tasks at weights 1:1:2 split their VM's half 1:1:2 (host throttle beside)."""
+    d = Daemon(bins, tmp)
+    d.start()
+    k = 2000
+    host = throttle(bins, d, "host", k, duration=90)
+    g = None
+    try:
+        dur = 40
+        cmd = " & ".join(guest_throttle(t, k, dur, "--weight", w)
+                         for t, w in (("t1", 100), ("t2", 100), ("t4", 200))) + " & wait"
+        g = Guest(bins, d, "vmT", cmd)
+        series = [host] + [g.get(t) for t in ("t1", "t2", "t4")]
+        shares, busy = shares_of(series, [k] * 4, warmup=2.0, window=8.0)
+        for name, got, want in zip(("host", "t1", "t2", "t4"), shares, (0.5, 0.125, 0.125, 0.25)):
+            result(f"vm.tasks.{name}_share", f"{got:.3f}")
+            check(abs(got - want) <= 0.04, f"{name} got {got:.3f}, target {want}")
+        ws = {e["path"]: e.get("weight") for e in vm_entities(bins, d, "vmT")}
+        check(sorted(w for p, w in ws.items() if p != "vmT") == [100, 100, 200],
+              f"task weights in pvgpuctl list: {ws}")
+        g.expect_ok(timeout=120)
+    finally:
+        host.kill()
+        if g:
+            g.kill()
+        d.stop()
+
+
+def case_thesis1(bins, tmp):
+    """Thesis 5.4.2.1 in one VM: bench runtime flat under hfq as the throttle's kernels grow."""
+    bench_k, kernels = 4000, 150
+    steps = (100, 400, 700, 1000)
+    runtimes = {}
+    for policy in ("hfq", "none"):
+        d = Daemon(bins, os.path.join(tmp, policy))
+        os.makedirs(d.workdir, exist_ok=True)
+        d.start()
+        try:
+            ctl(bins, d, "set-policy", policy)
+            parts = [f"pvgpu-load bench --kernel-us {bench_k} --kernels 50 >/dev/null"]  # warm-up
+            for t in steps:
+                parts.append(
+                    f"{{ pvgpu-load throttle --kernel-us {t} --name throttle "
+                    f"--duration-s 60 --report-interval-s 0.1 2>/tmp/th & p=$!; "
+                    f"until grep -q completed= /tmp/th; do usleep 20000; done; "
+                    + tagged(f"b{t}", load_cmd("bench", bench_k, "--kernels", kernels,
+                                               "--name", "bench"))
+                    + "; kill $p; wait $p; }")
+            g = Guest(bins, d, f"t1{policy}", " && ".join(parts))
+            g.expect_ok(timeout=300)
+            runtimes[policy] = [float(g.values(f"b{t}")["runtime_ms"]) for t in steps]
+        finally:
+            d.stop()
+    for policy, rts in runtimes.items():
+        for t, rt in zip(steps, rts):
+            result(f"vm.thesis1.{policy}.throttle{t}us_bench_ms", f"{rt:.1f}")
+        result(f"vm.thesis1.{policy}.max_over_min", f"{max(rts) / min(rts):.3f}")
+    hfq, none = runtimes["hfq"], runtimes["none"]
+    check(max(hfq) / min(hfq) <= 1.10, f"hfq bench runtime not flat: {hfq}")
+    check(none[-1] / none[0] >= 1.10, f"none: bench runtime did not grow with the throttle: {none}")
+
+
+def case_thesis2(bins, tmp):
+    """Thesis 5.4.2.2: a host bench against 1, 2, 4, 8 throttles in one VM."""
+    bench_k, kernels, thr_k = 2000, 300, 1000
+    counts = (1, 2, 4, 8)
+    runtimes = {}
+    for policy in ("hfq", "none"):
+        d = Daemon(bins, os.path.join(tmp, policy))
+        os.makedirs(d.workdir, exist_ok=True)
+        d.start()
+        g = None
+        try:
+            ctl(bins, d, "set-policy", policy)
+            # One group of n throttles after the other, each for a fixed 12 s and
+            # all tagged [n<n>]; the host runs its bench once every throttle of
+            # the group reports, and checks afterwards that the group was still
+            # running when the bench finished (else the runtime is void).
+            phases = []
+            for n in counts:
+                ths = " ".join(f"pvgpu-load throttle --kernel-us {thr_k} --duration-s 12 "
+                               f"--report-interval-s 0.1 --name th{i} 2>&1 | "
+                               f"while IFS= read -r l; do echo \"[n{n}] $l\"; done &"
+                               for i in range(n))
+                phases.append(f"{ths} wait")
+            g = Guest(bins, d, f"t2{policy}", " ; ".join(phases), timeout=300)
+            rts = []
+            for n in counts:
+                s = g.get(f"n{n}")
+                # every throttle of the group has reported at least twice
+                s.wait_until(lambda x: len(x.reports) >= 2 * n, 150, f"group of {n} running")
+                bench = Load(bins, d, "bench", "--kernel-us", bench_k, "--kernels", kernels,
+                             name=f"hostbench{n}")
+                rc, v = bench.finish(timeout=60)
+                check(rc == 0, f"host bench exit status {rc}")
+                rts.append(float(v["runtime_ms"]))
+                check(g.get(f"n{n}").reports[-1][0] >= time.monotonic() - 1.0,
+                      f"the guest's group of {n} stopped before the host bench finished")
+            g.expect_ok(timeout=120)
+            runtimes[policy] = rts
+        finally:
+            if g:
+                g.kill()
+            d.stop()
+    for policy, rts in runtimes.items():
+        for n, rt in zip(counts, rts):
+            result(f"vm.thesis2.{policy}.throttles{n}_bench_ms", f"{rt:.1f}")
+        result(f"vm.thesis2.{policy}.max_over_min", f"{max(rts) / min(rts):.3f}")
+    hfq, none = runtimes["hfq"], runtimes["none"]
+    check(max(hfq) / min(hfq) <= 1.15, f"hfq host bench runtime not flat: {hfq}")
+    check(none[-1] / none[0] >= 1.5, f"none: host bench did not slow down with more throttles: {none}")
+
+
+def case_overhead(bins, tmp):
+    """A lone bench in a VM: hfq vs none, alternating runs, ratio of medians."""
+    runs = {"none": [], "hfq": []}
+    d = Daemon(bins, tmp)
+    d.start()
+    try:
+        for policy in ("none", "hfq", "none", "hfq"):
+            ctl(bins, d, "set-policy", policy)
+            g = Guest(bins, d, f"ovh{len(runs[policy])}{policy}",
+                      load_cmd("bench", 1000, "--kernels", 1500, "--name", "bench"))
+            g.expect_ok(timeout=200)
+            runs[policy].append(float(g.values()["runtime_ms"]))
+    finally:
+        d.stop()
+    ratio = statistics.median(runs["hfq"]) / statistics.median(runs["none"])
+    for p, v in runs.items():
+        result(f"vm.overhead.{p}_runtime_ms", ",".join(f"{x:.1f}" for x in v))
+    result("vm.overhead.hfq_over_none", f"{ratio:.4f}")
+    check(ratio <= 1.05, f"hfq costs a lone guest bench {100 * (ratio - 1):.1f}% (limit 5%)")
+
+
+CASES = {
+    "boot": case_boot,
+    "abuse": case_abuse,
+    "restart": case_restart,
+    "vms": case_vms,
+    "tasks": case_tasks,
+    "thesis1": case_thesis1,
+    "thesis2": case_thesis2,
+    "overhead": case_overhead,
+}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pvgpud", required=True)
+    ap.add_argument("--pvgpuctl", required=True)
+    ap.add_argument("--load", required=True, help="host pvgpu-load")
+    ap.add_argument("--vm", default=os.path.join(HERE, "pvgpu-vm"))
+    ap.add_argument("--libtest")
+    ap.add_argument("case", choices=list(CASES) + ["all"])
+    bins = ap.parse_args()
+    probe = subprocess.run([sys.executable, bins.vm, "--socket", "/nonexistent", "--name", "p",
+                            "--uuid", new_uuid(), "--", "true"], capture_output=True, text=True)
+    missing = re.search(r"pvgpu-vm: ((QEMU|guest kernel|module) not found.*)", probe.stderr)
+    if missing:
+        print(f"SKIP: {missing.group(1)}")
+        return SKIP
+    cases = list(CASES) if bins.case == "all" else [bins.case]
+    for name in cases:
+        tmp = tempfile.mkdtemp(prefix=f"pvgpu-vm-{name}-")
+        log(f"case {name} in {tmp}")
+        try:
+            CASES[name](bins, tmp)
+        except (TestFailure, KeyError, ValueError) as e:
+            print(f"FAIL {name}: {type(e).__name__}: {e}", flush=True)
+            for d in __import__("daemon_test").DAEMONS[-2:]:
+                d.dump_log(30)
+            print(f"# files kept in {tmp}")
+            return 1
+        except Skip as e:
+            print(f"SKIP {name}: {e}")
+            return SKIP
+        shutil.rmtree(tmp, ignore_errors=True)
+        print(f"PASS {name}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
