@@ -26,6 +26,16 @@ struct ChannelMemory {
     pvgpu_ring* ring = nullptr;
 };
 
+// How the engine shares itself between channels, as the host programmed it:
+// a non-preemptive engine runs each kernel to completion; a preemptive one
+// switches channels at the end of every `timeslice` while others wait,
+// losing `ctxsw` per switch.
+struct EngineArbitration {
+    bool preemptive = false;
+    Duration timeslice = 0;
+    Duration ctxsw = 0;
+};
+
 // Interrupts delivered by the device.  Called on the scheduler's thread.
 class GpuInterrupts {
 public:
@@ -63,6 +73,9 @@ public:
 
     // Engine status register (LoGA): the channel whose context is on the engine.
     virtual std::optional<ChannelId> running_channel() const = 0;
+
+    // The arbitration the host configured (non-preemptive unless overridden).
+    virtual EngineArbitration arbitration() const { return {}; }
 
     // Watchdog: a kernel running longer than this is killed with its channel.
     virtual void set_watchdog(Duration limit) = 0;

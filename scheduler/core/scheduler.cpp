@@ -10,11 +10,20 @@ const std::vector<ChannelId> Scheduler::kNoChannels;
 
 Scheduler::Scheduler(GpuDevice& gpu, const Clock& clock, Timers& timers,
                      std::unique_ptr<Policy> policy, MechanismCosts costs)
-    : gpu_(gpu), clock_(clock), timers_(timers), costs_(costs), policy_(std::move(policy)) {
+    : gpu_(gpu), clock_(clock), timers_(timers), costs_(costs), policy_(std::move(policy)),
+      accounting_(
+          clock, timers,
+          [this] {
+              ++stats_.accounting_reads;
+              stats_.mechanism_cpu += costs_.poll;
+              return gpu_.running_channel();
+          },
+          gpu.arbitration()) {
     if (!policy_) throw std::invalid_argument("scheduler needs a policy");
     gpu_.set_interrupt_handler(this);
     tree_.set_listener([this](EntityTree::Change c, EntityId id) {
         if (c == EntityTree::Change::Added && by_entity_.size() <= id) by_entity_.resize(id + 1);
+        if (c == EntityTree::Change::Removed) accounting_.entity_removed(id);
         call_policy([&] { policy_->tree_changed(c, id); });
     });
     call_policy([&] { policy_->start(*this); });
@@ -74,6 +83,7 @@ ChannelId Scheduler::open_channel(EntityId leaf, ChannelMemory mem) {
     channels_.emplace(ch, std::move(st));
     if (by_entity_.size() <= leaf) by_entity_.resize(leaf + 1);
     by_entity_[leaf].push_back(ch);
+    accounting_.channel_added(ch, leaf);
     call_policy([&] { policy_->channel_added(ch, leaf); });
     return ch;
 }
@@ -86,6 +96,7 @@ void Scheduler::close_channel(ChannelId ch) {
     auto& v = by_entity_[leaf];
     v.erase(std::find(v.begin(), v.end(), ch));
     tree_.detach_channel(leaf);
+    accounting_.channel_removed(ch);
     channels_.erase(it);
     gpu_.destroy_channel(ch);
 }
@@ -159,7 +170,9 @@ std::uint32_t Scheduler::release(ChannelId ch, std::uint32_t max) {
 std::optional<ChannelId> Scheduler::engine_status() {
     ++stats_.polls;
     stats_.mechanism_cpu += costs_.poll;
-    return gpu_.running_channel();
+    std::optional<ChannelId> running = gpu_.running_channel();
+    accounting_.observed(running);
+    return running;
 }
 
 void Scheduler::on_trap(ChannelId ch, std::uint32_t put) {
@@ -171,6 +184,7 @@ void Scheduler::on_trap(ChannelId ch, std::uint32_t put) {
 void Scheduler::on_fence(ChannelId ch, std::uint32_t fence) {
     if (!channels_.count(ch)) return;
     ++stats_.fences;
+    accounting_.fence(ch);
     call_policy([&] { policy_->fence(ch, fence); });
 }
 
@@ -178,6 +192,7 @@ void Scheduler::on_channel_error(ChannelId ch, std::uint32_t error) {
     auto it = channels_.find(ch);
     if (it == channels_.end()) return;
     ++stats_.channel_errors;
+    accounting_.channel_error(ch);
     call_policy([&] { policy_->channel_error(ch, error); });
     if (error_listener_) error_listener_(ch, it->second.owner, error);
 }

@@ -7,6 +7,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "accounting.hpp"
 #include "entity_tree.hpp"
 #include "gpu_device.hpp"
 #include "policy.hpp"
@@ -30,6 +31,7 @@ struct SchedulerStats {
     std::uint64_t traps = 0;
     std::uint64_t remaps = 0;
     std::uint64_t polls = 0;
+    std::uint64_t accounting_reads = 0;  // engine status reads of the accounting (not the policy's)
     std::uint64_t fences = 0;
     std::uint64_t channel_errors = 0;
     std::uint64_t released_entries = 0;
@@ -54,6 +56,8 @@ public:
     const MechanismCosts& costs() const { return costs_; }
     const SchedulerStats& stats() const { return stats_; }
     Policy& policy() { return *policy_; }
+    // GPU time per leaf, measured the same way under every policy.
+    const Accounting& accounting() const { return accounting_; }
     void set_policy(std::unique_ptr<Policy> policy);
 
     ChannelId open_channel(EntityId leaf, ChannelMemory mem = {});
@@ -119,6 +123,7 @@ private:
     MechanismCosts costs_;
     EntityTree tree_;
     std::unique_ptr<Policy> policy_;
+    Accounting accounting_;
     std::unordered_map<ChannelId, ChannelState> channels_;
     std::vector<std::vector<ChannelId>> by_entity_;
     SchedulerStats stats_;

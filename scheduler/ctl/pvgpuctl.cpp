@@ -78,7 +78,12 @@ const std::map<std::string, std::string, std::less<>> kCommandHelp = {
 Shows every scheduling entity as a tree: VMs, their guest tasks, host tasks
 (host/NAME).  Columns: WEIGHT (admin weight), TARGET (the share of the whole
 GPU it should get now), ACHIEVED (what it got over the daemon's recent window),
-GPU_MS (GPU time used since it appeared, subtree included), CHANNELS.
+GPU_MS (GPU time used since it appeared, subtree included), CHANNELS,
+KERNELS (kernels completed with a completion interrupt, subtree included).
+pvgpud measures GPU time itself, from completion interrupts and the GPU's
+engine status register, the same way under every policy.  An older pvgpud
+(admin protocol 1) measured nothing under policy none: its ACHIEVED and
+GPU_MS are then shown as '-', with a note.
 )"},
     {"set-weight", R"(usage: pvgpuctl set-weight TARGET WEIGHT
 
@@ -401,11 +406,15 @@ void print_table(const std::vector<std::vector<std::string>>& table, std::FILE* 
 // `now_share`: top's per-refresh share column (path -> share), or null.
 void print_entities(const json& reply, const std::map<std::string, double>* now_share, std::FILE* out) {
     std::vector<std::vector<std::string>> table;
+    const json entities = reply.value("entities", json::array());
+    // Admin protocol 2 counts kernels; an older pvgpud does not.
+    const bool kernels = std::any_of(entities.begin(), entities.end(),
+                                     [](const json& e) { return e.contains("kernels"); });
     std::vector<std::string> header{"ENTITY", "KIND", "WEIGHT", "TARGET", "ACHIEVED"};
     if (now_share) header.emplace_back("NOW");
     header.insert(header.end(), {"GPU_MS", "CHANNELS"});
+    if (kernels) header.emplace_back("KERNELS");
     table.push_back(header);
-    const json entities = reply.value("entities", json::array());
     for (const Row& r : tree_rows(entities)) {
         std::vector<std::string> row{r.label};
         if (!r.entity) {
@@ -424,6 +433,7 @@ void print_entities(const json& reply, const std::map<std::string, double>* now_
         }
         row.push_back(number(e.value("gpu_time_ms", json())));
         row.push_back(number(e.value("channels", json())));
+        if (kernels) row.push_back(number(e.value("kernels", json())));
         table.push_back(row);
     }
     if (entities.empty()) {
@@ -443,6 +453,25 @@ void print_flat(const json& obj, const std::string& prefix, std::FILE* out) {
         else
             std::fprintf(out, "%s: %s\n", name.c_str(), scalar(value).c_str());
     }
+}
+
+// An old pvgpud (admin protocol 1) measures GPU time only when its policy
+// accounts; it says so with "accounting": false, and its shares, GPU times
+// and fairness metrics are then placeholders, not measurements.
+bool measured(const json& list) { return list.value("accounting", true); }
+
+constexpr const char* kNotMeasured =
+    "(this pvgpud does not measure GPU time under its policy: ACHIEVED, GPU_MS and the fairness "
+    "metrics are unknown; pvgpud with admin protocol 2 measures them under every policy)";
+
+// Blanks what an old daemon reports without measuring it.
+json without_unmeasured(json list) {
+    if (measured(list)) return list;
+    for (json& e : list["entities"]) {
+        e["achieved_share"] = nullptr;
+        e["gpu_time_ms"] = nullptr;
+    }
+    return list;
 }
 
 void print_policy(const json& reply) {
@@ -473,7 +502,8 @@ int cmd_list(const Args& a, AdminConnection& conn) {
         return kExitOk;
     }
     std::printf("policy: %s\n", reply.value("policy", std::string("?")).c_str());
-    print_entities(reply, nullptr, stdout);
+    print_entities(without_unmeasured(reply), nullptr, stdout);
+    if (!measured(reply)) std::printf("%s\n", kNotMeasured);
     return kExitOk;
 }
 
@@ -540,13 +570,30 @@ int cmd_policy(const Args& a, AdminConnection& conn) {
     return kExitOk;
 }
 
+// The daemon's admin protocol version; 1 when it does not say.
+int admin_protocol(AdminConnection& conn) {
+    const json v = conn.request({{"cmd", "version"}});
+    const json p = v.value("admin_protocol", json());
+    return v.value("ok", false) && p.is_number_integer() ? p.get<int>() : 1;
+}
+
 int cmd_stats(const Args& a, AdminConnection& conn) {
     expect_operands(a, 0, 0);
-    const json reply = call(conn, {{"cmd", "stats"}});
-    if (a.json_output)
+    json reply = call(conn, {{"cmd", "stats"}});
+    if (a.json_output) {
         print_json(reply);
-    else
-        print_flat(reply, "", stdout);
+        return kExitOk;
+    }
+    // Before admin protocol 2 the metrics were placeholders under a policy
+    // that does not account: ask, and do not print them as measurements.
+    bool unmeasured = false;
+    if (admin_protocol(conn) < 2 && !measured(call(conn, {{"cmd", "list"}}))) {
+        unmeasured = true;
+        for (auto& [key, value] : reply["metrics"].items())
+            if (key != "scheduler_cpu_us_per_s" && key != "process_cpu_us_per_s") value = "n/a";
+    }
+    print_flat(reply, "", stdout);
+    if (unmeasured) std::printf("%s\n", kNotMeasured);
     return kExitOk;
 }
 
@@ -634,7 +681,7 @@ int cmd_top(const Args& a, AdminConnection& conn) {
             const std::string path = e.value("path", std::string{});
             const double g = e.value("gpu_time_ms", 0.0);
             gpu_ms[path] = g;
-            if (have_last && wall_ms > 0) {
+            if (have_last && wall_ms > 0 && measured(list)) {
                 const auto it = last_gpu_ms.find(path);
                 if (it != last_gpu_ms.end()) now_share[path] = std::max(0.0, g - it->second) / wall_ms;
             }
@@ -655,11 +702,14 @@ int cmd_top(const Args& a, AdminConnection& conn) {
                         number(stats.value("channels", json())).c_str(),
                         percent(gpu.value("busy_fraction", json())).c_str());
             const json metrics = stats.value("metrics", json::object());
-            std::printf("max share error %s  Jain %s  unfairness %s\n\n",
-                        percent(metrics.value("max_share_error", json())).c_str(),
-                        number(metrics.value("jain_index", json()), "%.4f").c_str(),
-                        number(metrics.value("unfairness", json()), "%.3f").c_str());
-            print_entities(list, have_last ? &now_share : nullptr, stdout);
+            if (measured(list))
+                std::printf("max share error %s  Jain %s  unfairness %s\n\n",
+                            percent(metrics.value("max_share_error", json())).c_str(),
+                            number(metrics.value("jain_index", json()), "%.4f").c_str(),
+                            number(metrics.value("unfairness", json()), "%.3f").c_str());
+            else
+                std::printf("%s\n\n", kNotMeasured);
+            print_entities(without_unmeasured(list), have_last ? &now_share : nullptr, stdout);
             if (!tty_out) std::fputs("\n", stdout);
         }
         std::fflush(stdout);

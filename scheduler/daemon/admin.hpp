@@ -20,7 +20,10 @@
 
 namespace pvgpu::daemon {
 
-inline constexpr int kAdminProtocolVersion = 1;
+// 2: accounting by the scheduler under every policy (`accounting` always
+// true), `kernels` per entity, `process_cpu_s` and `counters.accounting_reads`
+// in stats.
+inline constexpr int kAdminProtocolVersion = 2;
 inline constexpr std::size_t kAdminMaxLine = 65536;  // bytes, newline included
 
 struct PeerCred {

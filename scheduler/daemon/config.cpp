@@ -144,10 +144,10 @@ public:
         for (gsize i = 0; i < ngroups; ++i) {
             std::string g = groups[i];
             if (g.rfind("policy.", 0) == 0) continue;  // checked against the catalog
-            static const std::set<std::string> known = {"daemon", "scheduler", "gpu", "limits"};
+            static const std::set<std::string> known = {"daemon", "scheduler", "gpu", "limits", "metrics"};
             if (!known.count(g))
                 throw ConfigError(lines_.where_group(g) +
-                                  ": unknown group (known: daemon, scheduler, gpu, limits, policy.NAME)");
+                                  ": unknown group (known: daemon, scheduler, gpu, limits, metrics, policy.NAME)");
             gsize nkeys = 0;
             gchar** keys = g_key_file_get_keys(kf_, groups[i], &nkeys, nullptr);
             std::unique_ptr<gchar*, decltype(&g_strfreev)> kfree(keys, g_strfreev);
@@ -282,6 +282,17 @@ Config parse_config(const std::string& text, const std::string& name) {
     r.number<std::uint32_t>("limits", "admin_max_clients", l.admin_max_clients, 1, 4096);
     r.number<std::uint32_t>("limits", "admin_requests_per_s", l.admin_requests_per_s, 1, 1'000'000);
     r.duration("limits", "admin_idle_timeout_s", l.admin_idle_timeout, kSecond, 1, 86400);
+
+    r.string("metrics", "textfile", cfg.metrics.textfile);
+    if (!cfg.metrics.textfile.empty()) {
+        const std::string& f = cfg.metrics.textfile;
+        if (f[0] != '/' || f.back() == '/')
+            throw ConfigError(lines.where("metrics", "textfile") + ": '" + f + "' is not an absolute file path");
+        if (f.size() < 6 || f.compare(f.size() - 5, 5, ".prom") != 0)
+            throw ConfigError(lines.where("metrics", "textfile") + ": '" + f +
+                              "' must end in .prom (node_exporter's textfile collector reads only those)");
+    }
+    r.duration("metrics", "interval_s", cfg.metrics.interval, kSecond, 1, 3600);
 
     r.check_unknown();
     check_policy(cfg, lines.where("scheduler", "policy"));

@@ -36,6 +36,12 @@ struct Limits {
     Duration admin_idle_timeout = 60 * kSecond;
 };
 
+// [metrics]: a Prometheus textfile for node_exporter (off when empty).
+struct MetricsConfig {
+    std::string textfile;
+    Duration interval = 15 * kSecond;
+};
+
 struct Config {
     // [daemon]
     std::string socket = "/run/pvgpu/pvgpud.sock";
@@ -55,6 +61,8 @@ struct Config {
     sim::SimGpuConfig gpu;
     // [limits]
     Limits limits;
+    // [metrics]
+    MetricsConfig metrics;
 };
 
 // Command line.  parse_cli throws ConfigError with a usage hint.

@@ -121,6 +121,13 @@ Daemon::Daemon(Config cfg)
         log_info("SIGINT: shutting down");
         quit();
     });
+    if (!cfg_.metrics.textfile.empty()) {
+        metrics_file_ = std::make_unique<TextfileExporter>(
+            cfg_.metrics.textfile, cfg_.metrics.interval, clock_, timers_,
+            [this] { return render_prometheus(admin_list(), admin_stats()); });
+        log_info("metrics textfile ", cfg_.metrics.textfile, ", every ", cfg_.metrics.interval / kSecond, " s");
+    }
+
     sighup_ = add_signal(ctx_.get(), SIGHUP, [] {
         log_info("SIGHUP: the configuration is read at start only; restart pvgpud to apply changes");
     });
@@ -138,6 +145,7 @@ Daemon::~Daemon() {
     for (auto id : ids) teardown(id);
     if (listen_fd_) ::unlink(cfg_.socket.c_str());
     // The scheduler holds timers on the GPU and both on timers_: drop in order.
+    metrics_file_.reset();
     monitor_.reset();
     sched_.reset();
     gpu_.reset();
@@ -705,6 +713,7 @@ json Daemon::admin_list() {
                       {"target_share", sh.target_now},
                       {"achieved_share", sh.achieved},
                       {"gpu_time_ms", to_ms(sh.gpu_time)},
+                      {"kernels", sh.kernels},
                       {"channels", channels(id)}};
             if (kind == Kind::Vm && m != meta_.end()) o["uuid"] = m->second.uuid;
             if (kind == Kind::VmTask && m != meta_.end()) {
@@ -722,7 +731,7 @@ json Daemon::admin_list() {
     visit(kRootEntity);
     return {{"ok", true},
             {"policy", policy_name_},
-            {"accounting", snap.accounting},
+            {"accounting", true},
             {"window_s", to_ms(snap.window) / 1000.0},
             {"entities", std::move(entities)}};
 }
@@ -835,9 +844,7 @@ json Daemon::admin_set_policy(const json& req) {
     } catch (const std::invalid_argument& e) {
         return admin_error(std::string("bad parameter: ") + e.what());
     }
-    monitor_->before_policy_change();
     sched_->set_policy(std::move(policy));
-    monitor_->after_policy_change();
     policy_name_ = name;
     policy_params_ = params;
     state_.policy = name;
@@ -874,6 +881,7 @@ json Daemon::admin_stats() {
           {"unfairness", finite_or(snap.metrics.unfairness, kMaxUnfairness)},
           {"scheduler_cpu_us_per_s", snap.scheduler_cpu_us_per_s},
           {"process_cpu_us_per_s", snap.process_cpu_us_per_s}}},
+        {"process_cpu_s", to_ms(snap.process_cpu) / 1000.0},
         {"counters",
          {{"traps", st.traps + counters_.untrapped_reports},
           {"mode_switches", counters_.mode_switches},
@@ -885,6 +893,7 @@ json Daemon::admin_stats() {
           {"degraded_channels", counters_.degraded},
           {"remaps", st.remaps},
           {"polls", st.polls},
+          {"accounting_reads", st.accounting_reads},
           {"fences", st.fences},
           {"released_entries", st.released_entries},
           {"clients_total", counters_.clients_total},

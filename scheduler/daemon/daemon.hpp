@@ -34,6 +34,7 @@
 #include "config.hpp"
 #include "core/scheduler.hpp"
 #include "glib_clock.hpp"
+#include "metrics.hpp"
 #include "gsource.hpp"
 #include "share_monitor.hpp"
 #include "sim/sim_gpu.hpp"
@@ -180,6 +181,7 @@ private:
     std::unique_ptr<sim::SimGpu> gpu_;
     std::unique_ptr<Scheduler> sched_;
     std::unique_ptr<ShareMonitor> monitor_;
+    std::unique_ptr<TextfileExporter> metrics_file_;
     Time started_ = 0;
 
     std::unordered_map<EntityId, Meta> meta_;

@@ -45,6 +45,7 @@ void ShareMonitor::tick() {
 void ShareMonitor::forget(EntityId id) {
     leaves_.erase(id);
     total_.erase(id);
+    kernels_.erase(id);
     target_now_.erase(id);
     for (auto& s : samples_) {
         std::erase_if(s.used, [id](const auto& p) { return p.first == id; });
@@ -52,22 +53,16 @@ void ShareMonitor::forget(EntityId id) {
     }
 }
 
-void ShareMonitor::before_policy_change() { sample(); }
-
-void ShareMonitor::after_policy_change() {
-    for (auto& [id, leaf] : leaves_) leaf.last_accounted = sched_.policy().accounted(id).value_or(0);
-}
-
 bool ShareMonitor::sample() {
     const Time now = clock_.now();
     const EntityTree& tree = sched_.entities();
-    const Policy& policy = sched_.policy();
+    const Accounting& accounting = sched_.accounting();
 
     Sample s;
     s.end = now;
     s.dt = now - last_t_;
 
-    // Per leaf: GPU time the policy charged since the last sample, and
+    // Per leaf: GPU time the scheduler measured since the last sample, and
     // whether it has work the GPU has not finished (queued or held).
     std::unordered_map<EntityId, Duration> used;
     std::vector<sim::ShareNode> nodes;
@@ -82,14 +77,23 @@ bool ShareMonitor::sample() {
         nodes.push_back(n);
         if (e.id != kRootEntity) nodes[index.at(e.parent)].children.push_back(nodes.size() - 1);
         if (e.id == kRootEntity || !e.children.empty()) return;
-        Duration acc = policy.accounted(e.id).value_or(0);
+        Duration acc = accounting.gpu_time(e.id);
         Leaf& leaf = leaves_[e.id];
         Duration d = acc >= leaf.last_accounted ? acc - leaf.last_accounted : acc;
         leaf.last_accounted = acc;
+        std::uint64_t k = accounting.kernels(e.id);
+        std::uint64_t dk = k >= leaf.last_kernels ? k - leaf.last_kernels : k;
+        leaf.last_kernels = k;
+        if (dk > 0)
+            for (EntityId cur = e.id; cur != kRootEntity; cur = tree.get(cur).parent) kernels_[cur] += dk;
         bool work = false;
         for (ChannelId ch : sched_.channels_of(e.id)) work = work || gpu_.pending(ch) || sched_.held(ch) > 0;
         backlog = backlog || work;
-        bool active = work || d > 0;
+        // Backlogged: work queued or held now, or GPU time in the last
+        // period (a client between two submissions is still backlogged;
+        // back-to-back queries must not see it idle).
+        if (work || d > 0) leaf.last_busy = now;
+        bool active = leaf.last_busy >= 0 && now - leaf.last_busy < period_;
         any_busy = any_busy || active;
         nodes.back().demand = active ? 1.0 : 0.0;
         nodes.back().active = active;
@@ -144,7 +148,7 @@ ShareMonitor::Snapshot ShareMonitor::snapshot() {
     const Time now = clock_.now();
     sample();
     Snapshot snap;
-    snap.accounting = sched_.policy().accounted(kRootEntity).has_value();
+    snap.process_cpu = last_process_cpu_;
     const Time lo = now - window_;
     double w = 0, busy = 0, idle = 0, pcpu = 0, proc = 0;
     std::unordered_map<EntityId, double> used, target;
@@ -174,6 +178,8 @@ ShareMonitor::Snapshot ShareMonitor::snapshot() {
         }
         auto t = total_.find(e.id);
         sh.gpu_time = t == total_.end() ? 0 : t->second;
+        auto k = kernels_.find(e.id);
+        sh.kernels = k == kernels_.end() ? 0 : k->second;
         if (e.children.empty() && sh.target_avg > 0) {
             ach.push_back(sh.achieved);
             tgt.push_back(sh.target_avg);
@@ -186,7 +192,7 @@ ShareMonitor::Snapshot ShareMonitor::snapshot() {
         snap.scheduler_cpu_us_per_s = pcpu / 1e3 / (w / 1e9);
         snap.process_cpu_us_per_s = proc / 1e3 / (w / 1e9);
     }
-    if (snap.accounting && !ach.empty()) snap.metrics = sim::fairness(ach, tgt);
+    if (!ach.empty()) snap.metrics = sim::fairness(ach, tgt);
     return snap;
 }
 

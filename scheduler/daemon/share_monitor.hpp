@@ -1,7 +1,7 @@
 // Target and achieved GPU shares for the admin socket, from what the daemon
-// may know: the policy's own accounting (Policy::accounted) sampled over a
-// sliding window, the GPU's utilisation counter, and which channels hold
-// work.  Never the simulator's ground truth.  Sampling runs only while
+// may know: the scheduler's own accounting (Scheduler::accounting(), the same
+// under every policy) sampled over a sliding window, the GPU's utilisation
+// counter, and which channels hold work.  Never the simulator's ground truth.  Sampling runs only while
 // something is submitted, so an idle daemon does not wake up for it.
 #pragma once
 
@@ -25,25 +25,21 @@ public:
     void activity();
     // The entity is gone (its id may be reused).
     void forget(EntityId id);
-    // Around Scheduler::set_policy: the old policy's accounting is folded in
-    // first, the new one counts from zero.
-    void before_policy_change();
-    void after_policy_change();
-
     struct Share {
         double target_now = 0;  // water-filling over the leaves backlogged now
         double target_avg = 0;  // the same, averaged over the window
         double achieved = 0;    // accounted GPU time in the window / window
         Duration gpu_time = 0;  // accounted since the entity was created (subtree)
+        std::uint64_t kernels = 0;  // completion interrupts since it was created (subtree)
     };
     struct Snapshot {
         std::unordered_map<EntityId, Share> entities;
-        bool accounting = false;  // the policy accounts GPU time (all but `none`)
         Duration window = 0;
         double busy_fraction = 0;
         double idle_with_demand_fraction = 0;
         double scheduler_cpu_us_per_s = 0;  // real CPU in policy callbacks per wall second
         double process_cpu_us_per_s = 0;    // the whole daemon (getrusage)
+        Duration process_cpu = 0;           // the whole daemon since it started
         sim::FairnessMetrics metrics;       // over leaves with a target in the window
     };
     Snapshot snapshot();
@@ -63,6 +59,8 @@ private:
     };
     struct Leaf {
         Duration last_accounted = 0;
+        std::uint64_t last_kernels = 0;
+        Time last_busy = -1;  // last time it had work or used the GPU
     };
 
     bool sample();  // returns whether anything was busy
@@ -76,6 +74,7 @@ private:
 
     std::unordered_map<EntityId, Leaf> leaves_;
     std::unordered_map<EntityId, Duration> total_;
+    std::unordered_map<EntityId, std::uint64_t> kernels_;
     std::unordered_map<EntityId, double> target_now_;
     std::deque<Sample> samples_;
     Time last_t_ = 0;

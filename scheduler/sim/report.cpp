@@ -46,6 +46,7 @@ nlohmann::json to_json(const SimResult& r) {
                                                            : nlohmann::json(nullptr)},
                              {"channel_errors", e.channel_errors}};
         je["accounted_ms"] = e.accounted ? nlohmann::json(to_ms(*e.accounted)) : nlohmann::json(nullptr);
+        je["measured_ms"] = to_ms(e.measured);
         ents.push_back(std::move(je));
     }
     j["entities"] = std::move(ents);
@@ -57,6 +58,7 @@ nlohmann::json to_json(const SimResult& r) {
     j["mechanisms"] = {{"traps", r.stats.traps},
                        {"remaps", r.stats.remaps},
                        {"polls", r.stats.polls},
+                       {"accounting_reads", r.stats.accounting_reads},
                        {"fences", r.stats.fences},
                        {"channel_errors", r.stats.channel_errors},
                        {"released_entries", r.stats.released_entries},

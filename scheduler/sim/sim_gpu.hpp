@@ -55,6 +55,10 @@ public:
     bool pending(ChannelId ch) const override;
     std::optional<ChannelId> running_channel() const override;
     void set_watchdog(Duration limit) override { cfg_.watchdog = limit; }
+    EngineArbitration arbitration() const override {
+        if (cfg_.arbitration != Arbitration::Timeslice) return {};
+        return {true, cfg_.timeslice, cfg_.ctxsw};
+    }
 
     void set_observer(ExecutionObserver* o) { observer_ = o; }
     // Guest side: the submitter's view of completions (a guest polls fence

@@ -240,6 +240,7 @@ SimResult run_simulation(const Scenario& sc, const SimOptions& opt) {
         e.demand = std::min(1.0, d);
         if (all_finished) e.finished_ms = to_ms(fin);
         e.accounted = sched.policy().accounted(leaf.id);
+        e.measured = sched.accounting().gpu_time(leaf.id);
         e.channel_errors = leaf_errors[li];
         e.target_share = target[li];
         e.achieved_share = static_cast<double>(e.gpu_time) / window;

@@ -24,6 +24,7 @@ struct EntityResult {
     Duration gpu_time = 0;         // measured window only
     Duration gpu_time_total = 0;   // whole run (for accounting accuracy)
     std::optional<Duration> accounted;  // what the policy believes (whole run)
+    Duration measured = 0;              // the scheduler's own accounting, any policy (whole run)
     std::uint64_t kernels_completed = 0;
     std::optional<double> finished_ms;
     std::uint32_t channel_errors = 0;

@@ -601,7 +601,7 @@ TEST_CASE("admin: requests, errors and permissions", "[daemon][admin]") {
     auto v = *ask(R"({"cmd":"version"})", stranger);
     CHECK(v["ok"] == true);
     CHECK(v["protocol"] == PVGPU_PROTO_VERSION);
-    CHECK(v["admin_protocol"] == 1);
+    CHECK(v["admin_protocol"] == 2);
     CHECK((*ask("{oops", root))["error"].get<std::string>().rfind("bad request: ", 0) == 0);
     CHECK((*ask("[1]", root))["error"].get<std::string>().rfind("bad request: ", 0) == 0);
     CHECK((*ask(R"({"cmd":5})", root))["error"] == "bad request: missing \"cmd\"");

@@ -1,0 +1,227 @@
+#include "accounting.hpp"
+
+#include <algorithm>
+
+namespace pvgpu {
+
+namespace {
+
+// A slice-end read is placed just after the slice ends, so the engine has
+// switched (or renewed the slice) by the time the register is read.
+constexpr Duration kSliceReadDelay = 1 * kMicrosecond;
+// Gaps between the reads after the engine is seen idle: a client that
+// resubmits on its completion starts within microseconds to a millisecond;
+// the first read comes right after the completion has been handled, the
+// second one a microsecond later (after whatever else happened at once).
+constexpr Duration kSettleGaps[] = {0, 1 * kMicrosecond, 10 * kMicrosecond, 40 * kMicrosecond,
+                                    150 * kMicrosecond, 800 * kMicrosecond};
+// A start seen between two reads this close is taken as exactly known.
+constexpr Duration kExactStart = 2 * kMicrosecond;
+
+}  // namespace
+
+Accounting::Accounting(const Clock& clock, Timers& timers, StatusRead read, EngineArbitration engine)
+    : clock_(clock), read_(std::move(read)), engine_(engine), read_timer_(timers) {
+    since_ = last_seen_ = clock_.now();
+}
+
+std::optional<ChannelId> Accounting::read() {
+    ++reads_;
+    return read_();
+}
+
+void Accounting::channel_added(ChannelId ch, EntityId leaf) {
+    channels_[ch] = Channel{leaf};
+    totals_.try_emplace(leaf);
+    // Its first doorbell is likely close: watch an idle engine again.
+    if (!current_) {
+        settle_step_ = 0;
+        arm_read();
+    }
+}
+
+void Accounting::channel_removed(ChannelId ch) {
+    if (current_ == ch) {
+        // The engine drops it now; whatever starts next is an unseen start.
+        const Time t = clock_.now();
+        charge(ch, t - since_);
+        now_running(std::nullopt, t, t);
+    }
+    channels_.erase(ch);
+}
+
+void Accounting::entity_removed(EntityId id) { totals_.erase(id); }
+
+void Accounting::charge(ChannelId ch, Duration d) {
+    if (d <= 0) return;
+    auto it = channels_.find(ch);
+    if (it == channels_.end()) return;
+    totals_[it->second.leaf].gpu_time += d;
+}
+
+void Accounting::fence(ChannelId ch) {
+    const Time t = clock_.now();
+    // The interrupt arrives after the engine moved on: the register names
+    // the channel that started when this kernel ended.
+    const std::optional<ChannelId> running = read();
+    auto it = channels_.find(ch);
+    if (it == channels_.end()) {
+        observed(running);
+        return;
+    }
+    Channel& c = it->second;
+    ++totals_[c.leaf].kernels;
+    if (current_ == ch) {
+        Duration d = t - since_;
+        // Its start was seen only between two reads: a kernel of its usual
+        // length, if that fits the window, is the better guess.
+        if (start_slack_ > 0 && c.kernel_estimate > 0 && c.fresh)
+            d = std::clamp(c.kernel_estimate, d - start_slack_, d + start_slack_);
+        charge(ch, d);
+        // A kernel seen from its start to its end in one stint: learn its length.
+        if (c.kernel_start >= 0) {
+            const Duration whole = t - c.kernel_start;
+            c.kernel_estimate = c.kernel_estimate == 0 ? whole : c.kernel_estimate + (whole - c.kernel_estimate) / 8;
+        }
+    } else {
+        // It started unseen after the last observation: from an idle engine
+        // (a direct doorbell), or after a kernel whose completion raised no
+        // interrupt.  It ran about its usual length, at most the whole gap.
+        const Duration gap = std::max<Duration>(0, t - last_seen_);
+        const Duration mine = c.kernel_estimate > 0 ? std::min(gap, c.kernel_estimate) : gap / 2;
+        if (current_) charge(*current_, t - mine - since_);
+        charge(ch, mine);
+    }
+    c.kernel_start = -1;
+    c.preempted = false;
+    current_ = ch;  // it was on the engine until now, whatever was believed
+    now_running(running, t, t);
+}
+
+void Accounting::channel_error(ChannelId ch) {
+    if (current_ != ch) return;
+    // The GPU stops the channel first and picks the next one after the
+    // interrupt: the next start is an unseen one.
+    const Time t = clock_.now();
+    charge(ch, t - since_);
+    now_running(std::nullopt, t, t);
+}
+
+void Accounting::observed(std::optional<ChannelId> running) {
+    const Time t = clock_.now();
+    if (running == current_) {
+        last_seen_ = t;
+        return;
+    }
+    // The engine switched somewhere in (last_seen_, t]: at the slice end if
+    // one fell in there, else assume the middle (unbiased).
+    Time lo = last_seen_, hi = t;
+    if (engine_.preemptive && current_ && running && slice_end_ > last_seen_ && slice_end_ <= t) lo = hi = slice_end_;
+    if (current_) charge(*current_, lo + (hi - lo) / 2 - since_);
+    // Taken off a preemptive engine without a completion: preempted.
+    if (engine_.preemptive && current_ && running) mark_preempted(*current_);
+    now_running(running, lo, hi);
+    last_seen_ = t;
+}
+
+void Accounting::now_running(std::optional<ChannelId> running, Time lo, Time hi) {
+    const Time at = lo + (hi - lo) / 2;
+    const std::optional<ChannelId> before = current_;
+    current_ = running;
+    since_ = at;
+    start_slack_ = (hi - lo) / 2;
+    last_seen_ = std::max(last_seen_, at);
+    if (running) {
+        if (engine_.preemptive) {
+            // As the engine does: a new context costs a switch and gets a
+            // fresh slice; the same one keeps its slice while it lasts.
+            if (running != loaded_) {
+                since_ = at + engine_.ctxsw;
+                slice_end_ = since_ + engine_.timeslice;
+            } else if (at >= slice_end_) {
+                slice_end_ = at + engine_.timeslice;
+            }
+        }
+        loaded_ = running;
+        if (auto it = channels_.find(*running); it != channels_.end()) {
+            Channel& c = it->second;
+            c.fresh = !c.preempted;  // else it resumes a kernel begun earlier
+            c.kernel_start = c.fresh && lo == hi ? since_ : -1;
+        }
+    }
+    if (!running && before) settle_step_ = 0;  // just went idle: watch for the next start
+    arm_read();
+}
+
+void Accounting::arm_read() {
+    if (current_) {
+        if (engine_.preemptive && engine_.timeslice > 0)
+            read_timer_.arm(std::max(slice_end_, clock_.now()) + kSliceReadDelay, [this] { slice_read(); });
+        else
+            read_timer_.cancel();
+    } else if (settle_step_ < std::size(kSettleGaps)) {
+        read_timer_.arm(clock_.now() + kSettleGaps[settle_step_], [this] { settle_read(); });
+    } else {
+        read_timer_.cancel();
+    }
+}
+
+void Accounting::settle_read() {
+    const Time t = clock_.now();
+    const std::optional<ChannelId> running = read();
+    ++settle_step_;
+    if (running) {
+        // Started between the previous look and this one; right after the
+        // previous one if they are this close (a client resubmitting on its
+        // completion).
+        if (t - last_seen_ <= kExactStart)
+            now_running(running, last_seen_, last_seen_);
+        else
+            now_running(running, last_seen_, t);
+    } else {
+        arm_read();
+    }
+    last_seen_ = t;
+}
+
+void Accounting::slice_read() {
+    const Time t = clock_.now();
+    const std::optional<ChannelId> running = read();
+    if (running && running == current_) {
+        // Nobody else waited: the GPU renewed the slice at its end.
+        slice_end_ += engine_.timeslice;
+        if (slice_end_ + kSliceReadDelay <= t) slice_end_ = t;
+        last_seen_ = t;
+        arm_read();
+    } else if (running) {
+        // Switched at the slice end, as programmed.
+        const Time at = std::min(slice_end_, t);
+        charge(*current_, at - since_);
+        mark_preempted(*current_);
+        now_running(running, at, at);
+        last_seen_ = t;
+    } else {
+        observed(running);
+    }
+}
+
+void Accounting::mark_preempted(ChannelId ch) {
+    if (auto it = channels_.find(ch); it != channels_.end()) it->second.preempted = true;
+}
+
+Duration Accounting::gpu_time(EntityId leaf) const {
+    auto it = totals_.find(leaf);
+    Duration d = it == totals_.end() ? 0 : it->second.gpu_time;
+    if (current_) {
+        auto c = channels_.find(*current_);
+        if (c != channels_.end() && c->second.leaf == leaf) d += std::max<Duration>(0, clock_.now() - since_);
+    }
+    return d;
+}
+
+std::uint64_t Accounting::kernels(EntityId leaf) const {
+    auto it = totals_.find(leaf);
+    return it == totals_.end() ? 0 : it->second.kernels;
+}
+
+}  // namespace pvgpu

@@ -1,0 +1,98 @@
+// GPU time per channel and per leaf entity, kept by the scheduler itself under
+// every policy (`none` included), from what a host can read from the GPU:
+// completion interrupts and the engine status register naming the channel on
+// the engine (DESIGN.md section 4).  Never the work's own durations, never the
+// tenant-writable control page.
+//
+// On a non-preemptive GPU a completion plus one engine-status read at that
+// moment says who runs next and since when, so no periodic poll is needed.
+// Only a start on an idle engine is unseen (a direct doorbell, or held work
+// a policy released): after the engine is seen idle it is read a few more
+// times at growing intervals (0 .. 1 ms, six reads at most, stopping at
+// the first start seen), which catches a client that resubmits on its
+// completion.  A start later than that is charged the kernel length learned
+// from kernels seen whole, bounded by the time since the engine was seen
+// idle.  On a preemptive GPU the host knows the time slice it programmed, so
+// the engine status is read once per slice end while busy.  Engine-status
+// reads a policy makes anyway are free observations.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <unordered_map>
+
+#include "entity_tree.hpp"
+#include "gpu_device.hpp"
+#include "time.hpp"
+
+namespace pvgpu {
+
+class Accounting {
+public:
+    // One engine-status register read (the scheduler counts its cost).
+    using StatusRead = std::function<std::optional<ChannelId>()>;
+
+    Accounting(const Clock& clock, Timers& timers, StatusRead read, EngineArbitration engine);
+    Accounting(const Accounting&) = delete;
+    Accounting& operator=(const Accounting&) = delete;
+
+    void channel_added(ChannelId ch, EntityId leaf);
+    // Before the GPU forgets the channel: its time so far stays with its leaf.
+    void channel_removed(ChannelId ch);
+    // The entity is gone; its id may be reused.
+    void entity_removed(EntityId id);
+
+    // A completion interrupt of `ch` (its kernel was on the engine until now).
+    void fence(ChannelId ch);
+    // `ch` was stopped by the GPU (watchdog, bad entry).
+    void channel_error(ChannelId ch);
+    // Someone else read the engine status now: an observation for free.
+    void observed(std::optional<ChannelId> running);
+
+    // GPU time of a leaf since it appeared, the running stint up to now included.
+    Duration gpu_time(EntityId leaf) const;
+    // Completion interrupts seen for a leaf's channels (one per flagged kernel).
+    std::uint64_t kernels(EntityId leaf) const;
+    // Engine-status reads the accounting made itself.
+    std::uint64_t reads() const { return reads_; }
+
+private:
+    struct Channel {
+        EntityId leaf = kNoEntity;
+        Duration kernel_estimate = 0;  // learned from whole kernels seen start to end; 0: none yet
+        Time kernel_start = -1;        // exact start of its current kernel, if seen
+        bool fresh = false;            // its stint on the engine began a new kernel
+        bool preempted = false;        // its kernel was taken off the engine unfinished
+    };
+    struct Totals {
+        Duration gpu_time = 0;
+        std::uint64_t kernels = 0;
+    };
+
+    std::optional<ChannelId> read();
+    void charge(ChannelId ch, Duration d);
+    // `running` is on the engine from some moment in [lo, hi].
+    void now_running(std::optional<ChannelId> running, Time lo, Time hi);
+    void arm_read();
+    void slice_read();
+    void settle_read();
+    void mark_preempted(ChannelId ch);
+
+    const Clock& clock_;
+    StatusRead read_;
+    EngineArbitration engine_;
+    Timer read_timer_;  // slice-end reads while busy, settle reads while idle
+    std::unordered_map<ChannelId, Channel> channels_;
+    std::unordered_map<EntityId, Totals> totals_;
+    std::optional<ChannelId> current_;  // on the engine as last seen
+    std::optional<ChannelId> loaded_;   // last context on the engine (preemptive: keeps its slice)
+    Time since_ = 0;                    // current_ is charged from here
+    Duration start_slack_ = 0;          // since_ is its start +- this
+    Time last_seen_ = 0;                // last observation of the engine
+    Time slice_end_ = 0;                // preemptive: when current_'s slice ends
+    std::size_t settle_step_ = 0;       // settle reads made since the engine went idle
+    std::uint64_t reads_ = 0;
+};
+
+}  // namespace pvgpu

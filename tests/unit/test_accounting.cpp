@@ -1,0 +1,137 @@
+// The scheduler's policy-independent accounting (core/accounting.*) against
+// the engine's ground truth, under every policy and both GPU models.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <string>
+
+#include "policy_rig.hpp"
+
+using namespace pvgpu;
+
+using pvgpu::test::ms;
+using pvgpu::test::Rig;
+
+namespace {
+
+double rel_error(Duration measured, Duration truth) {
+    return std::abs(double(measured - truth)) / double(truth);
+}
+
+sim::SimGpuConfig timeslice_gpu(Duration slice = ms(2), Duration ctxsw = 0) {
+    sim::SimGpuConfig cfg;
+    cfg.arbitration = sim::Arbitration::Timeslice;
+    cfg.timeslice = slice;
+    cfg.ctxsw = ctxsw;
+    return cfg;
+}
+
+}  // namespace
+
+TEST_CASE("accounting: none on the round-robin GPU is exact from fences alone", "[accounting]") {
+    Rig rig("none");
+    EntityId a = rig.task("long");
+    EntityId b = rig.task("short");
+    rig.submit_loop(a, ms(4));
+    rig.submit_loop(b, ms(0.2));
+    rig.run_until(ms(2000));
+    const Accounting& acc = rig.sched.accounting();
+    INFO("long " << to_ms(acc.gpu_time(a)) << " / " << to_ms(rig.gpu_time(a)) << "; short "
+                 << to_ms(acc.gpu_time(b)) << " / " << to_ms(rig.gpu_time(b)));
+    // The GPU's round-robin gives 4 / 4.2 = 0.95 to the long kernels.
+    CHECK(rig.share(a) == Approx(4.0 / 4.2).epsilon(0.01));
+    CHECK(rel_error(acc.gpu_time(a), rig.gpu_time(a)) < 0.001);
+    CHECK(rel_error(acc.gpu_time(b), rig.gpu_time(b)) < 0.001);
+    for (const auto& [ch, sub] : rig.subs) {
+        INFO("channel " << ch << " leaf " << sub.leaf);
+        CHECK(acc.kernels(sub.leaf) == sub.completed);
+    }
+    // One engine-status read per completion (plus the settle reads of the
+    // two channels' first doorbells), no poll, no policy read.
+    CHECK(rig.sched.stats().accounting_reads <= rig.sched.stats().fences + 2 * 6);
+    CHECK(rig.sched.stats().polls == 0);
+}
+
+TEST_CASE("accounting: a preemptive GPU is read at slice ends only", "[accounting]") {
+    auto ctxsw = GENERATE(Duration{0}, ms(0.05));
+    Rig rig("none", {}, timeslice_gpu(ms(2), ctxsw));
+    EntityId a = rig.task("long");
+    EntityId b = rig.task("short");
+    rig.submit_loop(a, ms(5));  // spans slices: preempted mid-kernel
+    rig.submit_loop(b, ms(0.3));
+    rig.run_until(ms(2000));
+    const Accounting& acc = rig.sched.accounting();
+    INFO("ctxsw " << ctxsw << ": long " << to_ms(acc.gpu_time(a)) << " / " << to_ms(rig.gpu_time(a))
+                  << "; short " << to_ms(acc.gpu_time(b)) << " / " << to_ms(rig.gpu_time(b)));
+    CHECK(rel_error(acc.gpu_time(a), rig.gpu_time(a)) < 0.001);
+    CHECK(rel_error(acc.gpu_time(b), rig.gpu_time(b)) < 0.001);
+    // About one read per 2 ms slice plus one per completion, nothing more.
+    CHECK(rig.sched.stats().accounting_reads <= rig.sched.stats().fences + 2000 / 2 + 2);
+}
+
+TEST_CASE("accounting: idle GPU costs no reads", "[accounting]") {
+    Rig rig("none", {}, timeslice_gpu());
+    EntityId a = rig.task("once");
+    rig.submit_loop(a, ms(3), 0, 1);
+    rig.run_until(ms(10));
+    auto reads = rig.sched.stats().accounting_reads;
+    rig.run_until(ms(1000));
+    CHECK(rig.sched.stats().accounting_reads == reads);
+    // Its start on the idle engine was caught by a settle read: within
+    // half the gap between two of them.
+    CHECK(std::abs(rig.sched.accounting().gpu_time(a) - ms(3)) <= ms(0.005));
+}
+
+TEST_CASE("accounting: starts from an idle engine are charged the learned kernel length", "[accounting]") {
+    // A bursty tenant next to a busy one: most of its kernels start at the
+    // other's completion (seen), some from an idle engine (unseen).
+    Rig rig("none");
+    EntityId busy = rig.task("busy");
+    EntityId bursty = rig.task("bursty");
+    rig.submit_loop(busy, ms(1), ms(1.5));
+    rig.submit_loop(bursty, ms(0.4), ms(2));
+    rig.run_until(ms(3000));
+    const Accounting& acc = rig.sched.accounting();
+    INFO("busy " << to_ms(acc.gpu_time(busy)) << " / " << to_ms(rig.gpu_time(busy)) << "; bursty "
+                 << to_ms(acc.gpu_time(bursty)) << " / " << to_ms(rig.gpu_time(bursty)));
+    CHECK(rel_error(acc.gpu_time(busy), rig.gpu_time(busy)) < 0.01);
+    CHECK(rel_error(acc.gpu_time(bursty), rig.gpu_time(bursty)) < 0.01);
+}
+
+TEST_CASE("accounting: the same numbers under every policy", "[accounting]") {
+    auto policy = GENERATE(as<std::string>{}, "none", "timeslice", "dfq", "hfq");
+    auto preemptive = GENERATE(false, true);
+    Rig rig(policy, {}, preemptive ? timeslice_gpu() : sim::SimGpuConfig{});
+    EntityId vm = rig.vm("vm1");
+    EntityId t1 = rig.task("t1", 100, vm);
+    EntityId t2 = rig.task("t2", 100, vm);
+    EntityId host = rig.task("host", 200);
+    rig.submit_loop(t1, ms(3));
+    rig.submit_loop(t2, ms(0.25));
+    rig.submit_loop(host, ms(1));
+    rig.run_until(ms(3000));
+    const Accounting& acc = rig.sched.accounting();
+    for (EntityId leaf : {t1, t2, host}) {
+        INFO(policy << (preemptive ? " timeslice GPU" : " round-robin GPU") << ": leaf " << leaf << " measured "
+                    << to_ms(acc.gpu_time(leaf)) << " true " << to_ms(rig.gpu_time(leaf)));
+        CHECK(rel_error(acc.gpu_time(leaf), rig.gpu_time(leaf)) < 0.01);
+    }
+}
+
+TEST_CASE("accounting: closed channels keep their time, removed entities lose it", "[accounting]") {
+    Rig rig("none");
+    EntityId a = rig.task("a");
+    EntityId b = rig.task("b");
+    ChannelId ca = rig.submit_loop(a, ms(1), 0, 10);
+    rig.submit_loop(b, ms(1), 0, 10);
+    rig.run_until(ms(100));
+    const Accounting& acc = rig.sched.accounting();
+    CHECK(acc.gpu_time(a) == ms(10));
+    CHECK(acc.kernels(a) == 10);
+    rig.sched.close_channel(ca);
+    CHECK(acc.gpu_time(a) == ms(10));
+    rig.sched.entities().remove(a);
+    CHECK(acc.gpu_time(a) == 0);
+    CHECK(acc.kernels(a) == 0);
+    CHECK(acc.gpu_time(b) == ms(10));
+}
