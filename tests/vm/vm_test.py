@@ -228,6 +228,7 @@ def case_boot(bins, tmp):
     try:
         g = Guest(bins, d, "boot",
                   "pvgpu-load info && pvgpu-guest-check abi && pvgpu-guest-check mmap && "
+                  "pvgpu-guest-check weight 250 && pvgpu-guest-check submit 200 500 && "
                   + load_cmd("bench", 1000, "--kernels", 200, "--name", "bench",
                              "--report-interval-s", "0.2"))
         g.get("boot").wait_until(lambda s: len(s.reports) >= 1, 120, "a report")
