@@ -887,6 +887,7 @@ static long pvgpu_ioc_alloc(struct pvgpu_file *pf, void __user *arg)
 			return -EIO;
 		}
 		s = &dev->slots[slot];
+		pvgpu_slot_reset(s);	/* no state of an earlier owner survives */
 		s->use = PVGPU_USE_OWNED;
 		s->owner = pf;
 		s->tgid = current->tgid;
@@ -894,12 +895,6 @@ static long pvgpu_ioc_alloc(struct pvgpu_file *pf, void __user *arg)
 		s->chan_id = chan;
 		s->link_gen = gen;
 		s->alloc_seq = ++dev->alloc_seq;
-		s->mapping = NULL;
-		s->armed = false;
-		s->reached_valid = false;
-		s->dead = false;
-		s->dead_error = 0;
-		s->event_seq++;
 		spin_unlock_irqrestore(&dev->lock, flags);
 	}
 	pvgpu_mbox_unlock(dev);
