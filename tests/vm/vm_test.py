@@ -201,9 +201,13 @@ def guest_throttle(tag, kernel_us, duration, *opts, depth=2):
                                 "--name", tag, *opts))
 
 
-def shares_of(series, kernel_us, warmup, window, timeout=90):
+def wait_first_reports(series, timeout=150):
     for s in series:
         s.wait_until(lambda x: len(x.reports) >= 1, timeout, "its first report")
+
+
+def shares_of(series, kernel_us, warmup, window, timeout=90):
+    wait_first_reports(series, timeout)
     t0 = max(s.reports[0][0] for s in series) + warmup
     return measure_between(series, kernel_us, t0, t0 + window, window + warmup + timeout)
 
@@ -312,8 +316,7 @@ def case_vms(bins, tmp):
         guests.append(Guest(bins, d, "vmA", guest_throttle("a", k, 40)))
         guests.append(Guest(bins, d, "vmB", guest_throttle("b", k, 40)))
         series = [guests[0].get("a"), guests[1].get("b")]
-        for s in series:
-            s.wait_until(lambda x: len(x.reports) >= 1, 150, "its first report")
+        wait_first_reports(series)
         ctl(bins, d, "set-weight", "vmA", "200")
         shares, busy = shares_of(series, [k] * 2, warmup=2.0, window=8.0)
         for name, got in zip(("vmA", "vmB"), shares):
@@ -340,8 +343,7 @@ def case_nohints(bins, tmp):
         g = Guest(bins, d, "vmN", " & ".join(guest_throttle(f"n{i}", k, 40) for i in range(3))
                   + " & wait", extra=["--no-hints", "--cpus", "2"])
         series = [host] + [g.get(f"n{i}") for i in range(3)]
-        for s in series:
-            s.wait_until(lambda x: len(x.reports) >= 1, 150, "its first report")
+        wait_first_reports(series)
         paths = [e["path"] for e in vm_entities(bins, d, "vmN")]
         check(paths == ["vmN"], f"a VM with hints off has task entities: {paths}")
         shares, busy = shares_of(series, [k] * 4, warmup=2.0, window=8.0)
@@ -375,8 +377,7 @@ def case_tasks(bins, tmp):
         # late to keep the weight-200 task backlogged.
         g = Guest(bins, d, "vmT", cmd, extra=["--cpus", "2"])
         series = [host] + [g.get(t) for t in ("t1", "t2", "t4")]
-        for s in series:
-            s.wait_until(lambda x: len(x.reports) >= 1, 150, "its first report")
+        wait_first_reports(series)
         ws = {e["path"]: e.get("weight") for e in vm_entities(bins, d, "vmT")}
         check(sorted(w for p, w in ws.items() if p != "vmT") == [100, 100, 200],
               f"task weights in pvgpuctl list: {ws}")
