@@ -482,10 +482,16 @@ void Daemon::on_trap_report(Client& cl, const wire::Message& m) {
     const auto t = m.as<pvgpu_trap_report>();
     Channel* ch = owned(cl, t.chan_id);
     if (!ch) return;
+    // A shadowed channel's report is work the guest stored into its shadow
+    // page: held here, and the scheduler sees the channel is backlogged.
+    if (sched_->channel(ch->id).mode() == ChannelMode::Shadowed) {
+        if (deliver_put(*ch, t.put)) ++counters_.held_reports;
+        return;
+    }
     ++counters_.trap_reports;
     const auto before = sched_->stats().traps;
     // In any mode: a store racing a switch must not be lost.  The channel's
-    // ShadowChannel counts it when trapped here too, holds it when shadowed.
+    // ShadowChannel counts it when trapped here too.
     if (deliver_put(*ch, t.put) && sched_->stats().traps == before) ++counters_.untrapped_reports;
 }
 
@@ -889,6 +895,7 @@ json Daemon::admin_stats() {
           {"protocol_errors", counters_.protocol_errors},
           {"bad_entry_kills", counters_.bad_entry_kills},
           {"trap_reports", counters_.trap_reports},
+          {"held_reports", counters_.held_reports},
           {"doorbells", counters_.doorbells},
           {"degraded_channels", counters_.degraded},
           {"remaps", st.remaps},

@@ -48,6 +48,7 @@ struct DaemonCounters {
     std::uint64_t mode_switches = 0;  // MODE pushes sent
     std::uint64_t trap_reports = 0;
     std::uint64_t untrapped_reports = 0;  // TRAP_REPORTs the daemon did not trap itself
+    std::uint64_t held_reports = 0;       // TRAP_REPORTs of work stored into a shadow page
     std::uint64_t doorbells = 0;
     std::uint64_t watchdog_kills = 0;
     std::uint64_t bad_entry_kills = 0;

@@ -192,10 +192,9 @@ def load_cmd(mode, kernel_us, *opts):
 
 def guest_throttle(tag, kernel_us, duration, *opts, depth=2):
     # As the host throttles of the daemon tests: batches of 4, two in flight, so
-    # each stays backlogged and the split is the scheduler's.  (Deeper queues
-    # hurt: on the round-robin GPU hfq cannot take back kernels already queued
-    # by several channels of one VM; measured with depth 4 and three tasks,
-    # the VM got 0.74 against a host task's 0.26.)
+    # each stays backlogged and the split is the scheduler's.  Case nohints
+    # runs four in flight: deeper guest queues once gave a VM 0.74 against a
+    # host task's 0.26, while the daemon could not see work held in shadow pages.
     return tagged(tag, load_cmd("throttle", kernel_us, "--batch", 4, "--depth", depth,
                                 "--duration-s", duration, "--report-interval-s", "0.1",
                                 "--name", tag, *opts))
@@ -340,7 +339,7 @@ def case_nohints(bins, tmp):
     host = throttle(bins, d, "host", k, duration=90)
     g = None
     try:
-        g = Guest(bins, d, "vmN", " & ".join(guest_throttle(f"n{i}", k, 40) for i in range(3))
+        g = Guest(bins, d, "vmN", " & ".join(guest_throttle(f"n{i}", k, 40, depth=4) for i in range(3))
                   + " & wait", extra=["--no-hints", "--cpus", "2"])
         series = [host] + [g.get(f"n{i}") for i in range(3)]
         wait_first_reports(series)
@@ -351,9 +350,8 @@ def case_nohints(bins, tmp):
         result("vm.nohints.host_share", f"{shares[0]:.3f}")
         result("vm.nohints.vm_share", f"{vm_share:.3f}")
         result("vm.nohints.gpu_busy", f"{busy:.3f}")
-        # Its share, at least: measured 0.606 once, i.e. more than its share,
-        # the enforcement defect of cases 'vms' and 'tasks' (results.md 13).
-        check(vm_share >= 0.45, f"the VM without hints got {vm_share:.3f}, its share is 0.5")
+        # Measured 0.499 and 0.501 (0.449 to 0.63 while shadowed work went unseen).
+        check(abs(vm_share - 0.5) <= 0.05, f"the VM without hints got {vm_share:.3f}, its share is 0.5")
         g.expect_ok(timeout=120)
     finally:
         host.kill()
@@ -436,11 +434,11 @@ def case_thesis1(bins, tmp):
             d.stop()
     hfq, none = report_runtimes("thesis1", runtimes, [f"throttle{t}us" for t in steps])
     # Theory with both backlogged: hfq 1.0, none 1.22 (4 ms against 4.1..5 ms
-    # per round).  Measured: none 1.215 and 1.220; hfq 1.113 and 1.129, not
-    # flat, because inside one VM hfq gives the bench 0.65..0.72 instead of
-    # half (the defect of case 'tasks'; docs/results.md section 13).
+    # per round).  Measured: none 1.215 and 1.220; hfq 1.008 (before QEMU
+    # reported work held in shadow pages: 1.113 and 1.129).  The 5% allows
+    # for a TCG guest on a shared 2-core host, not for the policy.
     check(none[-1] / none[0] >= 1.15, f"none: bench runtime did not grow with the throttle: {none}")
-    check(max(hfq) / min(hfq) <= 1.15, f"hfq bench runtime not flat: {hfq}")
+    check(max(hfq) / min(hfq) <= 1.05, f"hfq bench runtime not flat: {hfq}")
     check(max(hfq) / min(hfq) < none[-1] / none[0], f"hfq grows as much as none: {hfq} vs {none}")
 
 
@@ -491,13 +489,12 @@ def case_thesis2(bins, tmp):
                 g.kill()
             d.stop()
     hfq, none = report_runtimes("thesis2", runtimes, [f"throttles{n}" for n in counts])
-    # Measured max/min: none 3.05, 3.32, 4.49, 4.69; hfq 1.12, 1.32, 1.41, 1.60
-    # (the target, flat, is not met reliably: results.md section 13).  What
-    # held in every run: none slows the host bench down at least 3x, and hfq
-    # takes at least half of that slow-down away.
+    # Measured max/min: none 3.05, 3.32, 4.49, 4.69; hfq 1.010 (before QEMU
+    # reported work held in shadow pages: 1.12 to 1.60).  Flat means within
+    # 5%, the noise allowance of case thesis1.
     r_hfq, r_none = max(hfq) / min(hfq), none[-1] / none[0]
     check(r_none >= 2.5, f"none: host bench did not slow down with more throttles: {none}")
-    check(r_hfq - 1 <= 0.5 * (r_none - 1), f"hfq protects the host bench too little: {hfq} vs {none}")
+    check(r_hfq <= 1.05, f"hfq does not keep the host bench flat: {hfq} vs {none}")
 
 
 def case_overhead(bins, tmp):

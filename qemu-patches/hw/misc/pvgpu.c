@@ -186,6 +186,7 @@ typedef struct PvgpuSlot {
     MemoryRegion doorbell;            /* MMIO, ioeventfd at offset 0 */
     uint32_t late_check;              /* refresh ticks left to catch late shadow stores */
     uint32_t forwarded_put;           /* last IB_PUT forwarded out of the shadow */
+    uint32_t reported_held;           /* last shadow IB_PUT reported as held work */
 
     uint32_t wait_status;             /* WAIT_* */
     uint32_t wait_fence;              /* the target of the last FENCE_WAIT */
@@ -417,6 +418,28 @@ static void slot_forward_put(PvgpuSlot *sl, uint32_t put, bool report)
     pvgpu_kick(sl);
 }
 
+/*
+ * While shadowed, what the guest stores lands in our private page: tell the
+ * daemon the IB_PUT it holds, or the scheduler would see a backlogged channel
+ * as idle and let it go (the daemon holds it: nothing reaches the GPU).
+ * Called on the guest's doorbell and from the refresh tick, so a guest that
+ * never rings is seen within PVGPU_SHADOW_REFRESH_MS.
+ */
+static void slot_report_held(PvgpuSlot *sl)
+{
+    PvgpuState *s = sl->dev;
+    struct pvgpu_trap_report t = {
+        .chan_id = sl->chan_id,
+        .put = qatomic_read(&sl->shadow->ib_put),
+    };
+
+    if (t.put == sl->reported_held || s->link != LINK_READY) {
+        return;
+    }
+    sl->reported_held = t.put;
+    pvgpu_send(s, PVGPU_MSG_TRAP_REPORT, 0, &t, sizeof(t));
+}
+
 static void pvgpu_refresh_arm(PvgpuState *s)
 {
     unsigned i;
@@ -462,6 +485,7 @@ static void slot_map_mode(PvgpuSlot *sl, uint32_t mode)
             sl->shadow->fence = real->fence;
             sl->shadow->status = real->status;
             sl->shadow->error = real->error;
+            sl->reported_held = real->ib_put;
             smp_wmb();
         }
         slot_show_ctrl(sl, &sl->ctrl_shadow);
@@ -567,6 +591,7 @@ static void pvgpu_refresh_cb(void *opaque)
             sl->shadow->fence = real->fence;
             sl->shadow->status = real->status;
             sl->shadow->error = real->error;
+            slot_report_held(sl);
         } else if (sl->late_check) {
             uint32_t late = sl->shadow->ib_put;
             sl->late_check--;
@@ -870,8 +895,13 @@ static void pvgpu_doorbell_write(void *opaque, hwaddr addr, uint64_t val,
         return;
     }
     /* Reached only when no ioeventfd took the store: the slot is free,
-     * lost or shadowed (held: the GPU must not see it). */
-    if (sl->state == SLOT_LIVE && sl->mode != PVGPU_MODE_SHADOWED) {
+     * lost or shadowed (held: the GPU must not see it, the daemon must). */
+    if (sl->state != SLOT_LIVE) {
+        return;
+    }
+    if (sl->mode == PVGPU_MODE_SHADOWED) {
+        slot_report_held(sl);
+    } else {
         pvgpu_kick(sl);
     }
 }
