@@ -33,6 +33,8 @@ namespace pvgpu {
 // Constant-initialised, so usable from other libraries' static constructors.
 extern const char* const kDefaultSocketPath = PVGPU_SOCKET_PATH;
 
+const char* version() noexcept { return PVGPU_VERSION; }
+
 const char* transport_name(Transport t) {
     switch (t) {
     case Transport::Auto: return "auto";

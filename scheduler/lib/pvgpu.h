@@ -54,6 +54,9 @@ public:
     using std::runtime_error::runtime_error;
 };
 
+// The library's version ("0.1.0"), the pvgpu release it was built from.
+const char* version() noexcept;
+
 // Default client socket of pvgpud (docs/protocol.md): RUNSTATEDIR/pvgpu/pvgpud.sock
 // as this libpvgpu was configured (/run/pvgpu/pvgpud.sock on Debian).
 extern const char* const kDefaultSocketPath;
