@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "proto/unique_fd.hpp"
+#include "pvgpu_paths.h"
 
 #ifndef PVGPU_VERSION
 #define PVGPU_VERSION "unknown"
@@ -40,7 +41,7 @@ constexpr int kExitOk = 0;
 constexpr int kExitDaemon = 1;
 constexpr int kExitUsage = 2;
 
-constexpr const char* kDefaultAdminSocket = "/run/pvgpu/admin.sock";
+constexpr const char* kDefaultAdminSocket = PVGPU_ADMIN_SOCKET_PATH;
 constexpr auto kReplyTimeout = std::chrono::seconds(10);
 constexpr unsigned kWeightMin = 1;      // PVGPU_WEIGHT_MIN
 constexpr unsigned kWeightMax = 10000;  // PVGPU_WEIGHT_MAX
@@ -65,7 +66,7 @@ Commands:
 
 Options:
   --admin-socket PATH   admin socket (default $PVGPU_ADMIN_SOCKET or
-                        /run/pvgpu/admin.sock)
+                        )" PVGPU_ADMIN_SOCKET_PATH R"()
   --json                print the daemon's JSON reply instead of a table
   -h, --help            this help
 

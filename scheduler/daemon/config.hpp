@@ -1,4 +1,4 @@
-// pvgpud's configuration: /etc/pvgpu/pvgpud.conf (GKeyFile format) with
+// pvgpud's configuration: PVGPU_CONFIG_FILE (GKeyFile format) with
 // command-line overrides.  A missing default file means defaults; anything
 // malformed is a ConfigError naming the file, line and key.
 #pragma once
@@ -12,11 +12,12 @@
 #include "core/policy.hpp"
 #include "core/scheduler.hpp"
 #include "log.hpp"
+#include "pvgpu_paths.h"  // generated: the configured default paths
 #include "sim/sim_gpu.hpp"
 
 namespace pvgpu::daemon {
 
-inline constexpr const char* kDefaultConfigPath = "/etc/pvgpu/pvgpud.conf";
+inline constexpr const char* kDefaultConfigPath = PVGPU_CONFIG_FILE;
 
 class ConfigError : public std::runtime_error {
 public:
@@ -44,13 +45,13 @@ struct MetricsConfig {
 
 struct Config {
     // [daemon]
-    std::string socket = "/run/pvgpu/pvgpud.sock";
-    std::string admin_socket = "/run/pvgpu/admin.sock";
+    std::string socket = PVGPU_SOCKET_PATH;
+    std::string admin_socket = PVGPU_ADMIN_SOCKET_PATH;
     std::uint32_t socket_mode = 0660;
     std::string socket_group;  // empty: the daemon's group
     std::uint32_t admin_socket_mode = 0666;
     std::string admin_group = "pvgpu";  // may use mutating admin commands; empty: none
-    std::string state_dir = "/var/lib/pvgpu";
+    std::string state_dir = PVGPU_STATE_DIR;
     LogLevel log_level = LogLevel::Info;
     // [scheduler] and [policy.NAME]
     std::string policy = "hfq";

@@ -24,10 +24,16 @@
 #include <utility>
 
 #include "device_ops.hpp"
+#include "pvgpu_paths.h"
 #include "socket_transport.hpp"
 #include "transport.hpp"
 
 namespace pvgpu {
+
+// Constant-initialised, so usable from other libraries' static constructors.
+extern const char* const kDefaultSocketPath = PVGPU_SOCKET_PATH;
+
+const char* version() noexcept { return PVGPU_VERSION; }
 
 const char* transport_name(Transport t) {
     switch (t) {

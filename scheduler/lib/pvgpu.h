@@ -54,8 +54,12 @@ public:
     using std::runtime_error::runtime_error;
 };
 
-// Default client socket of pvgpud (docs/protocol.md).
-inline constexpr const char* kDefaultSocketPath = "/run/pvgpu/pvgpud.sock";
+// The library's version ("0.1.0"), the pvgpu release it was built from.
+const char* version() noexcept;
+
+// Default client socket of pvgpud (docs/protocol.md): RUNSTATEDIR/pvgpu/pvgpud.sock
+// as this libpvgpu was configured (/run/pvgpu/pvgpud.sock on Debian).
+extern const char* const kDefaultSocketPath;
 
 // Default device node of the guest driver (guest_ioctl.h PVGPU_DEVICE_NODE).
 inline constexpr const char* kDefaultDevicePath = "/dev/pvgpu";

@@ -31,6 +31,8 @@
 #include <string_view>
 #include <vector>
 
+#include "pvgpu_paths.h"
+
 namespace {
 
 using SteadyClock = std::chrono::steady_clock;
@@ -68,7 +70,7 @@ Options:
   --device PATH       use the guest driver's device node PATH
                       (default: the device $PVGPU_DEVICE or /dev/pvgpu if it
                       exists, else the socket $PVGPU_SOCKET or
-                      /run/pvgpu/pvgpud.sock)
+                      )" PVGPU_SOCKET_PATH R"()
   --name NAME         task name (default: the mode); host: pvgpud shows
                       host/NAME; in a VM it becomes the process name, which
                       the guest driver reports
