@@ -7,8 +7,8 @@ cd "$(dirname "$0")"
 build=${1:-build}
 
 # Build tools and libraries; python3 and gnuplot serve the experiment scripts
-# and plots in docs/.
-packages="meson ninja-build pkg-config g++ catch2 nlohmann-json3-dev libglib2.0-dev python3 gnuplot-nox clang libclang-rt-14-dev"
+# and plots in docs/; libvirt-dev and libxml2-dev the libvirt integration.
+packages="meson ninja-build pkg-config g++ catch2 nlohmann-json3-dev libglib2.0-dev python3 gnuplot-nox clang libclang-rt-14-dev libvirt-dev libxml2-dev"
 
 missing=""
 for p in $packages; do
