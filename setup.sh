@@ -7,8 +7,9 @@ cd "$(dirname "$0")"
 build=${1:-build}
 
 # Build tools and libraries; python3 and gnuplot serve the experiment scripts
-# and plots in docs/, go-md2man renders the manual pages, man-db checks them.
-packages="meson ninja-build pkg-config g++ catch2 nlohmann-json3-dev libglib2.0-dev python3 gnuplot-nox clang libclang-rt-14-dev go-md2man man-db"
+# and plots in docs/, go-md2man renders the manual pages, man-db checks them;
+# libvirt-dev and libxml2-dev serve the libvirt integration.
+packages="meson ninja-build pkg-config g++ catch2 nlohmann-json3-dev libglib2.0-dev python3 gnuplot-nox clang libclang-rt-14-dev go-md2man man-db libvirt-dev libxml2-dev"
 
 missing=""
 for p in $packages; do

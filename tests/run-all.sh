@@ -10,6 +10,9 @@ build=${1:-build}
 # The test guests' kernel, the headers pvgpu.ko is built against (before the
 # build is configured), busybox and firmware.
 tests/vm/setup-guest.sh "$build"
+# libvirtd, virtlogd and virsh for the 'libvirt' suite (nothing is started
+# system-wide: each test runs its own session libvirtd).
+tests/libvirt/setup-libvirt.sh
 ./setup.sh "$build"
 # QEMU 7.2 with the pvgpu device, for the 'qemu' and 'vm' suites (first build
 # ~5 min; later runs reuse build/qemu-src).  PVGPU_SKIP_QEMU=1 skips it

@@ -27,6 +27,11 @@
 
 #include "proto/unique_fd.hpp"
 #include "pvgpu_paths.h"
+#ifdef PVGPU_HAVE_LIBVIRT
+#include <libvirt/virterror.h>
+
+#include "virt.hpp"
+#endif
 
 #ifndef PVGPU_VERSION
 #define PVGPU_VERSION "unknown"
@@ -42,9 +47,11 @@ constexpr int kExitDaemon = 1;
 constexpr int kExitUsage = 2;
 
 constexpr const char* kDefaultAdminSocket = PVGPU_ADMIN_SOCKET_PATH;
+constexpr const char* kDefaultClientSocket = PVGPU_SOCKET_PATH;
 constexpr auto kReplyTimeout = std::chrono::seconds(10);
 constexpr unsigned kWeightMin = 1;      // PVGPU_WEIGHT_MIN
 constexpr unsigned kWeightMax = 10000;  // PVGPU_WEIGHT_MAX
+constexpr unsigned kWeightDefault = 100;  // PVGPU_WEIGHT_DEFAULT
 
 // ---- help texts -------------------------------------------------------------
 
@@ -62,11 +69,17 @@ Commands:
   top [--interval S] [--count N]
                                 live view, refreshed every S seconds
   version                       versions of pvgpuctl and pvgpud
+  attach DOMAIN [--weight W] [--socket PATH] [--emulator PATH]
+                                give a libvirt domain the pvgpu device
+  detach DOMAIN                 take it away again
   help [COMMAND]                help on a command (also: COMMAND --help)
 
 Options:
   --admin-socket PATH   admin socket (default $PVGPU_ADMIN_SOCKET or
                         )" PVGPU_ADMIN_SOCKET_PATH R"()
+  -c, --connect URI     libvirt URI for attach, detach and the weights of
+                        libvirt domains (default: libvirt's, e.g.
+                        $LIBVIRT_DEFAULT_URI, else qemu:///system as root)
   --json                print the daemon's JSON reply instead of a table
   -h, --help            this help
 
@@ -93,6 +106,31 @@ Sets the admin weight of an entity; WEIGHT is an integer in 1..10000
 (vm1/task-1234, host/render).  A weight for a VM that is not connected yet
 is remembered by pvgpud and applied when it connects.  Needs root, the
 daemon's uid or its admin group.
+
+A VM that is a libvirt domain with pvgpu (see attach) keeps its weight in
+the domain's metadata: pvgpuctl writes <pvgpu:gpu weight="W"/> there, live
+and in the persistent definition, so `virsh dumpxml` and the scheduler
+agree and the weight survives a host reboot; pvgpud applies it from
+libvirt's event at once.  -c/--connect selects the libvirt URI.
+)"},
+    {"attach", R"(usage: pvgpuctl [-c URI] attach DOMAIN [--weight W] [--socket PATH] [--emulator PATH]
+
+Edits the persistent definition of the libvirt domain DOMAIN (name or UUID)
+so that it gets the pvgpu device at its next start: a <qemu:commandline>
+with a chardev to pvgpud's client socket (--socket, default
+$PVGPU_SOCKET or )" PVGPU_SOCKET_PATH R"(; reconnecting, so a pvgpud restart
+is survived) and `-device pvgpu`, plus the GPU share in the domain's
+metadata (namespace http://pvgpu.org/xmlns/domain/1.0, --weight, default:
+the weight already there, else 100).  --emulator PATH also sets the
+domain's <emulator> to the pvgpu-patched QEMU; the domain must run it.
+Attaching again replaces the wiring (a new socket path, say).  Needs the
+right to define domains on that libvirt connection.
+)"},
+    {"detach", R"(usage: pvgpuctl [-c URI] detach DOMAIN
+
+Removes the pvgpu device wiring and the pvgpu metadata from the persistent
+definition of the libvirt domain DOMAIN.  A running domain keeps its device
+until it is shut down.
 )"},
     {"set-policy", R"(usage: pvgpuctl set-policy NAME [KEY=VALUE]...
 
@@ -237,6 +275,10 @@ struct Args {
     std::vector<std::string> operands;
     std::optional<double> interval_s;
     std::optional<unsigned long> count;
+    std::string libvirt_uri;             // empty: libvirt's default
+    std::optional<std::string> weight;   // attach
+    std::string client_socket;           // attach
+    std::string emulator;                // attach
     bool help = false;
 };
 
@@ -276,6 +318,16 @@ Args parse_args(int argc, char** argv) {
             a.help = true;
         } else if (key == "--json") {
             a.json_output = true;
+        } else if (key == "-c" || key == "--connect") {
+            a.libvirt_uri = value();
+        } else if (key == "--weight") {
+            a.weight = value();
+        } else if (key == "--socket") {
+            a.client_socket = value();
+            if (a.client_socket.empty()) throw UsageError{"--socket needs a path"};
+        } else if (key == "--emulator") {
+            a.emulator = value();
+            if (a.emulator.empty()) throw UsageError{"--emulator needs a path"};
         } else if (key == "--admin-socket") {
             a.admin_socket = value();
             if (a.admin_socket.empty()) throw UsageError{"--admin-socket needs a path"};
@@ -300,6 +352,10 @@ Args parse_args(int argc, char** argv) {
     if (a.admin_socket.empty()) {
         const char* env = std::getenv("PVGPU_ADMIN_SOCKET");
         a.admin_socket = (env && *env) ? env : kDefaultAdminSocket;
+    }
+    if (a.client_socket.empty()) {
+        const char* env = std::getenv("PVGPU_SOCKET");
+        a.client_socket = (env && *env) ? env : kDefaultClientSocket;
     }
     return a;
 }
@@ -517,11 +573,56 @@ unsigned parse_weight(const std::string& text) {
     return static_cast<unsigned>(w);
 }
 
+#ifdef PVGPU_HAVE_LIBVIRT
+// A libvirt domain with pvgpu keeps its weight in its metadata: write it
+// there (live too when it runs).  Returns the domain's UUID when it did;
+// nullopt when TARGET is no such domain or libvirt is not there at all.
+std::optional<std::string> set_domain_weight(const Args& a, const std::string& target, unsigned weight) {
+    using namespace pvgpu::virt;
+    if (target.find('/') != std::string::npos) return std::nullopt;
+    Connection conn;
+    try {
+        conn = open(a.libvirt_uri);
+    } catch (const VirtError&) {
+        if (!a.libvirt_uri.empty()) throw;  // asked for explicitly
+        return std::nullopt;                // no libvirt on this host: pvgpud alone
+    }
+    Domain dom;
+    try {
+        dom = lookup(conn.get(), target);
+    } catch (const VirtError& e) {
+        if (e.code() == VIR_ERR_NO_DOMAIN) return std::nullopt;
+        throw;
+    }
+    std::unique_ptr<char, decltype(&free)> xml(virDomainGetXMLDesc(dom.get(), VIR_DOMAIN_XML_INACTIVE), free);
+    if (!xml) fail("domain '" + target + "'");
+    std::optional<GpuMetadata> old;
+    try {
+        old = read_gpu_metadata(dom.get(), VIR_DOMAIN_AFFECT_CONFIG);
+    } catch (const XmlError&) {
+        old = GpuMetadata{0};  // malformed: overwritten below
+    }
+    if (!old && !has_device(xml.get())) return std::nullopt;  // not a pvgpu domain
+    unsigned flags = VIR_DOMAIN_AFFECT_CONFIG;
+    if (virDomainIsActive(dom.get()) == 1) flags |= VIR_DOMAIN_AFFECT_LIVE;
+    write_gpu_metadata(dom.get(), GpuMetadata{weight}, flags);
+    return uuid_of(dom.get());
+}
+#endif
+
 int cmd_set_weight(const Args& a, AdminConnection& conn) {
     expect_operands(a, 2, 2);
-    const std::string& target = a.operands[0];
+    std::string target = a.operands[0];
     if (target.empty()) throw UsageError{"set-weight: empty TARGET"};
     const unsigned weight = parse_weight(a.operands[1]);
+#ifdef PVGPU_HAVE_LIBVIRT
+    // pvgpud also hears libvirt's METADATA_CHANGE; telling it directly as
+    // well makes the change visible before this command returns.
+    if (auto uuid = set_domain_weight(a, target, weight)) {
+        if (!a.json_output) std::printf("%s: weight %u written to the libvirt domain's metadata\n", target.c_str(), weight);
+        target = *uuid;
+    }
+#endif
     const json reply = call(conn, {{"cmd", "set-weight"}, {"target", target}, {"weight", weight}});
     if (a.json_output) {
         print_json(reply);
@@ -744,6 +845,54 @@ int print_help(const std::string& topic) {
     return kExitOk;
 }
 
+#ifdef PVGPU_HAVE_LIBVIRT
+int cmd_attach(const Args& a, bool attach) {
+    using namespace pvgpu::virt;
+    expect_operands(a, 1, 1);
+    std::optional<unsigned> weight;
+    if (a.weight) weight = parse_weight(*a.weight);
+    Connection conn = open(a.libvirt_uri);
+    Domain dom = lookup(conn.get(), a.operands[0]);
+    const std::string name = name_of(dom.get());
+    std::unique_ptr<char, decltype(&free)> xml(
+        virDomainGetXMLDesc(dom.get(), VIR_DOMAIN_XML_INACTIVE | VIR_DOMAIN_XML_SECURE), free);
+    if (!xml) fail("domain '" + name + "'");
+    std::string edited;
+    try {
+        edited = attach ? attach_device(xml.get(), DeviceWiring{a.client_socket, 0, a.emulator})
+                        : detach_device(xml.get());
+    } catch (const XmlError& e) {
+        throw std::runtime_error("domain '" + name + "': " + e.what());
+    }
+    Domain defined(virDomainDefineXML(conn.get(), edited.c_str()));
+    if (!defined) fail("redefining domain '" + name + "'");
+    std::optional<GpuMetadata> meta;
+    if (attach) {
+        try {
+            meta = read_gpu_metadata(defined.get(), VIR_DOMAIN_AFFECT_CONFIG);
+        } catch (const XmlError&) {
+            meta.reset();  // malformed: replaced
+        }
+        if (weight || !meta) meta = GpuMetadata{weight.value_or(kWeightDefault)};
+    }
+    write_gpu_metadata(defined.get(), meta, VIR_DOMAIN_AFFECT_CONFIG);
+    const bool running = virDomainIsActive(defined.get()) == 1;
+    if (a.json_output) {
+        json out = {{"ok", true}, {"domain", name}, {"uuid", uuid_of(defined.get())}, {"attached", attach},
+                    {"running", running}};
+        if (attach) out["weight"] = meta->weight, out["socket"] = a.client_socket;
+        print_json(out);
+    } else if (attach) {
+        std::printf("%s: pvgpu device attached (socket %s), weight %u%s\n", name.c_str(), a.client_socket.c_str(),
+                    meta->weight, running ? "; the running domain gets it at its next start" : "");
+    } else {
+        std::printf("%s: pvgpu device detached%s\n", name.c_str(),
+                    running ? "; the running domain keeps it until it shuts down" : "");
+    }
+    return kExitOk;
+}
+#endif
+
 int dispatch(const Args& a) {
     if (a.command.empty()) {
         if (a.help) return print_help("");
@@ -757,6 +906,15 @@ int dispatch(const Args& a) {
     if (a.help) return print_help(a.command);
     if ((a.interval_s || a.count) && a.command != "top")
         throw UsageError{"--interval and --count are options of top"};
+    if (a.command != "attach" && (a.weight || !a.emulator.empty()))
+        throw UsageError{"--weight and --emulator are options of attach"};
+    if (a.command == "attach" || a.command == "detach") {
+#ifdef PVGPU_HAVE_LIBVIRT
+        return cmd_attach(a, a.command == "attach");
+#else
+        throw std::runtime_error(a.command + ": this pvgpuctl was built without libvirt support");
+#endif
+    }
 
     AdminConnection conn(a.admin_socket);
     if (a.command == "list") return cmd_list(a, conn);

@@ -144,10 +144,10 @@ public:
         for (gsize i = 0; i < ngroups; ++i) {
             std::string g = groups[i];
             if (g.rfind("policy.", 0) == 0) continue;  // checked against the catalog
-            static const std::set<std::string> known = {"daemon", "scheduler", "gpu", "limits", "metrics"};
+            static const std::set<std::string> known = {"daemon", "scheduler", "gpu", "limits", "metrics", "libvirt"};
             if (!known.count(g))
                 throw ConfigError(lines_.where_group(g) +
-                                  ": unknown group (known: daemon, scheduler, gpu, limits, metrics, policy.NAME)");
+                                  ": unknown group (known: daemon, scheduler, gpu, limits, metrics, libvirt, policy.NAME)");
             gsize nkeys = 0;
             gchar** keys = g_key_file_get_keys(kf_, groups[i], &nkeys, nullptr);
             std::unique_ptr<gchar*, decltype(&g_strfreev)> kfree(keys, g_strfreev);
@@ -293,6 +293,14 @@ Config parse_config(const std::string& text, const std::string& name) {
                               "' must end in .prom (node_exporter's textfile collector reads only those)");
     }
     r.duration("metrics", "interval_s", cfg.metrics.interval, kSecond, 1, 3600);
+
+    r.string("libvirt", "uri", cfg.libvirt.uri);
+    if (cfg.libvirt.uri.empty())
+        throw ConfigError(lines.where("libvirt", "uri") + ": empty (use 'none' to not follow libvirt)");
+    r.string("libvirt", "pid_dir", cfg.libvirt.pid_dir);
+    if (cfg.libvirt.pid_dir.empty() || cfg.libvirt.pid_dir[0] != '/')
+        throw ConfigError(lines.where("libvirt", "pid_dir") + ": '" + cfg.libvirt.pid_dir +
+                          "' is not an absolute directory");
 
     r.check_unknown();
     check_policy(cfg, lines.where("scheduler", "policy"));

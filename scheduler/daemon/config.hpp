@@ -43,6 +43,13 @@ struct MetricsConfig {
     Duration interval = 15 * kSecond;
 };
 
+// [libvirt]: follow libvirt's domains (weights from domain metadata, the
+// QEMU pid of each domain for HELLO checks).
+struct LibvirtConfig {
+    std::string uri = "qemu:///system";         // "none": do not follow libvirt
+    std::string pid_dir = "/run/libvirt/qemu";  // where libvirt writes NAME.pid
+};
+
 struct Config {
     // [daemon]
     std::string socket = PVGPU_SOCKET_PATH;
@@ -64,6 +71,8 @@ struct Config {
     Limits limits;
     // [metrics]
     MetricsConfig metrics;
+    // [libvirt]
+    LibvirtConfig libvirt;
 };
 
 // Command line.  parse_cli throws ConfigError with a usage hint.

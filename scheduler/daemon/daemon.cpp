@@ -135,9 +135,18 @@ Daemon::Daemon(Config cfg)
     log_info("pvgpud ", PVGPU_VERSION, ": policy ", policy_name_, " (", origin, "), simulated GPU ",
              sim::to_string(cfg_.gpu.arbitration), ", watchdog ", cfg_.gpu.watchdog / kMillisecond, " ms");
     log_info("client socket ", cfg_.socket, ", admin socket ", cfg_.admin_socket, ", state ", store_.path());
+    if (cfg_.libvirt.uri != "none") {
+#ifdef PVGPU_HAVE_LIBVIRT
+        LibvirtWatch::Listener& self = *this;  // a private base: converted here
+        libvirt_ = std::make_unique<LibvirtWatch>(ctx_.get(), cfg_.libvirt, self);
+#else
+        log_info("built without libvirt: not following libvirt domains ([libvirt] uri = none to say so)");
+#endif
+    }
 }
 
 Daemon::~Daemon() {
+    libvirt_.reset();
     admin_.reset();
     listen_watch_.reset();
     std::vector<std::uint32_t> ids;
@@ -319,8 +328,26 @@ void Daemon::on_hello(Client& cl, const wire::Message& m) {
             return refuse(PVGPU_E_INVALID, "a VM name may not contain '/'");
         const std::string uuid = format_uuid(u);
         if (vms_.count(uuid)) return refuse(PVGPU_E_STATE, "VM " + uuid + " is already connected");
+        std::optional<std::uint32_t> domain_weight;
+        if (libvirt_) {
+            // A libvirt domain is that domain's QEMU or nobody: the pid
+            // libvirt recorded must be the peer's.
+            if (auto d = libvirt_->domain(uuid)) {
+                if (d->pid > 0 && d->pid != conn.peer().pid) {
+                    log_warning("client ", conn.id(), ": refused HELLO as libvirt domain ", d->name, " (", uuid,
+                                "): peer pid ", conn.peer().pid, " is not its QEMU (pid ", d->pid, ")");
+                    return refuse(PVGPU_E_STATE, "VM " + uuid + " is libvirt domain " + d->name +
+                                                     ", run by another process");
+                }
+                domain_weight = d->weight;
+            }
+        }
         std::string name = unique_root_name("", raw.empty() ? uuid : sanitize_name(raw), uuid.substr(0, 8));
-        std::uint32_t weight = vm_weight(uuid, raw, name);
+        std::uint32_t weight = domain_weight.value_or(vm_weight(uuid, raw, name));
+        if (domain_weight && (!state_.vms.count(uuid) || state_.vms[uuid].weight != weight)) {
+            state_.vms[uuid] = State::Vm{name, weight};
+            save_state();
+        }
         EntityId e = tree.add(kRootEntity, name, EntityKind::Vm, weight);
         meta_[e] = Meta{Kind::Vm, uuid, uuid, 0, {}};
         vms_[uuid] = Vm{uuid, raw, e, conn.id(), {}, {}};
@@ -740,6 +767,58 @@ json Daemon::admin_list() {
             {"accounting", true},
             {"window_s", to_ms(snap.window) / 1000.0},
             {"entities", std::move(entities)}};
+}
+
+// ---------------------------------------------------------------- libvirt
+
+void Daemon::domain_up(const DomainInfo& d) {
+    std::uint32_t weight = d.weight;
+    if (!d.metadata_error.empty()) {
+        weight = PVGPU_WEIGHT_DEFAULT;
+        if (metadata_errors_[d.uuid] != d.metadata_error)
+            log_warning("libvirt domain ", d.name, ": invalid pvgpu metadata (", d.metadata_error,
+                        "); it runs at the default weight ", weight);
+        metadata_errors_[d.uuid] = d.metadata_error;
+    } else {
+        metadata_errors_.erase(d.uuid);
+    }
+    apply_vm_weight(d.uuid, d.name, weight);
+    // A VM that connected before libvirt told us its QEMU's pid is checked now.
+    if (auto v = vms_.find(d.uuid); v != vms_.end() && d.pid > 0) {
+        if (auto c = clients_.find(v->second.client); c != clients_.end() && c->second.conn->peer().pid != d.pid) {
+            log_warning("client ", c->first, ": VM ", d.uuid, " is libvirt domain ", d.name, " whose QEMU is pid ",
+                        d.pid, ", not this peer (pid ", c->second.conn->peer().pid, "): disconnected");
+            c->second.conn->close("not the QEMU of libvirt domain " + d.name);
+        }
+    }
+}
+
+void Daemon::domain_down(const std::string& uuid, const std::string& name) {
+    metadata_errors_.erase(uuid);
+    log_info("libvirt domain ", name, " (", uuid, ") stopped");
+    // Its QEMU is gone; a connection still open under its UUID is stale.
+    if (auto v = vms_.find(uuid); v != vms_.end())
+        if (auto c = clients_.find(v->second.client); c != clients_.end())
+            c->second.conn->close("libvirt domain " + name + " stopped");
+}
+
+void Daemon::apply_vm_weight(const std::string& uuid, const std::string& name, std::uint32_t weight) {
+    auto saved = state_.vms.find(uuid);
+    const bool changed = saved == state_.vms.end() || saved->second.weight != weight;
+    if (changed) {
+        state_.vms[uuid] = State::Vm{name, weight};
+        save_state();
+    }
+    if (auto v = vms_.find(uuid); v != vms_.end()) {
+        EntityTree& tree = sched_->entities();
+        if (tree.get(v->second.entity).weight != weight) {
+            tree.set_weight(v->second.entity, weight);
+            log_info("weight of VM ", tree.get(v->second.entity).name, " set to ", weight, " (libvirt domain ", name,
+                     ")");
+        }
+    } else if (changed) {
+        log_info("weight ", weight, " remembered for libvirt domain ", name, " (", uuid, ")");
+    }
 }
 
 json Daemon::admin_set_weight(const json& req) {

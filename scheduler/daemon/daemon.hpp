@@ -34,6 +34,7 @@
 #include "config.hpp"
 #include "core/scheduler.hpp"
 #include "glib_clock.hpp"
+#include "libvirt_watch.hpp"
 #include "metrics.hpp"
 #include "gsource.hpp"
 #include "share_monitor.hpp"
@@ -55,7 +56,7 @@ struct DaemonCounters {
     std::uint64_t degraded = 0;
 };
 
-class Daemon final : private ClientConn::Handler, private AdminBackend {
+class Daemon final : private ClientConn::Handler, private AdminBackend, private LibvirtWatch::Listener {
 public:
     // Builds everything and binds both sockets.  Throws std::runtime_error.
     explicit Daemon(Config cfg);
@@ -163,6 +164,12 @@ private:
     nlohmann::json admin_stats() override;
     nlohmann::json effective_params() const;
 
+    // --- libvirt (the domains' metadata is the truth for their weights) ---
+    void domain_up(const DomainInfo& d) override;
+    void domain_down(const std::string& uuid, const std::string& name) override;
+    // A VM's weight from wherever it is kept, applied and saved.
+    void apply_vm_weight(const std::string& uuid, const std::string& name, std::uint32_t weight);
+
     struct ContextUnref {
         void operator()(GMainContext* c) const { g_main_context_unref(c); }
     };
@@ -200,6 +207,8 @@ private:
     Timer scan_timer_;
     std::unique_ptr<AdminServer> admin_;
     Source sigterm_, sigint_, sighup_;
+    std::unique_ptr<LibvirtWatch> libvirt_;                // null: not following libvirt
+    std::map<std::string, std::string> metadata_errors_;  // by UUID: logged once
 };
 
 }  // namespace pvgpu::daemon

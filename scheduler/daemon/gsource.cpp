@@ -74,6 +74,10 @@ Source add_idle(GMainContext* ctx, std::function<bool()> fn, int priority) {
     return attach_with(ctx, src, std::move(fn));
 }
 
+Source add_timeout(GMainContext* ctx, unsigned interval_ms, std::function<bool()> fn) {
+    return attach_with(ctx, g_timeout_source_new(interval_ms), std::move(fn));
+}
+
 Source add_signal(GMainContext* ctx, int signum, std::function<void()> fn) {
     return attach_with(ctx, g_unix_signal_source_new(signum), [f = std::move(fn)] {
         f();

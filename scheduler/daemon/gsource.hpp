@@ -41,6 +41,9 @@ private:
 
 // Runs `fn` from the loop until it returns false.
 Source add_idle(GMainContext* ctx, std::function<bool()> fn, int priority = G_PRIORITY_DEFAULT);
+// Runs `fn` every `interval_ms` (monotonic) until it returns false.  The
+// daemon's own timers are GlibTimers; this serves C libraries' event loops.
+Source add_timeout(GMainContext* ctx, unsigned interval_ms, std::function<bool()> fn);
 // Runs `fn` from the loop whenever `signum` arrives (g_unix_signal semantics).
 Source add_signal(GMainContext* ctx, int signum, std::function<void()> fn);
 

@@ -67,7 +67,9 @@ class Daemon:
         self.config = os.path.join(workdir, "pvgpud.conf")
         if not os.path.exists(self.config):
             with open(self.config, "w") as f:
-                f.write("# empty: built-in defaults\n")
+                # Built-in defaults, except that a test daemon does not
+                # follow the host's libvirt (tests/libvirt does, privately).
+                f.write("[libvirt]\nuri = none\n")
         self.extra_args = list(extra_args)
         self.proc = None
         self.lines = []

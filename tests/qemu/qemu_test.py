@@ -543,7 +543,8 @@ class Pvgpud:
         self.state = os.path.join(workdir, "state")
         self.config = os.path.join(workdir, "pvgpud.conf")
         with open(self.config, "w") as f:
-            f.write(config_text or "# defaults\n")
+            # Hermetic: the host's libvirt (if any) is not followed.
+            f.write((config_text or "# defaults\n") + "\n[libvirt]\nuri = none\n")
         self.proc = None
         self.lines = []
 

@@ -1,0 +1,65 @@
+// pvgpud follows libvirt: which domains run, their GPU weight (the
+// <pvgpu:gpu weight="N"/> metadata element) and the pid of their QEMU, so a
+// VMM's HELLO can be checked against it.  The connection is driven by the
+// daemon's own GLib main context (libvirt's event API implemented on it):
+// lifecycle and METADATA_CHANGE events arrive as main-loop callbacks, a
+// lost libvirtd is reconnected with backoff and everything resynchronised,
+// and an absent libvirtd costs one failed connect per backoff period.
+#pragma once
+
+#include <glib.h>
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "config.hpp"
+#include "gsource.hpp"
+#include "log.hpp"
+
+namespace pvgpu::daemon {
+
+// What pvgpud knows of a running domain that has pvgpu.
+struct DomainInfo {
+    std::string uuid;
+    std::string name;
+    std::uint32_t weight = 0;      // from the metadata, else the default
+    std::string metadata_error;    // non-empty: the metadata was invalid
+    pid_t pid = 0;                 // its QEMU, from libvirt's pid file; 0 unknown
+};
+
+class LibvirtWatch {
+public:
+    class Listener {
+    public:
+        virtual ~Listener() = default;
+        // A domain with pvgpu runs (started, found at a resync, or its
+        // metadata changed).
+        virtual void domain_up(const DomainInfo& d) = 0;
+        // A domain stopped (or is no longer found at a resync).
+        virtual void domain_down(const std::string& uuid, const std::string& name) = 0;
+    };
+
+    // Connects at once (and again after any loss, with backoff).
+    LibvirtWatch(GMainContext* ctx, LibvirtConfig cfg, Listener& listener);
+    ~LibvirtWatch();
+    LibvirtWatch(const LibvirtWatch&) = delete;
+    LibvirtWatch& operator=(const LibvirtWatch&) = delete;
+
+    bool connected() const;
+    // The running domain of that UUID: from the cache, else asked of libvirt
+    // now (a QEMU says HELLO before libvirt's STARTED event).  nullopt: not a
+    // running libvirt domain, or libvirt is not reachable.
+    std::optional<DomainInfo> domain(const std::string& uuid);
+
+private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pvgpu::daemon

@@ -1,0 +1,449 @@
+#!/usr/bin/env python3
+"""End-to-end tests of the libvirt integration against a real libvirtd.
+
+Each case runs a private libvirtd (session mode, as the unprivileged user
+`nobody`, state in a temporary directory: the host's libvirt is not touched),
+a private pvgpud following it, and TCG domains with the project's QEMU, the
+Debian guest kernel and an initramfs made by tests/vm/pvgpu-vm --write-initrd
+(pvgpu.ko, the static guest tools, the command).  Guests stream their output
+over serial ports to UNIX sockets of this script.  Measured numbers are
+printed as "RESULT key=value" lines (docs/results.md).
+
+usage: libvirt_test.py --pvgpud P --pvgpuctl P --vm P CASE
+CASE: lifecycle | shares | all
+Exit status: 0 pass, 1 fail, 77 skipped (no libvirtd, QEMU, guest kernel or module).
+"""
+
+import argparse
+import os
+import pwd
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import uuid as uuidlib
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, os.path.join(HERE, "..", "daemon"))
+sys.path.insert(0, os.path.join(HERE, "..", "vm"))
+from testlib import Skip, TestFailure, check, log, result  # noqa: E402
+from daemon_test import (DAEMONS, E_OK, MSG_HELLO, MSG_HELLO_REPLY, ROLE_VMM, Daemon,  # noqa: E402
+                         RawClient, ctl_json, measure_between)
+from vm_test import REPORT, Series, load_cmd, tagged  # noqa: E402
+
+SKIP = 77
+NS = "http://pvgpu.org/xmlns/domain/1.0"
+USER = "nobody"
+
+
+def wait_for(pred, timeout, what, step=0.05):
+    """Polls an observable condition (a file, a listing) until it holds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() >= deadline:
+            raise TestFailure(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(step)
+
+
+class Paths:
+    def __init__(self, ns):
+        self.pvgpud = ns.pvgpud
+        self.pvgpuctl = ns.pvgpuctl
+        self.vm = ns.vm
+        build = os.environ.get("PVGPU_BUILD_DIR", os.path.join(HERE, "..", "..", "build"))
+        self.qemu = os.path.join(os.environ.get("PVGPU_QEMU_DIR", os.path.join(build, "qemu-src")),
+                                 "qemu-system-x86_64")
+        kdir = os.path.join(build, "guest-kernel")
+        self.kernel = None
+        if os.path.exists(os.path.join(kdir, "version")):
+            k = os.path.join(kdir, "vmlinuz-" + open(os.path.join(kdir, "version")).read().strip())
+            self.kernel = k if os.path.exists(k) else None
+        self.module = os.path.join(build, "guest-driver", "pvgpu.ko")
+        self.load = os.path.join(build, "scheduler", "tools", "pvgpu-load-static")
+
+    def check_present(self):
+        for what, p in (("libvirtd", shutil.which("libvirtd", path="/usr/sbin:/usr/bin")),
+                        ("virsh", shutil.which("virsh")), ("QEMU", self.qemu), ("guest kernel", self.kernel),
+                        ("guest module", self.module), ("static pvgpu-load", self.load)):
+            if not p or not os.path.exists(p):
+                raise Skip(f"{what} not found ({p}): run tests/libvirt/setup-libvirt.sh, "
+                           "tests/vm/setup-guest.sh and qemu-patches/build-qemu.sh")
+        if os.geteuid() != 0:
+            raise Skip("needs root (runs libvirtd as the user nobody)")
+
+
+class Libvirt:
+    """A session-mode libvirtd running as `nobody` with its state in `root`."""
+
+    def __init__(self, root):
+        self.root = root
+        self.pw = pwd.getpwnam(USER)
+        for d in ("run", "cfg", "cache", "home"):
+            os.makedirs(os.path.join(root, d), exist_ok=True)
+        self._chown(root)
+        self.env = {"HOME": os.path.join(root, "home"), "XDG_RUNTIME_DIR": os.path.join(root, "run"),
+                    "XDG_CONFIG_HOME": os.path.join(root, "cfg"), "XDG_CACHE_HOME": os.path.join(root, "cache"),
+                    "PATH": "/usr/sbin:/usr/bin:/bin", "LANG": "C"}
+        self.sock = os.path.join(root, "run", "libvirt", "libvirt-sock")
+        # root reaches nobody's session daemon through its socket.
+        self.uri = f"qemu+unix:///session?socket={self.sock}"
+        self.pid_dir = os.path.join(root, "run", "libvirt", "qemu", "run")
+        self.proc = None
+        self.log = os.path.join(root, "libvirtd.log")
+
+    def _chown(self, path):
+        for dirpath, dirnames, filenames in os.walk(path):
+            for n in [dirpath] + [os.path.join(dirpath, f) for f in dirnames + filenames]:
+                os.chown(n, self.pw.pw_uid, self.pw.pw_gid)
+
+    def _as_user(self):
+        uid, gid = self.pw.pw_uid, self.pw.pw_gid
+
+        def demote():
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+        return demote
+
+    def start(self):
+        if os.path.exists(self.sock):
+            os.unlink(self.sock)
+        self.proc = subprocess.Popen(["libvirtd"], env=self.env, cwd=self.root, preexec_fn=self._as_user(),
+                                     stdin=subprocess.DEVNULL, stdout=open(self.log, "a"),
+                                     stderr=subprocess.STDOUT)
+        wait_for(lambda: self.virsh("uri", check_rc=False).returncode == 0, 30, "libvirtd to answer", step=0.2)
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def virsh(self, *args, check_rc=True, timeout=60):
+        p = subprocess.run(["virsh", "-q", "-c", "qemu:///session"] + list(args), env=self.env,
+                           preexec_fn=self._as_user(), capture_output=True, text=True, timeout=timeout)
+        if check_rc and p.returncode != 0:
+            raise TestFailure(f"virsh {' '.join(args)}: exit {p.returncode}: {p.stderr.strip()}")
+        return p
+
+    def cleanup(self):
+        if self.proc and self.proc.poll() is None:
+            for name in self.virsh("list", "--name", check_rc=False).stdout.split():
+                self.virsh("destroy", name, check_rc=False)
+        self.stop()
+        # QEMUs that outlived libvirtd (it does not kill them when it stops).
+        subprocess.run(["pkill", "-u", USER, "-f", "qemu-system-x86_64 -name guest="], check=False)
+
+
+class Guest:
+    """A libvirt domain booting the guest kernel with a command; its stdout
+    (ttyS1) comes to a UNIX socket here and feeds Series like tests/vm."""
+
+    def __init__(self, paths, lv, tmp, name, command, extra_initrd=()):
+        self.name = name
+        self.uuid = str(uuidlib.uuid4())
+        self.dir = os.path.join(tmp, name)
+        os.makedirs(self.dir)
+        initrd = os.path.join(self.dir, "initrd.cpio")
+        p = subprocess.run([sys.executable, paths.vm, "--write-initrd", initrd, "--module", paths.module]
+                           + list(extra_initrd) + ["--", command], capture_output=True, text=True)
+        check(p.returncode == 0, f"pvgpu-vm --write-initrd: {p.stderr.strip()}")
+        self.cond = threading.Condition()
+        self.series = {}
+        self.lines = []
+        self.out_path = os.path.join(self.dir, "out.sock")
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(self.out_path)
+        self.listener.listen(1)
+        lv._chown(self.dir)
+        os.chmod(self.out_path, 0o777)
+        self.console = os.path.join(self.dir, "console.log")
+        # The admin's own <qemu:commandline>: the project's minimal QEMU has no
+        # firmware path built in (DESIGN.md section 9); attach must keep these.
+        self.xml = f"""<domain type='qemu' xmlns:qemu='http://libvirt.org/schemas/domain/qemu/1.0'>
+  <name>{name}</name>
+  <uuid>{self.uuid}</uuid>
+  <memory unit='MiB'>256</memory>
+  <vcpu>1</vcpu>
+  <os>
+    <type arch='x86_64' machine='q35'>hvm</type>
+    <kernel>{paths.kernel}</kernel>
+    <initrd>{initrd}</initrd>
+    <cmdline>console=ttyS0 quiet loglevel=4 panic=-1 rdinit=/init</cmdline>
+  </os>
+  <on_reboot>destroy</on_reboot>
+  <devices>
+    <emulator>{os.path.realpath(paths.qemu)}</emulator>
+    <serial type='file'><source path='{self.console}'/><target port='0'/></serial>
+    <serial type='unix'><source mode='connect' path='{self.out_path}'/><target port='1'/></serial>
+    <controller type='usb' model='none'/>
+    <memballoon model='none'/>
+  </devices>
+  <qemu:commandline>
+    <qemu:arg value='-L'/><qemu:arg value='/usr/share/seabios'/>
+    <qemu:arg value='-L'/><qemu:arg value='/usr/share/qemu'/>
+  </qemu:commandline>
+</domain>
+"""
+        path = os.path.join(self.dir, "domain.xml")
+        with open(path, "w") as f:
+            f.write(self.xml)
+        os.chmod(path, 0o644)
+        lv.virsh("define", path)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:
+            return
+        buf = b""
+        while True:
+            data = conn.recv(65536)
+            if not data:
+                break
+            buf += data
+            while b"\n" in buf:
+                raw, buf = buf.split(b"\n", 1)
+                line = raw.decode(errors="replace").rstrip("\r")
+                now = time.monotonic()
+                with self.cond:
+                    self.lines.append(line)
+                    m = REPORT.match(line)
+                    if m:
+                        s = self.get(m.group("tag") or self.name)
+                        s.reports.append((now, int(m.group("n"))))
+                        s.lines.append(line)
+                    self.cond.notify_all()
+
+    def get(self, tag):
+        with self.cond:
+            if tag not in self.series:
+                self.series[tag] = Series(f"{self.name}/{tag}", self.cond)
+            return self.series[tag]
+
+    def dump(self):
+        for line in self.lines[-20:]:
+            print(f"#   [{self.name}] {line}")
+        if os.path.exists(self.console):
+            for line in open(self.console, errors="replace").read().splitlines()[-15:]:
+                print(f"#   [{self.name} console] {line}")
+
+
+def pvgpuctl(paths, d, lv, *args, check_rc=True):
+    cmd = [paths.pvgpuctl, "--admin-socket", d.admin, "-c", lv.uri] + list(args)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    if check_rc and p.returncode != 0:
+        raise TestFailure(f"pvgpuctl {' '.join(args)}: exit {p.returncode}: {p.stderr.strip()}")
+    return p
+
+
+def vm_row(paths, d, name):
+    for e in ctl_json(paths, d, "list")["entities"]:
+        if e["path"] == name:
+            return e
+    return None
+
+
+def start_daemon(paths, tmp, lv):
+    d = Daemon(paths, tmp)
+    with open(d.config, "w") as f:
+        f.write(f"[daemon]\nsocket_mode = 0666\n\n[libvirt]\nuri = {lv.uri}\npid_dir = {lv.pid_dir}\n")
+    d.start()
+    return d
+
+
+def set_metadata(lv, name, xml, *flags):
+    lv.virsh("metadata", name, NS, "--key", "pvgpu", "--set", xml, *flags)
+
+
+def hello_as(d, vm_uuid, name):
+    """A VMM HELLO from this process; returns the reply status (0 OK)."""
+    c = RawClient(d.socket)
+    try:
+        payload = struct.pack("<II16s64sII", 1, ROLE_VMM, uuidlib.UUID(vm_uuid).bytes, name.encode(), os.getpid(), 0)
+        seq = c.send(MSG_HELLO, payload)
+        msg = c.expect(seq)
+        check(msg[0] == MSG_HELLO_REPLY, f"HELLO answered with type {msg[0]}")
+        return struct.unpack_from("<I", msg[2])[0]
+    finally:
+        c.close()
+
+
+# ---- cases ------------------------------------------------------------------------------------
+
+
+def case_lifecycle(paths, tmp):
+    """attach, start, weights from virsh metadata and pvgpuctl, restarts, identity, shutdown."""
+    lv = Libvirt(os.path.join(tmp, "libvirt"))
+    lv.start()
+    try:
+        d = start_daemon(paths, tmp, lv)
+        g = Guest(paths, lv, tmp, "lv1", "sleep 600")
+        out = pvgpuctl(paths, d, lv, "attach", "lv1", "--weight", "200", "--socket", d.socket).stdout
+        check("attached" in out, f"attach said: {out}")
+        xml = lv.virsh("dumpxml", "--inactive", "lv1").stdout
+        check(f'xmlns:pvgpu="{NS}" weight="200"' in xml, "attach: no <pvgpu:gpu weight=200/> in the XML")
+        check("pvgpu,chardev=pvgpu0" in xml and f"path={d.socket}" in xml, "attach: no device wiring")
+        check("/usr/share/seabios" in xml, "attach lost the admin's own qemu:commandline arguments")
+
+        lv.virsh("start", "lv1")
+        # The VM and its weight show up once QEMU says HELLO, before any channel.
+        row = wait_for(lambda: vm_row(paths, d, "lv1"), 30, "lv1 in pvgpuctl list")
+        check(row["weight"] == 200 and row.get("channels", 0) == 0, f"lv1 row: {row}")
+
+        t0 = time.monotonic()
+        set_metadata(lv, "lv1", '<gpu weight="300"/>', "--live", "--config")
+        wait_for(lambda: vm_row(paths, d, "lv1")["weight"] == 300, 1.0, "virsh metadata 300 applied within 1 s",
+                 step=0.01)
+        result("libvirt.metadata_applied_ms", f"{(time.monotonic() - t0) * 1000:.0f}")
+
+        pvgpuctl(paths, d, lv, "set-weight", "lv1", "400")
+        check(vm_row(paths, d, "lv1")["weight"] == 400, "pvgpuctl set-weight 400 not applied")
+        for flag in ((), ("--inactive",)):
+            xml = lv.virsh("dumpxml", *flag, "lv1").stdout
+            check('weight="400"' in xml, f"pvgpuctl set-weight not in virsh dumpxml {' '.join(flag)}")
+
+        # libvirtd restarts while the domain runs: pvgpud reconnects and resyncs.
+        lv.stop()
+        lv.start()
+        t0 = time.monotonic()
+        set_metadata(lv, "lv1", '<gpu weight="500"/>', "--live", "--config")
+        wait_for(lambda: vm_row(paths, d, "lv1")["weight"] == 500, 40, "weight 500 after a libvirtd restart")
+        result("libvirt.after_libvirtd_restart_applied_s", f"{time.monotonic() - t0:.1f}")
+        check(d.alive(), "pvgpud died when libvirtd restarted")
+
+        # pvgpud restarts while the domain runs: the device reconnects, the
+        # weight comes from the domain's metadata again.
+        d.stop()
+        d.start()
+        row = wait_for(lambda: vm_row(paths, d, "lv1"), 30, "lv1 back after a pvgpud restart")
+        check(row["weight"] == 500, f"after a pvgpud restart lv1 has weight {row['weight']}, metadata says 500")
+
+        # Nobody else may be lv1: a HELLO with its UUID from another process.
+        check(hello_as(d, g.uuid, "lv1") != E_OK, "a second HELLO as lv1 was accepted")
+        # Nor a stopped-and-started pvgpu domain whose QEMU is not connected yet
+        # (its device points elsewhere): the pid libvirt recorded decides.
+        g2 = Guest(paths, lv, tmp, "lv2", "sleep 600")
+        pvgpuctl(paths, d, lv, "attach", "lv2", "--socket", os.path.join(tmp, "elsewhere.sock"))
+        lv.virsh("start", "lv2")
+        status = hello_as(d, g2.uuid, "lv2")
+        check(status != E_OK, "a HELLO as libvirt domain lv2 from a process that is not its QEMU was accepted")
+        wait_for(lambda: any("is not its QEMU" in line for line in d.lines), 5, "a log line about the impostor")
+
+        # Invalid metadata: one clear line naming the domain, default weight.
+        set_metadata(lv, "lv1", '<gpu weight="lots"/>', "--live")
+        wait_for(lambda: vm_row(paths, d, "lv1")["weight"] == 100, 5, "invalid metadata -> weight 100")
+        bad = wait_for(lambda: [line for line in d.lines if "invalid pvgpu metadata" in line], 5,
+                       "a log line about the invalid metadata")
+        check(len(bad) == 1 and "lv1" in bad[0], f"invalid metadata log lines: {bad}")
+
+        # Detach and shut down: the VM leaves pvgpuctl list.
+        pvgpuctl(paths, d, lv, "detach", "lv2")
+        xml = lv.virsh("dumpxml", "--inactive", "lv2").stdout
+        check("-device" not in xml and "id=pvgpu0" not in xml and NS not in xml, f"detach left pvgpu in: {xml}")
+        check("/usr/share/seabios" in xml, "detach removed the admin's own qemu:commandline arguments")
+        lv.virsh("destroy", "lv1")
+        wait_for(lambda: vm_row(paths, d, "lv1") is None, 10, "lv1 to leave pvgpuctl list")
+        check(d.alive(), "pvgpud died")
+    finally:
+        lv.cleanup()
+
+
+def case_shares(paths, tmp):
+    """Two libvirt domains at weights 2:1 running the guest pvgpu-load get 2:1."""
+    lv = Libvirt(os.path.join(tmp, "libvirt"))
+    lv.start()
+    try:
+        d = start_daemon(paths, tmp, lv)
+        k = 2000
+        guests = []
+        for name, w in (("lvA", 200), ("lvB", 100)):
+            cmd = tagged(name, load_cmd("throttle", k, "--batch", 4, "--depth", 2, "--duration-s", 40,
+                                        "--report-interval-s", "0.1", "--name", name))
+            g = Guest(paths, lv, tmp, name, cmd)
+            pvgpuctl(paths, d, lv, "attach", name, "--weight", str(w), "--socket", d.socket)
+            guests.append(g)
+        for g in guests:
+            lv.virsh("start", g.name)
+        series = [g.get(g.name) for g in guests]
+        try:
+            for s in series:
+                s.wait_until(lambda x: len(x.reports) >= 1, 150, "its first report")
+        except TestFailure:
+            for g in guests:
+                g.dump()
+            raise
+        t0 = max(s.reports[0][0] for s in series) + 2.0
+        shares, busy = measure_between(series, [k, k], t0, t0 + 8.0, 100)
+        for g, got in zip(guests, shares):
+            result(f"libvirt.shares.{g.name}_share", f"{got:.3f}")
+        result("libvirt.shares.gpu_busy", f"{busy:.3f}")
+        for g, got, want in zip(guests, shares, (2 / 3, 1 / 3)):
+            check(abs(got - want) <= 0.05, f"{g.name} got {got:.3f}, target {want:.3f}")
+    finally:
+        lv.cleanup()
+
+
+CASES = {"lifecycle": case_lifecycle, "shares": case_shares}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pvgpud", required=True)
+    ap.add_argument("--pvgpuctl", required=True)
+    ap.add_argument("--vm", required=True, help="tests/vm/pvgpu-vm (writes the guests' initramfs)")
+    ap.add_argument("case", choices=sorted(CASES) + ["all"])
+    ns = ap.parse_args()
+    paths = Paths(ns)
+    try:
+        paths.check_present()
+    except Skip as e:
+        print(f"SKIP: {e}")
+        return SKIP
+    names = sorted(CASES) if ns.case == "all" else [ns.case]
+    status = 0
+    for name in names:
+        tmp = tempfile.mkdtemp(prefix=f"pvgpu-libvirt-{name}-")
+        os.chmod(tmp, 0o755)
+        start = time.monotonic()
+        DAEMONS.clear()
+        try:
+            CASES[name](paths, tmp)
+            print(f"PASS {name} ({time.monotonic() - start:.1f} s)", flush=True)
+        except TestFailure as e:
+            print(f"FAIL {name}: {e}", flush=True)
+            status = 1
+        except Exception:
+            traceback.print_exc()
+            status = 1
+        finally:
+            for daemon in DAEMONS:
+                if status:
+                    print("# pvgpud log:")
+                    daemon.dump_log()
+                if daemon.alive():
+                    daemon.proc.kill()
+                    daemon.proc.wait()
+            if status:
+                log(f"files kept in {tmp}")
+            else:
+                shutil.rmtree(tmp, ignore_errors=True)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

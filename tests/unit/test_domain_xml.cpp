@@ -1,0 +1,106 @@
+// The pvgpu parts of libvirt domain XML: metadata parsing and the device
+// wiring edits of pvgpuctl attach/detach (scheduler/libvirt/domain_xml.*).
+#include <catch2/catch.hpp>
+
+#include "domain_xml.hpp"
+
+using namespace pvgpu::virt;
+
+namespace {
+
+const char* kDomain = R"(<domain type='qemu' xmlns:qemu='http://libvirt.org/schemas/domain/qemu/1.0'>
+  <name>web1</name>
+  <uuid>5f0c1a2e-8d1b-4c55-9a10-6e0d2fbeb602</uuid>
+  <memory unit='MiB'>256</memory>
+  <devices><emulator>/usr/bin/qemu-system-x86_64</emulator></devices>
+  <qemu:commandline>
+    <qemu:arg value='-L'/><qemu:arg value='/usr/share/seabios'/>
+  </qemu:commandline>
+</domain>)";
+
+int count(const std::string& s, const std::string& what) {
+    int n = 0;
+    for (auto p = s.find(what); p != std::string::npos; p = s.find(what, p + 1)) ++n;
+    return n;
+}
+
+}  // namespace
+
+TEST_CASE("gpu metadata: the weight, in and out of our namespace", "[libvirt]") {
+    CHECK(parse_gpu_metadata(R"(<gpu weight="200"/>)").weight == 200);
+    CHECK(parse_gpu_metadata(R"(<pvgpu:gpu xmlns:pvgpu="http://pvgpu.org/xmlns/domain/1.0" weight="1"/>)").weight ==
+          1);
+    CHECK(parse_gpu_metadata(R"(<gpu weight="10000"/>)").weight == 10000);
+    CHECK(parse_gpu_metadata("<gpu/>").weight == 100);
+    CHECK(parse_gpu_metadata(format_gpu_metadata({345})).weight == 345);
+}
+
+TEST_CASE("gpu metadata: anything else is a clear error", "[libvirt]") {
+    for (const char* bad : {R"(<gpu weight="0"/>)", R"(<gpu weight="10001"/>)", R"(<gpu weight="-5"/>)",
+                            R"(<gpu weight="2e2"/>)", R"(<gpu weight=""/>)", R"(<gpu weight=" 200"/>)",
+                            R"(<gpu weight="99999999999999999999"/>)", R"(<gpu wieght="200"/>)",
+                            R"(<cpu weight="200"/>)", R"(<gpu weight="200"><task/></gpu>)",
+                            R"(<x:gpu xmlns:x="http://example.org/other" weight="200"/>)", "<gpu", "", "weight=200"}) {
+        INFO(bad);
+        CHECK_THROWS_AS(parse_gpu_metadata(bad), XmlError);
+    }
+    try {
+        parse_gpu_metadata(R"(<gpu weight="lots"/>)");
+        FAIL("accepted");
+    } catch (const XmlError& e) {
+        CHECK(std::string(e.what()).find("'lots'") != std::string::npos);
+        CHECK(std::string(e.what()).find('\n') == std::string::npos);
+    }
+}
+
+TEST_CASE("attach adds the device once and keeps the admin's arguments", "[libvirt]") {
+    std::string xml = attach_device(kDomain, {"/run/pvgpu/pvgpud.sock", 0, ""});
+    CHECK(has_device(xml));
+    CHECK(count(xml, "socket,id=pvgpu0,path=/run/pvgpu/pvgpud.sock,reconnect=1") == 1);
+    CHECK(count(xml, "pvgpu,chardev=pvgpu0") == 1);
+    CHECK(count(xml, "/usr/share/seabios") == 1);
+    CHECK(count(xml, "/usr/bin/qemu-system-x86_64") == 1);
+    // Again, with another socket, the patched QEMU and slots: replaced, not doubled.
+    xml = attach_device(xml, {"/tmp/other.sock", 32, "/opt/pvgpu/qemu-system-x86_64"});
+    CHECK(count(xml, "-device") == 1);
+    CHECK(count(xml, "path=/tmp/other.sock") == 1);
+    CHECK(count(xml, "path=/run/pvgpu") == 0);
+    CHECK(count(xml, "pvgpu,chardev=pvgpu0,slots=32") == 1);
+    CHECK(count(xml, "<emulator>/opt/pvgpu/qemu-system-x86_64</emulator>") == 1);
+    CHECK(domain_ids(xml).name == "web1");
+    CHECK(domain_ids(xml).uuid == "5f0c1a2e-8d1b-4c55-9a10-6e0d2fbeb602");
+}
+
+TEST_CASE("attach works on a domain without a qemu namespace or commandline", "[libvirt]") {
+    const std::string xml = attach_device("<domain type='kvm'><name>a</name></domain>", {"/s.sock", 0, ""});
+    CHECK(has_device(xml));
+    CHECK(count(xml, "xmlns:qemu=\"http://libvirt.org/schemas/domain/qemu/1.0\"") == 1);
+}
+
+TEST_CASE("detach removes the device and its chardev only", "[libvirt]") {
+    // A hand-wired device on another chardev id, and an unrelated chardev.
+    const std::string wired = R"(<domain type='qemu' xmlns:qemu='http://libvirt.org/schemas/domain/qemu/1.0'>
+  <name>b</name>
+  <qemu:commandline>
+    <qemu:arg value='-chardev'/><qemu:arg value='socket,id=mine,path=/x'/>
+    <qemu:arg value='-chardev'/><qemu:arg value='socket,id=pv7,path=/run/pvgpu/pvgpud.sock'/>
+    <qemu:arg value='-device'/><qemu:arg value='pvgpu,chardev=pv7'/>
+  </qemu:commandline>
+</domain>)";
+    CHECK(has_device(wired));
+    const std::string xml = detach_device(wired);
+    CHECK_FALSE(has_device(xml));
+    CHECK(count(xml, "id=mine") == 1);
+    CHECK(count(xml, "pv7") == 0);
+    // Nothing of ours left: the empty commandline goes too.
+    const std::string clean = detach_device(attach_device("<domain><name>c</name></domain>", {"/s", 0, ""}));
+    CHECK(count(clean, "commandline") == 0);
+    CHECK_FALSE(has_device(clean));
+}
+
+TEST_CASE("domain XML errors name the problem", "[libvirt]") {
+    CHECK_THROWS_AS(attach_device("<notadomain/>", {"/s", 0, ""}), XmlError);
+    CHECK_THROWS_AS(attach_device("<domain>", {"/s", 0, ""}), XmlError);
+    CHECK_THROWS_AS(attach_device(kDomain, {"/a,b", 0, ""}), XmlError);  // ',' would split QEMU's options
+    CHECK_THROWS_AS(attach_device(kDomain, {"", 0, ""}), XmlError);
+}
