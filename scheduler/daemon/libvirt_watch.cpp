@@ -144,11 +144,18 @@ int remove_timeout(int id) {
     return 0;
 }
 
+// libvirt takes one event implementation per process, for good.  A later
+// daemon in the same process (tests) may take it over once nothing is
+// registered on the old context any more.
 void register_event_impl(GMainContext* ctx) {
+    static bool registered = false;
     if (g_event_ctx == ctx) return;
-    if (g_event_ctx) throw std::logic_error("libvirt's event loop is bound to another main context");
+    if (!g_handles.empty() || !g_timeouts.empty())
+        throw std::logic_error("libvirt's event loop is still in use on another main context");
     g_event_ctx = ctx;
-    virEventRegisterImpl(add_handle, update_handle, remove_handle, add_timeout_cb, update_timeout, remove_timeout);
+    if (!registered)
+        virEventRegisterImpl(add_handle, update_handle, remove_handle, add_timeout_cb, update_timeout, remove_timeout);
+    registered = true;
 }
 
 pid_t read_pid_file(const std::string& path) {

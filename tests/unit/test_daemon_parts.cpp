@@ -778,6 +778,7 @@ struct DaemonRig {
         cfg.admin_socket = dir / "admin.sock";
         cfg.state_dir = dir / "state";
         cfg.admin_group = "";
+        cfg.libvirt.uri = "none";  // hermetic: not the host's libvirt
         if (tweak) tweak(cfg);
         daemon = std::make_unique<Daemon>(cfg);
     }
