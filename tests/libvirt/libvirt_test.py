@@ -289,9 +289,14 @@ def hello_as(d, vm_uuid, name):
 def case_lifecycle(paths, tmp):
     """attach, start, weights from virsh metadata and pvgpuctl, restarts, identity, shutdown."""
     lv = Libvirt(os.path.join(tmp, "libvirt"))
-    lv.start()
     try:
+        # pvgpud first: libvirtd absent at its start must not hold it up.
         d = start_daemon(paths, tmp, lv)
+        wait_for(lambda: any("libvirt: cannot connect" in line for line in d.lines), 5,
+                 "pvgpud to say libvirt is not there")
+        lv.start()
+        wait_for(lambda: any("libvirt: following domains" in line for line in d.lines), 40,
+                 "pvgpud to connect once libvirtd runs")
         g = Guest(paths, lv, tmp, "lv1", "sleep 600")
         out = pvgpuctl(paths, d, lv, "attach", "lv1", "--weight", "200", "--socket", d.socket).stdout
         check("attached" in out, f"attach said: {out}")
