@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""Scale benchmark of pvgpud (issue 12): N host throttles with kernels spread
+evenly over 250 us .. 2 ms, equal weights, under one policy.  Prints the
+clients' own Jain's index and unfairness (from their completed-kernel counts,
+tests/daemon/daemon_test.py's measure_shares) and pvgpud's CPU as a fraction
+of one core (from /proc over the same window).  Asserts nothing: numbers for
+docs/results.md.
+
+usage: scale_bench.py --pvgpud P --pvgpuctl P --load P [--clients N]
+                      [--seconds S] [--policy NAME] [--quick]
+--quick: 32 clients for 3 s (the smoke run of tests/run-all.sh).
+"""
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import daemon_test as t  # noqa: E402
+
+
+def cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pvgpud", required=True)
+    ap.add_argument("--pvgpuctl", required=True)
+    ap.add_argument("--load", required=True)
+    ap.add_argument("--clients", type=int, default=128)
+    ap.add_argument("--seconds", type=float, default=7.0)
+    ap.add_argument("--policy", default="hfq")
+    ap.add_argument("--quick", action="store_true")
+    ns = ap.parse_args()
+    if ns.quick:
+        ns.clients, ns.seconds = 32, 3.0
+    ns.libtest = None
+    bins = t.Bins(ns)
+    tmp = tempfile.mkdtemp(prefix="pvgpu-scale-")
+    d = t.Daemon(bins, tmp, ["--policy", ns.policy])
+    with open(d.config, "w") as f:
+        f.write(f"[libvirt]\nuri = none\n[limits]\nmax_clients = {max(256, ns.clients)}\n")
+    d.start()
+    n = ns.clients
+    ks = [int(250 + (2000 - 250) * i / max(1, n - 1)) for i in range(n)]
+    loads = []
+    try:
+        loads = [t.throttle(bins, d, f"s{i:03d}", k, duration=ns.seconds + 60) for i, k in enumerate(ks)]
+        for load in loads:
+            load.wait_until(lambda x: len(x.reports) >= 1, 60, "its first report")
+        t0 = max(load.reports[0][0] for load in loads) + 2.0
+        while time.monotonic() < t0:
+            time.sleep(t0 - time.monotonic())
+        c0, w0 = cpu_seconds(d.proc.pid), time.monotonic()
+        t1 = t0 + ns.seconds
+        while time.monotonic() < t1:
+            time.sleep(t1 - time.monotonic())
+        c1, w1 = cpu_seconds(d.proc.pid), time.monotonic()
+        shares, busy = t.measure_between(loads, ks, t0, t1, 60)
+        jain, u = t.fairness_of(shares, [1 / n] * n)
+        cpu = (c1 - c0) / (w1 - w0)
+        tag = f"scale.{ns.policy}.{n}"
+        print(f"RESULT {tag}.jain={jain:.4f}")
+        print(f"RESULT {tag}.unfairness={u:.3f}")
+        print(f"RESULT {tag}.gpu_busy={busy:.3f}")
+        print(f"RESULT {tag}.pvgpud_core_fraction={cpu:.3f}")
+    finally:
+        for load in loads:
+            load.kill()
+        d.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
