@@ -91,7 +91,6 @@ public:
         grace_timer_.bind(ctx.timers());
         last_t_ = ctx.now();
         settle_ = p_.settle;
-        preemptive_ = ctx.gpu().arbitration().preemptive;
         start_polling();
     }
 
@@ -145,9 +144,7 @@ public:
     void fence(ChannelId ch, std::uint32_t) override {
         observe(ch);
         touch(ch);
-        wake_dormant();
         after_event();
-        if (!preemptive_ && last_running_) arm_housekeeping(ctx_->now());
     }
 
     void channel_error(ChannelId ch, std::uint32_t) override {
@@ -417,35 +414,14 @@ private:
         poll_timer_.arm(at, [this] { poll(); });
     }
 
-    // Shadowed leaves out of the run queue: has new work arrived in their pages?
-    void wake_dormant() {
-        std::vector<EntityId> woke;
-        for (EntityId leaf : dormant_shadowed_)
-            if (leaf_has_work(leaf)) woke.push_back(leaf);
-        for (EntityId leaf : woke) mark_busy(leaf);
-    }
-
-    // While a non-preemptive engine runs, nothing changes on it until the next
-    // completion interrupt, which is observed anyway: no periodic poll.  Only
-    // the housekeeping that has a deadline needs a wake-up: leaves that went
-    // idle leave the run queue after idle_us, and dormant shadowed leaves are
-    // looked at every idle_us (their new work arrives in our pages, or by a
-    // fence of another channel).
-    void arm_housekeeping(Time now) {
-        Time at = -1;
-        for (EntityId leaf : idle_candidates_) {
-            Time due = nodes_[leaf].idle_since + p_.idle;
-            if (at < 0 || due < at) at = due;
-        }
-        if (!dormant_shadowed_.empty() && (at < 0 || now + p_.idle < at)) at = now + p_.idle;
-        if (at >= 0) schedule_poll(std::max(at, now));
-    }
-
     void poll() {
         observe(std::nullopt);
         Time now = ctx_->now();
         // Guests of shadowed channels write into our own pages: look there.
-        wake_dormant();
+        std::vector<EntityId> woke;
+        for (EntityId leaf : dormant_shadowed_)
+            if (leaf_has_work(leaf)) woke.push_back(leaf);
+        for (EntityId leaf : woke) mark_busy(leaf);
         std::vector<EntityId> quiet;
         for (EntityId leaf : idle_candidates_)
             if (now - nodes_[leaf].idle_since >= p_.idle) quiet.push_back(leaf);
@@ -459,12 +435,7 @@ private:
         after_event();
         if (any_active || last_running_) {
             quiet_since_ = -1;
-            // A preemptive engine switches channels without an interrupt, and
-            // an idle one may start a direct channel unseen: keep polling.
-            if (preemptive_ || !last_running_)
-                schedule_poll(now + next_poll_period());
-            else
-                arm_housekeeping(now);
+            schedule_poll(now + next_poll_period());
         } else if (quiet_since_ < 0) {
             quiet_since_ = now;
             schedule_poll(now + next_poll_period());
@@ -616,7 +587,6 @@ private:
     std::unordered_map<ChannelId, Duration> kernel_est_;
     Time quiet_since_ = -1;
     bool idle_armed_ = false;
-    bool preemptive_ = false;  // the engine switches channels by time slice
     bool feeding_ = false;  // work conservation is handing out held entries
     std::uint64_t blocks_ = 0, unblocks_ = 0, wc_releases_ = 0, idle_arms_ = 0, anticipations_ = 0;
 };
