@@ -393,16 +393,20 @@ class Device:
         self.set_reg(REG_CMD, cmd)
         return self.reg(REG_CMD_STATUS)
 
-    def command(self, cmd, arg0=0, arg1=0, timeout=10, arg2=None):
-        self.start(cmd, arg0, arg1, arg2)
+    def wait_command(self, cmd, timeout):
+        """CMD_STATUS once it leaves BUSY (`cmd` names the command in errors)."""
         deadline = time.monotonic() + timeout
         while True:
             st = self.reg(REG_CMD_STATUS)
             if st != CMDST_BUSY:
-                break
+                return st
             if time.monotonic() > deadline:
-                raise TestFailure(f"mailbox command {cmd} still busy after {timeout} s")
-            time.sleep(0.001)
+                raise TestFailure(f"mailbox command {cmd:#x} still busy after {timeout} s")
+            time.sleep(0.0005)
+
+    def command(self, cmd, arg0=0, arg1=0, timeout=10, arg2=None):
+        self.start(cmd, arg0, arg1, arg2)
+        st = self.wait_command(cmd, timeout)
         if st == CMDST_OK:
             check(self.reg(REG_IRQ_STATUS) & IRQ_CMD_DONE, "CMD_DONE interrupt status not set")
         return st, self.reg(REG_RESULT0), self.reg(REG_RESULT1)
