@@ -25,8 +25,8 @@ Cases:
   unplug    the real pvgpud: hot-unplug (pc machine, ACPI eject) gives the
             channels, the VM and the connection back; re-plug is a new VM.
   hardening a fake pvgpud: another device's DMA into BAR2 outliving CHAN_FREE
-            (run against the ASan build it catches a use-after-free), a
-            PONG answering CHAN_ALLOC, channel memory not sealed against
+            (run against the ASan build it catches a use-after-free), an
+            IB_PUT store behind the shadow's back, a PONG answering CHAN_ALLOC, channel memory not sealed against
             shrinking, a send failing while a daemon message is processed.
 
 usage: qemu_test.py --qemu PATH [--asan] --pvgpud PATH --pvgpuctl PATH [--load PATH] CASE|all
@@ -1372,6 +1372,34 @@ def check_dma_after_free(dev, fake):
     result("hardening.dma_after_free", f"bad accesses {dev.reg(REG_BAD_ACCESS) - bad}")
 
 
+def check_store_behind_shadow(dev, fake):
+    """Item 9: a guest IB_PUT store that reaches the real page after the
+    shadow was seeded (inside the switch's memory transaction, or from a TCG
+    vCPU whose TLB still maps the real page) may already be seen by the GPU:
+    the shadow takes it over and the unshadow must not rewind it.  qtest
+    cannot store inside the transaction (it waits for the BQL), so the store
+    is made into the shared page directly, as that vCPU would, after the
+    switch."""
+    q = dev.q
+    slot, chan = dev.alloc(0x64)
+    put = dev.submit(slot, 0, 2, 1000)
+    n = fake.push_mode(chan, MODE_SHADOWED, 1)
+    wait_for(lambda: len(fake.acks) > n, 5, "the SHADOWED ack")
+    check(fake.acks[-1] == (chan, MODE_SHADOWED, 1, put), f"SHADOWED ack {fake.acks[-1]}")
+    fake.set_page(chan, CTRL_IB_PUT, put + 3)         # the late store
+    wait_for(lambda: q.readl(dev.ctrl(slot, CTRL_IB_PUT)) == put + 3, 2,
+             "the shadow to take over the store that reached the real page")
+    q.writel(dev.ctrl(slot, CTRL_IB_PUT), put + 5)     # the guest goes on in the shadow
+    fake.set_page(chan, CTRL_IB_PUT, put + 4)         # an older late store loses
+    time.sleep(0.02)
+    check(q.readl(dev.ctrl(slot, CTRL_IB_PUT)) == put + 5, "a late store overwrote a newer shadow store")
+    n = fake.push_mode(chan, MODE_TRAPPED, 2)
+    wait_for(lambda: len(fake.acks) > n, 5, "the unshadow ack")
+    check(fake.page(chan, CTRL_IB_PUT) == put + 5 and fake.acks[-1] == (chan, MODE_TRAPPED, 2, put + 5),
+          f"unshadow: real IB_PUT {fake.page(chan, CTRL_IB_PUT)}, ack {fake.acks[-1]}")
+    dev.free(slot)
+
+
 def check_pong_for_alloc(dev, fake):
     """Item 8: a PONG carrying a pending CHAN_ALLOC's seq must not leave the
     mailbox BUSY: a reply of the wrong type drops the link (E_LINK)."""
@@ -1463,6 +1491,7 @@ def case_hardening(bins, tmp):
         qmp = Qmp(q.qmp_path)
         dev.wait_link()
         check_dma_after_free(dev, fake)
+        check_store_behind_shadow(dev, fake)
         check_pong_for_alloc(dev, fake)
         check_unsealed_memfd(dev, fake)
         check_send_failure_mid_message(dev, fake, qmp)

@@ -518,20 +518,25 @@ static void slot_map_mode(PvgpuSlot *sl, uint32_t mode)
 }
 
 /*
- * After the shadow is mapped (committed).  The shadow was seeded before the
- * commit so it never shows stale values, but until the commit a DIRECT vCPU
- * could still store IB_PUT into the real page: that store is newer than the
- * seed and the GPU may have seen it, so it must not be lost and later rewound
- * by the unshadow.  Take it over unless the guest has stored into the shadow
- * since (its newer value wins: compare-and-swap against the seed).
+ * After the shadow is mapped (committed), and on every refresh tick while
+ * shadowed.  The shadow was seeded before the commit so it never shows stale
+ * values, but until the commit a DIRECT vCPU could still store IB_PUT into
+ * the real page (under TCG, until its TLB flush runs): that store is newer
+ * than the seed and the GPU may have seen it, so it must not be lost and
+ * later rewound by the unshadow.  Nothing else writes the real IB_PUT while
+ * shadowed.  Take it over unless the guest has stored into the shadow since
+ * (its newer value wins: compare-and-swap against the seed).
  */
 static void slot_settle_shadow(PvgpuSlot *sl)
 {
     uint32_t now = qatomic_read(&slot_real(sl)->ib_put);
 
     if (now != sl->shadow_seed) {
-        qatomic_cmpxchg(&sl->shadow->ib_put, sl->shadow_seed, now);
-        sl->reported_held = now;
+        if (qatomic_cmpxchg(&sl->shadow->ib_put, sl->shadow_seed, now) ==
+            sl->shadow_seed) {
+            sl->reported_held = now;
+        }
+        sl->shadow_seed = now;
     }
 }
 
@@ -631,6 +636,7 @@ static void pvgpu_refresh_cb(void *opaque)
             continue;
         }
         if (sl->mode == PVGPU_MODE_SHADOWED) {
+            slot_settle_shadow(sl);
             sl->shadow->ib_get = real->ib_get;
             sl->shadow->fence = real->fence;
             sl->shadow->status = real->status;
