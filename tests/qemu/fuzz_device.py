@@ -149,7 +149,8 @@ class Fuzzer:
     # ---- daemon actions
     def daemon(self):
         fake, rng = self.fake, self.rng
-        chans = list(fake.channels)
+        freed = set(fake.frees)
+        chans = [c for c in fake.channels if c not in freed]   # mostly live ones
         chan = rng.choice(chans) if chans and rng.random() < 0.9 else rng.getrandbits(32)
         try:
             if rng.random() < 0.015:
@@ -158,7 +159,8 @@ class Fuzzer:
                 fake.send(qt.MSG_MODE, 0, struct.pack("<IIII", chan, rng.randrange(3),
                                                       rng.getrandbits(32), 0))
             elif rng.random() < 0.3:
-                fake.send(qt.MSG_NOTICE, 0, struct.pack("<IIII", chan, rng.randrange(6), 0, 0))
+                fake.send(qt.MSG_NOTICE, 0, struct.pack("<IIQ", rng.randrange(6), chan,
+                                                        rng.getrandbits(64)))
             elif chan in fake.channels:
                 off = rng.choice((qt.CTRL_IB_GET, qt.CTRL_FENCE, qt.CTRL_STATUS, qt.CTRL_ERROR))
                 fake.set_page(chan, off, self.rand32())
