@@ -5,15 +5,19 @@ qemu-patches/build-qemu.sh --asan).
 
 Each step is one random action of the guest or of a hostile daemon:
   guest   mailbox commands with plausible and random arguments, TASK_NAME
-          bytes, accesses of every size and alignment anywhere in BAR0, BAR2
-          (control and doorbell pages of every slot) and BAR4, MSI-X
-          enable/mask and table writes, a machine reset;
+          bytes, named registers, accesses of every size and alignment
+          anywhere in BAR0, BAR2 (control and doorbell pages of every slot)
+          and BAR4, submissions (ring entries, IB_PUT, doorbell), MSI-X
+          enable/mask and table writes, machine resets, hot-unplug and
+          re-plug (`pc` machine, QMP device_del + ACPI eject, device_add);
   daemon  (a fake pvgpud in this script) MODE pushes with valid and invalid
           modes and channel ids, NOTICEs, replies with stray sequence
-          numbers or the wrong type, malformed headers, garbage bytes,
-          dropped connections, refused or malformed CHAN_REPLYs (no fds,
-          unsealed memory, wrong size), and what the GPU writes into the
-          channel memory (FENCE, STATUS, IB_GET, ERROR).
+          numbers or the wrong type, malformed headers, garbage bytes, ERROR,
+          fds on a MODE, refused, bad-version or version-1 HELLO_REPLYs, dropped
+          connections, refused or malformed CHAN_REPLYs (no fds,
+          unsealed memory, wrong size), and what the GPU (FENCE, STATUS,
+          IB_GET, ERROR) or a stale vCPU store (IB_PUT) puts into the
+          channel memory.
 After every step QEMU must answer (a crash or hang ends the run); after
 every mailbox command CMD_STATUS must leave BUSY within 2 s; a sanitizer
 report in QEMU's stderr fails the run.  The same seed replays the same
@@ -68,6 +72,11 @@ class HostileDaemon(FakeDaemon):
             pass             # QEMU dropped the connection first
 
     def handle_hostile(self, conn, mtype, seq, body):
+        if mtype == qt.MSG_HELLO and self.rng.random() < 0.1:
+            # refused, versions never offered, and a version-1 daemon
+            status, version = self.rng.choice(((qt.E_STATE, 2), (0, 0), (0, 99), (0, 1)))
+            self.send(qt.MSG_HELLO_REPLY, seq, struct.pack("<IIII", status, version, 1, 16), conn=conn)
+            return
         if mtype == qt.MSG_CHAN_ALLOC:
             r = self.rng.random()
             if r < 0.01:
@@ -97,9 +106,13 @@ class Fuzzer:
         self.tmp = tmp
         sock = os.path.join(tmp, "fake.sock")
         self.fake = HostileDaemon(sock, random.Random(args.seed + 1))
-        self.q = Qemu(args.qemu, tmp, sock, uuidlib.uuid4(), name="vm-fuzz", slots=SLOTS)
+        # `pc`: its bus 0 is hotpluggable, so unplug and re-plug are actions too.
+        self.q = Qemu(args.qemu, tmp, sock, uuidlib.uuid4(), name="vm-fuzz", slots=SLOTS,
+                      machine="pc", qmp=True)
         self.dev = Device(self.q)
+        self.qmp = qt.Qmp(self.q.qmp_path)
         self.dev.wait_link()
+        self.replugs = 0
         self.steps = 0
         self.reconnects = 0
         self.outcomes = set()      # (command, status)
@@ -142,6 +155,38 @@ class Fuzzer:
             self.q.writel(BAR1_GPA + 16 * v + 8, rng.getrandbits(32))
             self.q.writel(BAR1_GPA + 16 * v + 12, rng.getrandbits(1))   # mask bit
 
+    def submit(self):
+        """What a driver does: ring entries, IB_PUT, doorbell (any slot)."""
+        dev, rng = self.dev, self.rng
+        slot = rng.randrange(SLOTS)
+        put = rng.getrandbits(8)
+        if rng.random() < 0.7:
+            dev.q.write(dev.ring(slot, put), struct.pack("<QII", rng.getrandbits(16), put + 1, 0))
+        dev.q.writel(dev.ctrl(slot, qt.CTRL_IB_PUT), put + 1)
+        if rng.random() < 0.8:
+            dev.q.writel(dev.doorbell(slot), 1)
+        if rng.random() < 0.3:
+            dev.q.readl(dev.ctrl(slot, rng.choice((0, 4, 8, 12, 16, 20))))
+
+    def register(self):
+        """A read or write of a named register (random offsets rarely hit them)."""
+        dev, rng = self.dev, self.rng
+        off = rng.choice([0x0, 0x4, 0x8, 0xC, 0x14, 0x18, 0x1C, 0x20, 0x24, 0x28, 0x2C, 0x30, 0x34,
+                          0x38, 0x3C, 0x40, 0x44, qt.REG_TASK_NAME + 4 * rng.randrange(8),
+                          REG_SLOT_BASE + 0x10 * rng.randrange(SLOTS) + 4 * rng.randrange(4),
+                          REG_WAIT_BASE + 0x10 * rng.randrange(SLOTS) + 4 * rng.randrange(4)])
+        if rng.random() < 0.7:
+            dev.reg(off)
+        else:
+            dev.set_reg(off, self.rand32())
+
+    def replug(self):
+        qt.unplug(self.q, self.qmp)
+        self.qmp.execute("device_add", driver="pvgpu", chardev="pv", addr=f"{qt.PCI_DEV:02x}.0",
+                         slots=SLOTS, id="pvgpu0")
+        self.dev = Device(self.q)
+        self.replugs += 1
+
     def reset(self):
         self.q.outb(0xCF9, 0x06)
         self.dev = Device(self.q)          # the reset cleared the BARs
@@ -162,7 +207,9 @@ class Fuzzer:
                 fake.send(qt.MSG_NOTICE, 0, struct.pack("<IIQ", rng.randrange(6), chan,
                                                         rng.getrandbits(64)))
             elif chan in fake.channels:
-                off = rng.choice((qt.CTRL_IB_GET, qt.CTRL_FENCE, qt.CTRL_STATUS, qt.CTRL_ERROR))
+                # IB_PUT too: what a vCPU with a stale TLB stores behind a shadow
+                off = rng.choice((qt.CTRL_IB_PUT, qt.CTRL_IB_GET, qt.CTRL_FENCE, qt.CTRL_STATUS,
+                                  qt.CTRL_ERROR))
                 fake.set_page(chan, off, self.rand32())
         except (TestFailure, OSError):
             pass              # no connection right now: the device is reconnecting
@@ -186,28 +233,42 @@ class Fuzzer:
             with fake.lock:
                 if fake.conn:
                     fake.conn.sendall(hdr[:rng.randrange(1, len(hdr) + 1)])
-        elif r < 0.9:
+        elif r < 0.85:
             with fake.lock:
                 if fake.conn:
                     fake.conn.sendall(bytes(rng.getrandbits(8) for _ in range(rng.randrange(1, 64))))
+        elif r < 0.9:
+            fake.send(qt.MSG_ERROR, 0, struct.pack("<II", qt.E_INVALID, 0) + b"fuzz".ljust(120, b"\0"))
+        elif r < 0.95:           # fds on a message that carries none
+            efd = os.eventfd(0)
+            try:
+                fake.send(qt.MSG_MODE, 0, struct.pack("<IIII", chan, 0, 0, 0), fds=[efd])
+            finally:
+                os.close(efd)
         else:
             fake.drop()
 
     # ---- one step
     def step(self):
         r = self.rng.random()
-        if r < 0.30:
+        if r < 0.25:
             self.mailbox()
-        elif r < 0.40:
+        elif r < 0.30:
             self.access(BAR0_GPA, PAGE)
-        elif r < 0.55:
+        elif r < 0.38:
             self.access(BAR2_GPA, SLOTS * SLOT_STRIDE)
-        elif r < 0.62:
+        elif r < 0.42:
             self.access(BAR4_GPA, SLOTS * PAGE)
-        elif r < 0.65:
+        elif r < 0.52:
+            self.submit()
+        elif r < 0.57:
+            self.register()
+        elif r < 0.60:
             self.msix()
-        elif r < 0.655:
+        elif r < 0.604:
             self.reset()
+        elif r < 0.606:
+            self.replug()
         else:
             self.daemon()
         self.steps += 1
@@ -276,6 +337,8 @@ def main():
     except TestFailure as e:
         failure = str(e)
     finally:
+        if fz:
+            fz.qmp.close()
         rc = fz.q.close() if fz else None
         if fz:
             fz.fake.close()
@@ -305,6 +368,8 @@ def main():
                                                  "; ".join(stats["link_drops_and_refusals"])))
     print("RESULT fuzz.states=%s" % " ".join(stats["states"]))
     print("RESULT fuzz.daemon_connections=%d" % stats["daemon_connections"])
+    stats["replugs"] = fz.replugs if fz else 0
+    print("RESULT fuzz.replugs=%d" % stats["replugs"])
     if args.stats:
         with open(args.stats, "w") as f:
             json.dump(stats, f, indent=1)
