@@ -1,12 +1,18 @@
 #!/bin/sh
 # Build QEMU 7.2 (Debian bookworm source) with the pvgpu PCI device.
 #
-#   qemu-patches/build-qemu.sh [--deps-only|--no-deps]
+#   qemu-patches/build-qemu.sh [--deps-only|--no-deps] [--asan]
 #
 # Idempotent: every stage leaves a stamp file in the cache directory and is
 # skipped when its stamp is newer than its inputs.  The cache directory is
 # $PVGPU_QEMU_DIR (default: <repo>/build/qemu-src).  Result:
-#   $PVGPU_QEMU_DIR/build/qemu-system-x86_64
+#   $PVGPU_QEMU_DIR/qemu-system-x86_64
+# --asan builds, instead, a second QEMU from the same source tree with
+# AddressSanitizer and UBSan (configure --enable-sanitizers) and without TCG
+# (qtest needs no CPU emulation; leaving it out halves the build), for the
+# qemu test suite's use-after-free checks.  Its build directory is
+# $PVGPU_QEMU_ASAN_DIR (default: <repo>/build/qemu-asan).  Result:
+#   $PVGPU_QEMU_ASAN_DIR/qemu-system-x86_64
 # Installing packages and adding the deb-src entry needs root (apt); when
 # not root those steps are skipped and missing tools make the build fail
 # with a message.
@@ -16,7 +22,16 @@ here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
 cache=${PVGPU_QEMU_DIR:-$repo/build/qemu-src}
 jobs=${PVGPU_QEMU_JOBS:-$(nproc 2>/dev/null || echo 2)}
-mode=${1:-all}
+mode=all
+asan=0
+for arg in "$@"; do
+    case $arg in
+    --deps-only|--no-deps) mode=$arg ;;
+    --asan) asan=1 ;;
+    -h|--help) sed -n '2,/^set -eu/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) printf 'build-qemu: unknown option %s (see --help)\n' "$arg" >&2; exit 2 ;;
+    esac
+done
 
 log() { printf 'build-qemu: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -106,25 +121,37 @@ for h in abi.h protocol.h; do
 done
 
 # --- 4. configure ------------------------------------------------------------
-bdir="$src/build"
-conf_args="--target-list=x86_64-softmmu --without-default-features \
---without-default-devices --enable-kvm --enable-tcg --disable-docs \
---disable-install-blobs"
+conf_base="--target-list=x86_64-softmmu --without-default-features \
+--without-default-devices --enable-kvm"
+if [ $asan = 1 ]; then
+    out=${PVGPU_QEMU_ASAN_DIR:-$repo/build/qemu-asan}
+    mkdir -p "$out"
+    out=$(cd "$out" && pwd)
+    bdir="$out/build"
+    conf_args="$conf_base --disable-tcg --disable-docs --disable-install-blobs \
+--enable-sanitizers"
+    stamp="$out/.stamp-configure"
+else
+    out=$cache
+    bdir="$src/build"
+    conf_args="$conf_base --enable-tcg --disable-docs --disable-install-blobs"
+    stamp="$cache/.stamp-configure"
+fi
 # Debian's source has no embedded meson: use the system one, and the system
 # python (a pyenv shim first in PATH would lack meson's modules).
 PATH=/usr/bin:/bin:$PATH
 export PATH
-if [ ! -f "$cache/.stamp-configure" ] || [ "$(cat "$cache/.stamp-configure")" != "$conf_args" ] ||
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$conf_args" ] ||
    [ ! -f "$bdir/build.ninja" ]; then
-    log "configuring"
+    log "configuring $bdir"
     mkdir -p "$bdir"
     # shellcheck disable=SC2086
     (cd "$bdir" && "$src/configure" --meson=/usr/bin/meson $conf_args) || die "configure failed"
-    printf '%s\n' "$conf_args" > "$cache/.stamp-configure"
+    printf '%s\n' "$conf_args" > "$stamp"
 fi
 
 # --- 5. build ----------------------------------------------------------------
-log "building qemu-system-x86_64 (-j$jobs)"
+log "building $bdir/qemu-system-x86_64 (-j$jobs)"
 (cd "$bdir" && ninja -j"$jobs" qemu-system-x86_64) || die "build failed"
-ln -sfn "$bdir/qemu-system-x86_64" "$cache/qemu-system-x86_64"
-log "done: $cache/qemu-system-x86_64"
+ln -sfn "$bdir/qemu-system-x86_64" "$out/qemu-system-x86_64"
+log "done: $out/qemu-system-x86_64"

@@ -15,10 +15,13 @@ tests/vm/setup-guest.sh "$build"
 tests/libvirt/setup-libvirt.sh
 ./setup.sh "$build"
 # QEMU 7.2 with the pvgpu device, for the 'qemu' and 'vm' suites (first build
-# ~5 min; later runs reuse build/qemu-src).  PVGPU_SKIP_QEMU=1 skips it
-# knowingly: those suites then report their tests as skipped.
+# ~5 min; later runs reuse build/qemu-src), and the same QEMU with ASan and
+# UBSan for the qemu suite's qemu-asan-* tests (build/qemu-asan, from the same
+# source).  PVGPU_SKIP_QEMU=1 skips both knowingly: those suites then report
+# their tests as skipped.
 if [ "${PVGPU_SKIP_QEMU:-0}" != 1 ]; then
     qemu-patches/build-qemu.sh
+    qemu-patches/build-qemu.sh --no-deps --asan
 fi
 status=0
 meson test -C "$build" --print-errorlogs || status=1

@@ -22,11 +22,22 @@ Cases:
   restart   the real pvgpud restarted under the VM: channels are marked lost
             and re-allocated when the device reconnects.
 
-usage: qemu_test.py --qemu PATH --pvgpud PATH --pvgpuctl PATH [--load PATH] CASE|all
+  unplug    the real pvgpud: hot-unplug (pc machine, ACPI eject) gives the
+            channels, the VM and the connection back; re-plug is a new VM.
+  hardening a fake pvgpud: another device's DMA into BAR2 outliving CHAN_FREE
+            (run against the ASan build it catches a use-after-free), an
+            IB_PUT store behind the shadow's back, a PONG answering CHAN_ALLOC, channel memory not sealed against
+            shrinking, a send failing while a daemon message is processed.
+
+usage: qemu_test.py --qemu PATH [--asan] --pvgpud PATH --pvgpuctl PATH [--load PATH] CASE|all
+--asan: PATH is the sanitizer build (qemu-patches/build-qemu.sh --asan); a
+sanitizer report in QEMU's stderr fails the case.  PVGPU_QEMU_DIR (or, with
+--asan, PVGPU_QEMU_ASAN_DIR) overrides the directory of PATH.
 Exit status 77 (skip) when the QEMU binary does not exist.
 """
 
 import argparse
+import fcntl
 import json
 import mmap
 import os
@@ -63,6 +74,7 @@ MSG_HELLO_REPLY, MSG_CHAN_REPLY, MSG_FREE_REPLY, MSG_MODE, MSG_NOTICE, MSG_ERROR
 MSG_TASK_WEIGHT_REPLY = 71
 PROTO_VERSION = 2
 E_OK, E_VERSION, E_INVALID, E_STATE, E_LIMIT = 0, 1, 2, 3, 4
+E_INTERNAL = 6
 WEIGHT_MAX = 10000
 
 VENDOR_ID, DEVICE_ID = 0x1234, 0x5047
@@ -108,7 +120,8 @@ def wait_for(pred, timeout, what, step=0.002):
 
 
 class Qemu:
-    def __init__(self, binary, workdir, chardev_path, vm_uuid, name="vm-qt", slots=16):
+    def __init__(self, binary, workdir, chardev_path, vm_uuid, name="vm-qt", slots=16,
+                 machine="q35", extra_args=(), qmp=False):
         self.workdir = workdir
         bios = os.path.join(workdir, "bios.bin")
         if not os.path.exists(bios):
@@ -117,11 +130,14 @@ class Qemu:
                 f.write(b"\xf4" * 65536)
         self.stderr_path = os.path.join(workdir, f"qemu-{name}.log")
         self.stderr = open(self.stderr_path, "w")
-        args = [binary, "-machine", "q35", "-accel", "qtest", "-qtest", "stdio",
+        args = [binary, "-machine", machine, "-accel", "qtest", "-qtest", "stdio",
                 "-qtest-log", "/dev/null", "-display", "none", "-nodefaults", "-m", "64",
                 "-bios", bios, "-uuid", str(vm_uuid), "-name", name,
                 "-chardev", f"socket,id=pv,path={chardev_path},reconnect=1",
-                "-device", f"pvgpu,chardev=pv,addr={PCI_DEV:02x}.0,slots={slots},id=pvgpu0"]
+                "-device", pvgpu_device_arg(slots)] + list(extra_args)
+        self.qmp_path = os.path.join(workdir, f"qmp-{name}.sock") if qmp else None
+        if qmp:
+            args += ["-qmp", f"unix:{self.qmp_path},server=on,wait=off"]
         log("qemu: " + " ".join(args))
         self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.stderr, bufsize=0)
@@ -171,6 +187,9 @@ class Qemu:
     def outl(self, port, val):
         self.cmd(f"outl 0x{port:x} 0x{val:x}")
 
+    def outb(self, port, val):
+        self.cmd(f"outb 0x{port:x} 0x{val:x}")
+
     def inl(self, port):
         return int(self.cmd(f"inl 0x{port:x}"), 16)
 
@@ -194,6 +213,69 @@ class Qemu:
                 self.proc.wait()
         self.stderr.close()
         return self.proc.returncode
+
+
+def pvgpu_device_arg(slots):
+    return f"pvgpu,chardev=pv,addr={PCI_DEV:02x}.0,slots={slots},id=pvgpu0"
+
+
+class Qmp:
+    """A minimal QMP client on QEMU's -qmp socket; events are kept in order."""
+
+    def __init__(self, path, timeout=10):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        # QEMU creates the socket while it starts up.
+        wait_for(lambda: os.path.exists(path), timeout, f"QMP socket {path}", step=0.01)
+        self.sock.connect(path)
+        self.buf = b""
+        self.events = []
+        self.read(timeout)                         # the greeting
+        self.execute("qmp_capabilities")
+
+    def read(self, timeout):
+        """The next message, or None after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.sock], [], [], left)[0]:
+                return None
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise TestFailure("QMP connection closed")
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return json.loads(line)
+
+    def execute(self, command, timeout=10, **arguments):
+        msg = {"execute": command}
+        if arguments:
+            msg["arguments"] = arguments
+        self.sock.sendall(json.dumps(msg).encode() + b"\n")
+        while True:
+            reply = self.read(timeout)
+            if reply is None:
+                raise TestFailure(f"QMP {command}: no reply within {timeout} s")
+            if "event" in reply:
+                self.events.append(reply)
+            elif "error" in reply:
+                raise TestFailure(f"QMP {command}: {reply['error']}")
+            elif "return" in reply:
+                return reply["return"]
+
+    def wait_event(self, name, timeout):
+        deadline = time.monotonic() + timeout
+        while True:
+            for i, e in enumerate(self.events):
+                if e["event"] == name:
+                    return self.events.pop(i)
+            msg = self.read(max(0.0, deadline - time.monotonic()))
+            if msg is None:
+                raise TestFailure(f"no QMP event {name} within {timeout} s")
+            if "event" in msg:
+                self.events.append(msg)
+
+    def close(self):
+        self.sock.close()
 
 
 class Device:
@@ -311,16 +393,20 @@ class Device:
         self.set_reg(REG_CMD, cmd)
         return self.reg(REG_CMD_STATUS)
 
-    def command(self, cmd, arg0=0, arg1=0, timeout=10, arg2=None):
-        self.start(cmd, arg0, arg1, arg2)
+    def wait_command(self, cmd, timeout):
+        """CMD_STATUS once it leaves BUSY (`cmd` names the command in errors)."""
         deadline = time.monotonic() + timeout
         while True:
             st = self.reg(REG_CMD_STATUS)
             if st != CMDST_BUSY:
-                break
+                return st
             if time.monotonic() > deadline:
-                raise TestFailure(f"mailbox command {cmd} still busy after {timeout} s")
-            time.sleep(0.001)
+                raise TestFailure(f"mailbox command {cmd:#x} still busy after {timeout} s")
+            time.sleep(0.0005)
+
+    def command(self, cmd, arg0=0, arg1=0, timeout=10, arg2=None):
+        self.start(cmd, arg0, arg1, arg2)
+        st = self.wait_command(cmd, timeout)
         if st == CMDST_OK:
             check(self.reg(REG_IRQ_STATUS) & IRQ_CMD_DONE, "CMD_DONE interrupt status not set")
         return st, self.reg(REG_RESULT0), self.reg(REG_RESULT1)
@@ -395,6 +481,10 @@ class FakeDaemon:
         self.task_weights = []         # (seq, pid_hint, weight, reserved) received
         self.task_weight_status = E_OK
         self.hold_task_weight = False  # never answer TASK_WEIGHT
+        self.seal = True               # seal channel memfds like pvgpud (F_SEAL_SHRINK)
+        self.pong_alloc = False        # answer CHAN_ALLOC with a PONG of its seq
+        self.eofs = 0                  # connections the VMM closed
+        self.memfds = {}               # chan -> memfd kept open (when not sealed)
         self.paused = False   # stop reading (timing runs: keep Python off the CPU)
         self.thread = threading.Thread(target=self.serve, daemon=True)
         self.thread.start()
@@ -421,9 +511,12 @@ class FakeDaemon:
                     data = b""
                 if not data:
                     with self.lock:
-                        if self.conn is conn:
+                        mine = self.conn is conn   # else a test took it over
+                        if mine:
                             self.conn = None
-                    conn.close()
+                            self.eofs += 1
+                    if mine:
+                        conn.close()
                     continue
                 self.buf += data
                 while len(self.buf) >= 16:
@@ -463,13 +556,21 @@ class FakeDaemon:
         elif mtype == MSG_CHAN_ALLOC:
             pid_hint = struct.unpack_from("<Q", body)[0]
             task_name = bytes(body[8:40])
+            if self.pong_alloc:
+                self.send(MSG_PONG, seq, b"", conn=conn)
+                return
             if self.refuse_alloc:
                 self.send(MSG_CHAN_REPLY, seq, struct.pack("<IIII", E_LIMIT, 0, 0, 0), conn=conn)
                 return
             chan = self.next_chan
             self.next_chan += 1
-            mfd = os.memfd_create(f"fake-chan{chan}")
+            mfd = os.memfd_create(f"fake-chan{chan}", os.MFD_ALLOW_SEALING)
             os.ftruncate(mfd, CHAN_MEM_SIZE)
+            if self.seal:
+                fcntl.fcntl(mfd, fcntl.F_ADD_SEALS,
+                            fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+            else:
+                self.memfds[chan] = os.dup(mfd)
             efd = os.eventfd(0, os.EFD_NONBLOCK)
             mem = mmap.mmap(mfd, CHAN_MEM_SIZE)
             self.channels[chan] = {"mem": mem, "bell": efd, "pid_hint": pid_hint,
@@ -1203,6 +1304,210 @@ def bad_mailbox(dev):
     result("mailbox.bad_accesses_counted", dev.reg(REG_BAD_ACCESS) - bad)
 
 
+class Ahci:
+    """Just enough of q35's ICH9 AHCI (00:1f.2, port 0: an ide-hd on a null-co
+    drive with a completion latency) to have a disk write into any guest-physical
+    address -- another device's DMA -- while the test does something else."""
+
+    ABAR = 0xE0800000                      # BAR5, clear of pvgpu's BARs
+    CLB, FIS, CTBA = 0x200000, 0x201000, 0x202000   # guest RAM
+    PORT = ABAR + 0x100
+    PX_CMD, PX_TFD, PX_SERR, PX_IS, PX_CI = 0x18, 0x20, 0x30, 0x10, 0x38
+
+    def __init__(self, q):
+        self.q = q
+        check(self.cfg(0, None) == 0x29228086, f"no ICH9 AHCI at 00:1f.2 ({self.cfg(0, None):#x})")
+        self.cfg(0x24, self.ABAR)
+        self.cfg(0x04, 0x0006)             # memory space + bus master
+        q.writel(self.ABAR + 0x04, 1 << 31)   # GHC.AE: AHCI mode
+        for off, val in ((0x00, self.CLB), (0x04, 0), (0x08, self.FIS), (0x0C, 0),
+                         (self.PX_SERR, 0xFFFFFFFF), (self.PX_IS, 0xFFFFFFFF),
+                         (self.PX_CMD, 1 << 4), (self.PX_CMD, 1 << 4 | 1)):   # FRE, then ST
+            q.writel(self.PORT + off, val)
+
+    def cfg(self, off, val):
+        self.q.outl(0xCF8, 0x80000000 | (0x1F << 11) | (2 << 8) | off)
+        if val is None:
+            return self.q.inl(0xCFC)
+        self.q.outl(0xCFC, val)
+
+    def read_sector_into(self, gpa):
+        """READ DMA EXT of sector 0 into `gpa`; returns at once, the DMA in flight."""
+        q = self.q
+        q.write(self.CLB, struct.pack("<IIII", 5 | 1 << 16, 0, self.CTBA, 0))  # CFL 5, 1 PRD
+        fis = bytes([0x27, 0x80, 0x25, 0, 0, 0, 0, 0x40, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0])
+        q.write(self.CTBA, fis.ljust(0x80, b"\0") + struct.pack("<IIII", gpa, 0, 0, 511))
+        q.writel(self.PORT + self.PX_CI, 1)
+
+    def busy(self):
+        return self.q.readl(self.PORT + self.PX_CI) & 1
+
+    def status(self):
+        return self.q.readl(self.PORT + self.PX_TFD) & 0xFF
+
+
+DMA_LATENCY_NS = 1_000_000_000
+
+
+def check_dma_after_free(dev, fake):
+    """Item 5: another device's DMA into BAR2 outlives the channel.  The DMA
+    maps the control page (a bounce buffer that holds the region) and writes
+    it back when the disk completes, after CHAN_FREE.  The region must still
+    exist then (the ASan build reports a use-after-free otherwise) and the
+    write must land in the empty slot, not in the freed channel's memory."""
+    q = dev.q
+    slot, chan = dev.alloc(0x5A)
+    fake.set_page(chan, CTRL_FENCE, 0x5A5A)
+    ahci = Ahci(q)
+    bad = dev.reg(REG_BAD_ACCESS)
+    t0 = time.monotonic()
+    ahci.read_sector_into(dev.ctrl(slot))
+    check(ahci.busy(), "the disk finished before the channel could be freed")
+    dev.free(slot)
+    check(time.monotonic() - t0 < DMA_LATENCY_NS / 1e9 / 2, "CHAN_FREE was not inside the DMA")
+    wait_for(lambda: not ahci.busy(), 10, "the disk DMA to complete")
+    check(ahci.status() & 0x01 == 0, f"the disk read failed: TFD {ahci.status():#x}")
+    check(fake.page(chan, CTRL_FENCE) == 0x5A5A, "the late DMA wrote into the freed channel")
+    check(dev.reg(REG_BAD_ACCESS) > bad, "the late DMA write-back did not reach the empty slot")
+    check(q.readl(dev.ctrl(slot, CTRL_FENCE)) == 0xFFFFFFFF, "freed slot still mapped")
+    result("hardening.dma_after_free", f"bad accesses {dev.reg(REG_BAD_ACCESS) - bad}")
+
+
+def check_store_behind_shadow(dev, fake):
+    """Item 9: a guest IB_PUT store that reaches the real page after the
+    shadow was seeded (inside the switch's memory transaction, or from a TCG
+    vCPU whose TLB still maps the real page) may already be seen by the GPU:
+    the shadow takes it over and the unshadow must not rewind it.  qtest
+    cannot store inside the transaction (it waits for the BQL), so the store
+    is made into the shared page directly, as that vCPU would, after the
+    switch."""
+    q = dev.q
+    slot, chan = dev.alloc(0x64)
+    put = dev.submit(slot, 0, 2, 1000)
+    n = fake.push_mode(chan, MODE_SHADOWED, 1)
+    wait_for(lambda: len(fake.acks) > n, 5, "the SHADOWED ack")
+    check(fake.acks[-1] == (chan, MODE_SHADOWED, 1, put), f"SHADOWED ack {fake.acks[-1]}")
+    fake.set_page(chan, CTRL_IB_PUT, put + 3)         # the late store
+    wait_for(lambda: q.readl(dev.ctrl(slot, CTRL_IB_PUT)) == put + 3, 2,
+             "the shadow to take over the store that reached the real page")
+    q.writel(dev.ctrl(slot, CTRL_IB_PUT), put + 5)     # the guest goes on in the shadow
+    fake.set_page(chan, CTRL_IB_PUT, put + 4)         # an older late store loses
+    time.sleep(0.02)
+    check(q.readl(dev.ctrl(slot, CTRL_IB_PUT)) == put + 5, "a late store overwrote a newer shadow store")
+    n = fake.push_mode(chan, MODE_TRAPPED, 2)
+    wait_for(lambda: len(fake.acks) > n, 5, "the unshadow ack")
+    check(fake.page(chan, CTRL_IB_PUT) == put + 5 and fake.acks[-1] == (chan, MODE_TRAPPED, 2, put + 5),
+          f"unshadow: real IB_PUT {fake.page(chan, CTRL_IB_PUT)}, ack {fake.acks[-1]}")
+    dev.free(slot)
+
+
+def check_pong_for_alloc(dev, fake):
+    """Item 8: a PONG carrying a pending CHAN_ALLOC's seq must not leave the
+    mailbox BUSY: a reply of the wrong type drops the link (E_LINK)."""
+    gen = dev.reg(REG_LINK_GEN)
+    fake.pong_alloc = True
+    try:
+        st, _, _ = dev.command(CMD_CHAN_ALLOC, 0x60, timeout=5)
+    finally:
+        fake.pong_alloc = False
+    check(st == CMDST_E_LINK, f"CHAN_ALLOC answered by a PONG: status {st}")
+    check(all(dev.slot_reg(i, SLOT_STATE) == SLOT_FREE for i in range(dev.slots)), "a slot leaked")
+    wait_for(lambda: dev.reg(REG_LINK_GEN) > gen and dev.reg(REG_LINK) == LINK_READY, 10,
+             "the reconnect after the PONG")
+
+
+def check_unsealed_memfd(dev, fake):
+    """Item 8: channel memory the daemon could shrink is refused (and given
+    back); shrinking it afterwards cannot hurt QEMU (SIGBUS if mapped)."""
+    q = dev.q
+    fake.seal = False
+    try:
+        st, slot, r1 = dev.command(CMD_CHAN_ALLOC, 0x61)
+    finally:
+        fake.seal = True
+    chan = max(fake.memfds)
+    os.ftruncate(fake.memfds.pop(chan), 0)
+    check(q.readl(dev.ctrl(slot, CTRL_FENCE)) == 0xFFFFFFFF, "the unsealed memory is mapped")
+    check((st, r1) == (CMDST_E_DAEMON, E_INTERNAL), f"CHAN_ALLOC with an unsealed memfd: {st}/{r1}")
+    wait_for(lambda: chan in fake.frees, 5, "the refused channel to be given back")
+    check(q.alive(), "QEMU died")
+
+
+def check_send_failure_mid_message(dev, fake, qmp):
+    """Item 6: the daemon answers HELLO and stops reading at once, so the
+    device's re-allocation of a lost channel is written while the HELLO_REPLY
+    is processed, and fails (EPIPE); the chardev drops the link from inside
+    that write.
+    The request queue must stay sane: a reset afterwards takes no time."""
+    q = dev.q
+    slot, _ = dev.alloc(0x62)
+    fake.hold_hello = True
+    held = len(fake.held_hellos)
+    fake.drop()
+    wait_for(lambda: len(fake.held_hellos) > held, 10, "the HELLO of the reconnect")
+    check(dev.slot_reg(slot, SLOT_STATE) == SLOT_LOST, "the slot is not lost")
+    gen = dev.reg(REG_LINK_GEN)
+    conn, seq, version = fake.held_hellos.pop()
+    fake.hold_hello = False
+    with fake.lock:
+        fake.conn = None                   # the test owns this connection now
+    # QEMU stopped: it finds the reply and a peer that reads no more together
+    # (a full close would also raise HUP, which may be handled first).
+    q.proc.send_signal(signal.SIGSTOP)
+    try:
+        fake.answer_hello(conn, seq, version)
+        conn.shutdown(socket.SHUT_RD)
+    finally:
+        q.proc.send_signal(signal.SIGCONT)
+    # The link was READY (LINK_GEN counts it) and is down again; the chardev
+    # reconnects 1 s later, so the reset below comes first.
+    wait_for(lambda: dev.reg(REG_LINK_GEN) > gen and dev.reg(REG_LINK) == LINK_DOWN, 0.8,
+             "the link to drop while the HELLO_REPLY is processed")
+    conn.close()
+    qmp.events.clear()
+    t0 = time.monotonic()
+    q.outb(0xCF9, 0x06)                    # ICH9 reset control: hard reset
+    qmp.wait_event("RESET", 30)
+    took = time.monotonic() - t0
+    result("hardening.reset_after_failed_send_s", f"{took:.3f}")
+    check(took < 2, f"the reset took {took:.1f} s")
+    dev = Device(q)                        # the reset cleared the BARs
+    dev.wait_link()
+    slot, _ = dev.alloc(0x63)
+    check(dev.slot_reg(slot, SLOT_STATE) == SLOT_LIVE, "no channel after the reset")
+    dev.free(slot)
+    return dev
+
+
+def case_hardening(bins, tmp):
+    sock = os.path.join(tmp, "fake.sock")
+    fake = FakeDaemon(sock)
+    disk = ["-drive", f"if=none,id=d0,driver=null-co,size=1M,read-zeroes=on,latency-ns={DMA_LATENCY_NS}",
+            "-device", "ide-hd,drive=d0,bus=ide.0"]
+    q = Qemu(bins.qemu, tmp, sock, uuidlib.uuid4(), name="vm-hard", slots=4, extra_args=disk,
+             qmp=True)
+    qmp = None
+    try:
+        dev = Device(q)
+        qmp = Qmp(q.qmp_path)
+        dev.wait_link()
+        check_dma_after_free(dev, fake)
+        check_store_behind_shadow(dev, fake)
+        check_pong_for_alloc(dev, fake)
+        check_unsealed_memfd(dev, fake)
+        check_send_failure_mid_message(dev, fake, qmp)
+        check(q.alive(), "QEMU died")
+    finally:
+        if qmp:
+            qmp.close()
+        rc = q.close()
+        fake.close()
+        err = q.read_stderr() if os.path.exists(q.stderr_path) else ""
+        if err.strip():
+            log("qemu stderr:\n" + "\n".join("#   " + l for l in err.splitlines()[-40:]))
+    check(rc == 0, f"QEMU exit status {rc}")
+
+
 def start_vm(bins, tmp, daemon, name, slots=16):
     vm_uuid = uuidlib.uuid4()
     q = Qemu(bins.qemu, tmp, daemon.socket, vm_uuid, name=name, slots=slots)
@@ -1445,7 +1750,83 @@ def case_restart(bins, tmp):
     check(rc == 0, f"QEMU exit status {rc}")
 
 
-CASES = {"fake": case_fake, "daemon": case_daemon, "modes": case_modes, "restart": case_restart}
+ACPI_PCIHP_EJECT = 0xAE08   # PIIX4 ACPI PCI hotplug: the guest's eject register
+
+
+def unplug(q, qmp):
+    """Hot-unplug pvgpu0 as a guest would on `pc`: device_del raises the ACPI
+    eject request, the guest's ACPI code ejects the slot."""
+    qmp.events.clear()
+    qmp.execute("device_del", id="pvgpu0")
+    q.outl(ACPI_PCIHP_EJECT, 1 << PCI_DEV)
+    ev = qmp.wait_event("DEVICE_DELETED", 10)
+    check(ev["data"].get("device") in ("pvgpu0", None), f"DEVICE_DELETED {ev}")
+
+
+def case_unplug(bins, tmp):
+    """Item 10: unplug gives everything back to pvgpud (its channels, the VM
+    entity, the connection) and a re-plugged device is a new VM for the
+    daemon, all without a protocol error."""
+    d = Pvgpud(bins, tmp)
+    d.start()
+    vm_uuid = uuidlib.uuid4()
+    q = Qemu(bins.qemu, tmp, d.socket, vm_uuid, name="vm-plug", slots=4, machine="pc", qmp=True)
+    qmp = None
+
+    def entities():
+        return {e["path"]: e for e in d.ctl("list")["entities"]}
+    try:
+        dev = Device(q)
+        qmp = Qmp(q.qmp_path)
+        dev.wait_link()
+        for rnd in range(2):
+            slot, _ = dev.alloc(pid_hint=0x70 + rnd)
+            put = dev.submit(slot, 0, 4, 100_000)
+            wait_fence(dev, slot, put, 10, "4 kernels before the unplug")
+            ents = entities()
+            check(ents.get(f"vm-plug/task-{0x70 + rnd}", {}).get("channels") == 1,
+                  f"round {rnd}: task entity before the unplug: {list(ents)}")
+            unplug(q, qmp)
+            wait_for(lambda: not any(p.startswith("vm-plug") for p in entities()), 5,
+                     "pvgpud to drop the unplugged VM and its channels")
+            check(q.readl(BAR0_GPA + REG_MAGIC) != MAGIC, "the unplugged device still answers")
+            qmp.execute("device_add", driver="pvgpu", chardev="pv", addr=f"{PCI_DEV:02x}.0",
+                        slots=4, id="pvgpu0")
+            dev = Device(q)
+            dev.wait_link()
+            check(dev.slot_reg(0, SLOT_STATE) == SLOT_FREE, "a re-plugged device starts with a used slot")
+        check(not [l for l in d.lines if "HELLO" in l and ("second" in l or "already" in l)],
+              "pvgpud refused a HELLO: " + "; ".join(d.lines[-10:]))
+        result("unplug.rounds", 2)
+        check(q.alive() and d.alive(), "QEMU or pvgpud died")
+    finally:
+        if qmp:
+            qmp.close()
+        rc = q.close()
+        d.stop()
+        err = q.read_stderr() if os.path.exists(q.stderr_path) else ""
+        if err.strip():
+            log("qemu stderr:\n" + "\n".join("#   " + l for l in err.splitlines()[-20:]))
+    check(rc == 0, f"QEMU exit status {rc}")
+
+
+CASES = {"fake": case_fake, "daemon": case_daemon, "modes": case_modes, "restart": case_restart,
+         "hardening": case_hardening, "unplug": case_unplug}
+
+
+SANITIZER_REPORTS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:")
+
+
+def check_sanitizers(tmp):
+    """A QEMU built with --enable-sanitizers (build-qemu.sh --asan) reports to
+    its stderr; a report fails the case even when QEMU lived on (UBSan)."""
+    for f in sorted(os.listdir(tmp)):
+        if f.startswith("qemu-") and f.endswith(".log"):
+            text = open(os.path.join(tmp, f), errors="replace").read()
+            hit = next((r for r in SANITIZER_REPORTS if r in text), None)
+            if hit:
+                at = text.index(hit)
+                raise TestFailure(f"sanitizer report in {f}:\n" + text[max(0, at - 200):at + 3000])
 
 
 def main():
@@ -1454,15 +1835,23 @@ def main():
     ap.add_argument("--pvgpud")
     ap.add_argument("--pvgpuctl")
     ap.add_argument("--load")
+    ap.add_argument("--asan", action="store_true",
+                    help="--qemu is the sanitizer build (qemu-patches/build-qemu.sh --asan)")
     ap.add_argument("case", choices=list(CASES) + ["all"])
     bins = ap.parse_args()
-    if os.environ.get("PVGPU_QEMU_DIR"):
-        bins.qemu = os.path.join(os.environ["PVGPU_QEMU_DIR"], "qemu-system-x86_64")
+    cache_env = "PVGPU_QEMU_ASAN_DIR" if bins.asan else "PVGPU_QEMU_DIR"
+    if os.environ.get(cache_env):
+        bins.qemu = os.path.join(os.environ[cache_env], "qemu-system-x86_64")
+    # Sanitizer builds: QEMU's own exit-time leaks are not ours to judge;
+    # any other report stops QEMU (UBSan too) and fails the case.
+    os.environ.setdefault("ASAN_OPTIONS", "detect_leaks=0:abort_on_error=0:exitcode=99")
+    os.environ.setdefault("UBSAN_OPTIONS", "halt_on_error=1:print_stacktrace=1")
     for tool in ("pvgpud", "pvgpuctl", "load"):
-        if bins.case != "fake" and not getattr(bins, tool):
+        if bins.case not in ("fake", "hardening") and not getattr(bins, tool):
             ap.error(f"--{tool} is needed for case {bins.case}")
     if not os.access(bins.qemu, os.X_OK):
-        print(f"SKIP: no QEMU build at {bins.qemu} (run qemu-patches/build-qemu.sh)")
+        print(f"SKIP: no QEMU build at {bins.qemu} (run qemu-patches/build-qemu.sh"
+              f"{' --asan' if bins.asan else ''})")
         return 77
     cases = list(CASES) if bins.case == "all" else [bins.case]
     for name in cases:
@@ -1470,6 +1859,7 @@ def main():
         log(f"case {name} in {tmp}")
         try:
             CASES[name](bins, tmp)
+            check_sanitizers(tmp)
         except TestFailure as e:
             print(f"FAIL {name}: {e}", flush=True)
             print(f"# files kept in {tmp}")

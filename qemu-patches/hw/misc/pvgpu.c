@@ -155,15 +155,6 @@ QEMU_BUILD_BUG_ON(TASK_NAME_LEN != sizeof_field(struct pvgpu_chan_alloc, task_na
 
 /* ------------------------------------------------------------------------ */
 
-/* One mapping of a daemon channel's memfd.  Freed after an RCU grace
- * period: old FlatViews may still point at its regions. */
-typedef struct PvgpuMap {
-    struct rcu_head rcu;
-    void *mem;                        /* PVGPU_CHAN_MEM_SIZE bytes */
-    MemoryRegion ctrl;                /* control page, direct */
-    MemoryRegion ring;
-} PvgpuMap;
-
 typedef struct PvgpuSlot {
     PvgpuState *dev;
     unsigned index;
@@ -174,7 +165,20 @@ typedef struct PvgpuSlot {
     uint64_t pid_hint;
     char task_name[TASK_NAME_LEN];    /* as sent with CHAN_ALLOC (re-allocation) */
 
-    PvgpuMap *map;                    /* NULL when FREE/PENDING */
+    /*
+     * The channel's memory: PVGPU_CHAN_MEM_SIZE bytes of host address space
+     * reserved at realize for the device's lifetime, with RAM-device regions
+     * over it that are never destroyed while the machine runs (QEMU allows
+     * creating and destroying only aliases and containers at run time: a
+     * DMA mapping of BAR2/BAR4 by another device may outlive a channel).  A
+     * channel's memfd is mapped over it (MAP_FIXED) at install; teardown maps
+     * anonymous memory back, so late accesses land in a private page.
+     */
+    void *chan_mem;
+    bool installed;                   /* chan_mem shows the daemon's memfd */
+    MemoryRegion ctrl_direct;         /* control page of chan_mem */
+    MemoryRegion ring;                /* ring of chan_mem */
+    bool ring_mapped;                 /* ring is in BAR4 */
     EventNotifier bell;               /* the daemon's doorbell eventfd */
     bool has_bell;
     bool bell_armed;                  /* ioeventfd registered */
@@ -187,6 +191,7 @@ typedef struct PvgpuSlot {
     uint32_t late_check;              /* refresh ticks left to catch late shadow stores */
     uint32_t forwarded_put;           /* last IB_PUT forwarded out of the shadow */
     uint32_t reported_held;           /* last shadow IB_PUT reported as held work */
+    uint32_t shadow_seed;             /* IB_PUT copied into the shadow when mapped */
 
     uint32_t wait_status;             /* WAIT_* */
     uint32_t wait_fence;              /* the target of the last FENCE_WAIT */
@@ -319,28 +324,35 @@ static bool pvgpu_send(PvgpuState *s, uint16_t type, uint32_t seq,
     return true;
 }
 
-/* A request the daemon answers; recorded so the reply finds its context. */
+/*
+ * A request the daemon answers; recorded so the reply finds its context.
+ * Recorded only once sent: a failed write may drop the connection from
+ * inside the write (the socket chardev reports CLOSED there when no read is
+ * possible, e.g. while a daemon message is being processed), and the link
+ * loss has then already emptied the request queue.  No reply can be read
+ * while we write, so recording after the send loses nothing.
+ */
 static bool pvgpu_request(PvgpuState *s, uint16_t type, const void *body,
                           uint32_t len, int slot, bool mailbox)
 {
-    PvgpuRequest *r;
     uint32_t seq;
 
-    if (s->req_count == PVGPU_MAX_REQUESTS) {
+    if (s->link == LINK_DOWN || s->req_count == PVGPU_MAX_REQUESTS) {
         return false;
     }
-    seq = ++s->next_seq;
+    seq = s->next_seq + 1;
     if (seq == 0) {
-        seq = ++s->next_seq;
+        seq = 1;
     }
-    r = &s->req[(s->req_head + s->req_count) % PVGPU_MAX_REQUESTS];
-    *r = (PvgpuRequest) { .seq = seq, .type = type, .slot = slot,
-                          .mailbox = mailbox };
-    s->req_count++;
-    if (!pvgpu_send(s, type, seq, body, len)) {
-        s->req_count--;
+    if (!pvgpu_send(s, type, seq, body, len) || s->link == LINK_DOWN) {
         return false;
     }
+    s->next_seq = seq;
+    assert(s->req_count < PVGPU_MAX_REQUESTS);
+    s->req[(s->req_head + s->req_count) % PVGPU_MAX_REQUESTS] = (PvgpuRequest) {
+        .seq = seq, .type = type, .slot = slot, .mailbox = mailbox,
+    };
+    s->req_count++;
     return true;
 }
 
@@ -356,13 +368,23 @@ static void pvgpu_kick(PvgpuSlot *sl)
 
 static struct pvgpu_ctrl_page *slot_real(PvgpuSlot *sl)
 {
-    return sl->map ? (struct pvgpu_ctrl_page *)sl->map->mem : NULL;
+    return sl->installed ? (struct pvgpu_ctrl_page *)sl->chan_mem : NULL;
 }
 
-static void pvgpu_map_free_rcu(PvgpuMap *m)
+/* Replace what backs the slot's channel regions: the daemon's memfd, or
+ * (@fd < 0) fresh anonymous memory.  The address never changes. */
+static bool slot_back(PvgpuSlot *sl, int fd)
 {
-    munmap(m->mem, PVGPU_CHAN_MEM_SIZE);
-    g_free(m);
+    void *p;
+
+    if (fd >= 0) {
+        p = mmap(sl->chan_mem, PVGPU_CHAN_MEM_SIZE, PROT_READ | PROT_WRITE,
+                 MAP_SHARED | MAP_FIXED, fd, 0);
+    } else {
+        p = mmap(sl->chan_mem, PVGPU_CHAN_MEM_SIZE, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    }
+    return p == sl->chan_mem;
 }
 
 /* Show @mr as the slot's control page.  Call inside a transaction. */
@@ -470,7 +492,7 @@ static void slot_map_mode(PvgpuSlot *sl, uint32_t mode)
 
     switch (mode) {
     case PVGPU_MODE_DIRECT:
-        slot_show_ctrl(sl, &sl->map->ctrl);
+        slot_show_ctrl(sl, &sl->ctrl_direct);
         slot_arm_bell(sl, true);
         break;
     case PVGPU_MODE_TRAPPED:
@@ -486,11 +508,35 @@ static void slot_map_mode(PvgpuSlot *sl, uint32_t mode)
             sl->shadow->status = real->status;
             sl->shadow->error = real->error;
             sl->reported_held = real->ib_put;
+            sl->shadow_seed = real->ib_put;
             smp_wmb();
         }
         slot_show_ctrl(sl, &sl->ctrl_shadow);
         slot_arm_bell(sl, false);
         break;
+    }
+}
+
+/*
+ * After the shadow is mapped (committed), and on every refresh tick while
+ * shadowed.  The shadow was seeded before the commit so it never shows stale
+ * values, but until the commit a DIRECT vCPU could still store IB_PUT into
+ * the real page (under TCG, until its TLB flush runs): that store is newer
+ * than the seed and the GPU may have seen it, so it must not be lost and
+ * later rewound by the unshadow.  Nothing else writes the real IB_PUT while
+ * shadowed.  Take it over unless the guest has stored into the shadow since
+ * (its newer value wins: compare-and-swap against the seed).
+ */
+static void slot_settle_shadow(PvgpuSlot *sl)
+{
+    uint32_t now = qatomic_read(&slot_real(sl)->ib_put);
+
+    if (now != sl->shadow_seed) {
+        if (qatomic_cmpxchg(&sl->shadow->ib_put, sl->shadow_seed, now) ==
+            sl->shadow_seed) {
+            sl->reported_held = now;
+        }
+        sl->shadow_seed = now;
     }
 }
 
@@ -522,7 +568,7 @@ static void slot_release_shadow(PvgpuSlot *sl)
 static void slot_set_modes(PvgpuSlot **sl, const uint32_t *mode, uint32_t *guest_put,
                            unsigned n)
 {
-    bool from_shadow[PVGPU_MAX_SLOTS];
+    bool from_shadow[PVGPU_MAX_SLOTS], to_shadow[PVGPU_MAX_SLOTS];
     bool second = false;
     unsigned i;
 
@@ -530,6 +576,7 @@ static void slot_set_modes(PvgpuSlot **sl, const uint32_t *mode, uint32_t *guest
     memory_region_transaction_begin();
     for (i = 0; i < n; i++) {
         from_shadow[i] = sl[i]->mode == PVGPU_MODE_SHADOWED && mode[i] != PVGPU_MODE_SHADOWED;
+        to_shadow[i] = sl[i]->mode != PVGPU_MODE_SHADOWED && mode[i] == PVGPU_MODE_SHADOWED;
         slot_map_mode(sl[i], from_shadow[i] ? PVGPU_MODE_TRAPPED : mode[i]);
         second = second || (from_shadow[i] && mode[i] == PVGPU_MODE_DIRECT);
     }
@@ -537,6 +584,8 @@ static void slot_set_modes(PvgpuSlot **sl, const uint32_t *mode, uint32_t *guest
     for (i = 0; i < n; i++) {
         if (from_shadow[i]) {
             slot_release_shadow(sl[i]);
+        } else if (to_shadow[i]) {
+            slot_settle_shadow(sl[i]);
         }
     }
     if (second) {
@@ -587,6 +636,7 @@ static void pvgpu_refresh_cb(void *opaque)
             continue;
         }
         if (sl->mode == PVGPU_MODE_SHADOWED) {
+            slot_settle_shadow(sl);
             sl->shadow->ib_get = real->ib_get;
             sl->shadow->fence = real->fence;
             sl->shadow->status = real->status;
@@ -699,42 +749,48 @@ static void pvgpu_fence_cb(void *opaque)
     pvgpu_fence_check(opaque);
 }
 
+/*
+ * The daemon's channel memory must stay as large as it is while mapped: a
+ * memfd that can shrink lets the daemon truncate it under the guest, and an
+ * access beyond its end would kill QEMU with SIGBUS.  pvgpud seals its memfds
+ * (F_SEAL_SHRINK); anything else is refused.
+ */
+static bool pvgpu_memfd_ok(int memfd)
+{
+    struct stat st;
+    int seals = fcntl(memfd, F_GET_SEALS);
+
+    if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
+        warn_report("pvgpu: pvgpud sent channel memory that is not sealed "
+                    "against shrinking (F_SEAL_SHRINK); channel refused");
+        return false;
+    }
+    if (fstat(memfd, &st) < 0 || st.st_size < PVGPU_CHAN_MEM_SIZE) {
+        warn_report("pvgpu: pvgpud sent channel memory smaller than %u bytes; "
+                    "channel refused", PVGPU_CHAN_MEM_SIZE);
+        return false;
+    }
+    return true;
+}
+
 /* Install a fresh daemon channel in @sl.  Takes ownership of the fds. */
 static bool slot_install(PvgpuSlot *sl, uint32_t chan_id, uint32_t mode,
                          int memfd, int bellfd)
 {
     PvgpuState *s = sl->dev;
-    struct stat st;
-    PvgpuMap *m;
-    void *mem;
-    char name[64];
 
-    if (fstat(memfd, &st) < 0 || st.st_size < PVGPU_CHAN_MEM_SIZE) {
-        goto fail;
-    }
-    mem = mmap(NULL, PVGPU_CHAN_MEM_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED,
-               memfd, 0);
-    if (mem == MAP_FAILED) {
+    assert(!sl->installed);
+    if (!pvgpu_memfd_ok(memfd) || !slot_back(sl, memfd)) {
         goto fail;
     }
     close(memfd);
-
-    m = g_new0(PvgpuMap, 1);
-    m->mem = mem;
-    snprintf(name, sizeof(name), "pvgpu-ctrl%u", sl->index);
-    memory_region_init_ram_device_ptr(&m->ctrl, OBJECT(s), name,
-                                      PVGPU_PAGE_SIZE, mem);
-    snprintf(name, sizeof(name), "pvgpu-ring%u", sl->index);
-    memory_region_init_ram_device_ptr(&m->ring, OBJECT(s), name,
-                                      PVGPU_PAGE_SIZE,
-                                      (uint8_t *)mem + PVGPU_CHAN_RING_OFFSET);
 
     /* The chardev made the received fds blocking, and O_NONBLOCK belongs
      * to the open file the daemon shares: give the daemon its flag back. */
     qemu_socket_set_nonblock(bellfd);
     event_notifier_init_fd(&sl->bell, bellfd);
     sl->has_bell = true;
-    sl->map = m;
+    sl->installed = true;
     sl->chan_id = chan_id;
     sl->notice = 0;
     sl->late_check = 0;
@@ -742,8 +798,9 @@ static bool slot_install(PvgpuSlot *sl, uint32_t chan_id, uint32_t mode,
     sl->mode = PVGPU_MODE_DIRECT;
 
     memory_region_transaction_begin();
-    memory_region_add_subregion_overlap(&s->bar4,
-                                        sl->index * PVGPU_PAGE_SIZE, &m->ring, 1);
+    memory_region_add_subregion_overlap(&s->bar4, sl->index * PVGPU_PAGE_SIZE,
+                                        &sl->ring, 1);
+    sl->ring_mapped = true;
     slot_set_mode(sl, PVGPU_MODE_DIRECT);
     if (mode != PVGPU_MODE_DIRECT) {
         slot_set_mode(sl, mode);
@@ -757,24 +814,31 @@ fail:
     return false;
 }
 
-/* Unmap the slot's channel memory and close its doorbell. */
+/*
+ * Take the slot's channel out of the BARs, give the daemon's memory back and
+ * close the doorbell.  The regions stay: a FlatView not yet reclaimed or a
+ * DMA mapping of another device may still point at them, and reaches a
+ * private zero page from now on.
+ */
 static void slot_teardown(PvgpuSlot *sl)
 {
     PvgpuState *s = sl->dev;
-    PvgpuMap *m = sl->map;
 
     memory_region_transaction_begin();
     slot_arm_bell(sl, false);
     slot_show_ctrl(sl, NULL);
-    if (m) {
-        memory_region_del_subregion(&s->bar4, &m->ring);
+    if (sl->ring_mapped) {
+        memory_region_del_subregion(&s->bar4, &sl->ring);
+        sl->ring_mapped = false;
     }
     memory_region_transaction_commit();
-    if (m) {
-        object_unparent(OBJECT(&m->ctrl));
-        object_unparent(OBJECT(&m->ring));
-        sl->map = NULL;
-        call_rcu(m, pvgpu_map_free_rcu, rcu);
+    if (sl->installed) {
+        sl->installed = false;
+        if (!slot_back(sl, -1)) {
+            /* Only ENOMEM: the memfd stays mapped until the device dies. */
+            warn_report("pvgpu: slot %u: cannot unmap channel memory: %s",
+                        sl->index, strerror(errno));
+        }
     }
     if (sl->has_bell) {
         event_notifier_cleanup(&sl->bell);
@@ -1352,6 +1416,18 @@ static void pvgpu_link_lost_full(PvgpuState *s, const char *why, bool closed)
     pvgpu_raise_irq(s, IRQ_LINK);
 }
 
+/* The reply the daemon owes for a request of @type (0: none). */
+static uint16_t pvgpu_reply_type(uint16_t type)
+{
+    switch (type) {
+    case PVGPU_MSG_HELLO:       return PVGPU_MSG_HELLO_REPLY;
+    case PVGPU_MSG_CHAN_ALLOC:  return PVGPU_MSG_CHAN_REPLY;
+    case PVGPU_MSG_CHAN_FREE:   return PVGPU_MSG_FREE_REPLY;
+    case PVGPU_MSG_TASK_WEIGHT: return PVGPU_MSG_TASK_WEIGHT_REPLY;
+    }
+    return 0;
+}
+
 static void pvgpu_on_reply(PvgpuState *s, const struct pvgpu_msg_hdr *h,
                            const uint8_t *body)
 {
@@ -1360,6 +1436,13 @@ static void pvgpu_on_reply(PvgpuState *s, const struct pvgpu_msg_hdr *h,
 
     if (!s->req_count || s->req[s->req_head].seq != h->seq) {
         pvgpu_link_lost(s, "reply out of order");
+        return;
+    }
+    /* Checked before the request is taken: a reply of another type (a PONG
+     * to a CHAN_ALLOC, say) would otherwise leave its mailbox command BUSY
+     * for good.  The link loss completes it with E_LINK. */
+    if (pvgpu_reply_type(s->req[s->req_head].type) != h->type) {
+        pvgpu_link_lost(s, "reply of the wrong type");
         return;
     }
     r = s->req[s->req_head];
@@ -1371,7 +1454,7 @@ static void pvgpu_on_reply(PvgpuState *s, const struct pvgpu_msg_hdr *h,
     case PVGPU_MSG_HELLO_REPLY: {
         struct pvgpu_hello_reply hr;
         memcpy(&hr, body, sizeof(hr));
-        if (r.type != PVGPU_MSG_HELLO || hr.status != PVGPU_OK) {
+        if (hr.status != PVGPU_OK) {
             error_report("pvgpu: pvgpud refused HELLO (status %u)", hr.status);
             pvgpu_link_lost(s, "HELLO refused");
             return;
@@ -1393,10 +1476,7 @@ static void pvgpu_on_reply(PvgpuState *s, const struct pvgpu_msg_hdr *h,
     case PVGPU_MSG_CHAN_REPLY: {
         struct pvgpu_chan_reply cr;
         memcpy(&cr, body, sizeof(cr));
-        if (r.type != PVGPU_MSG_CHAN_ALLOC || !sl) {
-            pvgpu_link_lost(s, "unexpected CHAN_REPLY");
-            return;
-        }
+        assert(sl);
         if (cr.status == PVGPU_OK) {
             int memfd = s->rx_fds[0], bellfd = s->rx_fds[1];
             if (s->rx_nfds != 2 || cr.mem_size != PVGPU_CHAN_MEM_SIZE ||
@@ -1440,10 +1520,6 @@ static void pvgpu_on_reply(PvgpuState *s, const struct pvgpu_msg_hdr *h,
         return;
     }
     case PVGPU_MSG_FREE_REPLY:
-        if (r.type != PVGPU_MSG_CHAN_FREE) {
-            pvgpu_link_lost(s, "unexpected FREE_REPLY");
-            return;
-        }
         if (sl) {
             uint32_t idx = sl->index;
             slot_free(sl);
@@ -1455,9 +1531,8 @@ static void pvgpu_on_reply(PvgpuState *s, const struct pvgpu_msg_hdr *h,
     case PVGPU_MSG_TASK_WEIGHT_REPLY: {
         struct pvgpu_status_reply sr;
         memcpy(&sr, body, sizeof(sr));
-        if (r.type != PVGPU_MSG_TASK_WEIGHT || sr.chan_id != 0 ||
-            sr.status > PVGPU_E_INTERNAL) {
-            pvgpu_link_lost(s, "unexpected or malformed TASK_WEIGHT_REPLY");
+        if (sr.chan_id != 0 || sr.status > PVGPU_E_INTERNAL) {
+            pvgpu_link_lost(s, "malformed TASK_WEIGHT_REPLY");
             return;
         }
         if (r.mailbox) {
@@ -1466,8 +1541,6 @@ static void pvgpu_on_reply(PvgpuState *s, const struct pvgpu_msg_hdr *h,
         }
         return;
     }
-    case PVGPU_MSG_PONG:
-        return;
     }
 }
 
@@ -1757,6 +1830,21 @@ static void pvgpu_realize(PCIDevice *pdev, Error **errp)
         sl->index = i;
         sl->shadow = qemu_memalign(PVGPU_PAGE_SIZE, PVGPU_PAGE_SIZE);
         memset(sl->shadow, 0, PVGPU_PAGE_SIZE);
+        sl->chan_mem = mmap(NULL, PVGPU_CHAN_MEM_SIZE, PROT_READ | PROT_WRITE,
+                            MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (sl->chan_mem == MAP_FAILED) {
+            sl->chan_mem = NULL;
+            error_setg_errno(errp, errno, "pvgpu: cannot reserve channel memory");
+            goto fail;
+        }
+        snprintf(name, sizeof(name), "pvgpu-ctrl%u", i);
+        memory_region_init_ram_device_ptr(&sl->ctrl_direct, OBJECT(s), name,
+                                          PVGPU_PAGE_SIZE, sl->chan_mem);
+        snprintf(name, sizeof(name), "pvgpu-ring%u", i);
+        memory_region_init_ram_device_ptr(&sl->ring, OBJECT(s), name,
+                                          PVGPU_PAGE_SIZE,
+                                          (uint8_t *)sl->chan_mem +
+                                          PVGPU_CHAN_RING_OFFSET);
         snprintf(name, sizeof(name), "pvgpu-trap%u", i);
         memory_region_init_io(&sl->ctrl_trap, OBJECT(s), &pvgpu_trap_ops, sl,
                               name, PVGPU_PAGE_SIZE);
@@ -1792,12 +1880,26 @@ fail:
     s->migration_blocker = NULL;
 }
 
+/*
+ * Unplug (or the end of QEMU): everything goes back to the daemon.  Closing
+ * the connection is what does it -- pvgpud frees a VMM client's channels and
+ * removes its VM when the client goes -- and lets a re-plugged device say
+ * HELLO on a fresh connection.  The chardev itself stays (it belongs to the
+ * command line or to chardev-add); a reconnecting one reconnects without us.
+ */
 static void pvgpu_exit(PCIDevice *pdev)
 {
     PvgpuState *s = PVGPU(pdev);
     unsigned i;
 
+    if (qemu_chr_fe_backend_connected(&s->chr)) {
+        qemu_chr_fe_set_handlers(&s->chr, NULL, NULL, NULL, NULL, NULL, NULL,
+                                 true);
+        qemu_chr_fe_disconnect(&s->chr);
+    }
     qemu_chr_fe_deinit(&s->chr, false);
+    s->link = LINK_DOWN;
+    s->req_count = 0;
     if (s->refresh) {
         timer_free(s->refresh);
         s->refresh = NULL;
@@ -1806,13 +1908,22 @@ static void pvgpu_exit(PCIDevice *pdev)
         timer_free(s->fence_timer);
         s->fence_timer = NULL;
     }
+    /* Our subregions hold references on the device (their owner): all of
+     * them must go, or an unplugged device is never finalized. */
+    memory_region_transaction_begin();
     for (i = 0; i < s->num_slots; i++) {
         PvgpuSlot *sl = &s->slots[i];
         if (!sl->dev) {
             continue;
         }
         slot_free(sl);
+        memory_region_del_subregion(&s->bar2, &sl->doorbell);
     }
+    if (s->bar2_bg.container) {
+        memory_region_del_subregion(&s->bar2, &s->bar2_bg);
+        memory_region_del_subregion(&s->bar4, &s->bar4_bg);
+    }
+    memory_region_transaction_commit();
     pvgpu_rx_reset(s);
     msix_unuse_all_vectors(pdev);
     msix_uninit_exclusive_bar(pdev);
@@ -1828,10 +1939,15 @@ static void pvgpu_finalize(Object *obj)
     PvgpuState *s = PVGPU(obj);
     unsigned i;
 
-    /* The shadow pages back RAM regions that die with the device. */
+    /* The shadow pages and channel memory back RAM regions that die with
+     * the device (nothing can map them any more). */
     for (i = 0; i < PVGPU_MAX_SLOTS; i++) {
         qemu_vfree(s->slots[i].shadow);
         s->slots[i].shadow = NULL;
+        if (s->slots[i].chan_mem) {
+            munmap(s->slots[i].chan_mem, PVGPU_CHAN_MEM_SIZE);
+            s->slots[i].chan_mem = NULL;
+        }
     }
 }
 
