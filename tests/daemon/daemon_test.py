@@ -16,6 +16,7 @@ import argparse
 import json
 import mmap
 import os
+import pwd
 import random
 import select
 import shutil
@@ -46,6 +47,10 @@ PAGE = 4096
 RING_ENTRIES = 256
 CHAN_MEM_SIZE = PAGE + RING_ENTRIES * 16
 ENTRY_IRQ = 1
+
+# Host clients are grouped per user (SO_PEERCRED): host/<user>/<name>.
+USER = pwd.getpwuid(os.getuid()).pw_name
+HOST = f"host/{USER}"
 
 
 # ---- processes -----------------------------------------------------------------
@@ -467,7 +472,7 @@ def case_weights(bins, tmp):
             result("weights.1to1.a_share", f"{shares[0]:.3f}")
             check(abs(shares[0] - 0.5) <= 0.08, f"1:1: w-a got {shares[0]:.3f}, expected 0.5 +- 0.08")
 
-            out = ctl(bins, d, "set-weight", "host/w-a", "300").stdout
+            out = ctl(bins, d, "set-weight", f"{HOST}/w-a", "300").stdout
             log(f"set-weight: {out.strip()}")
             now = time.monotonic()
             shares, _ = measure_between(loads, [k, k], now + 0.5, now + 3.5, 15)
@@ -525,10 +530,10 @@ def case_admin(bins, tmp):
                  throttle(bins, d, "adm-b", 300, duration=60)]
         for load in loads:
             load.wait_until(lambda l: len(l.reports) >= 2, 10, "its first reports")
-        ctl(bins, d, "set-weight", "host/adm-a", "250")
+        ctl(bins, d, "set-weight", f"{HOST}/adm-a", "250")
         ents = entities_by_path(ctl_json(bins, d, "list"))
         log(f"list: {json.dumps(ents)}")
-        for path, weight in (("host/adm-a", 250), ("host/adm-b", 100)):
+        for path, weight in ((f"{HOST}/adm-a", 250), (f"{HOST}/adm-b", 100)):
             check(path in ents, f"list has no {path}")
             e = ents[path]
             check(e["kind"] == "host", f"{path}: kind {e['kind']}")
@@ -543,7 +548,7 @@ def case_admin(bins, tmp):
         # Invalid requests: exit status 1 with the daemon's message, or 2 for usage.
         p = ctl(bins, d, "set-weight", "host/nonexistent", "5", check_rc=False)
         check(p.returncode == 1 and "no such entity" in p.stderr, f"unknown target: {p.returncode} {p.stderr}")
-        p = ctl(bins, d, "set-weight", "host/adm-a", "10001", check_rc=False)
+        p = ctl(bins, d, "set-weight", f"{HOST}/adm-a", "10001", check_rc=False)
         check(p.returncode == 2, f"weight 10001: exit status {p.returncode}")
         p = ctl(bins, d, "set-policy", "frobnicate", check_rc=False)
         check(p.returncode == 1 and "unknown policy" in p.stderr, f"bad policy: {p.returncode} {p.stderr}")
@@ -556,16 +561,17 @@ def case_admin(bins, tmp):
         deadline = time.monotonic() + 15
         while True:
             ents = entities_by_path(ctl_json(bins, d, "list"))
-            if "host/adm-a" in ents and "host/adm-b" in ents:
+            if f"{HOST}/adm-a" in ents and f"{HOST}/adm-b" in ents:
                 break
             check(time.monotonic() < deadline, f"clients did not reconnect: {sorted(ents)}")
             time.sleep(0.1)  # polling the daemon's view, not synchronisation on a pipe
-        check(ents["host/adm-a"]["weight"] == 250, f"weight after restart: {ents['host/adm-a']['weight']}")
-        check(ents["host/adm-b"]["weight"] == 100, f"weight after restart: {ents['host/adm-b']['weight']}")
+        for name, weight in (("adm-a", 250), ("adm-b", 100)):
+            got = ents[f"{HOST}/{name}"]["weight"]
+            check(got == weight, f"{name}: weight after restart {got}, expected {weight}")
         pol = ctl_json(bins, d, "policy")
         check(pol["policy"] == "hfq" and pol["params"].get("threshold_ms") == 3,
               f"policy after restart: {pol}")
-        result("admin.weight_after_restart", ents["host/adm-a"]["weight"])
+        result("admin.weight_after_restart", ents[f"{HOST}/adm-a"]["weight"])
         top = ctl(bins, d, "top", "--count", "2", "--interval", "0.2").stdout
         check(top.count("ENTITY") == 2 and "adm-a" in top, f"top output:\n{top}")
         check_top_keys(bins, d)
@@ -768,7 +774,7 @@ def case_permissions(bins, tmp):
         os.chmod(d.admin, 0o666)
         p = ctl(bins, d, "list", check_rc=False, prefix=prefix)
         check(p.returncode == 0, f"read-only list as uid 65534: exit {p.returncode}: {p.stderr}")
-        p = ctl(bins, d, "set-weight", "host/perm", "5", check_rc=False, prefix=prefix)
+        p = ctl(bins, d, "set-weight", f"{HOST}/perm", "5", check_rc=False, prefix=prefix)
         log(f"set-weight as uid 65534: exit {p.returncode}: {p.stderr.strip()}")
         check(p.returncode == 1, f"set-weight as uid 65534: exit {p.returncode}")
         check("permission denied" in p.stderr.lower(), f"no 'permission denied' in: {p.stderr}")
@@ -776,9 +782,9 @@ def case_permissions(bins, tmp):
         check(p.returncode == 1 and "permission denied" in p.stderr.lower(),
               f"set-policy as uid 65534: exit {p.returncode}: {p.stderr}")
         ents = entities_by_path(ctl_json(bins, d, "list"))
-        check(ents["host/perm"]["weight"] == 100, "the refused set-weight changed the weight")
+        check(ents[f"{HOST}/perm"]["weight"] == 100, "the refused set-weight changed the weight")
         check(ctl_json(bins, d, "policy")["policy"] == "hfq", "the refused set-policy changed the policy")
-        ctl(bins, d, "set-weight", "host/perm", "5")  # root may
+        ctl(bins, d, "set-weight", f"{HOST}/perm", "5")  # root may
     finally:
         if load:
             load.finish(sig=signal.SIGTERM)
@@ -1073,7 +1079,7 @@ def case_monitoring(bins, tmp):
     try:
         loads = [throttle(bins, d, "mon-long", kernel_us[0], duration=60),
                  throttle(bins, d, "mon-short", kernel_us[1], duration=60)]
-        paths = ["host/mon-long", "host/mon-short"]
+        paths = [f"{HOST}/mon-long", f"{HOST}/mon-short"]
         for load in loads:
             load.wait_until(lambda l: len(l.reports) >= 1, 10, "its first report")
         for policy in ("none", "timeslice", "dfq", "hfq"):
@@ -1276,7 +1282,7 @@ def case_metrics(bins, tmp):
                     return float(line.rsplit(" ", 1)[1])
             return None
 
-        labels = 'kind="host",vm="",task="prom"'
+        labels = f'kind="host",vm="",task="{USER}/prom"'
         first = None
         deadline = time.monotonic() + 10
         mtime = os.stat(prom).st_mtime_ns

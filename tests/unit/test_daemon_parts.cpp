@@ -454,7 +454,9 @@ TEST_CASE("state store: round trip", "[daemon][state]") {
     s.vms["5f0c1a2e-8d1b-4c55-9a10-6e0d2f5b9c01"] = {"vm1", 300};
     s.vm_names["vm2"] = 50;
     s.tasks["5f0c1a2e-8d1b-4c55-9a10-6e0d2f5b9c01/task-12"] = 7;
-    s.host_tasks["host/render"] = 10000;
+    s.host_tasks["host/alice/render"] = 10000;
+    s.host_tasks["host/legacy"] = 20;
+    s.host_users["alice"] = 300;
     s.policy = "dfq";
     s.policy_params["threshold_ms"] = 2.5;
     store.save(s);
@@ -601,7 +603,7 @@ TEST_CASE("admin: requests, errors and permissions", "[daemon][admin]") {
     auto v = *ask(R"({"cmd":"version"})", stranger);
     CHECK(v["ok"] == true);
     CHECK(v["protocol"] == PVGPU_PROTO_VERSION);
-    CHECK(v["admin_protocol"] == 2);
+    CHECK(v["admin_protocol"] == 3);
     CHECK((*ask("{oops", root))["error"].get<std::string>().rfind("bad request: ", 0) == 0);
     CHECK((*ask("[1]", root))["error"].get<std::string>().rfind("bad request: ", 0) == 0);
     CHECK((*ask(R"({"cmd":5})", root))["error"] == "bad request: missing \"cmd\"");
@@ -842,11 +844,16 @@ TEST_CASE("daemon: a host client submits through shared memory and a doorbell", 
     CHECK(ctrl->ib_get == 3u);
 
     auto list = admin_request(c, rig.dir / "admin.sock", R"({"cmd":"list"})");
-    REQUIRE(list["entities"].size() == 1);
-    CHECK(list["entities"][0]["path"] == "host/render");
-    CHECK(list["entities"][0]["kind"] == "host");
+    // Host tasks are grouped under their user (SO_PEERCRED): host/<user>/<name>.
+    const std::string user = "host/" + user_name(getuid());
+    REQUIRE(list["entities"].size() == 2);
+    CHECK(list["entities"][0]["path"] == user);
+    CHECK(list["entities"][0]["kind"] == "user");
     CHECK(list["entities"][0]["channels"] == 1);
-    CHECK(list["entities"][0]["gpu_time_ms"].get<double>() > 0.0);
+    CHECK(list["entities"][1]["path"] == user + "/render");
+    CHECK(list["entities"][1]["kind"] == "host");
+    CHECK(list["entities"][1]["channels"] == 1);
+    CHECK(list["entities"][1]["gpu_time_ms"].get<double>() > 0.0);
 
     // A put more than a ring ahead kills the channel: NOTICE BAD_ENTRY.
     ctrl->ib_put = 3 + PVGPU_RING_ENTRIES + 1;
