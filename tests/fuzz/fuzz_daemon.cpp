@@ -234,12 +234,16 @@ private:
     }
 
     void hello(Client& c, Input& in) {
+        // Mostly valid (a session must get past HELLO for the rest to be
+        // reached), sometimes version 0, role 3 or no UUID.
         pvgpu_hello h{};
         const std::uint8_t b = in.byte();
-        h.version = b % 4;
-        h.role = (b >> 2) % 4;
+        static constexpr std::array<std::uint32_t, 4> kVersion{PVGPU_PROTO_VERSION, 1, PVGPU_PROTO_VERSION, 0};
+        static constexpr std::array<std::uint32_t, 4> kRole{PVGPU_ROLE_VMM, PVGPU_ROLE_HOST, PVGPU_ROLE_VMM, 3};
         static constexpr std::array<std::uint8_t, 2> kUuidByte{0x11, 0x22};
-        if (b & 0x40) std::memset(h.uuid, kUuidByte[(b >> 7) & 1], sizeof h.uuid);
+        h.version = kVersion[b % 4];
+        h.role = kRole[(b >> 2) % 4];
+        if (!(b & 0x40)) std::memset(h.uuid, kUuidByte[(b >> 7) & 1], sizeof h.uuid);
         wire::set_name(h.name, sizeof h.name, in.text(8));
         h.pid = in.byte();
         send(c, PVGPU_MSG_HELLO, h);
@@ -399,7 +403,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         set_log_level(LogLevel::Error);
         // connect; HELLO as a host; CHAN_ALLOC; read; submit one entry;
         // admin list; close; run the loop.
-        static constexpr std::uint8_t kWarmUp[] = {0x00, 0x01, 0x0a, 0x00, 0x00, 0x02, 0x00, 0x00, 0x09,
+        static constexpr std::uint8_t kWarmUp[] = {0x00, 0x01, 0x45, 0x00, 0x00, 0x02, 0x00, 0x00, 0x09,
                                                    0x0a, 0x00, 0x01, 0x01, 0x0b, 0x00, 0x0c, 0x0d, 0x40};
         run_once(kWarmUp, sizeof kWarmUp);
         return open_fds();
