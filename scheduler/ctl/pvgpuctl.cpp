@@ -89,9 +89,9 @@ Exit status: 0 success, 1 daemon error or daemon unreachable, 2 bad usage.
 const std::map<std::string, std::string, std::less<>> kCommandHelp = {
     {"list", R"(usage: pvgpuctl [--json] list
 
-Shows every scheduling entity as a tree: VMs, their guest tasks, host tasks
-(host/NAME).  Columns: WEIGHT (admin weight), TARGET (the share of the whole
-GPU it should get now), ACHIEVED (what it got over the daemon's recent window),
+Shows every scheduling entity as a tree: VMs, their guest tasks, host users
+(host/USER) and their tasks (host/USER/NAME).  Columns: WEIGHT (admin
+weight), TARGET (the share of the whole GPU it should get now), ACHIEVED (what it got over the daemon's recent window),
 GPU_MS (GPU time used since it appeared, subtree included), CHANNELS,
 KERNELS (kernels completed with a completion interrupt, subtree included).
 pvgpud measures GPU time itself, from completion interrupts and the GPU's
@@ -103,8 +103,9 @@ GPU_MS are then shown as '-', with a note.
 
 Sets the admin weight of an entity; WEIGHT is an integer in 1..10000
 (default weight 100).  TARGET is a VM UUID, a VM name, or an entity path
-(vm1/task-1234, host/render).  A weight for a VM that is not connected yet
-is remembered by pvgpud and applied when it connects.  Needs root, the
+(vm1/task-1234, host/alice, host/alice/render).  A weight for a VM or a
+host user that is not connected yet is remembered by pvgpud and applied when
+it connects.  Needs root, the
 daemon's uid or its admin group.
 
 A VM that is a libvirt domain with pvgpu (see attach) keeps its weight in

@@ -21,9 +21,6 @@ using nlohmann::json;
 
 namespace {
 
-// A response that cannot be written while this much is queued stops the
-// connection's reading: a client that never reads only stalls itself.
-constexpr std::size_t kMaxOutBytes = 1024 * 1024;
 constexpr std::size_t kReadChunk = 16384;
 // How long a closing connection's leftover input is discarded.
 constexpr Duration kDrainTime = 1 * kSecond;
@@ -158,15 +155,30 @@ void AdminServer::accept_some() {
                 log_warning("admin accept: ", std::strerror(errno));
             return;
         }
-        if (conns_.size() >= opt_.max_clients) {
-            std::string msg = dump_line(admin_error("too many admin connections"));
+        PeerCred peer = peer_of(fd.get());
+        const bool privileged = rights_.may_mutate(peer);
+        std::size_t live = 0, same_uid = 0;
+        for (const auto& other : conns_) {
+            if (other->dead) continue;
+            ++live;
+            same_uid += other->peer.uid == peer.uid ? 1 : 0;
+        }
+        std::string refused;
+        if (live >= opt_.max_clients + (privileged ? opt_.reserved_clients : 0))
+            refused = "too many admin connections";
+        else if (!privileged && same_uid >= opt_.max_clients_per_uid)
+            refused = "too many admin connections from uid " + std::to_string(peer.uid) + " (limit " +
+                      std::to_string(opt_.max_clients_per_uid) + ")";
+        if (!refused.empty()) {
+            std::string msg = dump_line(admin_error(refused));
             (void)!::send(fd.get(), msg.data(), msg.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+            log_debug("admin connection from pid ", peer.pid, " uid ", peer.uid, " refused: ", refused);
             continue;
         }
         auto c = std::make_unique<Conn>();
         Conn& conn = *c;
         conn.fd = std::move(fd);
-        conn.peer = peer_of(conn.fd.get());
+        conn.peer = std::move(peer);
         conn.tokens = opt_.requests_per_s;
         conn.refilled = clock_.now();
         conn.idle.bind(timers_);
@@ -180,7 +192,11 @@ void AdminServer::accept_some() {
 }
 
 void AdminServer::on_io(Conn& c, GIOCondition cond) {
-    if (cond & G_IO_OUT) flush(c);
+    if (cond & G_IO_OUT) {
+        flush(c);
+        // The response went out: requests that waited behind it go on.
+        if (!c.dead && c.out.empty() && !c.closing && !c.paused) process(c);
+    }
     if (c.dead) return;
     if (cond & (G_IO_IN | G_IO_HUP | G_IO_ERR)) {
         if (!(c.watch.condition() & G_IO_IN)) {
@@ -207,6 +223,9 @@ void AdminServer::on_io(Conn& c, GIOCondition cond) {
 
 void AdminServer::process(Conn& c) {
     while (!c.dead && !c.closing) {
+        // One response queued at a time: the next request waits until the
+        // socket took the last one.
+        if (!c.out.empty() && (!write_out(c) || !c.out.empty())) break;
         std::size_t nl = c.in.find('\n');
         bool last = nl == std::string::npos && c.eof && !c.in.empty();  // unterminated final request
         if (nl == std::string::npos && !last) {
@@ -249,19 +268,23 @@ void AdminServer::process(Conn& c) {
     flush(c);
 }
 
-void AdminServer::flush(Conn& c) {
-    if (c.dead) return;
+bool AdminServer::write_out(Conn& c) {
+    if (c.dead) return false;
     while (!c.out.empty()) {
         ssize_t n = ::send(c.fd.get(), c.out.data(), c.out.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
         if (n < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK) break;
             if (errno == EINTR) continue;
             drop(c);
-            return;
+            return false;
         }
         c.out.erase(0, static_cast<std::size_t>(n));
     }
-    update(c);
+    return true;
+}
+
+void AdminServer::flush(Conn& c) {
+    if (write_out(c)) update(c);
 }
 
 void AdminServer::update(Conn& c) {
@@ -279,7 +302,7 @@ void AdminServer::update(Conn& c) {
         return;
     }
     int cond = 0;
-    bool room = c.in.size() < 2 * kAdminMaxLine && c.out.size() < kMaxOutBytes;
+    bool room = c.in.size() < 2 * kAdminMaxLine && c.out.empty();
     if (!c.closing && !c.eof && !c.paused && room) cond |= G_IO_IN;
     if (!c.out.empty()) cond |= G_IO_OUT;
     c.watch.set_condition(static_cast<GIOCondition>(cond));

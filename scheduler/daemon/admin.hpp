@@ -3,6 +3,10 @@
 // mutating ones only for root, the daemon's uid or the admin group
 // (SO_PEERCRED / SO_PEERGROUPS).  Lines are bounded (64 KiB), requests are
 // rate-limited per connection, idle connections are closed; nothing blocks.
+// Each unprivileged uid may hold a few connections, and privileged peers
+// have reserved slots beyond the cap, so nobody can lock out root.  A
+// connection's next request is read only once the last response is
+// written: a client that does not read holds one response, not thousands.
 #pragma once
 
 #include <sys/types.h>
@@ -22,8 +26,9 @@ namespace pvgpu::daemon {
 
 // 2: accounting by the scheduler under every policy (`accounting` always
 // true), `kernels` per entity, `process_cpu_s` and `counters.accounting_reads`
-// in stats.
-inline constexpr int kAdminProtocolVersion = 2;
+// in stats.  3: host tasks grouped per user, host/<user>/<name> under an
+// entity of kind "user", host/<user>.
+inline constexpr int kAdminProtocolVersion = 3;
 inline constexpr std::size_t kAdminMaxLine = 65536;  // bytes, newline included
 
 struct PeerCred {
@@ -73,6 +78,8 @@ public:
         std::string socket_group;
         std::string admin_group;
         std::size_t max_clients = 32;
+        std::size_t max_clients_per_uid = 4;  // peers that may not mutate
+        std::size_t reserved_clients = 4;     // beyond max_clients, for peers that may
         std::uint32_t requests_per_s = 200;
         Duration idle_timeout = 60 * kSecond;
     };
@@ -91,6 +98,8 @@ private:
     void on_io(Conn& c, GIOCondition cond);
     void process(Conn& c);
     void flush(Conn& c);
+    // Writes what the socket takes; false when the connection was dropped.
+    bool write_out(Conn& c);
     void update(Conn& c);
     void drop(Conn& c);
 

@@ -13,14 +13,22 @@ namespace {
 // Reading pauses while this much is queued for the client, so a client
 // that sends requests but does not read replies only slows itself down.
 constexpr std::size_t kPauseBytes = 64 * 1024;
+// The kernel doubles it; a message costs ~1 KiB of it however small, so
+// about 30 messages (at most 60 descriptors) are in flight at a time.
+constexpr std::size_t kSendBufferBytes = 16 * 1024;
 
 }  // namespace
 
 ClientConn::ClientConn(GMainContext* ctx, const Clock& clock, Timers& timers, UniqueFd sock, std::uint32_t id,
                        Options opt, Handler& handler)
-    : id_(id), opt_(opt), handler_(handler), sock_(std::move(sock)), hello_timer_(timers) {
+    : ctx_(ctx), id_(id), opt_(opt), handler_(handler), sock_(std::move(sock)), hello_timer_(timers) {
     socklen_t len = sizeof peer_;
     if (getsockopt(sock_.get(), SOL_SOCKET, SO_PEERCRED, &peer_, &len) != 0) peer_ = ucred{0, ~0u, ~0u};
+    // Descriptors written to the socket but not yet read by the client stay
+    // open (charged to pvgpud's RLIMIT_NOFILE as in-flight): a small send
+    // buffer bounds them per connection, the rest waits in out_ (counted).
+    int sndbuf = static_cast<int>(kSendBufferBytes);
+    (void)setsockopt(sock_.get(), SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
     watch_ = FdWatch(ctx, sock_.get(), G_IO_IN, [this](GIOCondition c) { on_io(c); });
     hello_timer_.arm(clock.now() + opt_.hello_timeout, [this] {
         fail(PVGPU_E_STATE, "no HELLO within " + std::to_string(opt_.hello_timeout / kMillisecond) + " ms");
@@ -28,7 +36,7 @@ ClientConn::ClientConn(GMainContext* ctx, const Clock& clock, Timers& timers, Un
 }
 
 void ClientConn::send(std::uint16_t type, std::uint32_t seq, std::span<const std::byte> payload,
-                      std::span<const int> fds) {
+                      std::span<const int> fds, std::size_t pinned_bytes) {
     if (!open_) return;
     Out m;
     m.bytes = wire::encode(type, seq, payload);
@@ -40,10 +48,15 @@ void ClientConn::send(std::uint16_t type, std::uint32_t seq, std::span<const std
         }
         m.fds.push_back(std::move(dup));
     }
-    queued_ += m.bytes.size();
+    m.pinned = pinned_bytes;
+    queued_ += m.bytes.size() + m.pinned;
+    queued_fds_ += m.fds.size();
     out_.push_back(std::move(m));
-    if (queued_ > opt_.max_queue_bytes) {
-        close("client does not read (more than " + std::to_string(opt_.max_queue_bytes) + " bytes queued)");
+    // Requests stop being read at half the limit (and at max_queue_fds), so
+    // only pushes the client does not read can get here.
+    if (queued_ > opt_.max_queue_bytes || queued_fds_ > 2 * opt_.max_queue_fds) {
+        close("client does not read (" + std::to_string(queued_) + " bytes and " + std::to_string(queued_fds_) +
+              " descriptors queued)");
         return;
     }
     flush();
@@ -65,6 +78,8 @@ void ClientConn::close(const std::string& reason, bool protocol_error) {
     hello_timer_.cancel();
     out_.clear();
     queued_ = 0;
+    queued_fds_ = 0;
+    resume_.reset();
     // Whatever was written is in the peer's receive queue; it stays readable.
     ::shutdown(sock_.get(), SHUT_RDWR);
     handler_.on_closed(*this, reason, protocol_error);
@@ -92,7 +107,19 @@ void ClientConn::read_some() {
                                              : std::string("receive failed: ") + e.what());
         return;
     }
-    while (open_) {
+    peer_eof_ = peer_eof_ || !alive;
+    dispatch();
+}
+
+bool ClientConn::backlogged() const {
+    return queued_ >= std::min(kPauseBytes, opt_.max_queue_bytes / 2) || queued_fds_ >= opt_.max_queue_fds;
+}
+
+void ClientConn::dispatch() {
+    // One read can hold hundreds of requests: each is handled only while
+    // the replies so far fit, the rest wait in the reader (bounded by what
+    // one receive takes) until the client reads.
+    while (open_ && !backlogged()) {
         auto r = reader_.next();
         if (std::holds_alternative<std::monostate>(r)) break;
         if (auto* err = std::get_if<wire::DecodeError>(&r)) {
@@ -101,7 +128,8 @@ void ClientConn::read_some() {
         }
         handler_.on_message(*this, std::get<wire::Message>(r));
     }
-    if (open_ && !alive) {
+    if (!open_) return;
+    if (peer_eof_ && !backlogged()) {
         close(reader_.buffered() ? "disconnected mid-message" : "disconnected");
         return;
     }
@@ -122,18 +150,31 @@ void ClientConn::flush() {
             return;
         }
         if (n == 0) break;  // the socket is full: wait for G_IO_OUT
-        m.fds.clear();      // delivered with the first byte
+        if (m.offset == 0) {
+            // Delivered with the first byte: the client holds them now.
+            queued_fds_ -= m.fds.size();
+            queued_ -= m.pinned;
+            m.fds.clear();
+            m.pinned = 0;
+        }
         m.offset += n;
         queued_ -= n;
         if (m.offset == m.bytes.size()) out_.pop_front();
     }
+    // Requests that waited for room: handled from the loop, never from
+    // inside a send() the daemon is making.
+    if (open_ && !backlogged() && (reader_.buffered() > 0 || peer_eof_) && !resume_)
+        resume_ = add_idle(ctx_, [this] {
+            dispatch();
+            return false;
+        });
     update_watch();
 }
 
 void ClientConn::update_watch() {
     if (!open_) return;
     int cond = 0;
-    if (queued_ < std::min(kPauseBytes, opt_.max_queue_bytes / 2)) cond |= G_IO_IN;
+    if (!backlogged() && !peer_eof_) cond |= G_IO_IN;
     if (!out_.empty()) cond |= G_IO_OUT;
     watch_.set_condition(static_cast<GIOCondition>(cond));
 }

@@ -11,6 +11,7 @@
 #include <memory>
 #include <set>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 namespace pvgpu::daemon {
@@ -234,6 +235,17 @@ Config parse_config(const std::string& text, const std::string& name) {
     r.string("daemon", "admin_socket", cfg.admin_socket);
     r.number<std::uint32_t>("daemon", "socket_mode", cfg.socket_mode, 0, 0777, 8);
     r.string("daemon", "socket_group", cfg.socket_group);
+    if (auto v = r.raw("daemon", "vmm_users")) {
+        cfg.vmm_users.clear();
+        std::string item;
+        for (char ch : *v + ",") {
+            if (ch == ',' || ch == ' ' || ch == '\t') {
+                if (!item.empty()) cfg.vmm_users.push_back(std::exchange(item, {}));
+            } else {
+                item += ch;
+            }
+        }
+    }
     r.number<std::uint32_t>("daemon", "admin_socket_mode", cfg.admin_socket_mode, 0, 0777, 8);
     r.string("daemon", "admin_group", cfg.admin_group);
     r.string("daemon", "state_dir", cfg.state_dir);
@@ -274,12 +286,21 @@ Config parse_config(const std::string& text, const std::string& name) {
     r.number<std::uint32_t>("limits", "max_clients", l.max_clients, 1, 65536);
     r.number<std::uint32_t>("limits", "max_channels_per_client", l.max_channels_per_client, 1, 4096);
     r.number<std::uint32_t>("limits", "max_channels", l.max_channels, 1, 65536);
+    r.number<std::uint32_t>("limits", "vmm_clients_per_uid", l.vmm_clients_per_uid, 1, 65536);
+    r.number<std::uint32_t>("limits", "vmm_channels_per_uid", l.vmm_channels_per_uid, 1, 65536);
+    r.number<std::uint32_t>("limits", "host_clients", l.host_clients, 0, 65536);
+    r.number<std::uint32_t>("limits", "host_channels", l.host_channels, 0, 65536);
+    r.number<std::uint32_t>("limits", "host_clients_per_uid", l.host_clients_per_uid, 0, 65536);
+    r.number<std::uint32_t>("limits", "host_channels_per_uid", l.host_channels_per_uid, 0, 65536);
+    r.number<std::uint32_t>("limits", "max_queue_fds", l.max_queue_fds, 2, 1024);
     std::size_t kib = l.max_queue_bytes / 1024;
     r.number<std::size_t>("limits", "max_queue_kib", kib, 4, 1024 * 1024);
     l.max_queue_bytes = kib * 1024;
     r.duration("limits", "hello_timeout_ms", l.hello_timeout, kMillisecond, 1, 3'600'000);
     r.duration("limits", "mode_ack_timeout_ms", l.mode_ack_timeout, kMillisecond, 1, 3'600'000);
     r.number<std::uint32_t>("limits", "admin_max_clients", l.admin_max_clients, 1, 4096);
+    r.number<std::uint32_t>("limits", "admin_max_clients_per_uid", l.admin_max_clients_per_uid, 1, 4096);
+    r.number<std::uint32_t>("limits", "admin_reserved_clients", l.admin_reserved_clients, 1, 4096);
     r.number<std::uint32_t>("limits", "admin_requests_per_s", l.admin_requests_per_s, 1, 1'000'000);
     r.duration("limits", "admin_idle_timeout_s", l.admin_idle_timeout, kSecond, 1, 86400);
 

@@ -8,6 +8,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "core/policy.hpp"
 #include "core/scheduler.hpp"
@@ -24,15 +25,27 @@ public:
     using std::runtime_error::runtime_error;
 };
 
-// Resource limits that keep one client from hurting the daemon or others.
+// Resource limits that keep one client, or one user, from hurting the
+// daemon or others.  VMMs and host users have separate budgets: host
+// clients together never hold more than host_clients / host_channels, so
+// the rest of max_clients / max_channels stays for VMs.
 struct Limits {
     std::uint32_t max_clients = 256;
     std::uint32_t max_channels_per_client = 64;
     std::uint32_t max_channels = 1024;
+    std::uint32_t vmm_clients_per_uid = 256;
+    std::uint32_t vmm_channels_per_uid = 1024;
+    std::uint32_t host_clients = 128;
+    std::uint32_t host_channels = 512;
+    std::uint32_t host_clients_per_uid = 16;
+    std::uint32_t host_channels_per_uid = 128;
     std::size_t max_queue_bytes = 1024 * 1024;  // a client that stops reading is dropped
+    std::uint32_t max_queue_fds = 8;            // requests wait while this many fds are queued
     Duration hello_timeout = 5 * kSecond;
     Duration mode_ack_timeout = 1 * kSecond;
     std::uint32_t admin_max_clients = 32;
+    std::uint32_t admin_max_clients_per_uid = 4;     // unprivileged peers
+    std::uint32_t admin_reserved_clients = 4;        // beyond admin_max_clients, privileged peers only
     std::uint32_t admin_requests_per_s = 200;
     Duration admin_idle_timeout = 60 * kSecond;
 };
@@ -56,6 +69,8 @@ struct Config {
     std::string admin_socket = PVGPU_ADMIN_SOCKET_PATH;
     std::uint32_t socket_mode = 0660;
     std::string socket_group;  // empty: the daemon's group
+    // Users (names or numeric uids) whose processes may say HELLO as a VMM.
+    std::vector<std::string> vmm_users{"root", "libvirt-qemu"};
     std::uint32_t admin_socket_mode = 0666;
     std::string admin_group = "pvgpu";  // may use mutating admin commands; empty: none
     std::string state_dir = PVGPU_STATE_DIR;

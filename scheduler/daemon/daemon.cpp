@@ -85,6 +85,10 @@ Daemon::Daemon(Config cfg)
     }
     if (!policy) policy = make_policy(policy_name_, policy_params_);
 
+    std::vector<std::string> unknown_users;
+    vmm_users_ = VmmUsers(cfg_.vmm_users, &unknown_users);
+    for (const auto& u : unknown_users) log_warning("vmm_users: no such user '", u, "' (ignored)");
+
     gpu_ = std::make_unique<sim::SimGpu>(clock_, timers_, cfg_.gpu);
     sched_ = std::make_unique<Scheduler>(*gpu_, clock_, timers_, std::move(policy), cfg_.costs);
     sched_->set_mode_listener([this](ChannelId ch, ChannelMode m) { on_mode_change(ch, m); });
@@ -104,6 +108,8 @@ Daemon::Daemon(Config cfg)
         ao.socket_group = cfg_.socket_group;
         ao.admin_group = cfg_.admin_group;
         ao.max_clients = cfg_.limits.admin_max_clients;
+        ao.max_clients_per_uid = cfg_.limits.admin_max_clients_per_uid;
+        ao.reserved_clients = cfg_.limits.admin_reserved_clients;
         ao.requests_per_s = cfg_.limits.admin_requests_per_s;
         ao.idle_timeout = cfg_.limits.admin_idle_timeout;
         admin_ =
@@ -170,6 +176,33 @@ int Daemon::run() {
 
 void Daemon::quit() { g_main_loop_quit(loop_.get()); }
 
+#ifndef PVGPU_HAVE_LIBVIRT
+// Built without libvirt (the fuzzer's build): no watcher is ever made, but
+// the owner's destructor still needs the watcher's.
+struct LibvirtWatch::Impl {};
+LibvirtWatch::~LibvirtWatch() = default;
+bool LibvirtWatch::connected() const { return false; }
+std::optional<DomainInfo> LibvirtWatch::domain(const std::string&) { return std::nullopt; }
+#endif
+
+void Daemon::add_vmm_identity_check(std::unique_ptr<VmmIdentityCheck> check) {
+    vmm_checks_.push_back(std::move(check));
+}
+
+bool Daemon::in_vmm_budget(const Client& cl) {
+    return cl.hello ? cl.role == PVGPU_ROLE_VMM : cl.vmm_user;
+}
+
+Daemon::Usage Daemon::usage(bool vmm_budget, std::optional<uid_t> uid, std::uint32_t except) const {
+    Usage u;
+    for (const auto& [id, cl] : clients_) {
+        if (cl.closing || id == except || in_vmm_budget(cl) != vmm_budget || (uid && cl.uid != *uid)) continue;
+        ++u.clients;
+        u.channels += cl.channels.size();
+    }
+    return u;
+}
+
 // ---------------------------------------------------------------- clients
 
 void Daemon::accept_clients() {
@@ -189,15 +222,36 @@ void Daemon::accept_clients() {
             }
             return;
         }
+        ucred peer{0, ~0u, ~0u};
+        socklen_t len = sizeof peer;
+        if (getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0) peer = ucred{0, ~0u, ~0u};
+        const bool vmm_user = vmm_users_.allows(peer.uid);
+        auto drop = [&](const std::string& why) {
+            pvgpu_error e{};
+            e.status = PVGPU_E_LIMIT;
+            wire::set_name(e.message, sizeof e.message, why);
+            auto bytes = wire::encode(PVGPU_MSG_ERROR, 0, e);
+            (void)!::send(fd.get(), bytes.data(), bytes.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+            log_warning("dropped a connection from pid ", peer.pid, " uid ", peer.uid, ": ", why);
+        };
         std::size_t live = 0;
         for (const auto& [id, cl] : clients_) live += cl.closing ? 0 : 1;
         if (live >= cfg_.limits.max_clients + kConnectionSlack) {
-            pvgpu_error e{};
-            e.status = PVGPU_E_LIMIT;
-            wire::set_name(e.message, sizeof e.message, "too many clients");
-            auto bytes = wire::encode(PVGPU_MSG_ERROR, 0, e);
-            (void)!::send(fd.get(), bytes.data(), bytes.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
-            log_warning("dropped a connection: ", live, " connections open");
+            drop("too many clients (" + std::to_string(live) + " connections open)");
+            continue;
+        }
+        // Per-uid budgets hold before HELLO too: connections that never say
+        // HELLO must not lock anyone else out either.
+        const Usage mine = usage(vmm_user, peer.uid);
+        const std::uint32_t per_uid =
+            vmm_user ? cfg_.limits.vmm_clients_per_uid : cfg_.limits.host_clients_per_uid;
+        if (mine.clients >= per_uid) {
+            drop("too many connections from uid " + std::to_string(peer.uid) + " (limit " +
+                 std::to_string(per_uid) + ")");
+            continue;
+        }
+        if (!vmm_user && usage(false, std::nullopt).clients >= cfg_.limits.host_clients) {
+            drop("too many host clients (limit " + std::to_string(cfg_.limits.host_clients) + ")");
             continue;
         }
         std::uint32_t id = next_client_++;
@@ -205,8 +259,11 @@ void Daemon::accept_clients() {
         ++counters_.clients_total;
         ClientConn::Options opt;
         opt.max_queue_bytes = cfg_.limits.max_queue_bytes;
+        opt.max_queue_fds = cfg_.limits.max_queue_fds;
         opt.hello_timeout = cfg_.limits.hello_timeout;
         Client cl;
+        cl.uid = peer.uid;
+        cl.vmm_user = vmm_user;
         cl.conn = std::make_unique<ClientConn>(ctx_.get(), clock_, timers_, std::move(fd), id, opt,
                                                static_cast<ClientConn::Handler&>(*this));
         log_debug("client ", id, " connected (pid ", cl.conn->peer().pid, ", uid ", cl.conn->peer().uid, ")");
@@ -253,6 +310,10 @@ void Daemon::teardown(std::uint32_t client_id) {
         }
     } else if (cl.host_entity != kNoEntity) {
         remove_entity(cl.host_entity);
+        if (auto u = host_users_.find(cl.host_user); u != host_users_.end() && --u->second.clients == 0) {
+            remove_entity(u->second.entity);
+            host_users_.erase(u);
+        }
     }
     clients_.erase(it);
 }
@@ -327,6 +388,16 @@ void Daemon::on_hello(Client& cl, const wire::Message& m) {
         if (raw.find('/') != std::string::npos)
             return refuse(PVGPU_E_INVALID, "a VM name may not contain '/'");
         const std::string uuid = format_uuid(u);
+        // The kernel's word on who connected, never the client's.
+        std::optional<std::string> denied = vmm_users_.refuse(conn.peer(), uuid);
+        for (const auto& check : vmm_checks_)
+            if (!denied) denied = check->refuse(conn.peer(), uuid);
+        if (denied) {
+            log_warning("client ", conn.id(), " (pid ", conn.peer().pid, ") refused as VMM of ", uuid, ": ",
+                        *denied);
+            // E_STATE, not a new status: clients of every version know it.
+            return refuse(PVGPU_E_STATE, *denied);
+        }
         if (vms_.count(uuid)) return refuse(PVGPU_E_STATE, "VM " + uuid + " is already connected");
         std::optional<std::uint32_t> domain_weight;
         if (libvirt_) {
@@ -355,16 +426,16 @@ void Daemon::on_hello(Client& cl, const wire::Message& m) {
         log_info("client ", conn.id(), ": VM ", name, " (", uuid, "), pid ", conn.peer().pid, ", weight ",
                  weight);
     } else if (h.role == PVGPU_ROLE_HOST) {
+        const Usage mine = usage(false, cl.uid, conn.id());
+        if (mine.clients >= cfg_.limits.host_clients_per_uid)
+            return refuse(PVGPU_E_LIMIT, "uid " + std::to_string(cl.uid) + " has " +
+                                             std::to_string(mine.clients) + " host clients (limit " +
+                                             std::to_string(cfg_.limits.host_clients_per_uid) + ")");
+        if (usage(false, std::nullopt, conn.id()).clients >= cfg_.limits.host_clients)
+            return refuse(PVGPU_E_LIMIT, "too many host clients");
         std::uint32_t pid = h.pid ? h.pid : static_cast<std::uint32_t>(conn.peer().pid);
-        std::string base = raw.empty() ? "pid-" + std::to_string(pid) : sanitize_name(raw, 59);
-        std::string name = unique_root_name("host:", base, std::to_string(conn.id()));
-        std::string key = "host/" + name;
-        auto w = state_.host_tasks.find(key);
-        std::uint32_t weight = w == state_.host_tasks.end() ? PVGPU_WEIGHT_DEFAULT : w->second;
-        EntityId e = tree.add(kRootEntity, "host:" + name, EntityKind::Task, weight);
-        meta_[e] = Meta{Kind::Host, {}, key, 0, {}};
-        cl.host_entity = e;
-        log_info("client ", conn.id(), ": host task ", key, ", pid ", conn.peer().pid, ", weight ", weight);
+        std::string error;
+        if (!hello_host(cl, raw, pid, error)) return refuse(PVGPU_E_INTERNAL, error);
     } else {
         return refuse(PVGPU_E_INVALID, "unknown role " + std::to_string(h.role));
     }
@@ -374,6 +445,52 @@ void Daemon::on_hello(Client& cl, const wire::Message& m) {
     conn.hello_done();
     r.status = PVGPU_OK;
     conn.send_struct(PVGPU_MSG_HELLO_REPLY, m.hdr.seq, r);
+}
+
+bool Daemon::hello_host(Client& cl, const std::string& raw, std::uint32_t pid, std::string& error) {
+    EntityTree& tree = sched_->entities();
+    const std::string user = sanitize_name(user_name(cl.uid));
+    const std::string user_key = "host/" + user;
+    auto [u, fresh] = host_users_.try_emplace(user);
+    if (fresh) {
+        auto w = state_.host_users.find(user);
+        std::uint32_t weight = w == state_.host_users.end() ? PVGPU_WEIGHT_DEFAULT : w->second;
+        if (tree.find_child(kRootEntity, "host:" + user)) {
+            host_users_.erase(u);
+            error = "entity host:" + user + " exists";
+            return false;
+        }
+        u->second.entity = tree.add(kRootEntity, "host:" + user, EntityKind::Vm, weight);
+        meta_[u->second.entity] = Meta{Kind::HostUser, {}, user_key, 0, {}};
+        log_info("host user ", user_key, " (uid ", cl.uid, "), weight ", weight);
+    }
+    ++u->second.clients;
+    cl.host_user = user;
+    const EntityId group = u->second.entity;
+
+    // A name free under the user: base, then base-<client id>, then numbered.
+    const std::string base = raw.empty() ? "pid-" + std::to_string(pid) : sanitize_name(raw, 48);
+    std::string name = base;
+    for (int k = 1; tree.find_child(group, name); ++k)
+        name = with_suffix(base, "-" + std::to_string(cl.conn->id()) + (k > 1 ? "-" + std::to_string(k) : ""));
+    const std::string key = user_key + "/" + name;
+    auto w = state_.host_tasks.find(key);
+    if (w == state_.host_tasks.end()) {
+        // A weight saved before host paths had a user: its name's first
+        // taker gets it (see State::host_tasks), under the new key from now.
+        if (auto legacy = state_.host_tasks.find("host/" + name); legacy != state_.host_tasks.end()) {
+            w = state_.host_tasks.emplace(key, legacy->second).first;
+            state_.host_tasks.erase(legacy);
+            log_info("saved weight of host/", name, " now belongs to ", key);
+            save_state();
+        }
+    }
+    std::uint32_t weight = w == state_.host_tasks.end() ? PVGPU_WEIGHT_DEFAULT : w->second;
+    EntityId e = tree.add(group, name, EntityKind::Task, weight);
+    meta_[e] = Meta{Kind::Host, {}, key, 0, {}};
+    cl.host_entity = e;
+    log_info("client ", cl.conn->id(), ": host task ", key, ", pid ", cl.conn->peer().pid, ", weight ", weight);
+    return true;
 }
 
 std::uint32_t Daemon::vm_weight(const std::string& uuid, const std::string& hello_name,
@@ -396,6 +513,21 @@ Daemon::Channel* Daemon::owned(const Client& cl, std::uint32_t chan_id) {
     if (!cl.channels.count(chan_id)) return nullptr;
     auto it = channels_.find(chan_id);
     return it == channels_.end() ? nullptr : it->second.get();
+}
+
+std::string Daemon::channel_limit(const Client& cl) const {
+    const Limits& l = cfg_.limits;
+    if (cl.channels.size() >= l.max_channels_per_client) return "per-client channel limit";
+    if (channels_.size() >= l.max_channels) {
+        log_warning("channel limit (", l.max_channels, ") reached");
+        return "channel limit";
+    }
+    const bool vmm = cl.role == PVGPU_ROLE_VMM;
+    const std::uint32_t per_uid = vmm ? l.vmm_channels_per_uid : l.host_channels_per_uid;
+    if (usage(vmm, cl.uid).channels >= per_uid)
+        return "uid " + std::to_string(cl.uid) + " holds " + std::to_string(per_uid) + " channels";
+    if (!vmm && usage(false, std::nullopt).channels >= l.host_channels) return "host channel limit";
+    return {};
 }
 
 EntityId Daemon::leaf_for(Client& cl, std::uint64_t pid_hint, const std::string& task_name,
@@ -432,12 +564,7 @@ void Daemon::on_alloc(Client& cl, const wire::Message& m) {
         r.status = status;
         conn.send_struct(PVGPU_MSG_CHAN_REPLY, m.hdr.seq, r);
     };
-    if (cl.channels.size() >= cfg_.limits.max_channels_per_client)
-        return refuse(PVGPU_E_LIMIT, "per-client channel limit");
-    if (channels_.size() >= cfg_.limits.max_channels) {
-        log_warning("channel limit (", cfg_.limits.max_channels, ") reached");
-        return refuse(PVGPU_E_LIMIT, "channel limit");
-    }
+    if (std::string why = channel_limit(cl); !why.empty()) return refuse(PVGPU_E_LIMIT, why);
     const std::uint64_t hint = cl.role == PVGPU_ROLE_VMM ? a.pid_hint : 0;
     std::string error;
     EntityId leaf = leaf_for(cl, hint, wire::name_of(a.task_name, sizeof a.task_name), error);
@@ -471,7 +598,8 @@ void Daemon::on_alloc(Client& cl, const wire::Message& m) {
     r.mode = wire_mode(rec.pushed);
     const int fds[2] = {rec.mem.fd(), rec.bell.fd()};
     log_debug("client ", conn.id(), ": channel ", id, " on ", admin_path(leaf));
-    conn.send_struct(PVGPU_MSG_CHAN_REPLY, m.hdr.seq, r, fds);
+    // The memfd stays alive while the reply waits: it counts as queued.
+    conn.send_struct(PVGPU_MSG_CHAN_REPLY, m.hdr.seq, r, fds, PVGPU_CHAN_MEM_SIZE);
 }
 
 void Daemon::on_free(Client& cl, const wire::Message& m) {
@@ -707,7 +835,9 @@ void Daemon::on_channel_error(ChannelId id, std::uint32_t error) {
 // ---------------------------------------------------------------- admin
 
 std::string Daemon::admin_path(EntityId id) const {
-    if (auto m = meta_.find(id); m != meta_.end() && m->second.kind == Kind::Host) return m->second.key;
+    if (auto m = meta_.find(id);
+        m != meta_.end() && (m->second.kind == Kind::Host || m->second.kind == Kind::HostUser))
+        return m->second.key;
     return sched_->entities().path(id);
 }
 
@@ -739,9 +869,10 @@ json Daemon::admin_list() {
             auto m = meta_.find(id);
             Kind kind = m == meta_.end() ? Kind::VmTask : m->second.kind;
             json o = {{"path", path},
-                      {"kind", kind == Kind::Vm     ? "vm"
-                               : kind == Kind::Host ? "host"
-                                                    : "task"},
+                      {"kind", kind == Kind::Vm         ? "vm"
+                               : kind == Kind::Host     ? "host"
+                               : kind == Kind::HostUser ? "user"
+                                                        : "task"},
                       {"weight", e.weight},
                       {"target_share", sh.target_now},
                       {"achieved_share", sh.achieved},
@@ -848,6 +979,7 @@ json Daemon::admin_set_weight(const json& req) {
                 if (auto v = vms_.find(meta.uuid); v != vms_.end()) v->second.guest_weights.erase(meta.pid_hint);
             }
             if (meta.kind == Kind::Host) state_.host_tasks[meta.key] = weight;
+            if (meta.kind == Kind::HostUser) state_.host_users[meta.key.substr(5)] = weight;
         }
         save_state();
         log_info("weight of ", admin_path(id), " set to ", weight);
@@ -866,7 +998,8 @@ json Daemon::admin_set_weight(const json& req) {
         return pending();
     }
     if (target.find('/') == std::string::npos) {
-        if (target == "host") return admin_error("no such entity: host (host tasks are host/<name>)");
+        if (target == "host")
+            return admin_error("no such entity: host (host users are host/<user>, their tasks host/<user>/<name>)");
         if (target.empty()) return admin_error("no such entity: \"\"");
         for (const auto& [uuid, vm] : vms_)
             if (tree.get(vm.entity).name == target || vm.hello_name == target) return apply(vm.entity);
@@ -878,9 +1011,20 @@ json Daemon::admin_set_weight(const json& req) {
     }
     std::optional<EntityId> id;
     if (target.rfind("host/", 0) == 0) {
-        std::string rest = target.substr(5);
-        if (!rest.empty() && rest.find('/') == std::string::npos)
-            id = tree.find_child(kRootEntity, "host:" + rest);
+        // host/<user> or host/<user>/<name>; a user not connected is
+        // remembered like a VM that is not.
+        const std::string rest = target.substr(5);
+        const auto slash = rest.find('/');
+        const std::string user = rest.substr(0, slash);
+        if (auto u = host_users_.find(user); u != host_users_.end()) {
+            id = slash == std::string::npos ? std::optional(u->second.entity)
+                                            : tree.find_child(u->second.entity, rest.substr(slash + 1));
+        } else if (slash == std::string::npos && sanitize_name(user) == user && user_id(user)) {
+            state_.host_users[user] = weight;
+            save_state();
+            log_info("weight ", weight, " remembered for host user ", target, " (not connected)");
+            return {{"ok", true}, {"path", target}, {"weight", weight}, {"pending", true}};
+        }
     } else {
         id = tree.find_path(target);
     }

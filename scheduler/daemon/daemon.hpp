@@ -4,8 +4,11 @@
 //
 // Entities (docs/protocol.md 1.2): a VMM's VM is a child of the root keyed
 // by UUID; its channels go to "task-<pid hint>" children (hint 0: the VM
-// itself, as a guest without the driver's hints looks).  A host client is
-// one task under the root, shown as host/<name>.
+// itself, as a guest without the driver's hints looks).  Host clients are
+// grouped by user: each uid has one entity under the root, shown as
+// host/<user>, and each connection is a task under it, host/<user>/<name>,
+// so one user's connections share that user's weight.  Only the configured
+// VMM users (SO_PEERCRED) may say HELLO as a VMM.
 //
 // Submission path: the client stores ring entries and IB_PUT in the shared
 // memfd and rings the channel's doorbell eventfd; the daemon reads IB_PUT
@@ -34,6 +37,7 @@
 #include "config.hpp"
 #include "core/scheduler.hpp"
 #include "glib_clock.hpp"
+#include "identity.hpp"
 #include "libvirt_watch.hpp"
 #include "metrics.hpp"
 #include "gsource.hpp"
@@ -69,15 +73,18 @@ public:
     void quit();
 
     GMainContext* context() const { return ctx_.get(); }
+    // Adds a check every VMM HELLO must also pass, after the configured VMM
+    // users (the libvirt integration's pid check, issue 9).
+    void add_vmm_identity_check(std::unique_ptr<VmmIdentityCheck> check);
     const DaemonCounters& counters() const { return counters_; }
 
 private:
-    enum class Kind { Vm, VmTask, Host };
+    enum class Kind { Vm, VmTask, HostUser, Host };
     // What the daemon knows about an entity it created.
     struct Meta {
         Kind kind = Kind::Host;
         std::string uuid;  // Vm, VmTask: the VM's
-        std::string key;   // Host: "host/<name>"; VmTask: "task-<hint>"
+        std::string key;   // HostUser: "host/<user>"; Host: "host/<user>/<name>"; VmTask: "task-<hint>"
         std::uint64_t pid_hint = 0;
         std::string task_name;  // VmTask: display name from CHAN_ALLOC
     };
@@ -109,13 +116,21 @@ private:
         Timer ack_timer;
         bool degraded = false;
     };
+    // A uid with host clients: its entity lives while it has any.
+    struct HostUser {
+        EntityId entity = kNoEntity;
+        std::uint32_t clients = 0;
+    };
     struct Client {
         std::unique_ptr<ClientConn> conn;
+        uid_t uid = 0;
+        bool vmm_user = false;  // the uid may be a VMM: counted in the VMM budget
         bool hello = false;
         std::uint32_t role = 0;
         std::uint32_t version = 0;         // protocol version agreed at HELLO
         std::string uuid;                  // VMM
         EntityId host_entity = kNoEntity;  // HOST
+        std::string host_user;             // HOST: key of host_users_
         std::set<ChannelId> channels;
         bool closing = false;
     };
@@ -132,7 +147,17 @@ private:
     void on_task_weight(Client& cl, const wire::Message& m);
     void reap();
     void teardown(std::uint32_t client_id);
-
+    // Connections (HELLO or not) and channels in one budget: a client is in
+    // the VMM budget once it is a VMM, or before HELLO when its uid may be
+    // one; otherwise in the host budget.  `uid` nullopt: every uid.
+    struct Usage {
+        std::size_t clients = 0, channels = 0;
+    };
+    static bool in_vmm_budget(const Client& cl);
+    Usage usage(bool vmm_budget, std::optional<uid_t> uid, std::uint32_t except = 0) const;
+    // Why a new channel for `cl` would break a limit, or empty.
+    std::string channel_limit(const Client& cl) const;
+    bool hello_host(Client& cl, const std::string& raw, std::uint32_t pid, std::string& error);
     // --- channels ---
     Channel* owned(const Client& cl, std::uint32_t chan_id);
     EntityId leaf_for(Client& cl, std::uint64_t pid_hint, const std::string& task_name, std::string& error);
@@ -194,6 +219,9 @@ private:
 
     std::unordered_map<EntityId, Meta> meta_;
     std::map<std::string, Vm> vms_;  // connected VMs by UUID
+    std::map<std::string, HostUser> host_users_;  // by user name
+    VmmUsers vmm_users_;
+    std::vector<std::unique_ptr<VmmIdentityCheck>> vmm_checks_;
     std::map<ChannelId, std::unique_ptr<Channel>> channels_;
     std::map<std::uint32_t, Client> clients_;
     std::uint32_t next_client_ = 1;

@@ -72,14 +72,15 @@ private:
 };
 
 // {kind, vm, task} of an entity from its admin path: `vm1` (a VM),
-// `vm1/task-1234` (a guest task), `host/render` (a host task).
+// `vm1/task-1234` (a guest task), `host/alice` (a host user, task="alice"),
+// `host/alice/render` (a host task, task="alice/render").
 std::string entity_labels(const json& e) {
     const std::string path = e.value("path", std::string{});
     const std::string kind = e.value("kind", std::string{});
     std::string vm, task;
     const auto slash = path.rfind('/');
-    if (kind == "host") {
-        task = slash == std::string::npos ? path : path.substr(slash + 1);
+    if (kind == "host" || kind == "user") {
+        task = path.rfind("host/", 0) == 0 ? path.substr(5) : path;
     } else if (kind == "vm" || slash == std::string::npos) {
         vm = path;
     } else {

@@ -76,6 +76,7 @@ State state_from_json(const std::string& text) {
     s.vm_names = weights_at(j, "vm_names");
     s.tasks = weights_at(j, "tasks");
     s.host_tasks = weights_at(j, "host_tasks");
+    s.host_users = weights_at(j, "host_users");
     if (j.contains("policy")) {
         const json& p = j["policy"];
         if (!p.is_object() || !p.contains("name") || !p["name"].is_string())
@@ -99,6 +100,7 @@ std::string state_to_json(const State& s) {
     j["vm_names"] = s.vm_names;
     j["tasks"] = s.tasks;
     j["host_tasks"] = s.host_tasks;
+    j["host_users"] = s.host_users;
     return j.dump(2) + "\n";
 }
 

@@ -24,7 +24,13 @@ struct State {
     std::map<std::string, Vm> vms;                    // canonical lower-case UUID -> VM
     std::map<std::string, std::uint32_t> vm_names;    // weights set by name before HELLO
     std::map<std::string, std::uint32_t> tasks;       // "<uuid>/task-<hint>" -> weight
-    std::map<std::string, std::uint32_t> host_tasks;  // "host/<name>" -> weight
+    // "host/<user>/<name>" -> weight.  Keys of one slash, "host/<name>", were
+    // written before host tasks were grouped per user: such a weight goes
+    // to the first user whose task takes that name, and is saved under the
+    // new key (a task weight only splits its user's share, so whoever gets
+    // it gains nothing over other users).
+    std::map<std::string, std::uint32_t> host_tasks;
+    std::map<std::string, std::uint32_t> host_users;  // "<user>" -> weight of host/<user>
     std::optional<std::string> policy;                // set at run time (set-policy)
     PolicyParams policy_params;
 

@@ -53,7 +53,7 @@ public:
         if (options_.weight != 0)
             throw ClientError("a task weight (" + std::to_string(options_.weight) +
                               ") applies only inside a VM (device transport); a host task's weight "
-                              "is set by the admin: pvgpuctl set-weight host/NAME W");
+                              "is set by the admin: pvgpuctl set-weight host/USER/NAME W");
     }
 
     pvgpu::Transport kind() const override { return pvgpu::Transport::Socket; }

@@ -48,8 +48,10 @@ pids="$pids $!"
 echo "== equal weights: each should get a third"
 "$ctl" top --interval 1 --count "$phase"
 echo
-echo "== pvgpuctl set-weight host/long 400: long should get 4/6, the others 1/6"
-"$ctl" set-weight host/long 400
+# Host tasks are host/USER/NAME (USER: who runs them).
+user=$(id -un)
+echo "== pvgpuctl set-weight host/$user/long 400: long should get 4/6, the others 1/6"
+"$ctl" set-weight "host/$user/long" 400
 "$ctl" top --interval 1 --count "$phase"
 echo
 "$ctl" list

@@ -72,7 +72,7 @@ Options:
                       exists, else the socket $PVGPU_SOCKET or
                       )" PVGPU_SOCKET_PATH R"()
   --name NAME         task name (default: the mode); host: pvgpud shows
-                      host/NAME; in a VM it becomes the process name, which
+                      host/USER/NAME; in a VM it becomes the process name, which
                       the guest driver reports
   --weight W          in a VM: this task's weight among the VM's tasks,
                       1..10000 (default: leave it, 100); not on the host,

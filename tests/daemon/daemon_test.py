@@ -8,14 +8,18 @@ lines so they can go into docs/results.md.
 
 usage: daemon_test.py --pvgpud PATH --pvgpuctl PATH --load PATH [--libtest PATH] CASE
 CASE: client | library | fairness | weights | admin | restart | protocol |
-      permissions | monitoring | ctl-compat | metrics | all
+      permissions | monitoring | ctl-compat | metrics | identity | migrate |
+      limits | queue-fds | admin-slots | all
 Exit status: 0 pass, 1 fail, 77 skipped (meson's convention).
 """
 
 import argparse
+import contextlib
+import fcntl
 import json
 import mmap
 import os
+import pwd
 import random
 import select
 import shutil
@@ -25,6 +29,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import termios
 import threading
 import time
 
@@ -46,6 +51,10 @@ PAGE = 4096
 RING_ENTRIES = 256
 CHAN_MEM_SIZE = PAGE + RING_ENTRIES * 16
 ENTRY_IRQ = 1
+
+# Host clients are grouped per user (SO_PEERCRED): host/<user>/<name>.
+USER = pwd.getpwuid(os.getuid()).pw_name
+HOST = f"host/{USER}"
 
 
 # ---- processes -----------------------------------------------------------------
@@ -144,9 +153,9 @@ def ctl_json(bins, daemon, *args):
 class Load:
     """A pvgpu-load process; collects its periodic reports from stderr."""
 
-    def __init__(self, bins, daemon, mode, *args, name):
+    def __init__(self, bins, daemon, mode, *args, name, prefix=()):
         self.name = name
-        cmd = [bins.load, mode, "--socket", daemon.socket, "--name", name] + [str(a) for a in args]
+        cmd = list(prefix) + [bins.load, mode, "--socket", daemon.socket, "--name", name] + [str(a) for a in args]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
         self.reports = []  # (CLOCK_MONOTONIC seconds, completed kernels)
@@ -248,13 +257,13 @@ def measure_between(loads, kernel_us, t0, t1, timeout):
     return measure_shares(loads, kernel_us, t0, t1)
 
 
-def throttle(bins, daemon, name, kernel_us, duration=30, batch=4, depth=2):
+def throttle(bins, daemon, name, kernel_us, duration=30, batch=4, depth=2, prefix=()):
     # Batches of 4, two in flight: every throttle keeps 4..8 kernels queued at
     # all times, so both stay backlogged and the split is the scheduler's,
     # not the clients' wake-up latency; one doorbell per batch keeps the
     # clients' CPU use (which competes with the daemon) low.
     return Load(bins, daemon, "throttle", "--kernel-us", kernel_us, "--batch", batch, "--depth", depth,
-                "--duration-s", duration, "--report-interval-s", "0.1", name=name)
+                "--duration-s", duration, "--report-interval-s", "0.1", name=name, prefix=prefix)
 
 
 def good_client_throughput(bins, daemon, label, min_fraction=0.7, kernels=200, kernel_us=1000):
@@ -345,13 +354,13 @@ class RawClient:
                 return True
         return self.closed
 
-    def hello(self, name, role=ROLE_HOST, uuid=b"\0" * 16):
+    def hello(self, name, role=ROLE_HOST, uuid=b"\0" * 16, expect_status=E_OK):
         payload = struct.pack("<II16s64sII", 1, role, uuid, name.encode(), os.getpid(), 0)
         seq = self.send(MSG_HELLO, payload)
         msg = self.expect(seq)
         check(msg[0] == MSG_HELLO_REPLY, f"HELLO answered with type {msg[0]}")
         status, version, client_id, max_channels = struct.unpack("<IIII", msg[2])
-        check(status == E_OK, f"HELLO refused: status {status}")
+        check(status == expect_status, f"HELLO of {name}: status {status}, expected {expect_status}")
         return client_id, max_channels
 
     def expect(self, seq, timeout=5.0):
@@ -469,7 +478,7 @@ def case_weights(bins, tmp):
             result("weights.1to1.a_share", f"{shares[0]:.3f}")
             check(abs(shares[0] - 0.5) <= 0.08, f"1:1: w-a got {shares[0]:.3f}, expected 0.5 +- 0.08")
 
-            out = ctl(bins, d, "set-weight", "host/w-a", "300").stdout
+            out = ctl(bins, d, "set-weight", f"{HOST}/w-a", "300").stdout
             log(f"set-weight: {out.strip()}")
             now = time.monotonic()
             shares, _ = measure_between(loads, [k, k], now + 0.5, now + 3.5, 15)
@@ -527,10 +536,10 @@ def case_admin(bins, tmp):
                  throttle(bins, d, "adm-b", 300, duration=60)]
         for load in loads:
             load.wait_until(lambda l: len(l.reports) >= 2, 10, "its first reports")
-        ctl(bins, d, "set-weight", "host/adm-a", "250")
+        ctl(bins, d, "set-weight", f"{HOST}/adm-a", "250")
         ents = entities_by_path(ctl_json(bins, d, "list"))
         log(f"list: {json.dumps(ents)}")
-        for path, weight in (("host/adm-a", 250), ("host/adm-b", 100)):
+        for path, weight in ((f"{HOST}/adm-a", 250), (f"{HOST}/adm-b", 100)):
             check(path in ents, f"list has no {path}")
             e = ents[path]
             check(e["kind"] == "host", f"{path}: kind {e['kind']}")
@@ -545,7 +554,7 @@ def case_admin(bins, tmp):
         # Invalid requests: exit status 1 with the daemon's message, or 2 for usage.
         p = ctl(bins, d, "set-weight", "host/nonexistent", "5", check_rc=False)
         check(p.returncode == 1 and "no such entity" in p.stderr, f"unknown target: {p.returncode} {p.stderr}")
-        p = ctl(bins, d, "set-weight", "host/adm-a", "10001", check_rc=False)
+        p = ctl(bins, d, "set-weight", f"{HOST}/adm-a", "10001", check_rc=False)
         check(p.returncode == 2, f"weight 10001: exit status {p.returncode}")
         p = ctl(bins, d, "set-policy", "frobnicate", check_rc=False)
         check(p.returncode == 1 and "unknown policy" in p.stderr, f"bad policy: {p.returncode} {p.stderr}")
@@ -558,16 +567,17 @@ def case_admin(bins, tmp):
         deadline = time.monotonic() + 15
         while True:
             ents = entities_by_path(ctl_json(bins, d, "list"))
-            if "host/adm-a" in ents and "host/adm-b" in ents:
+            if f"{HOST}/adm-a" in ents and f"{HOST}/adm-b" in ents:
                 break
             check(time.monotonic() < deadline, f"clients did not reconnect: {sorted(ents)}")
             time.sleep(0.1)  # polling the daemon's view, not synchronisation on a pipe
-        check(ents["host/adm-a"]["weight"] == 250, f"weight after restart: {ents['host/adm-a']['weight']}")
-        check(ents["host/adm-b"]["weight"] == 100, f"weight after restart: {ents['host/adm-b']['weight']}")
+        for name, weight in (("adm-a", 250), ("adm-b", 100)):
+            got = ents[f"{HOST}/{name}"]["weight"]
+            check(got == weight, f"{name}: weight after restart {got}, expected {weight}")
         pol = ctl_json(bins, d, "policy")
         check(pol["policy"] == "hfq" and pol["params"].get("threshold_ms") == 3,
               f"policy after restart: {pol}")
-        result("admin.weight_after_restart", ents["host/adm-a"]["weight"])
+        result("admin.weight_after_restart", ents[f"{HOST}/adm-a"]["weight"])
         top = ctl(bins, d, "top", "--count", "2", "--interval", "0.2").stdout
         check(top.count("ENTITY") == 2 and "adm-a" in top, f"top output:\n{top}")
         check_top_keys(bins, d)
@@ -770,7 +780,7 @@ def case_permissions(bins, tmp):
         os.chmod(d.admin, 0o666)
         p = ctl(bins, d, "list", check_rc=False, prefix=prefix)
         check(p.returncode == 0, f"read-only list as uid 65534: exit {p.returncode}: {p.stderr}")
-        p = ctl(bins, d, "set-weight", "host/perm", "5", check_rc=False, prefix=prefix)
+        p = ctl(bins, d, "set-weight", f"{HOST}/perm", "5", check_rc=False, prefix=prefix)
         log(f"set-weight as uid 65534: exit {p.returncode}: {p.stderr.strip()}")
         check(p.returncode == 1, f"set-weight as uid 65534: exit {p.returncode}")
         check("permission denied" in p.stderr.lower(), f"no 'permission denied' in: {p.stderr}")
@@ -778,9 +788,9 @@ def case_permissions(bins, tmp):
         check(p.returncode == 1 and "permission denied" in p.stderr.lower(),
               f"set-policy as uid 65534: exit {p.returncode}: {p.stderr}")
         ents = entities_by_path(ctl_json(bins, d, "list"))
-        check(ents["host/perm"]["weight"] == 100, "the refused set-weight changed the weight")
+        check(ents[f"{HOST}/perm"]["weight"] == 100, "the refused set-weight changed the weight")
         check(ctl_json(bins, d, "policy")["policy"] == "hfq", "the refused set-policy changed the policy")
-        ctl(bins, d, "set-weight", "host/perm", "5")  # root may
+        ctl(bins, d, "set-weight", f"{HOST}/perm", "5")  # root may
     finally:
         if load:
             load.finish(sig=signal.SIGTERM)
@@ -1075,7 +1085,7 @@ def case_monitoring(bins, tmp):
     try:
         loads = [throttle(bins, d, "mon-long", kernel_us[0], duration=60),
                  throttle(bins, d, "mon-short", kernel_us[1], duration=60)]
-        paths = ["host/mon-long", "host/mon-short"]
+        paths = [f"{HOST}/mon-long", f"{HOST}/mon-short"]
         for load in loads:
             load.wait_until(lambda l: len(l.reports) >= 1, 10, "its first report")
         for policy in ("none", "timeslice", "dfq", "hfq"):
@@ -1278,7 +1288,7 @@ def case_metrics(bins, tmp):
                     return float(line.rsplit(" ", 1)[1])
             return None
 
-        labels = 'kind="host",vm="",task="prom"'
+        labels = f'kind="host",vm="",task="{USER}/prom"'
         first = None
         deadline = time.monotonic() + 10
         mtime = os.stat(prom).st_mtime_ns
@@ -1312,7 +1322,363 @@ def case_metrics(bins, tmp):
     check(not os.path.exists(prom), "textfile left behind after pvgpud exited")
 
 
+# ---- issue 8: identity, per-uid limits, queued fds, admin slots ------------------
+
+NOBODY = 65534  # the unprivileged peer; tests run as root and switch euid to it
+VM_UUID = bytes(range(0x10, 0x20))
+VM_UUID_TEXT = "10111213-1415-1617-1819-1a1b1c1d1e1f"
+
+
+def need_root(tmp):
+    if os.geteuid() != 0:
+        raise Skip("needs root to play other uids")
+    os.chmod(tmp, 0o755)  # let other uids reach the sockets
+
+
+@contextlib.contextmanager
+def as_uid(uid):
+    """SO_PEERCRED records the connecting thread's effective ids: connect in here."""
+    os.setegid(uid)
+    os.seteuid(uid)
+    try:
+        yield
+    finally:
+        os.seteuid(0)
+        os.setegid(0)
+
+
+def connect_as(uid, path):
+    with as_uid(uid):
+        return RawClient(path)
+
+
+def unprivileged_daemon(bins, tmp, limits=""):
+    """A daemon whose client socket any uid may reach (the test is about SO_PEERCRED)."""
+    with open(os.path.join(tmp, "pvgpud.conf"), "w") as f:
+        f.write("[daemon]\nsocket_mode = 0666\n[limits]\n" + limits)
+    d = Daemon(bins, tmp)
+    d.start()
+    return d
+
+
+def user_of(uid):
+    return pwd.getpwuid(uid).pw_name
+
+
+def case_identity(bins, tmp):
+    """Issue 8.1: only vmm_users may be a VMM; host tasks are per user and share its weight."""
+    need_root(tmp)
+    d = unprivileged_daemon(bins, tmp)
+    nobody = f"host/{user_of(NOBODY)}"
+    loads = []
+    try:
+        # A VMM HELLO from an unprivileged uid is refused, before and after
+        # the real VM set up its weight: nobody can take it over.
+        c = connect_as(NOBODY, d.socket)
+        c.hello("thief", role=ROLE_VMM, uuid=VM_UUID, expect_status=E_STATE)
+        check(c.wait_closed(), "refused VMM: connection not closed")
+        c.close()
+        vm = RawClient(d.socket)
+        vm.hello("vm-real", role=ROLE_VMM, uuid=VM_UUID)
+        ctl(bins, d, "set-weight", VM_UUID_TEXT, "300")
+        vm.close()
+        c = connect_as(NOBODY, d.socket)
+        c.hello("vm-real", role=ROLE_VMM, uuid=VM_UUID, expect_status=E_STATE)
+        c.close()
+        check(any("may not act as a VMM" in line for line in d.lines), "no log line for the refused VMM")
+
+        # The same task name under two users: two entities, and a weight set
+        # on root's is not nobody's.
+        mine = RawClient(d.socket)
+        mine.hello("same")
+        theirs = connect_as(NOBODY, d.socket)
+        theirs.hello("same")
+        ctl(bins, d, "set-weight", f"{HOST}/same", "500")
+        ents = entities_by_path(ctl_json(bins, d, "list"))
+        check(ents.get(f"{HOST}/same", {}).get("weight") == 500, f"root's task: {ents.get(f'{HOST}/same')}")
+        check(ents.get(f"{nobody}/same", {}).get("weight") == 100, f"nobody's task: {ents.get(f'{nobody}/same')}")
+        check(ents.get(nobody, {}).get("kind") == "user", f"no user entity {nobody}: {sorted(ents)}")
+        mine.close()
+        theirs.close()
+
+        # One user's connections share that user's weight: root's three
+        # throttles and nobody's one split the GPU 1:1 between the users.
+        k = 500
+        prefix = [shutil.which("setpriv") or "setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}",
+                  "--clear-groups", "--"]
+        loads = [throttle(bins, d, f"r{i}", k) for i in range(3)]
+        loads.append(throttle(bins, d, "n0", k, prefix=prefix))
+        shares, _ = measure_window(loads, [k] * 4, warmup=0.5, window=3.0)
+        for name, share in zip(("r0", "r1", "r2", "n0"), shares):
+            result(f"identity.per_user.{name}_share", f"{share:.3f}")
+        # Same tolerance as the fairness case (+-0.08 of the whole GPU).
+        check(abs(shares[3] - 0.5) <= 0.08, f"nobody's one task got {shares[3]:.3f}, expected 0.5 +- 0.08")
+        check(abs(sum(shares[:3]) - 0.5) <= 0.08, f"root's three tasks got {sum(shares[:3]):.3f}")
+        check(d.alive(), "pvgpud died")
+    finally:
+        for load in loads:
+            load.finish(sig=signal.SIGTERM)
+        d.stop()
+
+
+def case_migrate(bins, tmp):
+    """A host weight saved as host/NAME (before per-user paths) goes to host/USER/NAME."""
+    state_dir = os.path.join(tmp, "state")
+    os.makedirs(state_dir)
+    with open(os.path.join(state_dir, "state.json"), "w") as f:
+        json.dump({"version": 1, "host_tasks": {"host/legacy": 300}}, f)
+    d = Daemon(bins, tmp)
+    d.start()
+    try:
+        c = RawClient(d.socket)
+        c.hello("legacy")
+        ents = entities_by_path(ctl_json(bins, d, "list"))
+        check(ents.get(f"{HOST}/legacy", {}).get("weight") == 300, f"legacy weight not applied: {ents}")
+        with open(os.path.join(state_dir, "state.json")) as f:
+            saved = json.load(f)["host_tasks"]
+        check(saved == {f"{HOST}/legacy": 300}, f"state.json host_tasks after migration: {saved}")
+        c.close()
+        # A restart keeps it under the new key.
+        d.stop()
+        d.start()
+        c = RawClient(d.socket)
+        c.hello("legacy")
+        ents = entities_by_path(ctl_json(bins, d, "list"))
+        check(ents.get(f"{HOST}/legacy", {}).get("weight") == 300, f"after restart: {ents}")
+        c.close()
+    finally:
+        d.stop()
+
+
+def drain_to(client, n, timeout=5.0):
+    """Reads until `n` messages came; returns them (fds stay in client.fds)."""
+    got = []
+    deadline = time.monotonic() + timeout
+    while len(got) < n:
+        msg = client.recv(max(0.0, deadline - time.monotonic()))
+        check(msg is not None, f"{len(got)} of {n} messages, then nothing")
+        got.append(msg)
+    return got
+
+
+def case_limits(bins, tmp):
+    """Issue 8.2: per-uid client and channel budgets; host users cannot lock out VMs."""
+    need_root(tmp)
+    d = unprivileged_daemon(bins, tmp, "host_clients_per_uid = 3\nhost_channels_per_uid = 4\nhost_clients = 5\n"
+                                       "host_channels = 6\n")
+    conns = []
+    try:
+        for i in range(3):
+            conns.append(connect_as(NOBODY, d.socket))
+        # A fourth connection is refused at once, HELLO or not.
+        extra = connect_as(NOBODY, d.socket)
+        msg = extra.recv()
+        check(msg is not None and msg[0] == MSG_ERROR and struct.unpack_from("<I", msg[2])[0] == E_LIMIT,
+              f"4th connection of one uid: {msg}")
+        check(extra.wait_closed(), "4th connection not closed")
+        extra.close()
+        for i, c in enumerate(conns):
+            c.hello(f"n{i}")
+        statuses = [conns[0].alloc()[0] for _ in range(5)]
+        result("limits.nobody_channels", statuses.count(E_OK))
+        check(statuses == [E_OK] * 4 + [E_LIMIT], f"per-uid channels: {statuses}")
+        check(conns[1].alloc()[0] == E_LIMIT, "another connection of the same uid got a 5th channel")
+
+        # Root's host clients: the host total (5) is reached at its 3rd.
+        mine = [RawClient(d.socket) for _ in range(3)]
+        mine[0].hello("r0")
+        mine[1].hello("r1")
+        mine[2].hello("r2", expect_status=E_LIMIT)
+        check(mine[0].alloc()[0] == E_OK and mine[0].alloc()[0] == E_OK, "root's host channels")
+        check(mine[1].alloc()[0] == E_LIMIT, "host channel total (6) not enforced")
+
+        # VMs have their own budget: a VMM connects and gets channels.
+        vm = RawClient(d.socket)
+        vm.hello("vm1", role=ROLE_VMM, uuid=VM_UUID)
+        check(all(vm.alloc()[0] == E_OK for _ in range(4)), "a VMM was refused channels")
+        vm.close()
+        for c in conns + mine:
+            c.close()
+        check(d.alive(), "pvgpud died")
+    finally:
+        d.stop()
+
+
+def fd_census(pid):
+    fds = memfds = 0
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{name}")
+        except FileNotFoundError:
+            continue
+        fds += 1
+        memfds += target.startswith("/memfd:")
+    return fds, memfds
+
+
+def case_queue_fds(bins, tmp):
+    """Issue 8.3: CHAN_ALLOC + CHAN_FREE pipelined without reading replies pins few fds."""
+    d = Daemon(bins, tmp)
+    d.start()
+    try:
+        base_fds, base_memfds = fd_census(d.proc.pid)
+        c = RawClient(d.socket)
+        c.hello("pipeliner")
+        status, first, fds = c.alloc()
+        check(status == E_OK, f"alloc status {status}")
+        for fd in fds:
+            os.close(fd)
+        c.sock.setblocking(False)
+        pairs = 0
+        blocked_since = None
+        alloc = HDR.pack(MAGIC, MSG_CHAN_ALLOC, 0, 40, 0) + struct.pack("<Q32s", 0, b"")
+        while pairs < 1200:
+            # Channel ids are sequential: free the one this ALLOC will get.
+            free = HDR.pack(MAGIC, MSG_CHAN_FREE, 0, 8, 0) + struct.pack("<II", first + pairs, 0)
+            try:
+                sent = c.sock.send(alloc + free)
+            except BlockingIOError:
+                sent = 0
+            if sent == len(alloc + free):
+                pairs += 1
+                blocked_since = None
+                continue
+            check(sent == 0, "partial send: cannot keep the stream framed (raise the socket buffer)")
+            # The daemon stopped reading us: that is the point.
+            blocked_since = blocked_since or time.monotonic()
+            if time.monotonic() - blocked_since > 1.0:
+                break
+            select.select([], [c.sock], [], 0.05)
+        fds, memfds = fd_census(d.proc.pid)
+        # What the daemon wrote that we have not read: its fds are in flight.
+        unread = struct.unpack("i", fcntl.ioctl(c.sock.fileno(), termios.FIONREAD, b"\0" * 4))[0]
+        c.sock.setblocking(True)
+        before = len(c.fds)
+        while unread > 0:
+            data, anc, _, _ = c.sock.recvmsg(unread, socket.CMSG_SPACE(4 * 8))
+            for level, ctype, cdata in anc:
+                if level == socket.SOL_SOCKET and ctype == socket.SCM_RIGHTS:
+                    c.fds.extend(struct.unpack(f"<{len(cdata) // 4}i", cdata[:len(cdata) // 4 * 4]))
+            c.buf += data
+            unread -= len(data)
+        in_flight = len(c.fds) - before
+        result("queue_fds.pairs_sent_before_blocking", pairs)
+        result("queue_fds.daemon_extra_fds", fds - base_fds)
+        result("queue_fds.daemon_extra_memfds", memfds - base_memfds)
+        result("queue_fds.in_flight_fds", in_flight)
+        # Held by the daemon: the listening and client sockets, at most
+        # max_queue_fds (8) queued plus one reply's 2, and the channels the
+        # flood left open (none: every one was freed).
+        check(fds - base_fds <= 16, f"pvgpud holds {fds - base_fds} more fds than at start")
+        check(memfds - base_memfds <= 6, f"pvgpud holds {memfds - base_memfds} more memfds than at start")
+        # The 16 KiB send buffer (doubled by the kernel) holds ~30 messages.
+        check(in_flight <= 96, f"{in_flight} fds in flight to one client")
+        # Everything asked for is answered once we read.
+        c.sock.settimeout(5)
+        replies = drain_to(c, 2 * pairs, timeout=20)
+        allocs = [m for m in replies if m[0] == MSG_CHAN_REPLY]
+        frees = [m for m in replies if m[0] == MSG_FREE_REPLY]
+        check(len(allocs) == pairs and len(frees) == pairs, f"{len(allocs)} CHAN_REPLY, {len(frees)} FREE_REPLY "
+                                                            f"for {pairs} pairs")
+        check(all(struct.unpack_from("<I", m[2])[0] == E_OK for m in frees), "a pipelined CHAN_FREE failed")
+        seq = c.send(MSG_PING)
+        check(c.expect(seq)[0] == MSG_PONG, "no PONG after the flood")
+        c.close()
+        check(d.alive(), "pvgpud died")
+    finally:
+        d.stop()
+
+
+def admin_connect(path):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(5)
+    s.connect(path)
+    return s
+
+
+def refused_line(sock):
+    """The error line of a refused admin connection, or None if it stays open."""
+    r, _, _ = select.select([sock], [], [], 0.5)
+    if not r:
+        return None
+    data = sock.recv(4096)
+    return json.loads(data.decode().splitlines()[0]) if data else None
+
+
+def case_admin_slots(bins, tmp):
+    """Issue 8.4: per-uid admin connections, a slot kept for root, one response queued at a time."""
+    need_root(tmp)
+    with open(os.path.join(tmp, "pvgpud.conf"), "w") as f:
+        f.write("[limits]\nadmin_max_clients = 4\nadmin_max_clients_per_uid = 2\nadmin_reserved_clients = 1\n"
+                "admin_requests_per_s = 1000000\n")
+    d = Daemon(bins, tmp)
+    d.start()
+    held = []
+    try:
+        for uid in (NOBODY, NOBODY):
+            with as_uid(uid):
+                held.append(admin_connect(d.admin))
+        with as_uid(NOBODY):
+            third = admin_connect(d.admin)
+        line = refused_line(third)
+        check(line and "from uid" in line.get("error", ""), f"3rd connection of one uid: {line}")
+        third.close()
+        for uid in (1, 2):  # daemon, bin: two more unprivileged users fill the cap (4)
+            with as_uid(uid):
+                held.append(admin_connect(d.admin))
+        with as_uid(3):
+            fifth = admin_connect(d.admin)
+        line = refused_line(fifth)
+        check(line and "too many admin connections" in line.get("error", ""), f"5th connection: {line}")
+        fifth.close()
+        for s in held:
+            check(refused_line(s) is None, "a held connection was closed")
+        # Root still gets in (the reserved slot) and may change weights.
+        p = ctl(bins, d, "stats")
+        check("uptime" in p.stdout, f"root's stats: {p.stdout}")
+        for s in held:
+            s.close()
+
+        # 64 KiB of requests, never reading a response: pvgpud answers only
+        # while the socket takes the answers, then stops reading us.
+        flood = admin_connect(d.admin)
+        req = b'{"cmd":"stats"}\n'
+        flood.sendall(req * (65536 // len(req)))
+        # Barrier: requests on another connection, each a loop iteration.
+        for _ in range(8):
+            ctl(bins, d, "version")
+        unread_by_daemon = struct.unpack("i", fcntl.ioctl(flood.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+        with open(f"/proc/{d.proc.pid}/status") as f:
+            rss_kib = int(next(l for l in f if l.startswith("VmRSS:")).split()[1])
+        result("admin_slots.flood_bytes_unread_by_pvgpud", unread_by_daemon)
+        result("admin_slots.pvgpud_rss_kib", rss_kib)
+        # One read is 16 KiB: the rest waits in the socket, not in pvgpud.
+        check(unread_by_daemon >= 65536 - 2 * 16384,
+              f"pvgpud read {65536 - unread_by_daemon} bytes of requests it could not answer")
+        # Reading, every request gets its response.
+        flood.settimeout(10)
+        answered = 0
+        buf = b""
+        while answered < 65536 // len(req):
+            data = flood.recv(1 << 20)
+            check(data, f"admin flood: EOF after {answered} responses")
+            buf += data
+            answered += data.count(b"\n")
+        flood.close()
+        result("admin_slots.flood_responses", answered)
+        check(d.alive(), "pvgpud died")
+    finally:
+        for s in held:
+            s.close()
+        d.stop()
+
+
 CASES = {
+    "identity": case_identity,
+    "migrate": case_migrate,
+    "limits": case_limits,
+    "queue-fds": case_queue_fds,
+    "admin-slots": case_admin_slots,
     "client": case_client,
     "fairness": case_fairness,
     "library": case_library,

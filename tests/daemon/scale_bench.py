@@ -44,7 +44,11 @@ def main():
     tmp = tempfile.mkdtemp(prefix="pvgpu-scale-")
     d = t.Daemon(bins, tmp, ["--policy", ns.policy])
     with open(d.config, "w") as f:
-        f.write(f"[libvirt]\nuri = none\n[limits]\nmax_clients = {max(256, ns.clients)}\n")
+        # All clients are this user's: lift the per-user host budgets.
+        f.write(f"[libvirt]\nuri = none\n[limits]\nmax_clients = {max(256, ns.clients)}\n"
+                f"host_clients = {max(256, ns.clients)}\nhost_clients_per_uid = {max(256, ns.clients)}\n"
+                f"host_channels = {max(1024, 2 * ns.clients)}\n"
+                f"host_channels_per_uid = {max(1024, 2 * ns.clients)}\n")
     d.start()
     n = ns.clients
     ks = [int(250 + (2000 - 250) * i / max(1, n - 1)) for i in range(n)]

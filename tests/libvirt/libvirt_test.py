@@ -261,7 +261,9 @@ def vm_row(paths, d, name):
 def start_daemon(paths, tmp, lv):
     d = Daemon(paths, tmp)
     with open(d.config, "w") as f:
-        f.write(f"[daemon]\nsocket_mode = 0666\n\n[libvirt]\nuri = {lv.uri}\npid_dir = {lv.pid_dir}\n")
+        # The session libvirtd runs its QEMUs as nobody: that user is a VMM here.
+        f.write(f"[daemon]\nsocket_mode = 0666\nvmm_users = root, {USER}\n\n"
+                f"[libvirt]\nuri = {lv.uri}\npid_dir = {lv.pid_dir}\n")
     d.start()
     return d
 

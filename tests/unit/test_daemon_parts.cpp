@@ -455,7 +455,9 @@ TEST_CASE("state store: round trip", "[daemon][state]") {
     s.vms["5f0c1a2e-8d1b-4c55-9a10-6e0d2f5b9c01"] = {"vm1", 300};
     s.vm_names["vm2"] = 50;
     s.tasks["5f0c1a2e-8d1b-4c55-9a10-6e0d2f5b9c01/task-12"] = 7;
-    s.host_tasks["host/render"] = 10000;
+    s.host_tasks["host/alice/render"] = 10000;
+    s.host_tasks["host/legacy"] = 20;
+    s.host_users["alice"] = 300;
     s.policy = "dfq";
     s.policy_params["threshold_ms"] = 2.5;
     store.save(s);
@@ -602,7 +604,7 @@ TEST_CASE("admin: requests, errors and permissions", "[daemon][admin]") {
     auto v = *ask(R"({"cmd":"version"})", stranger);
     CHECK(v["ok"] == true);
     CHECK(v["protocol"] == PVGPU_PROTO_VERSION);
-    CHECK(v["admin_protocol"] == 2);
+    CHECK(v["admin_protocol"] == 3);
     CHECK((*ask("{oops", root))["error"].get<std::string>().rfind("bad request: ", 0) == 0);
     CHECK((*ask("[1]", root))["error"].get<std::string>().rfind("bad request: ", 0) == 0);
     CHECK((*ask(R"({"cmd":5})", root))["error"] == "bad request: missing \"cmd\"");
@@ -844,11 +846,16 @@ TEST_CASE("daemon: a host client submits through shared memory and a doorbell", 
     CHECK(ctrl->ib_get == 3u);
 
     auto list = admin_request(c, rig.dir / "admin.sock", R"({"cmd":"list"})");
-    REQUIRE(list["entities"].size() == 1);
-    CHECK(list["entities"][0]["path"] == "host/render");
-    CHECK(list["entities"][0]["kind"] == "host");
+    // Host tasks are grouped under their user (SO_PEERCRED): host/<user>/<name>.
+    const std::string user = "host/" + user_name(getuid());
+    REQUIRE(list["entities"].size() == 2);
+    CHECK(list["entities"][0]["path"] == user);
+    CHECK(list["entities"][0]["kind"] == "user");
     CHECK(list["entities"][0]["channels"] == 1);
-    CHECK(list["entities"][0]["gpu_time_ms"].get<double>() > 0.0);
+    CHECK(list["entities"][1]["path"] == user + "/render");
+    CHECK(list["entities"][1]["kind"] == "host");
+    CHECK(list["entities"][1]["channels"] == 1);
+    CHECK(list["entities"][1]["gpu_time_ms"].get<double>() > 0.0);
 
     // A put more than a ring ahead kills the channel: NOTICE BAD_ENTRY.
     ctrl->ib_put = 3 + PVGPU_RING_ENTRIES + 1;
@@ -1291,4 +1298,94 @@ TEST_CASE("daemon: task weights divide their VM's share and never enlarge it", "
     CHECK(share("vmA") == Approx(0.5).margin(1e-9));
     CHECK(share("vmB") == Approx(0.5).margin(1e-9));
     CHECK(share("vmB/task-3") == Approx(0.5).margin(1e-9));
+}
+
+// ------------------------------------------------------------ identity (issue 8)
+
+TEST_CASE("identity: vmm_users by name or uid, unknown names reported", "[daemon][identity]") {
+    std::vector<std::string> unknown;
+    VmmUsers users({"root", "65534", "no-such-user-pvgpu"}, &unknown);
+    CHECK(users.allows(0));
+    CHECK(users.allows(65534));
+    CHECK_FALSE(users.allows(1));
+    CHECK(unknown == std::vector<std::string>{"no-such-user-pvgpu"});
+    CHECK_FALSE(users.refuse(ucred{1, 0, 0}, "u"));
+    const auto why = users.refuse(ucred{1, 1, 1}, "u");
+    REQUIRE(why);
+    CHECK(why->find("uid 1 may not act as a VMM") != std::string::npos);
+    CHECK(why->find("root, 65534") != std::string::npos);
+    CHECK(user_id("0") == 0u);
+    CHECK_FALSE(user_id(""));
+    CHECK(user_name(0) == "root");
+}
+
+TEST_CASE("config: vmm_users and the per-uid limits", "[daemon][config][identity]") {
+    Config d = parse_config("", "empty.conf");
+    CHECK(d.vmm_users == std::vector<std::string>{"root", "libvirt-qemu"});
+    CHECK(d.limits.host_clients_per_uid == 16u);
+    CHECK(d.limits.max_queue_fds == 8u);
+    Config c = parse_config(R"([daemon]
+vmm_users = qemu,  65534 kvm
+[limits]
+vmm_clients_per_uid = 10
+vmm_channels_per_uid = 20
+host_clients = 30
+host_channels = 40
+host_clients_per_uid = 2
+host_channels_per_uid = 3
+max_queue_fds = 4
+admin_max_clients_per_uid = 5
+admin_reserved_clients = 6
+)",
+                            "t.conf");
+    CHECK(c.vmm_users == std::vector<std::string>{"qemu", "65534", "kvm"});
+    CHECK(c.limits.vmm_clients_per_uid == 10u);
+    CHECK(c.limits.vmm_channels_per_uid == 20u);
+    CHECK(c.limits.host_clients == 30u);
+    CHECK(c.limits.host_channels == 40u);
+    CHECK(c.limits.host_clients_per_uid == 2u);
+    CHECK(c.limits.host_channels_per_uid == 3u);
+    CHECK(c.limits.max_queue_fds == 4u);
+    CHECK(c.limits.admin_max_clients_per_uid == 5u);
+    CHECK(c.limits.admin_reserved_clients == 6u);
+    CHECK(parse_config("[daemon]\nvmm_users =\n", "t.conf").vmm_users.empty());
+    CHECK_THROWS_WITH(parse_config("[limits]\nmax_queue_fds = 1\n", "t.conf"),
+                      Catch::Contains("t.conf:2: [limits] max_queue_fds"));
+}
+
+namespace {
+
+// Stands in for the libvirt integration's pid check (issue 9).
+class RefuseUuid final : public VmmIdentityCheck {
+public:
+    explicit RefuseUuid(std::string uuid) : uuid_(std::move(uuid)) {}
+    std::optional<std::string> refuse(const ucred& peer, const std::string& uuid) const override {
+        if (uuid != uuid_) return std::nullopt;
+        return "pid " + std::to_string(peer.pid) + " is not the QEMU of " + uuid;
+    }
+
+private:
+    std::string uuid_;
+};
+
+}  // namespace
+
+TEST_CASE("daemon: a VMM identity check can refuse a VM's HELLO", "[daemon][identity]") {
+    DaemonRig rig;
+    rig.daemon->add_vmm_identity_check(std::make_unique<RefuseUuid>("11111111-1111-1111-1111-111111111111"));
+    DaemonContext c(rig.loop());
+    TestClient refused(c, rig.dir / "pvgpud.sock");
+    CHECK(refused.hello(PVGPU_ROLE_VMM, "vm1", 0x11).as<pvgpu_hello_reply>().status == PVGPU_E_STATE);
+    CHECK(refused.closed_by_peer());
+    TestClient other(c, rig.dir / "pvgpud.sock");
+    CHECK(other.hello(PVGPU_ROLE_VMM, "vm2", 0x22).as<pvgpu_hello_reply>().status == PVGPU_OK);
+}
+
+TEST_CASE("daemon: without vmm_users nobody is a VMM, host clients still are served", "[daemon][identity]") {
+    DaemonRig rig([](Config& cfg) { cfg.vmm_users.clear(); });
+    DaemonContext c(rig.loop());
+    TestClient vmm(c, rig.dir / "pvgpud.sock");
+    CHECK(vmm.hello(PVGPU_ROLE_VMM, "vm1", 0x11).as<pvgpu_hello_reply>().status == PVGPU_E_STATE);
+    TestClient host(c, rig.dir / "pvgpud.sock");
+    CHECK(host.hello(PVGPU_ROLE_HOST, "render").as<pvgpu_hello_reply>().status == PVGPU_OK);
 }

@@ -129,8 +129,10 @@ public:
             dormant_shadowed_.erase(id);
         } else if (c == EntityTree::Change::Weight) {
             // New weights apply to future charges; re-check the sibling level now.
+            // A policy set at run time learns entities from their channels: a
+            // parent it has no node for has no run queue to re-check.
             EntityId parent = ctx_->tree().get(id).parent;
-            rebalance(parent);
+            if (parent < nodes_.size()) rebalance(parent);
         }
     }
 
