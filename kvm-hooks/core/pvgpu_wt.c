@@ -237,11 +237,12 @@ enum pvwt_action pvwt_write_fault(struct pvwt_vm *vm, struct pvwt_vcpu *vcpu,
 		return vcpu->stepping && vcpu_holds(vcpu, gfn) ? PVWT_STEP
 							       : PVWT_NOT_TRACKED;
 	}
+	/* emulated stores are counted when written: pvwt_emulated_write() */
+	if (vm->mode == PVWT_MODE_EMULATE)
+		return PVWT_EMULATE;
 	if (vcpu_holds(vcpu, gfn))
 		return PVWT_STEP;
 	r->faults++;
-	if (vm->mode == PVWT_MODE_EMULATE)
-		return PVWT_EMULATE;
 	if (vcpu->nr_held == PVWT_STEP_MAX_PAGES) {
 		/* Too wide to step: end the step, let the host emulate it all. */
 		pvwt_step_done(vm, vcpu);
@@ -306,6 +307,7 @@ void pvwt_emulated_write(struct pvwt_vm *vm, u64 gpa, u64 len)
 		if (!r->id || !r->enabled || last < r->gfn ||
 		    first >= r->gfn + r->npages)
 			continue;
+		r->faults++;
 		r->signals++;
 		vm->ops->signal(vm->host, r->notify);
 	}

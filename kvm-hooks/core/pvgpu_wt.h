@@ -104,7 +104,7 @@ struct pvwt_vm {
 };
 
 struct pvwt_range_stats {
-	u64 faults;
+	u64 faults;		/* trapped stores: faults (step) or emulated writes */
 	u64 signals;
 	bool enabled;
 };
@@ -147,7 +147,12 @@ enum pvwt_action pvwt_write_fault(struct pvwt_vm *vm, struct pvwt_vcpu *vcpu,
  * pages.  Returns false if the vCPU was not stepping for us.
  */
 bool pvwt_step_done(struct pvwt_vm *vm, struct pvwt_vcpu *vcpu);
-/* PVWT_MODE_EMULATE: the host wrote [gpa, gpa + len) for the guest. */
+/*
+ * The host emulated a guest write of [gpa, gpa + len) (any page, tracked or
+ * not): counts a fault and signals each enabled range it touches.  In
+ * kvm.ko this is the page-track write notifier, so KVM's own fault path
+ * needs no hook for PVWT_MODE_EMULATE.
+ */
 void pvwt_emulated_write(struct pvwt_vm *vm, u64 gpa, u64 len);
 /*
  * The memslot [gfn, gfn + npages) is being deleted or moved: its ranges are

@@ -1,0 +1,105 @@
+#!/bin/sh
+# Build kvm.ko, kvm-amd.ko and kvm-intel.ko with the pvgpu patches, out of
+# tree against the installed Debian headers, so that vermagic and the symbol
+# versions (modversions) match the running Debian kernel.
+#
+# Usage: kvm-hooks/build.sh [OUT_DIR]        (default: build/kvm-hooks)
+# Needs linux-source-6.1 (6.1.192-2) and linux-headers-6.1.0-56-amd64;
+# as root it installs what is missing with apt.  Idempotent: the source is
+# unpacked and patched again only when a patch, the core or this script
+# changed, and make rebuilds only what changed.  The modules end up in
+# OUT_DIR/src/arch/x86/kvm/*.ko.  See docs/kvm-hooks.md.
+set -eu
+
+krel=6.1.0-56-amd64
+src_pkg=linux-source-6.1
+src_ver=6.1.192-2
+hdr=/usr/src/linux-headers-$krel
+tarball=/usr/src/linux-source-6.1.tar.xz
+here=$(cd "$(dirname "$0")" && pwd)
+out=${1:-$here/../build/kvm-hooks}
+
+die() { echo "kvm-hooks/build.sh: $*" >&2; exit 1; }
+
+case "${1:-}" in -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+
+installed_version() { dpkg-query -W -f='${Status} ${Version}' "$1" 2>/dev/null |
+	sed -n 's/^install ok installed //p'; }
+
+need_pkg() {  # PACKAGE VERSION
+	v=$(installed_version "$1")
+	[ "$v" = "$2" ] && return 0
+	[ "$(id -u)" -eq 0 ] || die "$1 $2 is needed (have: ${v:-none}); run as root or: apt-get install $1=$2"
+	echo "kvm-hooks/build.sh: installing $1=$2"
+	DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -q \
+		--no-install-recommends "$1=$2" || die "apt-get install $1=$2 failed"
+}
+
+need_pkg "$src_pkg" "$src_ver"
+need_pkg "linux-headers-$krel" "$src_ver"
+[ -f "$tarball" ] || die "$tarball missing although $src_pkg is installed"
+for tool in make gcc patch xz; do
+	command -v $tool >/dev/null || die "'$tool' not found (apt-get install make gcc patch xz-utils)"
+done
+
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+tree=$out/src
+kdir=$tree/arch/x86/kvm
+
+# Everything that decides the patched tree; a change re-creates it.
+stamp=$( (echo "$src_ver"; cat "$0" "$here"/patches/*.patch "$here"/core/* \
+	"$here"/kernel/* "$here"/uapi/linux/*) | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$out/tree.stamp" 2>/dev/null)" != "$stamp" ]; then
+	echo "kvm-hooks/build.sh: unpacking arch/x86/kvm and virt/kvm from $tarball"
+	rm -rf "$tree" "$out/tree.stamp"
+	mkdir -p "$tree"
+	tar -C "$tree" --strip-components=1 -xJf "$tarball" \
+		linux-source-6.1/arch/x86/kvm linux-source-6.1/virt/kvm \
+		linux-source-6.1/include/uapi/linux/kvm.h ||
+		die "unpacking $tarball failed"
+	# One source for the state machine and the uapi header: copied, not patched in.
+	cp "$here"/core/pvgpu_wt.[ch] "$here"/kernel/pvgpu_wt_kvm.[ch] "$kdir"/
+	cp "$here"/uapi/linux/kvm_pvgpu.h "$tree"/include/uapi/linux/
+	for p in "$here"/patches/*.patch; do
+		patch -d "$tree" -p1 --forward --batch --quiet < "$p" ||
+			die "patch $(basename "$p") does not apply to $src_pkg $src_ver"
+	done
+	# Out of tree, $(srctree) is the headers directory: point the KVM
+	# paths at the unpacked tree instead.  The patched uapi headers go
+	# first on the include path, before the unpatched installed ones.
+	sed -i -e 's|\$(srctree)/arch/x86/kvm|$(src)|' \
+		-e 's|include \$(srctree)/virt/kvm/Makefile.kvm|include $(src)/../../../virt/kvm/Makefile.kvm|' \
+		"$kdir/Makefile"
+	printf '%s\n' '' '# kvm-hooks/build.sh: patched uapi before the installed one' \
+		'LINUXINCLUDE := -I$(src)/../../../include/uapi $(LINUXINCLUDE)' >> "$kdir/Makefile"
+	echo "$stamp" > "$out/tree.stamp"
+fi
+
+jobs=${JOBS:-2}
+echo "kvm-hooks/build.sh: make -C $hdr M=$kdir -j$jobs modules"
+make -C "$hdr" M="$kdir" -j"$jobs" modules > "$out/make.log" 2>&1 ||
+	{ tail -40 "$out/make.log" >&2; die "module build failed (full log: $out/make.log)"; }
+
+# The Debian kernel refuses modules whose vermagic or symbol CRCs differ.
+want_magic="$krel SMP preempt mod_unload modversions "
+layout_crc=$(awk '$2 == "module_layout" { print $1 }' "$hdr/Module.symvers")
+for m in kvm kvm-amd kvm-intel; do
+	ko=$kdir/$m.ko
+	[ -f "$ko" ] || die "$ko was not built"
+	magic=$(modinfo -F vermagic "$ko")
+	[ "$magic" = "$want_magic" ] || die "$m.ko vermagic '$magic', kernel wants '$want_magic'"
+	crc=$(modprobe --dump-modversions "$ko" | awk '$2 == "module_layout" { print $1 }')
+	[ "$crc" = "$layout_crc" ] || die "$m.ko module_layout CRC $crc, kernel has $layout_crc"
+done
+# The patches change no KVM structure, so kvm.ko's exports keep Debian's
+# CRCs and Debian modules that import them (kvmgt, vfio) still load.
+deb_crcs=$(awk '$3 == "arch/x86/kvm/kvm" { print $2, $1 }' "$hdr/Module.symvers" | sort)
+our_crcs=$(awk '$3 ~ /\/kvm$/ { print $2, $1 }' "$kdir/Module.symvers" | sort)
+if [ "$deb_crcs" = "$our_crcs" ]; then
+	echo "kvm-hooks/build.sh: kvm.ko exports $(echo "$our_crcs" | wc -l) symbols, CRCs equal to Debian's"
+else
+	echo "kvm-hooks/build.sh: warning: kvm.ko export CRCs differ from Debian's kvm.ko:" \
+		"Debian modules importing KVM symbols will not load with it" >&2
+fi
+echo "kvm-hooks/build.sh: built $kdir/kvm.ko kvm-amd.ko kvm-intel.ko for $krel"
