@@ -3,12 +3,13 @@
 # tree against the installed Debian headers, so that vermagic and the symbol
 # versions (modversions) match the running Debian kernel.
 #
-# Usage: kvm-hooks/build.sh [OUT_DIR]        (default: build/kvm-hooks)
+# Usage: kvm-hooks/build.sh [OUT_DIR]   (default: build/kvm-hooks)
 # Needs linux-source-6.1 (6.1.192-2) and linux-headers-6.1.0-56-amd64;
 # as root it installs what is missing with apt.  Idempotent: the source is
-# unpacked and patched again only when a patch, the core or this script
+# unpacked and patched again only when a patch or a copied source file
 # changed, and make rebuilds only what changed.  The modules end up in
-# OUT_DIR/src/arch/x86/kvm/*.ko.  See docs/kvm-hooks.md.
+# OUT_DIR/src/arch/x86/kvm/*.ko, Debian's irqbypass.ko and ccp.ko (which
+# they need in a test guest) in OUT_DIR/guest-modules.  See docs/kvm-hooks.md.
 set -eu
 
 krel=6.1.0-56-amd64
@@ -21,7 +22,10 @@ out=${1:-$here/../build/kvm-hooks}
 
 die() { echo "kvm-hooks/build.sh: $*" >&2; exit 1; }
 
-case "${1:-}" in -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+case "${1:-}" in
+-h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+-*) die "unknown option $1 (see --help)" ;;
+esac
 
 installed_version() { dpkg-query -W -f='${Status} ${Version}' "$1" 2>/dev/null |
 	sed -n 's/^install ok installed //p'; }
@@ -47,8 +51,10 @@ out=$(cd "$out" && pwd)
 tree=$out/src
 kdir=$tree/arch/x86/kvm
 
-# Everything that decides the patched tree; a change re-creates it.
-stamp=$( (echo "$src_ver"; cat "$0" "$here"/patches/*.patch "$here"/core/* \
+# Everything that decides the patched tree; a change re-creates it.  Bump
+# tree_recipe when the unpack/patch steps below change.
+tree_recipe=1
+stamp=$( (echo "$src_ver $tree_recipe"; cat "$here"/patches/*.patch "$here"/core/* \
 	"$here"/kernel/* "$here"/uapi/linux/*) | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$out/tree.stamp" 2>/dev/null)" != "$stamp" ]; then
 	echo "kvm-hooks/build.sh: unpacking arch/x86/kvm and virt/kvm from $tarball"
@@ -101,5 +107,22 @@ if [ "$deb_crcs" = "$our_crcs" ]; then
 else
 	echo "kvm-hooks/build.sh: warning: kvm.ko export CRCs differ from Debian's kvm.ko:" \
 		"Debian modules importing KVM symbols will not load with it" >&2
+fi
+# A guest loading these needs irqbypass.ko (for kvm.ko) and ccp.ko (for
+# kvm-amd.ko), unchanged from Debian: take them from linux-image-$krel.
+deps=$out/guest-modules
+if [ ! -f "$deps/irqbypass.ko" ] || [ ! -f "$deps/ccp.ko" ]; then
+	echo "kvm-hooks/build.sh: fetching irqbypass.ko and ccp.ko from linux-image-$krel"
+	tmp=$(mktemp -d)
+	trap 'rm -rf "$tmp"' EXIT
+	(cd "$tmp" && apt-get download -qq "linux-image-$krel=$src_ver" 2>/dev/null) ||
+		die "apt-get download linux-image-$krel=$src_ver failed (apt-get update?)"
+	dpkg-deb --fsys-tarfile "$tmp"/linux-image-*.deb | tar -C "$tmp" -x \
+		"./lib/modules/$krel/kernel/virt/lib/irqbypass.ko" \
+		"./lib/modules/$krel/kernel/drivers/crypto/ccp/ccp.ko" ||
+		die "linux-image-$krel lacks irqbypass.ko or ccp.ko"
+	mkdir -p "$deps"
+	cp "$tmp/lib/modules/$krel/kernel/virt/lib/irqbypass.ko" \
+		"$tmp/lib/modules/$krel/kernel/drivers/crypto/ccp/ccp.ko" "$deps/"
 fi
 echo "kvm-hooks/build.sh: built $kdir/kvm.ko kvm-amd.ko kvm-intel.ko for $krel"
