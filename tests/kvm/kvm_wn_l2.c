@@ -23,6 +23,7 @@
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 #include <linux/kvm.h>
 #include <linux/kvm_pvgpu.h>
@@ -30,6 +31,8 @@
 #define MEM_SIZE 0x10000
 #define CODE 0x1000
 #define PAGE 0x8000	/* the tracked "control page" and the one after it */
+#define MMIO_BASE 0x10000	/* no memslot: stores there exit to userspace */
+#define SLOT_PAGE 0x20000	/* a one-page memslot, deleted and re-added */
 
 static int kvm_fd, vm_fd, run_size;
 static uint8_t *mem;
@@ -74,7 +77,10 @@ struct vcpu {
 	int fd;
 	struct kvm_run *run;
 	unsigned int exits;	/* KVM_RUN returns: exits to userspace */
+	unsigned int mmio_exits;
 	uint32_t code;
+	uint32_t ds_base;	/* 0, or MMIO_BASE for stores outside memslots */
+	int allow_mmio;
 };
 
 static void vcpu_create(struct vcpu *v, int id, uint32_t code)
@@ -97,7 +103,7 @@ static void vcpu_setup(struct vcpu *v, uint16_t addr, uint16_t count)
 		die("KVM_GET_SREGS: %s", strerror(errno));
 	sregs.cs.base = 0;
 	sregs.cs.selector = 0;
-	sregs.ds.base = 0;
+	sregs.ds.base = v->ds_base;
 	sregs.ds.selector = 0;
 	if (ioctl(v->fd, KVM_SET_SREGS, &sregs) < 0)
 		die("KVM_SET_SREGS: %s", strerror(errno));
@@ -108,6 +114,7 @@ static void vcpu_setup(struct vcpu *v, uint16_t addr, uint16_t count)
 	if (ioctl(v->fd, KVM_SET_REGS, &regs) < 0)
 		die("KVM_SET_REGS: %s", strerror(errno));
 	v->exits = 0;
+	v->mmio_exits = 0;
 }
 
 /* Run to the HLT; any other exit is a failure. */
@@ -121,6 +128,11 @@ static void *vcpu_run(void *arg)
 		v->exits++;
 		if (v->run->exit_reason == KVM_EXIT_HLT)
 			return NULL;
+		if (v->run->exit_reason == KVM_EXIT_MMIO && v->allow_mmio) {
+			/* what a VMM does for a trapped doorbell: note it, re-enter */
+			v->mmio_exits++;
+			continue;
+		}
 		if (v->run->exit_reason != KVM_EXIT_INTR)
 			die("unexpected exit %u", v->run->exit_reason);
 	}
@@ -154,6 +166,89 @@ static int ctl(unsigned long cmd, uint64_t id, uint32_t flags, struct kvm_pvgpu_
 	if (out)
 		*out = c;
 	return r;
+}
+
+static double now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static double timed_run(struct vcpu *v, uint16_t addr, uint16_t count)
+{
+	double t;
+
+	vcpu_setup(v, addr, count);
+	t = now();
+	vcpu_run(v);
+	return now() - t;
+}
+
+static void set_slot1(void *host, uint64_t size)
+{
+	struct kvm_userspace_memory_region r = {
+		.slot = 1, .guest_phys_addr = SLOT_PAGE, .memory_size = size,
+		.userspace_addr = (uintptr_t)host,
+	};
+
+	if (ioctl(vm_fd, KVM_SET_USER_MEMORY_REGION, &r) < 0)
+		die("KVM_SET_USER_MEMORY_REGION slot 1: %s", strerror(errno));
+}
+
+/*
+ * Costs, as ratios (absolute times under nested TCG mean little): a tracked
+ * store (kernel path: fault, emulation, eventfd) and a store that exits to
+ * userspace as MMIO (the VMM path today), each less a direct store; and the
+ * trapped/direct switch by KVM_PVGPU_WN_SET_FLAGS against one by deleting
+ * and re-adding a one-page memslot (what a VMM's region swap costs KVM at
+ * least).
+ */
+static void bench(struct vcpu *v, uint64_t id, int efd, unsigned int n)
+{
+	double direct, tracked, mmio, flags, slot, t;
+	void *page;
+	unsigned int i, k = 200;
+
+	ctl(KVM_PVGPU_WN_SET_FLAGS, id, 0, NULL);
+	direct = timed_run(v, PAGE + 0x40, (uint16_t)n);
+	ctl(KVM_PVGPU_WN_SET_FLAGS, id, KVM_PVGPU_WN_ENABLED, NULL);
+	tracked = timed_run(v, PAGE + 0x40, (uint16_t)n);
+	drain(efd);
+	v->ds_base = MMIO_BASE;
+	v->allow_mmio = 1;
+	mmio = timed_run(v, 0x40, (uint16_t)n);
+	check(v->mmio_exits == n, "bench-mmio-exits", "mmio_exits=%u", v->mmio_exits);
+	v->ds_base = 0;
+	v->allow_mmio = 0;
+	tracked = (tracked - direct) / n;
+	mmio = (mmio - direct) / n;
+	printf("RESULT kvm-doorbell-us kernel_path=%.2f userspace_exit=%.2f direct_total=%.2f"
+	       " ratio_userspace_exit_to_kernel_path=%.2f\n", tracked * 1e6, mmio * 1e6,
+	       direct * 1e6 / n, mmio / tracked);
+
+	t = now();
+	for (i = 0; i < k; i++) {
+		ctl(KVM_PVGPU_WN_SET_FLAGS, id, 0, NULL);
+		ctl(KVM_PVGPU_WN_SET_FLAGS, id, KVM_PVGPU_WN_ENABLED, NULL);
+	}
+	flags = (now() - t) / (2 * k);
+	page = mmap(NULL, 0x1000, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (page == MAP_FAILED)
+		die("mmap: %s", strerror(errno));
+	set_slot1(page, 0x1000);
+	t = now();
+	for (i = 0; i < k; i++) {
+		set_slot1(page, 0);
+		set_slot1(page, 0x1000);
+	}
+	slot = (now() - t) / (2 * k);
+	set_slot1(page, 0);
+	munmap(page, 0x1000);
+	printf("RESULT kvm-switch-us set_flags=%.2f memslot=%.2f ratio_memslot_to_set_flags=%.2f\n",
+	       flags * 1e6, slot * 1e6, slot / flags);
+	fflush(stdout);
 }
 
 static uint32_t rd32(uint32_t gpa)
@@ -261,6 +356,8 @@ int main(int argc, char **argv)
 	check(got == 2ull * n && rd32(PAGE + 0x10) == n && rd32(PAGE + 0x14) == n,
 	      "two-vcpus", "eventfd=%" PRIu64 " memory=%u,%u exits=%u,%u", got,
 	      rd32(PAGE + 0x10), rd32(PAGE + 0x14), v0.exits, v1.exits);
+
+	bench(&v0, id, efd, n);
 
 	/* unregister while a vCPU is storing */
 	vcpu_setup(&v0, PAGE + 0x20, 0xffff);

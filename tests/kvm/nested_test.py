@@ -33,7 +33,7 @@ VM = os.path.join(HERE, "..", "vm", "pvgpu-vm")
 CHECKS = ["register-unaligned", "register-outside-memslots", "register-bad-eventfd",
           "register", "register-overlap", "tracked-stores", "switch-off", "untracked-stores",
           "switch-on", "retracked-stores", "page-crossing-stores", "two-vcpus",
-          "unregister-during-run", "register-again"]
+          "bench-mmio-exits", "unregister-during-run", "register-again"]
 
 
 def run(args, tmp):
