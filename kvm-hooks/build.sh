@@ -51,11 +51,11 @@ out=$(cd "$out" && pwd)
 tree=$out/src
 kdir=$tree/arch/x86/kvm
 
-# Everything that decides the patched tree; a change re-creates it.  Bump
-# tree_recipe when the unpack/patch steps below change.
-tree_recipe=1
-stamp=$( (echo "$src_ver $tree_recipe"; cat "$here"/patches/*.patch "$here"/core/* \
-	"$here"/kernel/* "$here"/uapi/linux/*) | sha256sum | cut -d' ' -f1)
+# What decides the patched tree; a change re-creates it.  Bump tree_recipe
+# when the unpack/patch steps below change.  The copied sources are not in
+# it: they are refreshed below, and make rebuilds what depends on them.
+tree_recipe=2
+stamp=$( (echo "$src_ver $tree_recipe"; cat "$here"/patches/*.patch) | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$out/tree.stamp" 2>/dev/null)" != "$stamp" ]; then
 	echo "kvm-hooks/build.sh: unpacking arch/x86/kvm and virt/kvm from $tarball"
 	rm -rf "$tree" "$out/tree.stamp"
@@ -64,9 +64,6 @@ if [ "$(cat "$out/tree.stamp" 2>/dev/null)" != "$stamp" ]; then
 		linux-source-6.1/arch/x86/kvm linux-source-6.1/virt/kvm \
 		linux-source-6.1/include/uapi/linux/kvm.h ||
 		die "unpacking $tarball failed"
-	# One source for the state machine and the uapi header: copied, not patched in.
-	cp "$here"/core/pvgpu_wt.[ch] "$here"/kernel/pvgpu_wt_kvm.[ch] "$kdir"/
-	cp "$here"/uapi/linux/kvm_pvgpu.h "$tree"/include/uapi/linux/
 	for p in "$here"/patches/*.patch; do
 		patch -d "$tree" -p1 --forward --batch --quiet < "$p" ||
 			die "patch $(basename "$p") does not apply to $src_pkg $src_ver"
@@ -81,6 +78,13 @@ if [ "$(cat "$out/tree.stamp" 2>/dev/null)" != "$stamp" ]; then
 		'LINUXINCLUDE := -I$(src)/../../../include/uapi $(LINUXINCLUDE)' >> "$kdir/Makefile"
 	echo "$stamp" > "$out/tree.stamp"
 fi
+# One source for the state machine, the KVM glue and the uapi header: copied
+# in, not patched in; only when changed, so that make rebuilds only then.
+for f in core/pvgpu_wt.c core/pvgpu_wt.h kernel/pvgpu_wt_kvm.c kernel/pvgpu_wt_kvm.h \
+	uapi/linux/kvm_pvgpu.h; do
+	case $f in uapi/*) dst=$tree/include/$f ;; *) dst=$kdir/$(basename "$f") ;; esac
+	cmp -s "$here/$f" "$dst" || cp "$here/$f" "$dst"
+done
 
 jobs=${JOBS:-2}
 echo "kvm-hooks/build.sh: make -C $hdr M=$kdir -j$jobs modules"

@@ -45,11 +45,12 @@ static struct kvm_pvgpu_wt *wt_find(struct kvm *kvm)
 	return NULL;
 }
 
+/* A live user memslot: KVM's private slots (APIC access page, TSS) are not RAM. */
 static struct kvm_memory_slot *wt_slot(struct kvm *kvm, gfn_t gfn)
 {
 	struct kvm_memory_slot *slot = gfn_to_memslot(kvm, gfn);
 
-	if (!slot || slot->flags & KVM_MEMSLOT_INVALID)
+	if (!slot || slot->flags & KVM_MEMSLOT_INVALID || slot->id >= KVM_USER_MEM_SLOTS)
 		return NULL;
 	return slot;
 }
