@@ -104,14 +104,17 @@ for m in kvm kvm-amd kvm-intel; do
 done
 # The patches change no KVM structure, so kvm.ko's exports keep Debian's
 # CRCs and Debian modules that import them (kvmgt, vfio) still load.
-deb_crcs=$(awk '$3 == "arch/x86/kvm/kvm" { print $2, $1 }' "$hdr/Module.symvers" | sort)
-our_crcs=$(awk '$3 ~ /\/kvm$/ { print $2, $1 }' "$kdir/Module.symvers" | sort)
-if [ "$deb_crcs" = "$our_crcs" ]; then
-	echo "kvm-hooks/build.sh: kvm.ko exports $(echo "$our_crcs" | wc -l) symbols, CRCs equal to Debian's"
+awk '$3 == "arch/x86/kvm/kvm" { print $2, $1 }' "$hdr/Module.symvers" | sort > "$out/debian-kvm.crcs"
+awk '$3 ~ /\/kvm$/ { print $2, $1 }' "$kdir/Module.symvers" | sort > "$out/kvm.crcs"
+changed=$(comm -23 "$out/debian-kvm.crcs" "$out/kvm.crcs" | wc -l)
+if [ "$changed" -eq 0 ]; then
+	echo "kvm-hooks/build.sh: kvm.ko keeps the CRCs of Debian's $(wc -l < "$out/debian-kvm.crcs") exports" \
+		"and adds $(comm -13 "$out/debian-kvm.crcs" "$out/kvm.crcs" | wc -l)"
 else
-	echo "kvm-hooks/build.sh: warning: kvm.ko export CRCs differ from Debian's kvm.ko:" \
-		"Debian modules importing KVM symbols will not load with it" >&2
+	echo "kvm-hooks/build.sh: warning: $changed of Debian's kvm.ko exports are missing or changed:" \
+		"Debian modules importing them will not load with this kvm.ko" >&2
 fi
+
 # A guest loading these needs irqbypass.ko (for kvm.ko) and ccp.ko (for
 # kvm-amd.ko), unchanged from Debian: take them from linux-image-$krel.
 deps=$out/guest-modules
