@@ -145,6 +145,7 @@ Daemon::Daemon(Config cfg)
 #ifdef PVGPU_HAVE_LIBVIRT
         LibvirtWatch::Listener& self = *this;  // a private base: converted here
         libvirt_ = std::make_unique<LibvirtWatch>(ctx_.get(), cfg_.libvirt, self);
+        add_vmm_identity_check(std::make_unique<LibvirtIdentity>(*libvirt_));
 #else
         log_info("built without libvirt: not following libvirt domains ([libvirt] uri = none to say so)");
 #endif
@@ -399,26 +400,11 @@ void Daemon::on_hello(Client& cl, const wire::Message& m) {
             return refuse(PVGPU_E_STATE, *denied);
         }
         if (vms_.count(uuid)) return refuse(PVGPU_E_STATE, "VM " + uuid + " is already connected");
-        std::optional<std::uint32_t> domain_weight;
-        if (libvirt_) {
-            // A libvirt domain is that domain's QEMU or nobody: the pid
-            // libvirt recorded must be the peer's.
-            if (auto d = libvirt_->domain(uuid)) {
-                if (d->pid > 0 && d->pid != conn.peer().pid) {
-                    log_warning("client ", conn.id(), ": refused HELLO as libvirt domain ", d->name, " (", uuid,
-                                "): peer pid ", conn.peer().pid, " is not its QEMU (pid ", d->pid, ")");
-                    return refuse(PVGPU_E_STATE, "VM " + uuid + " is libvirt domain " + d->name +
-                                                     ", run by another process");
-                }
-                domain_weight = d->weight;
-            }
-        }
+        // A libvirt domain's weight is its metadata's: saved before it is read.
+        if (libvirt_)
+            if (auto d = libvirt_->domain(uuid)) domain_up(*d);
         std::string name = unique_root_name("", raw.empty() ? uuid : sanitize_name(raw), uuid.substr(0, 8));
-        std::uint32_t weight = domain_weight.value_or(vm_weight(uuid, raw, name));
-        if (domain_weight && (!state_.vms.count(uuid) || state_.vms[uuid].weight != weight)) {
-            state_.vms[uuid] = State::Vm{name, weight};
-            save_state();
-        }
+        std::uint32_t weight = vm_weight(uuid, raw, name);
         EntityId e = tree.add(kRootEntity, name, EntityKind::Vm, weight);
         meta_[e] = Meta{Kind::Vm, uuid, uuid, 0, {}};
         vms_[uuid] = Vm{uuid, raw, e, conn.id(), {}, {}};

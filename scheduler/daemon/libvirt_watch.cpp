@@ -290,11 +290,17 @@ struct LibvirtWatch::Impl {
         return d;
     }
 
+    // The running pvgpu domain of that UUID, asked of libvirt now.
+    std::optional<DomainInfo> lookup(const std::string& uuid) {
+        if (!conn) return std::nullopt;
+        virt::Domain dom(virDomainLookupByUUIDString(conn.get(), uuid.c_str()));
+        if (!dom || virDomainIsActive(dom.get()) != 1) return std::nullopt;
+        return describe(dom.get());
+    }
+
     void refresh(const std::string& uuid) {
         if (!conn) return;
-        virt::Domain dom(virDomainLookupByUUIDString(conn.get(), uuid.c_str()));
-        std::optional<DomainInfo> info;
-        if (dom && virDomainIsActive(dom.get()) == 1) info = describe(dom.get());
+        std::optional<DomainInfo> info = lookup(uuid);
         auto old = running.find(uuid);
         if (info) {
             running[uuid] = *info;
@@ -356,12 +362,16 @@ bool LibvirtWatch::connected() const { return impl_->conn != nullptr; }
 
 std::optional<DomainInfo> LibvirtWatch::domain(const std::string& uuid) {
     if (auto it = impl_->running.find(uuid); it != impl_->running.end() && it->second.pid > 0) return it->second;
-    if (!impl_->conn) return std::nullopt;
-    virt::Domain dom(virDomainLookupByUUIDString(impl_->conn.get(), uuid.c_str()));
-    if (!dom || virDomainIsActive(dom.get()) != 1) return std::nullopt;
-    auto info = impl_->describe(dom.get());
+    auto info = impl_->lookup(uuid);
     if (info) impl_->running[uuid] = *info;
     return info;
+}
+
+std::optional<std::string> LibvirtIdentity::refuse(const ucred& peer, const std::string& uuid) const {
+    auto d = watch_->domain(uuid);
+    if (!d || d->pid <= 0 || d->pid == peer.pid) return std::nullopt;
+    return "VM " + uuid + " is libvirt domain " + d->name + ": peer pid " + std::to_string(peer.pid) +
+           " is not its QEMU (pid " + std::to_string(d->pid) + ")";
 }
 
 }  // namespace pvgpu::daemon

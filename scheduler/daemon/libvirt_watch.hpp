@@ -20,6 +20,7 @@
 
 #include "config.hpp"
 #include "gsource.hpp"
+#include "identity.hpp"
 #include "log.hpp"
 
 namespace pvgpu::daemon {
@@ -60,6 +61,18 @@ public:
 private:
     struct Impl;
     std::unique_ptr<Impl> impl_;
+};
+
+// The daemon's VMM identity hook for libvirt domains: a HELLO for the UUID of
+// a running domain is refused unless its peer is the pid libvirt recorded
+// for that domain's QEMU.  VMs that are not libvirt domains pass.
+class LibvirtIdentity final : public VmmIdentityCheck {
+public:
+    explicit LibvirtIdentity(LibvirtWatch& watch) : watch_(&watch) {}
+    std::optional<std::string> refuse(const ucred& peer, const std::string& uuid) const override;
+
+private:
+    LibvirtWatch* watch_;
 };
 
 }  // namespace pvgpu::daemon
