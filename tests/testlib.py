@@ -1,4 +1,9 @@
-"""Helpers shared by the Python end-to-end tests (tests/daemon, tests/qemu)."""
+"""Helpers shared by the Python end-to-end tests (tests/daemon, tests/qemu,
+tests/vm, tests/libvirt)."""
+
+import signal
+import subprocess
+import time
 
 
 class TestFailure(Exception):
@@ -21,3 +26,28 @@ def result(key, value):
 
 def log(message):
     print(f"# {message}", flush=True)
+
+
+def wait_for(pred, timeout, what, step=0.002):
+    """Polls an observable condition (a register, a file, a listing) until it
+    holds; returns its value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise TestFailure(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(step)
+
+
+def stop_process(proc, sig=signal.SIGTERM, timeout=10):
+    """Asks a child to end with `sig`, kills it after `timeout` s; returns its status."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode

@@ -15,6 +15,7 @@ Exit status: 0 pass, 1 fail, 77 skipped (no libvirtd, QEMU, guest kernel or modu
 """
 
 import argparse
+import functools
 import os
 import pwd
 import shutil
@@ -32,26 +33,19 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "daemon"))
 sys.path.insert(0, os.path.join(HERE, "..", "vm"))
-from testlib import Skip, TestFailure, check, log, result  # noqa: E402
+from testlib import Skip, TestFailure, check, log, result, stop_process  # noqa: E402
+from testlib import wait_for as testlib_wait_for  # noqa: E402
 from daemon_test import (DAEMONS, E_OK, MSG_HELLO, MSG_HELLO_REPLY, ROLE_VMM, Daemon,  # noqa: E402
                          RawClient, ctl_json, measure_between)
-from vm_test import REPORT, Series, load_cmd, tagged  # noqa: E402
+from vm_test import GuestReports, guest_throttle  # noqa: E402
 
 SKIP = 77
 NS = "http://pvgpu.org/xmlns/domain/1.0"
 USER = "nobody"
 
 
-def wait_for(pred, timeout, what, step=0.05):
-    """Polls an observable condition (a file, a listing) until it holds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() >= deadline:
-            raise TestFailure(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(step)
+# Conditions here are listings and processes: look every 50 ms.
+wait_for = functools.partial(testlib_wait_for, step=0.05)
 
 
 class Paths:
@@ -123,13 +117,8 @@ class Libvirt:
         wait_for(lambda: self.virsh("uri", check_rc=False).returncode == 0, 30, "libvirtd to answer", step=0.2)
 
     def stop(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc:
+            stop_process(self.proc, timeout=15)
         self.proc = None
 
     def virsh(self, *args, check_rc=True, timeout=60):
@@ -148,12 +137,12 @@ class Libvirt:
         subprocess.run(["pkill", "-u", USER, "-f", "qemu-system-x86_64 -name guest="], check=False)
 
 
-class Guest:
+class Guest(GuestReports):
     """A libvirt domain booting the guest kernel with a command; its stdout
     (ttyS1) comes to a UNIX socket here and feeds Series like tests/vm."""
 
     def __init__(self, paths, lv, tmp, name, command, extra_initrd=()):
-        self.name = name
+        super().__init__(name)
         self.uuid = str(uuidlib.uuid4())
         self.dir = os.path.join(tmp, name)
         os.makedirs(self.dir)
@@ -161,8 +150,6 @@ class Guest:
         p = subprocess.run([sys.executable, paths.vm, "--write-initrd", initrd, "--module", paths.module]
                            + list(extra_initrd) + ["--", command], capture_output=True, text=True)
         check(p.returncode == 0, f"pvgpu-vm --write-initrd: {p.stderr.strip()}")
-        self.cond = threading.Condition()
-        self.series = {}
         self.lines = []
         self.out_path = os.path.join(self.dir, "out.sock")
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -218,25 +205,10 @@ class Guest:
             buf += data
             while b"\n" in buf:
                 raw, buf = buf.split(b"\n", 1)
-                line = raw.decode(errors="replace").rstrip("\r")
-                now = time.monotonic()
-                with self.cond:
-                    self.lines.append(line)
-                    m = REPORT.match(line)
-                    if m:
-                        s = self.get(m.group("tag") or self.name)
-                        s.reports.append((now, int(m.group("n"))))
-                        s.lines.append(line)
-                    self.cond.notify_all()
-
-    def get(self, tag):
-        with self.cond:
-            if tag not in self.series:
-                self.series[tag] = Series(f"{self.name}/{tag}", self.cond)
-            return self.series[tag]
+                self.take(self.lines, raw.decode(errors="replace").rstrip("\r"), time.monotonic())
 
     def dump(self):
-        for line in self.lines[-20:]:
+        for _, line in self.lines[-20:]:
             print(f"#   [{self.name}] {line}")
         if os.path.exists(self.console):
             for line in open(self.console, errors="replace").read().splitlines()[-15:]:
@@ -379,9 +351,7 @@ def case_shares(paths, tmp):
         k = 2000
         guests = []
         for name, w in (("lvA", 200), ("lvB", 100)):
-            cmd = tagged(name, load_cmd("throttle", k, "--batch", 4, "--depth", 2, "--duration-s", 40,
-                                        "--report-interval-s", "0.1", "--name", name))
-            g = Guest(paths, lv, tmp, name, cmd)
+            g = Guest(paths, lv, tmp, name, guest_throttle(name, k, 40))
             pvgpuctl(paths, d, lv, "attach", name, "--weight", str(w), "--socket", d.socket)
             guests.append(g)
         for g in guests:

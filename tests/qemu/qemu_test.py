@@ -54,7 +54,7 @@ import time
 import uuid as uuidlib
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from testlib import Skip, TestFailure, check, log, result  # noqa: E402
+from testlib import Skip, TestFailure, check, log, result, stop_process, wait_for  # noqa: E402
 
 # ---- ABI (include/pvgpu/abi.h, protocol.h) and the device (docs/pvgpu-device.md)
 
@@ -103,17 +103,6 @@ SLOT_STRIDE = 2 * PAGE  # BAR2: control page + doorbell page per slot
 
 BAR0_GPA, BAR1_GPA, BAR2_GPA, BAR4_GPA = 0xE0000000, 0xE0001000, 0xE0100000, 0xE0400000
 PCI_DEV = 4  # -device pvgpu,addr=04.0
-
-
-def wait_for(pred, timeout, what, step=0.002):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise TestFailure(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(step)
 
 
 # ---- QEMU under qtest ------------------------------------------------------------
@@ -203,14 +192,8 @@ class Qemu:
             return f.read()
 
     def close(self):
-        if self.proc.poll() is None:
-            # qtest does not end QEMU on EOF; SIGTERM is a clean shutdown (exit 0).
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        # qtest does not end QEMU on EOF; SIGTERM is a clean shutdown (exit 0).
+        stop_process(self.proc)
         self.stderr.close()
         return self.proc.returncode
 
@@ -679,14 +662,7 @@ class Pvgpud:
         return self.proc and self.proc.poll() is None
 
     def stop(self, sig=signal.SIGTERM):
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode if self.proc else None
+        return stop_process(self.proc, sig) if self.proc else None
 
 
 # ---- cases ---------------------------------------------------------------------------------

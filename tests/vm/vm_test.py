@@ -14,6 +14,7 @@ Exit status: 0 pass, 1 fail, 77 skipped (no QEMU, guest kernel or module).
 """
 
 import argparse
+import contextlib
 import os
 import re
 import shutil
@@ -28,7 +29,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "daemon"))
-from testlib import Skip, TestFailure, check, log, result  # noqa: E402
+from testlib import Skip, TestFailure, check, log, result, stop_process  # noqa: E402
 from daemon_test import (Daemon, Load, ctl, ctl_json, good_client_throughput,  # noqa: E402
                          measure_between, throttle)
 
@@ -70,15 +71,40 @@ class Series:
             print(f"#   [{self.name}] {line}")
 
 
-class Guest:
-    """A pvgpu-vm run.  Guest commands tag their lines "[tag] ..." to be told apart;
-    untagged pvgpu-load reports go to the series named by `name`."""
+class GuestReports:
+    """One guest's output lines as they arrive, and its pvgpu-load reports as
+    Series.  Guest commands tag their lines "[tag] ..." to be told apart;
+    untagged reports go to the series named by `name`."""
 
-    def __init__(self, bins, daemon, name, command, extra=(), timeout=240):
+    def __init__(self, name):
         self.name = name
-        self.uuid = new_uuid()
         self.cond = threading.Condition()
         self.series = {}
+
+    def take(self, sink, line, now):
+        """A line that arrived at `now`: kept in `sink`, parsed for a report."""
+        with self.cond:
+            sink.append((now, line))
+            m = REPORT.match(line)
+            if m:
+                s = self.get(m.group("tag") or self.name)
+                s.reports.append((now, int(m.group("n"))))
+                s.lines.append(line)
+            self.cond.notify_all()
+
+    def get(self, tag):
+        with self.cond:
+            if tag not in self.series:
+                self.series[tag] = Series(f"{self.name}/{tag}", self.cond)
+            return self.series[tag]
+
+
+class Guest(GuestReports):
+    """A pvgpu-vm run (see GuestReports for its output)."""
+
+    def __init__(self, bins, daemon, name, command, extra=(), timeout=240):
+        super().__init__(name)
+        self.uuid = new_uuid()
         self.out_lines = []
         self.err_lines = []
         cmd = [sys.executable, bins.vm, "--socket", daemon.socket, "--name", name,
@@ -94,24 +120,9 @@ class Guest:
 
     def _read(self, stream, sink):
         for line in stream:
-            now = time.monotonic()
-            line = line.rstrip("\n")
-            with self.cond:
-                sink.append((now, line))
-                m = REPORT.match(line)
-                if m:
-                    s = self.get(m.group("tag") or self.name)
-                    s.reports.append((now, int(m.group("n"))))
-                    s.lines.append(line)
-                self.cond.notify_all()
+            self.take(sink, line.rstrip("\n"), time.monotonic())
         with self.cond:
             self.cond.notify_all()
-
-    def get(self, tag):
-        with self.cond:
-            if tag not in self.series:
-                self.series[tag] = Series(f"{self.name}/{tag}", self.cond)
-            return self.series[tag]
 
     def wait_line(self, pattern, timeout, stream="out"):
         """Waits for a line matching `pattern`; returns (arrival time, match)."""
@@ -165,13 +176,7 @@ class Guest:
         check(rc == 0, f"guest {self.name}: exit status {rc}")
 
     def kill(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
 
     def dump(self, last=40):
         with self.cond:
@@ -190,14 +195,32 @@ def load_cmd(mode, kernel_us, *opts):
     return " ".join(["pvgpu-load", mode, "--kernel-us", str(kernel_us)] + [str(o) for o in opts])
 
 
-def guest_throttle(tag, kernel_us, duration, *opts, depth=2):
+def guest_throttle(tag, kernel_us, duration, *opts, depth=2, batch=4):
     # As the host throttles of the daemon tests: batches of 4, two in flight, so
     # each stays backlogged and the split is the scheduler's.  Case nohints
     # runs four in flight: deeper guest queues once gave a VM 0.74 against a
     # host task's 0.26, while the daemon could not see work held in shadow pages.
-    return tagged(tag, load_cmd("throttle", kernel_us, "--batch", 4, "--depth", depth,
+    return tagged(tag, load_cmd("throttle", kernel_us, "--batch", batch, "--depth", depth,
                                 "--duration-s", duration, "--report-interval-s", "0.1",
                                 "--name", tag, *opts))
+
+
+@contextlib.contextmanager
+def host_beside_guest(bins, tmp, host_kernel_us, name, command, extra=()):
+    """A daemon, a host throttle and one guest running `command`; all stopped
+    on the way out.  Yields (daemon, host throttle, guest)."""
+    d = Daemon(bins, tmp)
+    d.start()
+    host = throttle(bins, d, "host", host_kernel_us, duration=90)
+    g = None
+    try:
+        g = Guest(bins, d, name, command, extra=extra)
+        yield d, host, g
+    finally:
+        host.kill()
+        if g:
+            g.kill()
+        d.stop()
 
 
 def wait_first_reports(series, timeout=150):
@@ -333,14 +356,9 @@ def case_vms(bins, tmp):
 
 def case_nohints(bins, tmp):
     """A VM whose driver sends no pid hints (three tasks) still gets its VM share."""
-    d = Daemon(bins, tmp)
-    d.start()
     k = 2000
-    host = throttle(bins, d, "host", k, duration=90)
-    g = None
-    try:
-        g = Guest(bins, d, "vmN", " & ".join(guest_throttle(f"n{i}", k, 40, depth=4) for i in range(3))
-                  + " & wait", extra=["--no-hints", "--cpus", "2"])
+    cmd = " & ".join(guest_throttle(f"n{i}", k, 40, depth=4) for i in range(3)) + " & wait"
+    with host_beside_guest(bins, tmp, k, "vmN", cmd, extra=["--no-hints", "--cpus", "2"]) as (d, host, g):
         series = [host] + [g.get(f"n{i}") for i in range(3)]
         wait_first_reports(series)
         paths = [e["path"] for e in vm_entities(bins, d, "vmN")]
@@ -353,27 +371,16 @@ def case_nohints(bins, tmp):
         # Measured 0.499 and 0.501 (0.449 to 0.63 while shadowed work went unseen).
         check(abs(vm_share - 0.5) <= 0.05, f"the VM without hints got {vm_share:.3f}, its share is 0.5")
         g.expect_ok(timeout=120)
-    finally:
-        host.kill()
-        if g:
-            g.kill()
-        d.stop()
 
 
 def case_tasks(bins, tmp):
     """Three guest tasks at weights 1:1:2 split their VM's half 1:1:2 (host throttle beside)."""
-    d = Daemon(bins, tmp)
-    d.start()
     k = 2000
-    host = throttle(bins, d, "host", k, duration=90)
-    g = None
-    try:
-        dur = 40
-        cmd = " & ".join(guest_throttle(t, k, dur, "--weight", w)
-                         for t, w in (("t1", 100), ("t2", 100), ("t4", 200))) + " & wait"
-        # Two vCPUs: three submitting processes on one TCG vCPU wake up too
-        # late to keep the weight-200 task backlogged.
-        g = Guest(bins, d, "vmT", cmd, extra=["--cpus", "2"])
+    cmd = " & ".join(guest_throttle(t, k, 40, "--weight", w)
+                     for t, w in (("t1", 100), ("t2", 100), ("t4", 200))) + " & wait"
+    # Two vCPUs: three submitting processes on one TCG vCPU wake up too
+    # late to keep the weight-200 task backlogged.
+    with host_beside_guest(bins, tmp, k, "vmT", cmd, extra=["--cpus", "2"]) as (d, host, g):
         series = [host] + [g.get(t) for t in ("t1", "t2", "t4")]
         wait_first_reports(series)
         ws = {e["path"]: e.get("weight") for e in vm_entities(bins, d, "vmT")}
@@ -387,25 +394,13 @@ def case_tasks(bins, tmp):
         for name, got, want in zip(("host", "t1", "t2", "t4"), shares, wanted):
             check(abs(got - want) <= 0.04, f"{name} got {got:.3f}, target {want}")
         g.expect_ok(timeout=120)
-    finally:
-        host.kill()
-        if g:
-            g.kill()
-        d.stop()
 
 
 def case_busy(bins, tmp):
     """Issue 12's loss: four guest tasks (4 ms kernels, two in flight) against a host
     throttle (1 ms kernels), equal weights: hfq keeps the split and the GPU busy."""
-    d = Daemon(bins, tmp)
-    d.start()
-    host = throttle(bins, d, "host", 1000, duration=90)
-    g = None
-    try:
-        cmd = " & ".join(tagged(t, load_cmd("throttle", 4000, "--batch", 1, "--depth", 2, "--duration-s", 40,
-                                            "--report-interval-s", "0.1", "--name", t))
-                         for t in ("b1", "b2", "b3", "b4")) + " & wait"
-        g = Guest(bins, d, "vmBusy", cmd, extra=["--cpus", "2"])
+    cmd = " & ".join(guest_throttle(t, 4000, 40, batch=1) for t in ("b1", "b2", "b3", "b4")) + " & wait"
+    with host_beside_guest(bins, tmp, 1000, "vmBusy", cmd, extra=["--cpus", "2"]) as (d, host, g):
         series = [host] + [g.get(t) for t in ("b1", "b2", "b3", "b4")]
         shares, busy = shares_of(series, [1000] + [4000] * 4, warmup=2.0, window=8.0)
         for name, got in zip(("host", "b1", "b2", "b3", "b4"), shares):
@@ -419,11 +414,6 @@ def case_busy(bins, tmp):
         # thinks, which two kernels in flight cover.
         check(busy >= 0.99, f"GPU busy {busy:.3f} with work waiting (target >= 0.99)")
         g.expect_ok(timeout=120)
-    finally:
-        host.kill()
-        if g:
-            g.kill()
-        d.stop()
 
 
 def report_runtimes(case, runtimes, labels):
