@@ -42,9 +42,18 @@ need_pkg() {  # PACKAGE VERSION
 need_pkg "$src_pkg" "$src_ver"
 need_pkg "linux-headers-$krel" "$src_ver"
 [ -f "$tarball" ] || die "$tarball missing although $src_pkg is installed"
-for tool in make gcc patch xz; do
-	command -v $tool >/dev/null || die "'$tool' not found (apt-get install make gcc patch xz-utils)"
+# Tools of the build and its checks (a minimal Debian has neither xz nor modinfo).
+missing=""
+for tp in make:make gcc:gcc patch:patch xz:xz-utils modinfo:kmod; do
+	command -v "${tp%%:*}" >/dev/null || missing="$missing ${tp#*:}"
 done
+if [ -n "$missing" ]; then
+	[ "$(id -u)" -eq 0 ] || die "missing:$missing; run as root or: apt-get install$missing"
+	echo "kvm-hooks/build.sh: installing$missing"
+	# shellcheck disable=SC2086
+	DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -q \
+		--no-install-recommends $missing || die "apt-get install$missing failed"
+fi
 
 mkdir -p "$out"
 out=$(cd "$out" && pwd)

@@ -1,6 +1,7 @@
 #!/bin/sh
 # What the libvirt tests need on a Debian 12 host (as root): libvirtd and
-# virtlogd (libvirt-daemon, with its QEMU driver) and virsh.  Nothing is
+# virtlogd (libvirt-daemon, with its QEMU driver), virsh, and pkill (procps,
+# not in a minimal Debian) to stop QEMUs a stopped libvirtd left behind.  Nothing is
 # configured or started system-wide: each test runs its own session-mode
 # libvirtd as the user nobody, with its state in a temporary directory.
 # Idempotent.  usage: tests/libvirt/setup-libvirt.sh
@@ -8,7 +9,7 @@ set -eu
 log() { printf 'setup-libvirt: %s\n' "$*" >&2; }
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
 missing=""
-for p in libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients; do
+for p in libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients procps; do
     installed "$p" || missing="$missing $p"
 done
 [ -n "$missing" ] || exit 0
