@@ -32,15 +32,14 @@ import re
 import statistics
 import subprocess
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "daemon"))
-from testlib import Skip, TestFailure, check, log, result  # noqa: E402
+from testlib import Skip, check, result, run_case  # noqa: E402
 from daemon_test import Daemon  # noqa: E402
+from nested_test import kvm_modules  # noqa: E402
 
-SKIP = 77
 VM = os.path.join(HERE, "..", "vm", "pvgpu-vm")
 QOM = ["kernel-wn-active", "kernel-wn-faults", "kernel-wn-signals", "kernel-wn-notifications",
        "trap-reports", "switches-to-trapped", "switch-to-trapped-ns", "switches-to-direct",
@@ -185,10 +184,7 @@ def run(args, tmp):
     qemu = vm.default_qemu()
     kernel = vm.default_kernel(build)
     module = os.path.join(build, "guest-driver", "pvgpu.ko")
-    kvm_dir = os.path.join(args.modules, "src", "arch", "x86", "kvm")
-    mods = [os.path.join(args.modules, "guest-modules", "irqbypass.ko"),
-            os.path.join(args.modules, "guest-modules", "ccp.ko"),
-            os.path.join(kvm_dir, "kvm.ko"), os.path.join(kvm_dir, "kvm-amd.ko")]
+    mods = kvm_modules(args.modules)
     for path, why in [(m, "run kvm-hooks/build.sh") for m in mods] + [
             (qemu, "build it: qemu-patches/build-qemu.sh"),
             (kernel, "fetch it: tests/vm/setup-guest.sh"),
@@ -286,18 +282,7 @@ def main():
     ap.add_argument("--pvgpuctl", required=True)
     ap.add_argument("--bench", required=True, help="the static pvgpu-wn-bench")
     ap.add_argument("--modules", required=True, help="kvm-hooks/build.sh output directory")
-    args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="pvgpu-kvm-qemu-") as tmp:
-        try:
-            run(args, tmp)
-        except Skip as e:
-            print(f"SKIP: {e}")
-            return SKIP
-        except TestFailure as e:
-            print(f"FAIL: {e}")
-            return 1
-    log("PASS kvm-qemu")
-    return 0
+    return run_case("kvm-qemu", run, ap.parse_args())
 
 
 if __name__ == "__main__":
