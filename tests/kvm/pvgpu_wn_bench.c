@@ -11,8 +11,11 @@
  * IB_PUT STORES times (a repeated IB_PUT is no new work, so the channel
  * stays trapped).  Then it submits a 200 ms kernel, which wakes the channel
  * (DIRECT), and stores ROUNDS x STORES times again.  A round whose mode
- * changed under the stores is not counted.  Prints, per round and mode,
- *   RESULT store-ns mode=direct|trapped round=R ns=<mean ns per store>
+ * changed under the stores is not counted.  Between the two it turns the
+ * device's memory decoding off and on (the BARs leave the address space and
+ * come back) and times one more trapped round, "trapped-remapped": the page
+ * must still trap.  Prints, per round and mode,
+ *   RESULT store-ns mode=direct|trapped|trapped-remapped round=R ns=<mean ns per store>
  * and "RESULT features kernel_wn=0|1" (the device's FEATURES register).
  * Exit status: 0 done, 1 failure (a "FAIL:" line says which), 2 usage.
  */
@@ -54,6 +57,7 @@
 #define WAIT_NS (20ull * 1000 * 1000 * 1000)
 
 static volatile uint32_t *bar0;
+static char pci_dir[512];
 static uint8_t *bar2, *bar4;
 
 static void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
@@ -164,11 +168,34 @@ static void open_device(void)
 	f = fopen(path, "w");
 	if (!f || fputs("1", f) < 0 || fclose(f) != 0)
 		fail("enable %s: %s", dir, strerror(errno));
+	snprintf(pci_dir, sizeof(pci_dir), "%s", dir);
 	bar0 = map_bar(dir, 0, NULL);
 	bar2 = map_bar(dir, 2, NULL);
 	bar4 = map_bar(dir, 4, NULL);
 	if (reg(REG_MAGIC) != MAGIC)
 		fail("MAGIC %#x", reg(REG_MAGIC));
+}
+
+/*
+ * Turn the device's memory decoding off and on again (PCI command register,
+ * through sysfs): the BARs leave the guest's address space and come back,
+ * as when a guest reprograms them.  The host must re-register the control
+ * page with KVM on the way back.
+ */
+static void toggle_memory_decode(void)
+{
+	char path[600];
+	uint16_t cmd, off;
+	int fd;
+
+	snprintf(path, sizeof(path), "%s/config", pci_dir);
+	fd = open(path, O_RDWR);
+	if (fd < 0 || pread(fd, &cmd, 2, 4) != 2)
+		fail("%s: %s", path, strerror(errno));
+	off = cmd & ~2u;
+	if (pwrite(fd, &off, 2, 4) != 2 || pwrite(fd, &cmd, 2, 4) != 2)
+		fail("write %s: %s", path, strerror(errno));
+	close(fd);
 }
 
 static unsigned alloc_channel(void)
@@ -244,6 +271,11 @@ int main(int argc, char **argv)
 	for (r = 0; r < rounds; r++)
 		report("trapped", r, time_stores(&ctrl->ib_put, put, stores, slot,
 						 PVGPU_MODE_TRAPPED));
+
+	/* The BARs leave and come back: the page must trap as before. */
+	toggle_memory_decode();
+	report("trapped-remapped", 0, time_stores(&ctrl->ib_put, put, stores, slot,
+						  PVGPU_MODE_TRAPPED));
 
 	/* Work wakes the channel: direct while (and after) the kernel runs. */
 	ring[put & PVGPU_RING_MASK].payload = KERNEL_NS;
