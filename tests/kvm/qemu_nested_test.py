@@ -43,8 +43,9 @@ from nested_test import kvm_modules  # noqa: E402
 VM = os.path.join(HERE, "..", "vm", "pvgpu-vm")
 QOM = ["kernel-wn-active", "kernel-wn-faults", "kernel-wn-signals", "kernel-wn-notifications",
        "trap-reports", "switches-to-trapped", "switch-to-trapped-ns", "switches-to-direct",
-       "switch-to-direct-ns"]
+       "switch-to-direct-ns", "unshadows"]
 KERNELS = 30           # pvgpu-load bench kernels per L2 run
+SHADOW_KERNELS = 400   # ... in the run that is shadowed
 STORES, ROUNDS = 500, 4
 
 
@@ -75,9 +76,9 @@ until grep -q 'pvgpud: ready' /tmp/d/pvgpud.log; do
 done
 ctl() { pvgpuctl --admin-socket /tmp/d/admin.sock "$@"; }
 fail_l2() {
-    echo "FAIL: L2 ($wn): $1"
-    tail -n 30 /tmp/l2-$wn.console 2>/dev/null | sed 's/^/  console| /'
-    sed 's/^/  qemu| /' /tmp/l2-$wn.qemu
+    echo "FAIL: L2 ($run): $1"
+    tail -n 30 /tmp/l2-$run.console 2>/dev/null | sed 's/^/  console| /'
+    sed 's/^/  qemu| /' /tmp/l2-$run.qemu
     exit 1
 }
 # One QMP command; prints its reply line (events are skipped).
@@ -90,8 +91,10 @@ qmp() {
         esac
     done
 }
+# run_l2 LABEL KERNEL_WN UUID [KERNEL_ARG]: one L2 guest, its outputs
+# prefixed with LABEL.
 run_l2() {
-    wn=$1 uuid=$2
+    run=$1 wn=$2 uuid=$3 extra=$4
     rm -f /tmp/qmp.in /tmp/qmp.out
     mkfifo /tmp/qmp.in /tmp/qmp.out
     # xsave=off: TCG's XSAVE area sizes, passed through by -cpu host, make
@@ -99,14 +102,14 @@ run_l2() {
     qemu-system-x86_64 -machine q35 -accel kvm -cpu host,xsave=off -m 192 -smp 1 -nodefaults \
         -no-user-config -display none -no-shutdown -L /fw \
         -kernel /l2/vmlinuz -initrd /l2/initrd \
-        -append "console=ttyS0 quiet loglevel=4 panic=-1 oops=panic rdinit=/init" \
-        -uuid $uuid -name l2-$wn \
-        -serial file:/tmp/l2-$wn.console -serial file:/tmp/l2-$wn.out \
-        -serial file:/tmp/l2-$wn.err \
+        -append "console=ttyS0 quiet loglevel=4 panic=-1 oops=panic rdinit=/init $extra" \
+        -uuid $uuid -name l2-$run \
+        -serial file:/tmp/l2-$run.console -serial file:/tmp/l2-$run.out \
+        -serial file:/tmp/l2-$run.err \
         -chardev socket,id=pv,path=/tmp/d/pvgpud.sock \
         -device pvgpu,chardev=pv,id=pv0,kernel-wn=$wn \
         -chardev pipe,id=qmp,path=/tmp/qmp -mon chardev=qmp,mode=control \
-        2>/tmp/l2-$wn.qemu &
+        2>/tmp/l2-$run.qemu &
     qpid=$!
     exec 3<>/tmp/qmp.in 4<>/tmp/qmp.out
     # If QEMU dies, the reads below must not wait for ever.
@@ -114,6 +117,17 @@ run_l2() {
       echo '{"event": "QEMU-EXITED"}' >/tmp/qmp.out ) &
     watcher=$!
     qmp '{"execute": "qmp_capabilities"}' >/dev/null
+    if [ $run = shadow ]; then
+        # A light VM beside a heavy host task: hfq shadows it while it
+        # submits.  Its entity exists from the device's HELLO, long before
+        # the guest has booted.
+        i=0
+        until ctl list | grep -q l2-shadow; do
+            i=$((i+1)); [ $i -lt 3000 ] || fail_l2 "the VM never reached pvgpud"
+            usleep 10000
+        done
+        ctl set-weight l2-shadow 20 >/dev/null
+    fi
     # The guest powers off when its command is done.
     while read -r line <&4; do
         case "$line" in
@@ -122,42 +136,44 @@ run_l2() {
         esac
     done
     for p in QOM_PROPS; do
-        echo "QOM $wn $p $(qmp "{\"execute\": \"qom-get\", \"arguments\": {\"path\": \"/machine/peripheral/pv0\", \"property\": \"$p\"}}")"
+        echo "QOM $run $p $(qmp "{\"execute\": \"qom-get\", \"arguments\": {\"path\": \"/machine/peripheral/pv0\", \"property\": \"$p\"}}")"
     done
     qmp '{"execute": "quit"}' >/dev/null
     wait $qpid || true
     wait $watcher || true
     exec 3>&- 4<&-
-    sed "s/^/L2 $wn out: /" /tmp/l2-$wn.out
-    sed "s/^/L2 $wn err: /" /tmp/l2-$wn.err
-    sed "s/^/L2 $wn qemu: /" /tmp/l2-$wn.qemu
-    if grep -E 'BUG:|Oops|WARNING: CPU|Call Trace' /tmp/l2-$wn.console; then fail_l2 "kernel trouble"; fi
-    grep -q 'pvgpu-vm: exit=0' /tmp/l2-$wn.console || fail_l2 "the L2 command failed"
-    ctl stats | sed "s/^/STATS $wn /"
+    sed "s/^/L2 $run out: /" /tmp/l2-$run.out
+    sed "s/^/L2 $run err: /" /tmp/l2-$run.err
+    sed "s/^/L2 $run qemu: /" /tmp/l2-$run.qemu
+    if grep -E 'BUG:|Oops|WARNING: CPU|Call Trace' /tmp/l2-$run.console; then fail_l2 "kernel trouble"; fi
+    grep -q 'pvgpu-vm: exit=0' /tmp/l2-$run.console || fail_l2 "the L2 command failed"
+    ctl stats | sed "s/^/STATS $run /"
 }
-run_l2 on 5f0c1a2e-8d1b-4c55-9a10-6e0d2f5b9c61
-run_l2 off 5f0c1a2e-8d1b-4c55-9a10-6e0d2f5b9c62
+RUNS
+sed 's/^/PVGPUD /' /tmp/d/pvgpud.log
 if dmesg | grep -E 'BUG:|Oops|WARNING: CPU|Call Trace'; then echo "FAIL: L1 kernel trouble"; exit 1; fi
 echo "qemu-nested: ok"
 """
 
-L2_COMMAND = (f"pvgpu-load bench --kernel-us 2000 --kernels {KERNELS} --gap-us 5000 && "
-              f"rmmod pvgpu && pvgpu-wn-bench {STORES} {ROUNDS}")
+L2_COMMAND = (f"if grep -q pvgpu_test=shadow /proc/cmdline; then "
+              f"pvgpu-load bench --kernel-us 500 --kernels {SHADOW_KERNELS} --depth 8; else "
+              f"pvgpu-load bench --kernel-us 2000 --kernels {KERNELS} --gap-us 5000 && "
+              f"rmmod pvgpu && pvgpu-wn-bench {STORES} {ROUNDS}; fi")
 
 
 def parse(out):
     runs = {wn: {"qom": {}, "direct": [], "trapped": [], "trapped-remapped": [], "stats": {},
                  "out": []}
-            for wn in ("on", "off")}
+            for wn in ("on", "off", "shadow")}
     for line in out.splitlines():
-        m = re.match(r"QOM (on|off) (\S+) (.*)$", line)
+        m = re.match(r"QOM (on|off|shadow) (\S+) (.*)$", line)
         if m:
             v = re.search(r'"return":\s*(true|false|\d+)', m.group(3))
             runs[m.group(1)]["qom"][m.group(2)] = (
                 None if not v else v.group(1) == "true" if v.group(1) in ("true", "false")
                 else int(v.group(1)))
             continue
-        m = re.match(r"L2 (on|off) out: (.*)$", line)
+        m = re.match(r"L2 (on|off|shadow) out: (.*)$", line)
         if m:
             run = runs[m.group(1)]
             run["out"].append(m.group(2))
@@ -166,7 +182,7 @@ def parse(out):
             if s:
                 run[s.group(1)].append(int(s.group(2)))
             continue
-        m = re.match(r"STATS (on|off) (\S+):\s*(\S+)", line)
+        m = re.match(r"STATS (on|off|shadow) (\S+):\s*(\S+)", line)
         if m:
             runs[m.group(1)]["stats"][m.group(2)] = m.group(3)
     return runs
@@ -202,8 +218,18 @@ def run(args, tmp):
                         "--", L2_COMMAND], capture_output=True, text=True)
     check(p.returncode == 0, f"L2 initramfs: {p.stderr.strip()}")
     script = os.path.join(tmp, "l1-run.sh")
+    runs = []
+    if "on" in args.runs:
+        runs.append("run_l2 on on 5f0c1a2e-8d1b-4c55-9a10-6e0d2f5b9c61")
+    if "off" in args.runs:
+        runs.append("run_l2 off off 5f0c1a2e-8d1b-4c55-9a10-6e0d2f5b9c62")
+    if "shadow" in args.runs:
+        runs += ["pvgpu-load throttle --socket /tmp/d/pvgpud.sock --name thr --kernel-us 2000 "
+                 "--channels 2 --duration-s 200 >/dev/null 2>&1 &", "thr=$!",
+                 "run_l2 shadow on 5f0c1a2e-8d1b-4c55-9a10-6e0d2f5b9c63 pvgpu_test=shadow",
+                 "kill $thr"]
     with open(script, "w") as f:
-        f.write(L1_SCRIPT.replace("QOM_PROPS", " ".join(QOM)))
+        f.write(L1_SCRIPT.replace("QOM_PROPS", " ".join(QOM)).replace("RUNS", "\n".join(runs)))
 
     daemon = Daemon(args, tmp)  # the pvgpu device of L1 itself needs a pvgpud
     daemon.start()
@@ -230,6 +256,25 @@ def run(args, tmp):
           f"L1 command exit status {proc.returncode}")
 
     runs = parse(out)
+    wanted = args.runs.split(",")
+    for label in wanted:
+        check("reconnects=0" in runs[label]["out"],
+              f"{label} run: the device lost its link to pvgpud")
+    shadow = runs.pop("shadow")
+    if "shadow" in wanted:
+        # Shadowed and unshadowed (SHADOWED -> TRAPPED -> DIRECT, the real
+        # page registered with KVM on the way back) while submitting: every
+        # kernel completes.
+        check(f"kernels={SHADOW_KERNELS}" in shadow["out"],
+              f"shadowed run: pvgpu-load did not complete {SHADOW_KERNELS} kernels: "
+              f"{shadow['out'][:8]}")
+        check(shadow["qom"].get("kernel-wn-active") is True and
+              shadow["qom"].get("unshadows", 0) > 0,
+              f"shadowed run: never unshadowed on the kernel path: {shadow['qom']}")
+        result("kvm-qemu-shadowed", f"unshadows={shadow['qom']['unshadows']} "
+               f"held_reports={stat(shadow, 'held_reports')}")
+    if not ("on" in wanted and "off" in wanted):
+        return
     on, off = runs["on"], runs["off"]
     for wn, r in runs.items():
         check(f"kernels={KERNELS}" in r["out"],
@@ -290,6 +335,10 @@ def main():
     ap.add_argument("--pvgpuctl", required=True)
     ap.add_argument("--bench", required=True, help="the static pvgpu-wn-bench")
     ap.add_argument("--modules", required=True, help="kvm-hooks/build.sh output directory")
+    ap.add_argument("--runs", default="on,off",
+                    help="L2 runs: on, off (both needed for the checks and RESULT lines), "
+                         "shadow (kernel-wn=on, shadowed by a host throttle; not in the "
+                         "default set: see docs/kvm-hooks.md)")
     return run_case("kvm-qemu", run, ap.parse_args())
 
 

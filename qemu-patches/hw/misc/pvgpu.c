@@ -289,6 +289,7 @@ struct PvgpuState {
     uint64_t wn_notifications;        /* kernel-wn eventfd wake-ups */
     uint64_t switches_to_trapped, switch_to_trapped_ns;
     uint64_t switches_to_direct, switch_to_direct_ns;
+    uint64_t unshadows;               /* slots that left SHADOWED */
 };
 
 static void pvgpu_link_lost_full(PvgpuState *s, const char *why, bool closed);
@@ -891,6 +892,7 @@ static void slot_set_modes(PvgpuSlot **sl, const uint32_t *mode, uint32_t *guest
     memory_region_transaction_commit();
     for (i = 0; i < n; i++) {
         if (from_shadow[i]) {
+            s->unshadows++;
             slot_release_shadow(sl[i]);
         } else if (to_shadow[i]) {
             slot_settle_shadow(sl[i]);
@@ -2435,6 +2437,8 @@ static void pvgpu_instance_init(Object *obj)
                                    &s->switches_to_direct, OBJ_PROP_FLAG_READ);
     object_property_add_uint64_ptr(obj, "switch-to-direct-ns",
                                    &s->switch_to_direct_ns, OBJ_PROP_FLAG_READ);
+    object_property_add_uint64_ptr(obj, "unshadows", &s->unshadows,
+                                   OBJ_PROP_FLAG_READ);
 }
 
 static void pvgpu_class_init(ObjectClass *klass, void *data)
