@@ -113,12 +113,16 @@ for p in "$here"/*.patch; do
     fi
     touch "$stamp"
 done
-# Copy the shared ABI headers so the device builds against the same layout.
+# Copy the shared ABI headers so the device builds against the same layout,
+# and, beside pvgpu.c, the uapi of kvm-hooks/ (the in-kernel write notify
+# the device probes; found next to the file that includes it).
 mkdir -p "$src/include/hw/misc/pvgpu"
 for h in abi.h protocol.h; do
     cmp -s "$repo/include/pvgpu/$h" "$src/include/hw/misc/pvgpu/$h" ||
         cp "$repo/include/pvgpu/$h" "$src/include/hw/misc/pvgpu/$h"
 done
+cmp -s "$repo/kvm-hooks/uapi/linux/kvm_pvgpu.h" "$src/hw/misc/kvm_pvgpu.h" ||
+    cp "$repo/kvm-hooks/uapi/linux/kvm_pvgpu.h" "$src/hw/misc/kvm_pvgpu.h"
 
 # --- 4. configure ------------------------------------------------------------
 conf_base="--target-list=x86_64-softmmu --without-default-features \

@@ -3,6 +3,7 @@ tests/vm, tests/libvirt)."""
 
 import signal
 import subprocess
+import tempfile
 import time
 
 
@@ -51,3 +52,19 @@ def stop_process(proc, sig=signal.SIGTERM, timeout=10):
             proc.kill()
             proc.wait()
     return proc.returncode
+
+
+def run_case(name, run, args):
+    """Run `run(args, tmp)` in a fresh temporary directory and map the outcome
+    to the exit status meson expects: 0 pass, 1 fail, 77 skipped."""
+    with tempfile.TemporaryDirectory(prefix=f"pvgpu-{name}-") as tmp:
+        try:
+            run(args, tmp)
+        except Skip as e:
+            print(f"SKIP: {e}")
+            return 77
+        except TestFailure as e:
+            print(f"FAIL: {e}")
+            return 1
+    log(f"PASS {name}")
+    return 0

@@ -19,15 +19,13 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "daemon"))
-from testlib import Skip, TestFailure, check, log  # noqa: E402
+from testlib import Skip, check, run_case  # noqa: E402
 from daemon_test import Daemon  # noqa: E402
 
-SKIP = 77
 VM = os.path.join(HERE, "..", "vm", "pvgpu-vm")
 # The checks kvm-wn-l2 makes; each must report "pass".
 CHECKS = ["register-unaligned", "register-outside-memslots", "register-bad-eventfd",
@@ -36,11 +34,18 @@ CHECKS = ["register-unaligned", "register-outside-memslots", "register-bad-event
           "bench-mmio-exits", "unregister-during-run", "register-again"]
 
 
-def run(args, tmp):
-    kvm_dir = os.path.join(args.modules, "src", "arch", "x86", "kvm")
-    mods = [os.path.join(args.modules, "guest-modules", "irqbypass.ko"),
-            os.path.join(args.modules, "guest-modules", "ccp.ko"),
+def kvm_modules(modules_dir):
+    """What a -cpu max TCG guest loads for nested SVM with the patched KVM,
+    in load order: Debian's irqbypass.ko and ccp.ko, kvm.ko and kvm-amd.ko
+    as kvm-hooks/build.sh built them into `modules_dir`."""
+    kvm_dir = os.path.join(modules_dir, "src", "arch", "x86", "kvm")
+    return [os.path.join(modules_dir, "guest-modules", "irqbypass.ko"),
+            os.path.join(modules_dir, "guest-modules", "ccp.ko"),
             os.path.join(kvm_dir, "kvm.ko"), os.path.join(kvm_dir, "kvm-amd.ko")]
+
+
+def run(args, tmp):
+    mods = kvm_modules(args.modules)
     missing = [m for m in mods if not os.path.exists(m)]
     if missing:
         raise Skip(f"{missing[0]} not found: run kvm-hooks/build.sh")
@@ -79,18 +84,7 @@ def main():
     ap.add_argument("--l2", required=True, help="the static kvm-wn-l2")
     ap.add_argument("--modules", required=True, help="kvm-hooks/build.sh output directory")
     ap.add_argument("--stores", type=int, default=1000, help="L2 stores per run")
-    args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="pvgpu-kvm-nested-") as tmp:
-        try:
-            run(args, tmp)
-        except Skip as e:
-            print(f"SKIP: {e}")
-            return SKIP
-        except TestFailure as e:
-            print(f"FAIL: {e}")
-            return 1
-    log("PASS kvm-nested")
-    return 0
+    return run_case("kvm-nested", run, ap.parse_args())
 
 
 if __name__ == "__main__":

@@ -85,6 +85,7 @@ REG_IRQ_MASK, REG_BAD_ACCESS, REG_LINK_GEN, REG_ARG2 = 0x30, 0x34, 0x38, 0x3C
 REG_TASK_NAME, TASK_NAME_LEN = 0xa00, 32
 DEV_VERSION = 2
 REG_FENCE_DONE_LO, REG_FENCE_DONE_HI = 0x40, 0x44
+REG_FEATURES, FEATURE_KERNEL_WN = 0x48, 0x1
 REG_SLOT_BASE, SLOT_STATE, SLOT_MODE, SLOT_CHAN_ID, SLOT_NOTICE = 0x100, 0x0, 0x4, 0x8, 0xC
 REG_WAIT_BASE, WAIT_STATUS, WAIT_FENCE, WAIT_ERROR = 0x600, 0x0, 0x4, 0x8
 LINK_DOWN, LINK_HELLO, LINK_READY = 0, 1, 2
@@ -676,6 +677,12 @@ def probe(dev, slots):
     check(dev.reg(REG_ARG2) == 0, "ARG2 not 0 at reset")
     check(dev.task_name() == bytes(TASK_NAME_LEN), "TASK_NAME not 0 at reset")
     check(dev.slots == slots, f"NUM_SLOTS {dev.slots}")
+    # qtest has no KVM: trapped mode is the MMIO path (kernel-wn=auto).
+    check(dev.reg(REG_FEATURES) == 0, f"FEATURES {dev.reg(REG_FEATURES):#x} without KVM")
+    bad = dev.reg(REG_BAD_ACCESS)
+    dev.set_reg(REG_FEATURES, FEATURE_KERNEL_WN)
+    check(dev.reg(REG_FEATURES) == 0 and dev.reg(REG_BAD_ACCESS) == bad + 1,
+          "FEATURES is read-only: a store must be dropped and counted")
     check(dev.sizes[0] == PAGE, f"BAR0 size {dev.sizes[0]:#x}")
     check(dev.sizes[2] == slots * SLOT_STRIDE, f"BAR2 size {dev.sizes[2]:#x}")
     check(dev.sizes[4] == slots * PAGE, f"BAR4 size {dev.sizes[4]:#x}")
@@ -1092,16 +1099,28 @@ def check_fence_waits_fake(dev, fake):
     check(st == CMDST_E_INVALID, f"FENCE_WAIT on a freed slot: {st}")
 
 
-def check_slots_limit(bins, tmp, sock, vm_uuid):
-    """A device has at most 64 slots (the wait registers end where TASK_NAME begins)."""
+def realize_fails(bins, tmp, sock, vm_uuid, props, message):
+    """QEMU with `-device pvgpu,<props>` must exit non-zero saying `message`."""
     p = subprocess.run([bins.qemu, "-machine", "q35", "-accel", "qtest", "-display", "none",
                         "-nodefaults", "-bios", os.path.join(tmp, "bios.bin"), "-uuid", str(vm_uuid),
                         # nothing listens there: this QEMU must not take the fake's connection
                         "-chardev", f"socket,id=pv2,path={sock}.none,reconnect=1",
-                        "-device", "pvgpu,chardev=pv2,slots=128"],
+                        "-device", f"pvgpu,chardev=pv2,{props}"],
                        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
-    check(p.returncode != 0 and "'slots' must be a power of two in 1..64 (got 128)" in p.stderr,
-          f"slots=128: exit {p.returncode}, stderr {p.stderr.strip()!r}")
+    check(p.returncode != 0 and message in p.stderr,
+          f"{props}: exit {p.returncode}, stderr {p.stderr.strip()!r}")
+
+
+def check_slots_limit(bins, tmp, sock, vm_uuid):
+    """A device has at most 64 slots (the wait registers end where TASK_NAME begins);
+    kernel-wn=on needs KVM's write notify, which qtest never has."""
+    realize_fails(bins, tmp, sock, vm_uuid, "slots=128",
+                  "'slots' must be a power of two in 1..64 (got 128)")
+    realize_fails(bins, tmp, sock, vm_uuid, "kernel-wn=on",
+                  "kernel-wn=on needs KVM with the pvgpu write notify extension "
+                  "(KVM_CAP_PVGPU_WRITE_NOTIFY): this VM does not run under KVM")
+    realize_fails(bins, tmp, sock, vm_uuid, "kernel-wn=yes",
+                  "Parameter 'kernel-wn' does not accept value 'yes'")
 
 
 def check_task_names_fake(dev, fake):

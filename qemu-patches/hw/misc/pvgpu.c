@@ -39,6 +39,7 @@
 #include "qemu/main-loop.h"
 #include "qemu/event_notifier.h"
 #include "qapi/error.h"
+#include "qapi/visitor.h"
 #include "hw/pci/pci.h"
 #include "hw/pci/msix.h"
 #include "hw/qdev-properties.h"
@@ -46,12 +47,23 @@
 #include "chardev/char-fe.h"
 #include "migration/blocker.h"
 #include "sysemu/sysemu.h"
+#include "sysemu/kvm.h"
 #include "exec/memory.h"
 #include "qom/object.h"
 
 #include <sys/mman.h>
 
 #include "hw/misc/pvgpu/protocol.h"
+#include "kvm_pvgpu.h"   /* kvm-hooks/uapi/linux/kvm_pvgpu.h, copied beside */
+
+/*
+ * sysemu/kvm.h declares these for target-specific code only (NEED_CPU_H);
+ * they are target-independent and exist in every build with KVM, which
+ * build-qemu.sh always configures (--enable-kvm).  This file is built once
+ * for all targets, so it declares them itself.
+ */
+int kvm_vm_ioctl(KVMState *s, int type, ...);
+int kvm_vm_check_extension(KVMState *s, unsigned int extension);
 
 #define TYPE_PVGPU "pvgpu"
 OBJECT_DECLARE_SIMPLE_TYPE(PvgpuState, PVGPU)
@@ -84,6 +96,8 @@ OBJECT_DECLARE_SIMPLE_TYPE(PvgpuState, PVGPU)
 #define REG_ARG2                0x3c  /* rw */
 #define REG_FENCE_DONE_LO       0x40  /* rw1c: slots whose fence wait ended */
 #define REG_FENCE_DONE_HI       0x44  /* rw1c: slots 32..63 (version 1); reads 0 */
+#define REG_FEATURES            0x48  /* ro: FEATURE_* (0 on older devices) */
+#define   FEATURE_KERNEL_WN     (1u << 0) /* TRAPPED uses KVM write notify */
 #define REG_SLOT_BASE           0x100 /* per slot, 16 bytes each: */
 #define   SLOT_REG_STATE        0x0   /*   ro: SLOT_* */
 #define   SLOT_REG_MODE         0x4   /*   ro: PVGPU_MODE_* now mapped */
@@ -196,6 +210,20 @@ typedef struct PvgpuSlot {
     uint32_t wait_status;             /* WAIT_* */
     uint32_t wait_fence;              /* the target of the last FENCE_WAIT */
     uint32_t wait_error;              /* channel ERROR when WAIT_E_DEAD */
+
+    /*
+     * In-kernel write notify (kernel-wn, docs/pvgpu-device.md 6.1): while
+     * ctrl_direct is in the guest's address space its page is registered
+     * with KVM, tracked (trapped) or not (direct); KVM signals wn_notify
+     * after guest stores to a tracked page.
+     */
+    EventNotifier wn_notify;
+    bool wn_notify_ok;                /* wn_notify initialised */
+    uint64_t wn_id;                   /* KVM range id; 0: not registered */
+    bool wn_want;                     /* trapped: register/keep it tracked */
+    bool wn_fallback;                 /* registration failed: trap by MMIO */
+    hwaddr wn_gpa;                    /* where the registered page is */
+    uint32_t wn_reported;             /* IB_PUT last seen by the notify path */
 } PvgpuSlot;
 
 typedef struct PvgpuRequest {
@@ -246,8 +274,22 @@ struct PvgpuState {
     Error *migration_blocker;
     PvgpuSlot slots[PVGPU_MAX_SLOTS];
 
-    /* counters (trace / debugging) */
-    uint64_t traps;
+    /* In-kernel write notify: property, decision at realize, listener */
+    OnOffAuto kernel_wn;
+    bool use_kernel_wn;
+    MemoryListener wn_listener;
+    bool wn_listening;
+    QEMUBH *wn_fallback_bh;
+    bool wn_warned;
+    uint64_t wn_faults_gone;          /* GET_STATS of ranges unregistered */
+    uint64_t wn_signals_gone;
+
+    /* counters, read-only QOM properties (qom-get) */
+    uint64_t traps;                   /* IB_PUT stores reported as trapped */
+    uint64_t wn_notifications;        /* kernel-wn eventfd wake-ups */
+    uint64_t switches_to_trapped, switch_to_trapped_ns;
+    uint64_t switches_to_direct, switch_to_direct_ns;
+    uint64_t unshadows;               /* slots that left SHADOWED */
 };
 
 static void pvgpu_link_lost_full(PvgpuState *s, const char *why, bool closed);
@@ -422,10 +464,22 @@ static void slot_arm_bell(PvgpuSlot *sl, bool arm)
     sl->bell_armed = arm;
 }
 
+/* The real page's IB_PUT is @put: tell the daemon (a trapped store) and
+ * ring its doorbell. */
+static void slot_report_put(PvgpuSlot *sl, uint32_t put, bool report)
+{
+    PvgpuState *s = sl->dev;
+
+    if (report && s->link == LINK_READY) {
+        struct pvgpu_trap_report t = { .chan_id = sl->chan_id, .put = put };
+        pvgpu_send(s, PVGPU_MSG_TRAP_REPORT, 0, &t, sizeof(t));
+    }
+    pvgpu_kick(sl);
+}
+
 /* Forward an IB_PUT value the guest wrote but the GPU has not seen. */
 static void slot_forward_put(PvgpuSlot *sl, uint32_t put, bool report)
 {
-    PvgpuState *s = sl->dev;
     struct pvgpu_ctrl_page *real = slot_real(sl);
 
     if (!real || sl->state != SLOT_LIVE) {
@@ -433,11 +487,240 @@ static void slot_forward_put(PvgpuSlot *sl, uint32_t put, bool report)
     }
     smp_wmb();                 /* ring entries before IB_PUT */
     real->ib_put = put;
-    if (report && s->link == LINK_READY) {
-        struct pvgpu_trap_report t = { .chan_id = sl->chan_id, .put = put };
-        pvgpu_send(s, PVGPU_MSG_TRAP_REPORT, 0, &t, sizeof(t));
+    slot_report_put(sl, put, report);
+}
+
+/* ------------------------------------------------------------------------ */
+/* In-kernel write notify (kernel-wn; kvm-hooks/, docs/kvm-hooks.md)        */
+
+/*
+ * With KVM_CAP_PVGPU_WRITE_NOTIFY the control page stays the RAM mapping
+ * (ctrl_direct) in TRAPPED mode too: its page is registered with KVM, which
+ * write-protects it while tracked, lets each guest store complete in the
+ * kernel and signals wn_notify.  DIRECT <-> TRAPPED is then
+ * KVM_PVGPU_WN_SET_FLAGS, with no flat-view or memslot change.  The
+ * registration follows ctrl_direct through the address space (a memory
+ * listener): it exists exactly while KVM has a memslot for the page.
+ */
+
+/* The write-notify interface version KVM offers, 0 without it. */
+static int pvgpu_wn_version(void)
+{
+    if (kvm_enabled()) {
+        int v = kvm_vm_check_extension(kvm_state, KVM_CAP_PVGPU_WRITE_NOTIFY);
+        return v > 0 ? v : 0;
     }
-    pvgpu_kick(sl);
+    return 0;
+}
+
+static int slot_wn_ioctl(PvgpuSlot *sl, unsigned long req,
+                         struct kvm_pvgpu_wn_ctl *c)
+{
+    memset(c, 0, sizeof(*c));
+    c->version = KVM_PVGPU_WN_VERSION;
+    c->id = sl->wn_id;
+    return kvm_vm_ioctl(kvm_state, req, c);
+}
+
+static int slot_wn_register(PvgpuSlot *sl, hwaddr gpa)
+{
+    struct kvm_pvgpu_wn_range r = {
+        .version = KVM_PVGPU_WN_VERSION,
+        .flags = sl->wn_want ? KVM_PVGPU_WN_ENABLED : 0,
+        .gpa = gpa,
+        .size = PVGPU_PAGE_SIZE,
+        .eventfd = event_notifier_get_fd(&sl->wn_notify),
+    };
+    int ret = kvm_vm_ioctl(kvm_state, KVM_PVGPU_WN_REGISTER, &r);
+
+    if (ret < 0) {
+        return ret;
+    }
+    sl->wn_id = r.id;
+    sl->wn_gpa = gpa;
+    return 0;
+}
+
+/* The page leaves the address space: its range goes, its counts stay. */
+static void slot_wn_unregister(PvgpuSlot *sl)
+{
+    PvgpuState *s = sl->dev;
+    struct kvm_pvgpu_wn_ctl c;
+
+    if (slot_wn_ioctl(sl, KVM_PVGPU_WN_GET_STATS, &c) == 0) {
+        s->wn_faults_gone += c.faults;
+        s->wn_signals_gone += c.signals;
+    }
+    slot_wn_ioctl(sl, KVM_PVGPU_WN_UNREGISTER, &c);
+    sl->wn_id = 0;
+}
+
+static int slot_wn_set_tracked(PvgpuSlot *sl, bool on)
+{
+    struct kvm_pvgpu_wn_ctl c;
+
+    memset(&c, 0, sizeof(c));
+    c.version = KVM_PVGPU_WN_VERSION;
+    c.id = sl->wn_id;
+    c.flags = on ? KVM_PVGPU_WN_ENABLED : 0;
+    return kvm_vm_ioctl(kvm_state, KVM_PVGPU_WN_SET_FLAGS, &c);
+}
+
+/* The kernel path cannot serve this slot: trap it by MMIO instead. */
+static void slot_wn_failed(PvgpuSlot *sl, const char *what, int err)
+{
+    PvgpuState *s = sl->dev;
+
+    if (!s->wn_warned) {
+        warn_report("pvgpu: slot %u: KVM write notify %s failed (%s); the "
+                    "slot's trapped mode uses MMIO exits until it is "
+                    "re-mapped", sl->index, what, strerror(-err));
+        s->wn_warned = true;
+    }
+    sl->wn_fallback = true;
+    if (sl->wn_want) {
+        qemu_bh_schedule(s->wn_fallback_bh);
+    }
+}
+
+/*
+ * The notify path's doorbell: the real page's IB_PUT changed since the last
+ * look, so report it as a trapped store and ring the daemon, as the MMIO
+ * path does per store.  KVM's signals add up in the eventfd, so several
+ * stores may be seen as one (the last value is what the GPU would fetch).
+ */
+static void slot_wn_check(PvgpuSlot *sl)
+{
+    struct pvgpu_ctrl_page *real = slot_real(sl);
+    uint32_t put;
+
+    if (!real || sl->state != SLOT_LIVE || sl->mode == PVGPU_MODE_SHADOWED) {
+        return;
+    }
+    put = qatomic_read(&real->ib_put);
+    if (put == sl->wn_reported) {
+        return;
+    }
+    sl->wn_reported = put;
+    sl->dev->traps++;
+    slot_report_put(sl, put, true);
+}
+
+static void slot_wn_notified(EventNotifier *e)
+{
+    PvgpuSlot *sl = container_of(e, PvgpuSlot, wn_notify);
+
+    if (event_notifier_test_and_clear(e)) {
+        sl->dev->wn_notifications++;
+        slot_wn_check(sl);
+    }
+}
+
+/*
+ * Track the slot's page (TRAPPED) or not (DIRECT).  False if the kernel
+ * refused: the caller maps the MMIO trap instead.  Without a registration
+ * (the page is not in the address space now) the wish is recorded and the
+ * registration made when the page appears.
+ */
+static bool slot_wn_track(PvgpuSlot *sl, bool on)
+{
+    struct pvgpu_ctrl_page *real = slot_real(sl);
+    int ret;
+
+    sl->wn_want = on;
+    if (on && real) {
+        /* Read before tracking starts: a store after it differs. */
+        sl->wn_reported = qatomic_read(&real->ib_put);
+    }
+    if (!sl->wn_id) {
+        return !(on && sl->wn_fallback);
+    }
+    ret = slot_wn_set_tracked(sl, on);
+    if (ret < 0) {
+        slot_wn_unregister(sl);
+        slot_wn_failed(sl, "KVM_PVGPU_WN_SET_FLAGS", ret);
+        return !on;
+    }
+    return true;
+}
+
+static PvgpuSlot *pvgpu_slot_of_ctrl(PvgpuState *s, MemoryRegion *mr)
+{
+    unsigned i;
+
+    for (i = 0; i < s->num_slots; i++) {
+        if (mr == &s->slots[i].ctrl_direct) {
+            return &s->slots[i];
+        }
+    }
+    return NULL;
+}
+
+/*
+ * Slots whose registration failed while they should trap: map the MMIO
+ * trap (outside the listener: no topology change from inside one), then
+ * report what reached the page untracked meanwhile.
+ */
+static void pvgpu_wn_fallback_bh(void *opaque)
+{
+    PvgpuState *s = opaque;
+    bool moved[PVGPU_MAX_SLOTS] = { false };
+    unsigned i;
+
+    memory_region_transaction_begin();
+    for (i = 0; i < s->num_slots; i++) {
+        PvgpuSlot *sl = &s->slots[i];
+
+        if (sl->state == SLOT_LIVE && sl->wn_fallback && sl->wn_want &&
+            sl->ctrl_mapped == &sl->ctrl_direct) {
+            slot_show_ctrl(sl, &sl->ctrl_trap);
+            moved[i] = true;
+        }
+    }
+    memory_region_transaction_commit();
+    for (i = 0; i < s->num_slots; i++) {
+        if (moved[i]) {
+            slot_wn_check(&s->slots[i]);
+        }
+    }
+}
+
+/* After KVM's listener (priority 10) made the memslot. */
+static void pvgpu_wn_region_add(MemoryListener *l, MemoryRegionSection *sec)
+{
+    PvgpuState *s = container_of(l, PvgpuState, wn_listener);
+    PvgpuSlot *sl = pvgpu_slot_of_ctrl(s, sec->mr);
+    int ret = -EINVAL;
+
+    if (!sl || sl->wn_id) {
+        return;
+    }
+    /* A page partly hidden by an overlapping region cannot be tracked. */
+    if (sec->offset_within_region == 0 &&
+        int128_eq(sec->size, int128_make64(PVGPU_PAGE_SIZE))) {
+        ret = slot_wn_register(sl, sec->offset_within_address_space);
+    }
+    if (ret < 0) {
+        slot_wn_failed(sl, "KVM_PVGPU_WN_REGISTER", ret);
+        return;
+    }
+    sl->wn_fallback = false;
+    if (sl->wn_want) {
+        /* Stores between the memslot and the registration went untracked
+         * into the page: look at it once. */
+        event_notifier_set(&sl->wn_notify);
+    }
+}
+
+/* Before KVM's listener removes the memslot. */
+static void pvgpu_wn_region_del(MemoryListener *l, MemoryRegionSection *sec)
+{
+    PvgpuState *s = container_of(l, PvgpuState, wn_listener);
+    PvgpuSlot *sl = pvgpu_slot_of_ctrl(s, sec->mr);
+
+    if (sl && sl->wn_id && sl->wn_gpa == sec->offset_within_address_space) {
+        slot_wn_unregister(sl);
+    }
 }
 
 /*
@@ -489,17 +772,26 @@ static void pvgpu_refresh_arm(PvgpuState *s)
 static void slot_map_mode(PvgpuSlot *sl, uint32_t mode)
 {
     struct pvgpu_ctrl_page *real = slot_real(sl);
+    bool kernel_wn = sl->dev->use_kernel_wn;
 
     switch (mode) {
     case PVGPU_MODE_DIRECT:
+        if (kernel_wn) {
+            slot_wn_track(sl, false);
+        }
         slot_show_ctrl(sl, &sl->ctrl_direct);
         slot_arm_bell(sl, true);
         break;
     case PVGPU_MODE_TRAPPED:
-        slot_show_ctrl(sl, &sl->ctrl_trap);
+        if (kernel_wn && slot_wn_track(sl, true)) {
+            slot_show_ctrl(sl, &sl->ctrl_direct);
+        } else {
+            slot_show_ctrl(sl, &sl->ctrl_trap);
+        }
         slot_arm_bell(sl, true);
         break;
     case PVGPU_MODE_SHADOWED:
+        sl->wn_want = false;
         if (sl->mode != PVGPU_MODE_SHADOWED) {
             memset(sl->shadow, 0, PVGPU_PAGE_SIZE);
             sl->shadow->ib_put = real->ib_put;
@@ -568,8 +860,10 @@ static void slot_release_shadow(PvgpuSlot *sl)
 static void slot_set_modes(PvgpuSlot **sl, const uint32_t *mode, uint32_t *guest_put,
                            unsigned n)
 {
+    PvgpuState *s = sl[0]->dev;
     bool from_shadow[PVGPU_MAX_SLOTS], to_shadow[PVGPU_MAX_SLOTS];
-    bool second = false;
+    bool second = false, to_trapped = true, to_direct = true;
+    int64_t t0 = get_clock();
     unsigned i;
 
     assert(n <= PVGPU_MAX_SLOTS);
@@ -577,12 +871,28 @@ static void slot_set_modes(PvgpuSlot **sl, const uint32_t *mode, uint32_t *guest
     for (i = 0; i < n; i++) {
         from_shadow[i] = sl[i]->mode == PVGPU_MODE_SHADOWED && mode[i] != PVGPU_MODE_SHADOWED;
         to_shadow[i] = sl[i]->mode != PVGPU_MODE_SHADOWED && mode[i] == PVGPU_MODE_SHADOWED;
-        slot_map_mode(sl[i], from_shadow[i] ? PVGPU_MODE_TRAPPED : mode[i]);
-        second = second || (from_shadow[i] && mode[i] == PVGPU_MODE_DIRECT);
+        to_trapped = to_trapped && sl[i]->mode == PVGPU_MODE_DIRECT &&
+                     mode[i] == PVGPU_MODE_TRAPPED;
+        to_direct = to_direct && sl[i]->mode == PVGPU_MODE_TRAPPED &&
+                    mode[i] == PVGPU_MODE_DIRECT;
+        if (from_shadow[i]) {
+            /*
+             * Always the MMIO trap first, also with kernel-wn: the real page
+             * must not take guest stores before the shadow's IB_PUT is
+             * released into it (a native store there would be rewound).
+             */
+            slot_show_ctrl(sl[i], &sl[i]->ctrl_trap);
+            slot_arm_bell(sl[i], true);
+        } else {
+            slot_map_mode(sl[i], mode[i]);
+        }
+        second = second || (from_shadow[i] &&
+                            (mode[i] == PVGPU_MODE_DIRECT || s->use_kernel_wn));
     }
     memory_region_transaction_commit();
     for (i = 0; i < n; i++) {
         if (from_shadow[i]) {
+            s->unshadows++;
             slot_release_shadow(sl[i]);
         } else if (to_shadow[i]) {
             slot_settle_shadow(sl[i]);
@@ -591,8 +901,8 @@ static void slot_set_modes(PvgpuSlot **sl, const uint32_t *mode, uint32_t *guest
     if (second) {
         memory_region_transaction_begin();
         for (i = 0; i < n; i++) {
-            if (from_shadow[i] && mode[i] == PVGPU_MODE_DIRECT) {
-                slot_map_mode(sl[i], PVGPU_MODE_DIRECT);
+            if (from_shadow[i] && mode[i] != PVGPU_MODE_SHADOWED) {
+                slot_map_mode(sl[i], mode[i]);
             }
         }
         memory_region_transaction_commit();
@@ -600,7 +910,14 @@ static void slot_set_modes(PvgpuSlot **sl, const uint32_t *mode, uint32_t *guest
     for (i = 0; i < n; i++) {
         sl[i]->mode = mode[i];
     }
-    pvgpu_refresh_arm(sl[0]->dev);
+    if (to_trapped) {
+        s->switches_to_trapped++;
+        s->switch_to_trapped_ns += get_clock() - t0;
+    } else if (to_direct) {
+        s->switches_to_direct++;
+        s->switch_to_direct_ns += get_clock() - t0;
+    }
+    pvgpu_refresh_arm(s);
     smp_mb();
     for (i = 0; i < n; i++) {
         guest_put[i] = mode[i] == PVGPU_MODE_SHADOWED ? sl[i]->shadow->ib_put
@@ -796,6 +1113,7 @@ static bool slot_install(PvgpuSlot *sl, uint32_t chan_id, uint32_t mode,
     sl->late_check = 0;
     sl->state = SLOT_LIVE;
     sl->mode = PVGPU_MODE_DIRECT;
+    sl->wn_fallback = false;          /* a fresh channel tries the kernel again */
 
     memory_region_transaction_begin();
     memory_region_add_subregion_overlap(&s->bar4, sl->index * PVGPU_PAGE_SIZE,
@@ -1244,6 +1562,8 @@ static uint64_t pvgpu_mmio_read(void *opaque, hwaddr addr, unsigned size)
         return (uint32_t)s->fence_done;
     case REG_FENCE_DONE_HI:
         return (uint32_t)(s->fence_done >> 32);
+    case REG_FEATURES:
+        return s->use_kernel_wn ? FEATURE_KERNEL_WN : 0;
     }
     return 0;
 }
@@ -1756,6 +2076,31 @@ static void pvgpu_chr_event(void *opaque, QEMUChrEvent event)
 /* ------------------------------------------------------------------------ */
 /* Device life cycle                                                        */
 
+/* Undo the kernel-wn set-up; ranges still registered go with the listener
+ * (its removal calls region_del for every page still mapped). */
+static void pvgpu_wn_cleanup(PvgpuState *s)
+{
+    unsigned i;
+
+    if (s->wn_listening) {
+        memory_listener_unregister(&s->wn_listener);
+        s->wn_listening = false;
+    }
+    if (s->wn_fallback_bh) {
+        qemu_bh_delete(s->wn_fallback_bh);
+        s->wn_fallback_bh = NULL;
+    }
+    for (i = 0; i < PVGPU_MAX_SLOTS; i++) {
+        PvgpuSlot *sl = &s->slots[i];
+
+        if (sl->wn_notify_ok) {
+            event_notifier_set_handler(&sl->wn_notify, NULL);
+            event_notifier_cleanup(&sl->wn_notify);
+            sl->wn_notify_ok = false;
+        }
+    }
+}
+
 static void pvgpu_realize(PCIDevice *pdev, Error **errp)
 {
     PvgpuState *s = PVGPU(pdev);
@@ -1779,6 +2124,16 @@ static void pvgpu_realize(PCIDevice *pdev, Error **errp)
         (s->num_slots & (s->num_slots - 1))) {
         error_setg(errp, "pvgpu: 'slots' must be a power of two in 1..%d "
                    "(got %u)", PVGPU_MAX_SLOTS, s->num_slots);
+        return;
+    }
+    s->use_kernel_wn = s->kernel_wn != ON_OFF_AUTO_OFF && pvgpu_wn_version() > 0;
+    if (s->kernel_wn == ON_OFF_AUTO_ON && !s->use_kernel_wn) {
+        error_setg(errp, "pvgpu: kernel-wn=on needs KVM with the pvgpu write "
+                   "notify extension (KVM_CAP_PVGPU_WRITE_NOTIFY): %s",
+                   !kvm_enabled() ? "this VM does not run under KVM "
+                                    "(-accel kvm)"
+                                  : "the host's kvm.ko lacks it (load the one "
+                                    "kvm-hooks/build.sh builds)");
         return;
     }
 
@@ -1860,6 +2215,30 @@ static void pvgpu_realize(PCIDevice *pdev, Error **errp)
                                             &sl->doorbell, 1);
     }
 
+    if (s->use_kernel_wn) {
+        for (i = 0; i < s->num_slots; i++) {
+            PvgpuSlot *sl = &s->slots[i];
+
+            ret = event_notifier_init(&sl->wn_notify, 0);
+            if (ret < 0) {
+                error_setg_errno(errp, -ret, "pvgpu: cannot create an eventfd "
+                                 "for KVM write notify");
+                goto fail;
+            }
+            sl->wn_notify_ok = true;
+            event_notifier_set_handler(&sl->wn_notify, slot_wn_notified);
+        }
+        s->wn_fallback_bh = qemu_bh_new(pvgpu_wn_fallback_bh, s);
+        s->wn_listener = (MemoryListener) {
+            .name = "pvgpu-wn",
+            .region_add = pvgpu_wn_region_add,
+            .region_del = pvgpu_wn_region_del,
+            .priority = 20,   /* after KVM's add, before KVM's del */
+        };
+        memory_listener_register(&s->wn_listener, &address_space_memory);
+        s->wn_listening = true;
+    }
+
     pci_register_bar(pdev, 0, PCI_BASE_ADDRESS_SPACE_MEMORY, &s->mmio);
     pci_register_bar(pdev, 2, PCI_BASE_ADDRESS_SPACE_MEMORY, &s->bar2);
     pci_register_bar(pdev, 4, PCI_BASE_ADDRESS_SPACE_MEMORY, &s->bar4);
@@ -1874,6 +2253,7 @@ static void pvgpu_realize(PCIDevice *pdev, Error **errp)
     return;
 
 fail:
+    pvgpu_wn_cleanup(s);
     msix_uninit_exclusive_bar(pdev);      /* no-op when MSI-X is absent */
     migrate_del_blocker(s->migration_blocker);
     error_free(s->migration_blocker);
@@ -1924,6 +2304,7 @@ static void pvgpu_exit(PCIDevice *pdev)
         memory_region_del_subregion(&s->bar4, &s->bar4_bg);
     }
     memory_region_transaction_commit();
+    pvgpu_wn_cleanup(s);
     pvgpu_rx_reset(s);
     msix_unuse_all_vectors(pdev);
     msix_uninit_exclusive_bar(pdev);
@@ -2004,8 +2385,61 @@ static void pvgpu_reset(DeviceState *dev)
 static Property pvgpu_properties[] = {
     DEFINE_PROP_CHR("chardev", PvgpuState, chr),
     DEFINE_PROP_UINT32("slots", PvgpuState, num_slots, 16),
+    DEFINE_PROP_ON_OFF_AUTO("kernel-wn", PvgpuState, kernel_wn, ON_OFF_AUTO_AUTO),
     DEFINE_PROP_END_OF_LIST(),
 };
+
+/* kernel-wn-faults / kernel-wn-signals: KVM's counts for this device's
+ * pages, the ranges registered now and those already gone. */
+static void pvgpu_get_wn_stat(Object *obj, Visitor *v, const char *name,
+                              void *opaque, Error **errp)
+{
+    PvgpuState *s = PVGPU(obj);
+    bool faults = GPOINTER_TO_INT(opaque);
+    uint64_t val = faults ? s->wn_faults_gone : s->wn_signals_gone;
+    unsigned i;
+
+    for (i = 0; i < s->num_slots && i < PVGPU_MAX_SLOTS; i++) {
+        struct kvm_pvgpu_wn_ctl c;
+
+        if (s->slots[i].wn_id &&
+            slot_wn_ioctl(&s->slots[i], KVM_PVGPU_WN_GET_STATS, &c) == 0) {
+            val += faults ? c.faults : c.signals;
+        }
+    }
+    visit_type_uint64(v, name, &val, errp);
+}
+
+static bool pvgpu_get_wn_active(Object *obj, Error **errp)
+{
+    return PVGPU(obj)->use_kernel_wn;
+}
+
+/* Read-only counters for monitoring (qom-get), docs/pvgpu-device.md 6.1. */
+static void pvgpu_instance_init(Object *obj)
+{
+    PvgpuState *s = PVGPU(obj);
+
+    object_property_add_bool(obj, "kernel-wn-active", pvgpu_get_wn_active, NULL);
+    object_property_add(obj, "kernel-wn-faults", "uint64", pvgpu_get_wn_stat,
+                        NULL, NULL, GINT_TO_POINTER(1));
+    object_property_add(obj, "kernel-wn-signals", "uint64", pvgpu_get_wn_stat,
+                        NULL, NULL, GINT_TO_POINTER(0));
+    object_property_add_uint64_ptr(obj, "kernel-wn-notifications",
+                                   &s->wn_notifications, OBJ_PROP_FLAG_READ);
+    object_property_add_uint64_ptr(obj, "trap-reports", &s->traps,
+                                   OBJ_PROP_FLAG_READ);
+    object_property_add_uint64_ptr(obj, "switches-to-trapped",
+                                   &s->switches_to_trapped, OBJ_PROP_FLAG_READ);
+    object_property_add_uint64_ptr(obj, "switch-to-trapped-ns",
+                                   &s->switch_to_trapped_ns, OBJ_PROP_FLAG_READ);
+    object_property_add_uint64_ptr(obj, "switches-to-direct",
+                                   &s->switches_to_direct, OBJ_PROP_FLAG_READ);
+    object_property_add_uint64_ptr(obj, "switch-to-direct-ns",
+                                   &s->switch_to_direct_ns, OBJ_PROP_FLAG_READ);
+    object_property_add_uint64_ptr(obj, "unshadows", &s->unshadows,
+                                   OBJ_PROP_FLAG_READ);
+}
 
 static void pvgpu_class_init(ObjectClass *klass, void *data)
 {
@@ -2029,6 +2463,7 @@ static const TypeInfo pvgpu_info = {
     .name = TYPE_PVGPU,
     .parent = TYPE_PCI_DEVICE,
     .instance_size = sizeof(PvgpuState),
+    .instance_init = pvgpu_instance_init,
     .instance_finalize = pvgpu_finalize,
     .class_init = pvgpu_class_init,
     .interfaces = (InterfaceInfo[]) {
