@@ -1,6 +1,7 @@
 #include "accounting.hpp"
 
 #include <algorithm>
+#include <utility>
 
 namespace pvgpu {
 
@@ -25,12 +26,29 @@ Accounting::Accounting(const Clock& clock, Timers& timers, StatusRead read, Engi
     since_ = last_seen_ = clock_.now();
 }
 
+Accounting::Entry::~Entry() {
+    if (--a_.depth_ > 0 || a_.delivering_) return;
+    a_.delivering_ = true;
+    // A listener may enter again (its events are appended and delivered here).
+    for (std::size_t i = 0; i < a_.events_.size(); ++i) {
+        const Event e = a_.events_[i];
+        if (e.is_charge) {
+            if (a_.listener_.charged) a_.listener_.charged(e.ch, e.d);
+        } else if (a_.listener_.running) {
+            a_.listener_.running(e.running);
+        }
+    }
+    a_.events_.clear();
+    a_.delivering_ = false;
+}
+
 std::optional<ChannelId> Accounting::read() {
     ++reads_;
     return read_();
 }
 
 void Accounting::channel_added(ChannelId ch, EntityId leaf) {
+    Entry entry(*this);
     channels_[ch] = Channel{leaf};
     totals_.try_emplace(leaf);
     // Its first doorbell is likely close: watch an idle engine again.
@@ -41,6 +59,7 @@ void Accounting::channel_added(ChannelId ch, EntityId leaf) {
 }
 
 void Accounting::channel_removed(ChannelId ch) {
+    Entry entry(*this);
     if (current_ == ch) {
         // The engine drops it now; whatever starts next is an unseen start.
         const Time t = clock_.now();
@@ -57,9 +76,11 @@ void Accounting::charge(ChannelId ch, Duration d) {
     auto it = channels_.find(ch);
     if (it == channels_.end()) return;
     totals_[it->second.leaf].gpu_time += d;
+    events_.push_back({true, ch, d, std::nullopt});
 }
 
 void Accounting::fence(ChannelId ch) {
+    Entry entry(*this);
     const Time t = clock_.now();
     // The interrupt arrives after the engine moved on: the register names
     // the channel that started when this kernel ended.
@@ -99,6 +120,7 @@ void Accounting::fence(ChannelId ch) {
 }
 
 void Accounting::channel_error(ChannelId ch) {
+    Entry entry(*this);
     if (current_ != ch) return;
     // The GPU stops the channel first and picks the next one after the
     // interrupt: the next start is an unseen one.
@@ -108,6 +130,7 @@ void Accounting::channel_error(ChannelId ch) {
 }
 
 void Accounting::observed(std::optional<ChannelId> running) {
+    Entry entry(*this);
     const Time t = clock_.now();
     if (running == current_) {
         last_seen_ = t;
@@ -150,7 +173,41 @@ void Accounting::now_running(std::optional<ChannelId> running, Time lo, Time hi)
         }
     }
     if (!running && before) settle_step_ = 0;  // just went idle: watch for the next start
+    if (running != before) events_.push_back({false, 0, 0, running});
     arm_read();
+}
+
+void Accounting::host_kicked(ChannelId ch) {
+    Entry entry(*this);
+    if (current_) return;  // busy: the kicked work queues behind what runs
+    const Time t = clock_.now();
+    const std::optional<ChannelId> running = read();
+    if (running) {
+        // Started by this very doorbell if it is the kicked channel; else it
+        // started unseen since the last look.
+        if (running == ch)
+            now_running(running, t, t);
+        else
+            now_running(running, last_seen_, t);
+    } else {
+        settle_step_ = 0;
+        arm_read();
+    }
+    last_seen_ = t;
+}
+
+void Accounting::doorbell_forwarded(ChannelId ch) {
+    Entry entry(*this);
+    if (current_) return;
+    kicked_ = ch;
+    kicked_at_ = clock_.now();
+    settle_step_ = 0;
+    arm_read();  // the first settle read comes right after the forward
+}
+
+Duration Accounting::kernel_estimate(ChannelId ch) const {
+    auto it = channels_.find(ch);
+    return it == channels_.end() ? 0 : it->second.kernel_estimate;
 }
 
 void Accounting::arm_read() {
@@ -167,14 +224,18 @@ void Accounting::arm_read() {
 }
 
 void Accounting::settle_read() {
+    Entry entry(*this);
     const Time t = clock_.now();
     const std::optional<ChannelId> running = read();
     ++settle_step_;
+    const std::optional<ChannelId> kicked = std::exchange(kicked_, std::nullopt);
     if (running) {
         // Started between the previous look and this one; right after the
         // previous one if they are this close (a client resubmitting on its
-        // completion).
-        if (t - last_seen_ <= kExactStart)
+        // completion), or at the doorbell the host forwarded just before.
+        if (kicked && running == kicked && kicked_at_ >= last_seen_ && t - kicked_at_ <= kExactStart)
+            now_running(running, kicked_at_, kicked_at_);
+        else if (t - last_seen_ <= kExactStart)
             now_running(running, last_seen_, last_seen_);
         else
             now_running(running, last_seen_, t);
@@ -185,6 +246,7 @@ void Accounting::settle_read() {
 }
 
 void Accounting::slice_read() {
+    Entry entry(*this);
     const Time t = clock_.now();
     const std::optional<ChannelId> running = read();
     if (running && running == current_) {

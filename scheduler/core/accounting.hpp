@@ -12,15 +12,20 @@
 // the first start seen), which catches a client that resubmits on its
 // completion.  A start later than that is charged the kernel length learned
 // from kernels seen whole, bounded by the time since the engine was seen
-// idle.  On a preemptive GPU the host knows the time slice it programmed, so
-// the engine status is read once per slice end while busy.  Engine-status
-// reads a policy makes anyway are free observations.
+// idle.  A start the host causes itself (it released held work or forwarded
+// a trapped doorbell) is read at once, so it is exact.  On a preemptive GPU
+// the host knows the time slice it programmed, so the engine status is read
+// once per slice end while busy.  Engine-status reads a policy makes anyway
+// are free observations.  A listener hears every charge and every change of
+// the channel seen on the engine: policies charge their virtual time from
+// here instead of polling the engine themselves.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <optional>
 #include <unordered_map>
+#include <vector>
 
 #include "entity_tree.hpp"
 #include "gpu_device.hpp"
@@ -32,6 +37,12 @@ class Accounting {
 public:
     // One engine-status register read (the scheduler counts its cost).
     using StatusRead = std::function<std::optional<ChannelId>()>;
+    struct Listener {
+        // `d` of GPU time charged to `ch` (its leaf's total grew by d).
+        std::function<void(ChannelId ch, Duration d)> charged;
+        // The channel seen on the engine changed (nullopt: idle).
+        std::function<void(std::optional<ChannelId> running)> running;
+    };
 
     Accounting(const Clock& clock, Timers& timers, StatusRead read, EngineArbitration engine);
     Accounting(const Accounting&) = delete;
@@ -49,6 +60,18 @@ public:
     void channel_error(ChannelId ch);
     // Someone else read the engine status now: an observation for free.
     void observed(std::optional<ChannelId> running);
+    // The host itself just wrote `ch`'s doorbell (released held work): if the
+    // engine was idle, whatever starts now starts now.  Reads the engine.
+    void host_kicked(ChannelId ch);
+    // A trapped doorbell of `ch`, forwarded to the GPU right after this call:
+    // read the engine once that happened.
+    void doorbell_forwarded(ChannelId ch);
+
+    void set_listener(Listener l) { listener_ = std::move(l); }
+    // The channel on the engine as last seen (no read).
+    std::optional<ChannelId> running() const { return current_; }
+    // Mean length of `ch`'s kernels seen whole; 0 if none yet.
+    Duration kernel_estimate(ChannelId ch) const;
 
     // GPU time of a leaf since it appeared, the running stint up to now included.
     Duration gpu_time(EntityId leaf) const;
@@ -92,6 +115,31 @@ private:
     Time last_seen_ = 0;                // last observation of the engine
     Time slice_end_ = 0;                // preemptive: when current_'s slice ends
     std::size_t settle_step_ = 0;       // settle reads made since the engine went idle
+    std::optional<ChannelId> kicked_;   // a doorbell the host forwarded, read after it
+    Time kicked_at_ = -1;
+
+    // Events reach the listener only once the entry point that made them is
+    // done, so a listener may call back into the accounting (a policy that
+    // unshadows releases work: host_kicked) and always sees it consistent.
+    struct Event {
+        bool is_charge;
+        ChannelId ch;
+        Duration d;
+        std::optional<ChannelId> running;
+    };
+    class Entry {
+    public:
+        explicit Entry(Accounting& a) : a_(a) { ++a_.depth_; }
+        ~Entry();
+        Entry(const Entry&) = delete;
+        Entry& operator=(const Entry&) = delete;
+    private:
+        Accounting& a_;
+    };
+    Listener listener_;
+    std::vector<Event> events_;
+    int depth_ = 0;
+    bool delivering_ = false;
     std::uint64_t reads_ = 0;
 };
 

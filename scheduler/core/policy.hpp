@@ -43,6 +43,11 @@ public:
     virtual std::uint32_t release(ChannelId ch, std::uint32_t max) = 0;
     // Engine status register read (an MMIO read; counted as a poll).
     virtual std::optional<ChannelId> engine_status() = 0;
+    // The scheduler's own accounting (scheduler/core/accounting.hpp), the same
+    // under every policy: the channel it last saw on the engine (no read), and
+    // the mean length of a channel's kernels seen whole (0: none yet).
+    virtual std::optional<ChannelId> running_seen() const = 0;
+    virtual Duration kernel_estimate(ChannelId ch) const = 0;
 };
 
 class Policy {
@@ -65,6 +70,14 @@ public:
     virtual void channel_error(ChannelId ch, std::uint32_t error) = 0;
     // Held work of a channel reached the GPU on unshadow/release.
     virtual void released(ChannelId, std::uint32_t /*entries*/) {}
+    // A shadowed channel's guest stored new work into its shadow page (the
+    // device reports it on the doorbell, as a trap): `held` entries wait.
+    virtual void work_held(ChannelId, std::uint32_t /*held*/) {}
+    // The accounting charged `d` of GPU time to a channel, and the channel it
+    // sees on the engine changed.  Policies that keep virtual time charge it
+    // from here: no policy needs to poll the engine status to account.
+    virtual void charged(ChannelId, Duration) {}
+    virtual void engine_changed(std::optional<ChannelId> /*running*/) {}
 
     // GPU time the policy believes a leaf has used (accounting accuracy);
     // nullopt when the policy does not account.

@@ -20,6 +20,9 @@ Scheduler::Scheduler(GpuDevice& gpu, const Clock& clock, Timers& timers,
           },
           gpu.arbitration()) {
     if (!policy_) throw std::invalid_argument("scheduler needs a policy");
+    accounting_.set_listener(
+        {[this](ChannelId ch, Duration d) { on_accounting_event({true, ch, d, std::nullopt}); },
+         [this](std::optional<ChannelId> running) { on_accounting_event({false, 0, 0, running}); }});
     gpu_.set_interrupt_handler(this);
     tree_.set_listener([this](EntityTree::Change c, EntityId id) {
         if (c == EntityTree::Change::Added && by_entity_.size() <= id) by_entity_.resize(id + 1);
@@ -37,20 +40,43 @@ Scheduler::~Scheduler() {
 template <class F> void Scheduler::call_policy(F&& f) {
     // A policy call can nest another (set_mode -> apply_mode -> released):
     // only the outermost one is timed, so nothing is counted twice.
-    struct Depth {
-        int& d;
-        ~Depth() { --d; }
-    } depth{++policy_depth_};
-    if (policy_depth_ > 1) {
+    if (policy_depth_ > 0) {
         f();
         return;
     }
     ++stats_.policy_calls;
     auto t0 = std::chrono::steady_clock::now();
-    f();
+    {
+        struct Depth {
+            int& d;
+            explicit Depth(int& depth) : d(depth) { ++d; }
+            ~Depth() { --d; }
+        } depth{policy_depth_};
+        f();
+        deliver_accounting();  // what the accounting saw meanwhile, in the same entry
+    }
     stats_.policy_cpu += std::chrono::duration_cast<std::chrono::nanoseconds>(
                              std::chrono::steady_clock::now() - t0)
                              .count();
+}
+
+void Scheduler::on_accounting_event(AccountingEvent e) {
+    accounting_events_.push_back(e);
+    // Outside any policy call (the accounting's own reads): one entry now.
+    if (policy_depth_ == 0) call_policy([] {});
+}
+
+void Scheduler::deliver_accounting() {
+    // Events the policy causes meanwhile (an unshadow releases work, which
+    // the accounting reads) are appended and delivered in this loop.
+    for (std::size_t i = 0; i < accounting_events_.size(); ++i) {
+        const AccountingEvent e = accounting_events_[i];
+        if (e.is_charge)
+            policy_->charged(e.ch, e.d);
+        else
+            policy_->engine_changed(e.running);
+    }
+    accounting_events_.clear();
 }
 
 TimerId Scheduler::PolicyTimers::arm(Time at, std::function<void()> fn) {
@@ -77,7 +103,8 @@ ChannelId Scheduler::open_channel(EntityId leaf, ChannelMemory mem) {
     ChannelId ch = gpu_.create_channel(mem);
     ChannelState st;
     st.shadow = std::make_unique<ShadowChannel>(
-        gpu_, ch, [this](ChannelId c, std::uint32_t put) { on_trap(c, put); });
+        gpu_, ch, [this](ChannelId c, std::uint32_t put) { on_trap(c, put); },
+        [this](ChannelId c, std::uint32_t held) { on_held(c, held); });
     st.owner = leaf;
     st.remap_timer = std::make_unique<Timer>(timers_);
     channels_.emplace(ch, std::move(st));
@@ -153,6 +180,7 @@ void Scheduler::apply_mode(ChannelId ch) {
     if (mode_listener_ && sc.mode() != before) mode_listener_(ch, sc.mode());
     if (std::uint32_t n = sc.take_released()) {
         stats_.released_entries += n;
+        accounting_.host_kicked(ch);
         call_policy([&] { policy_->released(ch, n); });
     }
 }
@@ -164,6 +192,7 @@ std::uint32_t Scheduler::release(ChannelId ch, std::uint32_t max) {
     std::uint32_t n = sc.release(max);
     sc.take_released();
     stats_.released_entries += n;
+    if (n > 0) accounting_.host_kicked(ch);
     return n;
 }
 
@@ -178,14 +207,26 @@ std::optional<ChannelId> Scheduler::engine_status() {
 void Scheduler::on_trap(ChannelId ch, std::uint32_t put) {
     ++stats_.traps;
     stats_.mechanism_cpu += costs_.trap;
+    accounting_.doorbell_forwarded(ch);
     call_policy([&] { policy_->doorbell_trapped(ch, put); });
+}
+
+void Scheduler::on_held(ChannelId ch, std::uint32_t held) {
+    ++stats_.held_reports;
+    stats_.mechanism_cpu += costs_.trap;
+    call_policy([&] { policy_->work_held(ch, held); });
 }
 
 void Scheduler::on_fence(ChannelId ch, std::uint32_t fence) {
     if (!channels_.count(ch)) return;
     ++stats_.fences;
-    accounting_.fence(ch);
-    call_policy([&] { policy_->fence(ch, fence); });
+    // One entry: the accounting charges the kernel first, then the policy
+    // hears the interrupt.
+    call_policy([&] {
+        accounting_.fence(ch);
+        deliver_accounting();
+        policy_->fence(ch, fence);
+    });
 }
 
 void Scheduler::on_channel_error(ChannelId ch, std::uint32_t error) {

@@ -35,6 +35,7 @@ struct SchedulerStats {
     std::uint64_t fences = 0;
     std::uint64_t channel_errors = 0;
     std::uint64_t released_entries = 0;
+    std::uint64_t held_reports = 0;  // shadowed doorbells reporting new held work
     // Host CPU the mechanisms cost, from MechanismCosts (deterministic).
     Duration mechanism_cpu = 0;
     // Entries into policy code: callbacks, traps, interrupts and the policy's
@@ -85,6 +86,8 @@ public:
     std::uint32_t held(ChannelId ch) const override;
     std::uint32_t release(ChannelId ch, std::uint32_t max) override;
     std::optional<ChannelId> engine_status() override;
+    std::optional<ChannelId> running_seen() const override { return accounting_.running(); }
+    Duration kernel_estimate(ChannelId ch) const override { return accounting_.kernel_estimate(ch); }
 
 private:
     struct ChannelState {
@@ -97,6 +100,18 @@ private:
     void on_fence(ChannelId ch, std::uint32_t fence) override;
     void on_channel_error(ChannelId ch, std::uint32_t error) override;
     void on_trap(ChannelId ch, std::uint32_t put);
+    void on_held(ChannelId ch, std::uint32_t held);
+    // Accounting events (charges, engine changes) reach the policy at the end
+    // of the outermost policy call, so a policy is never entered again from
+    // inside itself.
+    struct AccountingEvent {
+        bool is_charge;
+        ChannelId ch;
+        Duration d;
+        std::optional<ChannelId> running;
+    };
+    void on_accounting_event(AccountingEvent e);
+    void deliver_accounting();
     void apply_mode(ChannelId ch);
     ChannelState& state(ChannelId ch);
     const ChannelState& state(ChannelId ch) const;
@@ -130,6 +145,7 @@ private:
     ErrorListener error_listener_;
     ModeListener mode_listener_;
     int policy_depth_ = 0;
+    std::vector<AccountingEvent> accounting_events_;
     static const std::vector<ChannelId> kNoChannels;
 };
 

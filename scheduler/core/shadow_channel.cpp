@@ -11,10 +11,12 @@ std::string_view to_string(ChannelMode m) {
     return "?";
 }
 
-ShadowChannel::ShadowChannel(GpuDevice& gpu, ChannelId ch, TrapHandler on_trap)
-    : gpu_(&gpu), ch_(ch), on_trap_(std::move(on_trap)), guest_put_(gpu.read_ib_put(ch)) {}
+ShadowChannel::ShadowChannel(GpuDevice& gpu, ChannelId ch, TrapHandler on_trap, HeldHandler on_held)
+    : gpu_(&gpu), ch_(ch), on_trap_(std::move(on_trap)), on_held_(std::move(on_held)),
+      guest_put_(gpu.read_ib_put(ch)) {}
 
 bool ShadowChannel::guest_write_put(std::uint32_t put) {
+    const std::uint32_t before = guest_put_;
     guest_put_ = put;
     switch (mode_) {
     case ChannelMode::Direct:
@@ -26,6 +28,7 @@ bool ShadowChannel::guest_write_put(std::uint32_t put) {
         if (mode_ != ChannelMode::Shadowed) gpu_->write_ib_put(ch_, put);
         return true;
     case ChannelMode::Shadowed:
+        if (put != before && on_held_) on_held_(ch_, held());
         return false;
     }
     return false;

@@ -26,7 +26,11 @@ public:
     // Called for each trapped doorbell write, before it is forwarded.
     using TrapHandler = std::function<void(ChannelId, std::uint32_t put)>;
 
-    ShadowChannel(GpuDevice& gpu, ChannelId ch, TrapHandler on_trap);
+    // Called when a shadowed channel's guest stores new work into the shadow
+    // page: the device reports it on the doorbell store, which exits.
+    using HeldHandler = std::function<void(ChannelId, std::uint32_t held)>;
+
+    ShadowChannel(GpuDevice& gpu, ChannelId ch, TrapHandler on_trap, HeldHandler on_held = {});
 
     ChannelId id() const { return ch_; }
     ChannelMode mode() const { return mode_; }
@@ -58,6 +62,7 @@ private:
     GpuDevice* gpu_;
     ChannelId ch_;
     TrapHandler on_trap_;
+    HeldHandler on_held_;
     ChannelMode mode_ = ChannelMode::Direct;
     std::uint32_t guest_put_ = 0;    // IB_PUT as the guest last wrote it
     std::uint32_t shadow_get_ = 0;   // IB_GET frozen in the shadow page

@@ -62,6 +62,7 @@ nlohmann::json to_json(const SimResult& r) {
                        {"fences", r.stats.fences},
                        {"channel_errors", r.stats.channel_errors},
                        {"released_entries", r.stats.released_entries},
+                       {"held_reports", r.stats.held_reports},
                        {"policy_calls", r.stats.policy_calls}};
     j["policy_counters"] = r.policy_counters;
     j["events"] = r.events;

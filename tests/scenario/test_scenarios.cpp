@@ -35,10 +35,9 @@ const EntityResult& entity(const SimResult& r, const std::string& path) {
 std::string describe(const SimResult& r) { return to_table(r); }
 
 // Relative error of the scheduler's accounting against the ground truth:
-// at most 0.61% on every bundled scenario, policy and GPU model, except
-// design-example under hfq (1.7%: its work-conserving releases start held
-// kernels on an idle engine, seen only by the settle reads).
-constexpr double kMeasuredAccuracy = 0.02;
+// issue 12's target, 1%, on every bundled scenario, policy and GPU model
+// (measured at most 0.27%: docs/results.md section 6).  Deterministic.
+constexpr double kMeasuredAccuracy = 0.01;
 
 }  // namespace
 
@@ -157,7 +156,7 @@ TEST_CASE("hfq accounting tracks true GPU time (LoGA fig 9/10)", "[scenario][acc
         INFO(e.path);
         REQUIRE(e.accounted);
         double err = std::abs(double(*e.accounted - e.gpu_time_total)) / double(e.gpu_time_total);
-        CHECK(err <= 0.025);
+        CHECK(err <= kMeasuredAccuracy);
     }
 }
 

@@ -214,7 +214,10 @@ TEST_CASE("channels and entities can leave while hfq runs", "[hfq]") {
 }
 
 TEST_CASE("hfq rejects bad parameters", "[hfq]") {
-    CHECK_THROWS_WITH(make_policy("hfq", {{"poll_us", 0}}), Catch::Contains("poll_us"));
+    CHECK_THROWS_WITH(make_policy("hfq", {{"idle_us", 0}}), Catch::Contains("idle_us"));
+    CHECK_THROWS_WITH(make_policy("hfq", {{"anticipate_us", -1}}), Catch::Contains("anticipate_us"));
+    // Older configurations still load: the poll parameters have no effect now.
+    CHECK_NOTHROW(make_policy("hfq", {{"poll_us", 0}, {"settle_us", 0}}));
     CHECK_THROWS_WITH(make_policy("hfq", {{"unblock_ms", 5}, {"threshold_ms", 1}}),
                       Catch::Contains("unblock_ms"));
     CHECK_THROWS_WITH(make_policy("hfq", {{"bogus", 1}}), Catch::Contains("bogus"));

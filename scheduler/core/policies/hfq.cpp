@@ -1,9 +1,10 @@
 // `hfq`: hierarchical fair queuing with continuous, event-based accounting.
 //
-// Accounting (LoGA-style): at every fence interrupt and at every poll of the
-// engine status register, the time since the last observation is charged to
-// the channel that was on the engine.  No exclusive sampling phase, no traps
-// while busy.
+// Accounting: the scheduler's own (scheduler/core/accounting.*, the same under
+// every policy) charges GPU time from completion interrupts and engine-status
+// reads at those moments; hfq advances its virtual time by those charges.  It
+// never polls the engine: no exclusive sampling phase, no traps while busy, no
+// wake-ups while the GPU runs.
 //
 // Fairness (CFS group scheduling): every inner entity has a run queue of its
 // backlogged children ordered by per-level virtual time; a child's vtime
@@ -17,8 +18,10 @@
 // Work conservation: if the engine stays idle for a short grace period while
 // shadowed channels hold work, the least-ahead of them gets one entry released
 // from its shadow page (a partial release: no remap, it stays blocked).
-// When nothing at all is running the policy stops polling and arms doorbell
-// traps instead, so an idle host costs no CPU.
+// A shadowed leaf's new work is seen from the device's report of its
+// doorbell (work_held), a direct leaf's from its completions and the
+// accounting's reads.  When nothing has had work for `idle_us`, every
+// channel traps its next doorbell, so a returning host is seen at once.
 //
 // Anticipation (BFQ's idling, Iyer and Druschel's anticipatory scheduler): a
 // leaf that runs unblocked and has just gone idle between bursts is likely
@@ -76,8 +79,12 @@ struct Node {
 };
 
 struct Params {
-    Duration threshold, unblock, lag, poll, settle, idle, grace, anticipate;
+    Duration threshold, unblock, lag, idle, grace, anticipate;
 };
+
+// How late the return of a leaf held for is seen: the accounting reads an
+// idle engine a few times over about a millisecond.
+constexpr Duration kReturnSeenWithin = 1 * kMillisecond;
 
 class HfqPolicy final : public Policy {
 public:
@@ -87,15 +94,13 @@ public:
 
     void start(PolicyContext& ctx) override {
         ctx_ = &ctx;
-        poll_timer_.bind(ctx.timers());
+        idle_timer_.bind(ctx.timers());
         grace_timer_.bind(ctx.timers());
-        last_t_ = ctx.now();
-        settle_ = p_.settle;
-        start_polling();
+        arm_idle_check(ctx.now() + p_.idle);
     }
 
     void stop() override {
-        poll_timer_.cancel();
+        idle_timer_.cancel();
         grace_timer_.cancel();
         for (auto& [ch, leaf] : chans_) ctx_->set_mode(ch, ChannelMode::Direct);
     }
@@ -110,8 +115,6 @@ public:
 
     void channel_removed(ChannelId ch, EntityId leaf) override {
         chans_.erase(ch);
-        kernel_est_.erase(ch);
-        if (last_running_ == ch) last_running_.reset();
         // The scheduler drops the channel after this call.
         bool others = false;
         for (ChannelId c : ctx_->channels_of(leaf)) others = others || (c != ch && has_work(c));
@@ -126,7 +129,6 @@ public:
             if (id < nodes_.size()) nodes_[id] = Node{};
             shadowed_leaves_.erase(id);
             idle_candidates_.erase(id);
-            dormant_shadowed_.erase(id);
         } else if (c == EntityTree::Change::Weight) {
             // New weights apply to future charges; re-check the sibling level now.
             // A policy set at run time learns entities from their channels: a
@@ -143,15 +145,23 @@ public:
         if (auto it = chans_.find(ch); it != chans_.end()) mark_busy(it->second);
     }
 
+    void work_held(ChannelId ch, std::uint32_t) override {
+        if (auto it = chans_.find(ch); it != chans_.end()) mark_busy(it->second);
+        // New held work while the engine idles: work conservation may feed it.
+        after_event();
+    }
+
     void fence(ChannelId ch, std::uint32_t) override {
-        observe(ch);
         touch(ch);
         after_event();
     }
 
-    void channel_error(ChannelId ch, std::uint32_t) override {
-        observe(std::nullopt);
-        if (last_running_ == ch) last_running_.reset();
+    void channel_error(ChannelId, std::uint32_t) override { after_event(); }
+
+    void charged(ChannelId ch, Duration d) override { charge(ch, d); }
+
+    void engine_changed(std::optional<ChannelId> running) override {
+        if (running) touch(*running);
         after_event();
     }
 
@@ -187,54 +197,6 @@ private:
     }
 
     // ---- accounting ----
-
-    // An observation at now(): a fence interrupt of `fence_of` (its channel
-    // was on the engine just before now), or a poll when nullopt.
-    void observe(std::optional<ChannelId> fence_of) {
-        Time now = ctx_->now();
-        Duration delta = now - last_t_;
-        std::optional<ChannelId> running = ctx_->engine_status();
-        std::optional<ChannelId> evidence = fence_of ? fence_of : running;
-        if (delta > 0) {
-            if (last_running_ && evidence && *last_running_ == *evidence) {
-                charge(*last_running_, delta);
-                // A whole kernel seen from start (our last fence) to end: learn it.
-                if (fence_of && last_was_fence_of_ == *fence_of) learn(*fence_of, delta);
-            } else if (evidence) {
-                // A switch happened somewhere in the interval.  A fence's own
-                // kernel ran at most about its usual length; a poll tells less.
-                Duration mine = delta / 2;
-                if (fence_of) {
-                    auto it = kernel_est_.find(*fence_of);
-                    if (it != kernel_est_.end()) mine = std::min<Duration>(delta, it->second);
-                }
-                if (last_running_)
-                    charge(*last_running_, delta - mine);
-                charge(*evidence, mine);
-            } else if (last_running_) {
-                charge(*last_running_, delta / 2);
-            }
-        }
-        last_t_ = now;
-        last_running_ = running;
-        last_was_fence_of_ = fence_of && running == fence_of ? *fence_of : 0;
-        if (running) {
-            touch(*running);
-            settle_ = p_.settle;
-        } else if (active_leaves_ > 0) {
-            // The engine just went idle while entities are backlogged: a direct
-            // channel will likely start without telling us.  Look again soon,
-            // backing off to the normal poll period, so its start is seen.
-            schedule_poll(now + settle_);
-            settle_ = std::min(settle_ * 2, p_.poll);
-        }
-    }
-
-    // Exponentially weighted mean of whole-kernel times seen on a channel.
-    void learn(ChannelId ch, Duration d) {
-        auto [it, fresh] = kernel_est_.try_emplace(ch, d);
-        if (!fresh) it->second += (d - it->second) / 8;
-    }
 
     void charge(ChannelId ch, Duration d) {
         auto it = chans_.find(ch);
@@ -272,6 +234,7 @@ private:
         } else if (nodes_[leaf].idle_since < 0) {
             nodes_[leaf].idle_since = ctx_->now();
             idle_candidates_.insert(leaf);
+            arm_idle_check(ctx_->now() + p_.idle);
         }
     }
 
@@ -279,10 +242,10 @@ private:
         Node& n = nodes_[leaf];
         if (n.idle_since >= 0) {
             // Back from a think.  Seen while the engine was held for it, the
-            // time is close (settle polls); seen while a fed kernel ran, it
-            // is only an upper bound and may only lower the estimate.
+            // time is close (the accounting's settle reads); seen while a fed
+            // kernel ran, it is only an upper bound and may only lower the estimate.
             Duration t = ctx_->now() - n.idle_since;
-            if (ctx_->now() <= held_until_ + p_.poll)
+            if (ctx_->now() <= held_until_ + kReturnSeenWithin)
                 n.think = n.think < 0 ? t : n.think + (t - n.think) / 4;
             else if (n.think >= 0)
                 n.think = std::min(n.think, t);
@@ -302,10 +265,7 @@ private:
         n.vtime = std::max(n.vtime, rq.floor - static_cast<double>(p_.lag));
         n.active = true;
         n.blocked = false;
-        if (ctx_->tree().is_leaf(id)) {
-            ++active_leaves_;
-            watch(id);
-        }
+        if (ctx_->tree().is_leaf(id)) ++active_leaves_;
         rq.open.insert({n.vtime, id});
         activate(parent);
         rebalance(parent);
@@ -323,7 +283,7 @@ private:
         if (ctx_->tree().is_leaf(id)) {
             --active_leaves_;
             idle_candidates_.erase(id);
-            watch(id);
+            if (active_leaves_ == 0) arm_idle_check(ctx_->now() + p_.idle);
         }
         if (n.blocked) {
             n.blocked = false;
@@ -363,16 +323,6 @@ private:
         refresh(k.id);
     }
 
-    // Shadowed leaves out of the run queue are the only ones whose new work we
-    // cannot see by fence or engine status: poll() reads their shadow pages.
-    void watch(EntityId leaf) {
-        const Node& n = nodes_[leaf];
-        if (n.shadowed && !n.active)
-            dormant_shadowed_.insert(leaf);
-        else
-            dormant_shadowed_.erase(leaf);
-    }
-
     // Re-derive the channel modes of every leaf below `id`.
     void refresh(EntityId id) {
         const Entity& e = ctx_->tree().get(id);
@@ -389,66 +339,44 @@ private:
             shadowed_leaves_.insert(id);
         else
             shadowed_leaves_.erase(id);
-        watch(id);
         if (idle_armed_) return;  // modes are restored on wake-up
         for (ChannelId ch : ctx_->channels_of(id))
             ctx_->set_mode(ch, shadow ? ChannelMode::Shadowed : ChannelMode::Direct);
     }
 
-    // ---- polling, idleness, work conservation ----
+    // ---- idleness, work conservation ----
 
-    void start_polling() { schedule_poll(ctx_->now() + next_poll_period()); }
-
-    // Poll periods are dithered over [poll/2, 3*poll/2): a fixed period can
-    // lock onto the GPU's own time slice and bias the split of every interval
-    // that holds a channel switch.  Dithering makes the switch land uniformly.
-    Duration next_poll_period() {
-        dither_ ^= dither_ << 13;
-        dither_ ^= dither_ >> 7;
-        dither_ ^= dither_ << 17;
-        return p_.poll / 2 + static_cast<Duration>(dither_ % static_cast<std::uint64_t>(p_.poll));
+    void arm_idle_check(Time at) {
+        if (idle_timer_.armed() && idle_check_at_ <= at) return;
+        idle_check_at_ = at;
+        idle_timer_.arm(at, [this] { idle_check(); });
     }
 
-    // Poll at `at`, or earlier if a poll is already due before then.
-    void schedule_poll(Time at) {
-        if (poll_timer_.armed() && poll_at_ <= at) return;
-        poll_at_ = at;
-        poll_timer_.arm(at, [this] { poll(); });
-    }
-
-    void poll() {
-        observe(std::nullopt);
-        Time now = ctx_->now();
-        // Guests of shadowed channels write into our own pages: look there.
-        std::vector<EntityId> woke;
-        for (EntityId leaf : dormant_shadowed_)
-            if (leaf_has_work(leaf)) woke.push_back(leaf);
-        for (EntityId leaf : woke) mark_busy(leaf);
+    // Leaves without work for `idle_us` leave the run queue; once none is
+    // left and the engine is idle, every doorbell traps.
+    void idle_check() {
+        const Time now = ctx_->now();
         std::vector<EntityId> quiet;
-        for (EntityId leaf : idle_candidates_)
-            if (now - nodes_[leaf].idle_since >= p_.idle) quiet.push_back(leaf);
+        Time next = -1;
+        for (EntityId leaf : idle_candidates_) {
+            const Time due = nodes_[leaf].idle_since + p_.idle;
+            if (now >= due)
+                quiet.push_back(leaf);
+            else if (next < 0 || due < next)
+                next = due;
+        }
         for (EntityId leaf : quiet) {
             if (leaf_has_work(leaf))
                 mark_busy(leaf);
             else
                 deactivate(leaf);
         }
-        bool any_active = active_leaves_ > 0;
+        if (next >= 0) arm_idle_check(next);
+        if (active_leaves_ == 0 && !idle_armed_ && !ctx_->running_seen() && !chans_.empty()) arm_idle();
         after_event();
-        if (any_active || last_running_) {
-            quiet_since_ = -1;
-            schedule_poll(now + next_poll_period());
-        } else if (quiet_since_ < 0) {
-            quiet_since_ = now;
-            schedule_poll(now + next_poll_period());
-        } else if (now - quiet_since_ < p_.idle) {
-            schedule_poll(now + next_poll_period());
-        } else {
-            arm_idle();
-        }
     }
 
-    // Nothing runs and nothing waits: trap the next doorbell instead of polling.
+    // Nothing runs and nothing waits: trap the next doorbell.
     void arm_idle() {
         idle_armed_ = true;
         ++idle_arms_;
@@ -457,19 +385,15 @@ private:
 
     void wake_from_idle() {
         idle_armed_ = false;
-        quiet_since_ = -1;
-        last_t_ = ctx_->now();
-        last_running_.reset();
         for (auto& [ch, leaf] : chans_)
             ctx_->set_mode(ch, nodes_[leaf].shadowed ? ChannelMode::Shadowed : ChannelMode::Direct);
-        start_polling();
     }
 
     void after_event() {
-        if (last_running_) {
+        if (const std::optional<ChannelId> running = ctx_->running_seen()) {
             // Unblocked work is running again: work conservation can rest.
-            if (!nodes_[chans_.count(*last_running_) ? chans_[*last_running_] : kRootEntity].shadowed)
-                feeding_ = false;
+            auto it = chans_.find(*running);
+            if (it == chans_.end() || !nodes_[it->second].shadowed) feeding_ = false;
             return;
         }
         Time now = ctx_->now();
@@ -519,8 +443,7 @@ private:
         if (leaf == kNoEntity) return 0;
         Duration est = std::numeric_limits<Duration>::max();
         for (ChannelId ch : ctx_->channels_of(leaf))
-            if (auto it = kernel_est_.find(ch); it != kernel_est_.end() && ctx_->held(ch) > 0)
-                est = std::min(est, it->second);
+            if (Duration k = ctx_->kernel_estimate(ch); k > 0 && ctx_->held(ch) > 0) est = std::min(est, k);
         return est;
     }
 
@@ -573,21 +496,13 @@ private:
     std::vector<Node> nodes_;
     std::unordered_map<ChannelId, EntityId> chans_;
     std::set<EntityId> shadowed_leaves_;
-    std::set<EntityId> idle_candidates_;   // active leaves seen without work
-    std::set<EntityId> dormant_shadowed_;  // shadowed leaves not in a run queue
+    std::set<EntityId> idle_candidates_;  // active leaves seen without work
     std::size_t active_leaves_ = 0;
-    Timer poll_timer_;
-    Time poll_at_ = 0;
-    Duration settle_ = 0;
-    std::uint64_t dither_ = 0x9e3779b97f4a7c15ULL;  // xorshift state, fixed for determinism
+    Timer idle_timer_;
+    Time idle_check_at_ = 0;
     Timer grace_timer_;
     Time grace_at_ = 0;
     Time held_until_ = -1;  // end of the last anticipation hold
-    Time last_t_ = 0;
-    std::optional<ChannelId> last_running_;
-    ChannelId last_was_fence_of_ = 0;  // channel whose fence the last observation was, if it kept running
-    std::unordered_map<ChannelId, Duration> kernel_est_;
-    Time quiet_since_ = -1;
     bool idle_armed_ = false;
     bool feeding_ = false;  // work conservation is handing out held entries
     std::uint64_t blocks_ = 0, unblocks_ = 0, wc_releases_ = 0, idle_arms_ = 0, anticipations_ = 0;
@@ -603,9 +518,10 @@ PolicyInfo hfq_info() {
                 {"threshold_ms", 2.0, "block a sibling once it is this far ahead in weighted GPU time"},
                 {"unblock_ms", 0.5, "unblock it once it is back within this"},
                 {"lag_ms", 2.0, "credit an entity keeps across idle periods"},
-                {"poll_us", 500.0, "engine status poll period while the GPU is busy"},
-                {"settle_us", 5.0, "first re-poll after the engine is seen idle with work pending"},
                 {"idle_us", 2000.0, "an entity without work this long leaves the run queue"},
+                // Accepted so that older configurations still load.
+                {"poll_us", 500.0, "no effect: hfq no longer polls the engine (the scheduler's accounting charges it)"},
+                {"settle_us", 5.0, "no effect: the scheduler's accounting reads an idle engine itself"},
                 {"grace_us", 20.0, "GPU idle this long with held work releases one entry of it"},
                 {"anticipate_us", 0.0,
                  "hold the GPU idle for an unblocked leaf between bursts for twice its learned think "
@@ -617,11 +533,9 @@ std::unique_ptr<Policy> make_hfq(const PolicyParams& p) {
     PolicyInfo info = hfq_info();
     auto get = [&](const char* n) { return param_or_default(p, info, n); };
     Params params{from_us(get("threshold_ms") * 1000), from_us(get("unblock_ms") * 1000),
-                  from_us(get("lag_ms") * 1000),       from_us(get("poll_us")),
-                  from_us(get("settle_us")),           from_us(get("idle_us")),
-                  from_us(get("grace_us")),          from_us(get("anticipate_us"))};
-    if (params.poll <= 0) throw std::invalid_argument("hfq: poll_us must be positive");
-    if (params.settle <= 0) throw std::invalid_argument("hfq: settle_us must be positive");
+                  from_us(get("lag_ms") * 1000),       from_us(get("idle_us")),
+                  from_us(get("grace_us")),            from_us(get("anticipate_us"))};
+    if (params.idle <= 0) throw std::invalid_argument("hfq: idle_us must be positive");
     if (params.anticipate < 0) throw std::invalid_argument("hfq: anticipate_us must not be negative");
     if (params.unblock > params.threshold)
         throw std::invalid_argument("hfq: unblock_ms must not exceed threshold_ms");
