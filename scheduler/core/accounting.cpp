@@ -18,6 +18,11 @@ constexpr Duration kSettleGaps[] = {0, 1 * kMicrosecond, 10 * kMicrosecond, 40 *
                                     150 * kMicrosecond, 800 * kMicrosecond};
 // A start seen between two reads this close is taken as exactly known.
 constexpr Duration kExactStart = 2 * kMicrosecond;
+// A busy non-preemptive engine is read once if nothing was seen for this
+// long (and twice its channel's usual kernel): a tenant may submit without
+// asking for completion interrupts, and its time must still be charged as
+// it runs, not all at once when something else finally interrupts.
+constexpr Duration kBusyWatch = 1 * kMillisecond;
 
 }  // namespace
 
@@ -81,7 +86,12 @@ void Accounting::charge(ChannelId ch, Duration d) {
 
 void Accounting::fence(ChannelId ch) {
     Entry entry(*this);
-    const Time t = clock_.now();
+    // The kernel ended at the GPU's timestamp if it writes one (the interrupt
+    // may run late on a busy host), never before what was already seen.
+    const Time now = clock_.now();
+    Time t = now;
+    if (completion_time_)
+        if (const std::optional<Time> done = completion_time_(ch)) t = std::clamp(*done, last_seen_, now);
     // The interrupt arrives after the engine moved on: the register names
     // the channel that started when this kernel ended.
     const std::optional<ChannelId> running = read();
@@ -117,6 +127,7 @@ void Accounting::fence(ChannelId ch) {
     c.preempted = false;
     current_ = ch;  // it was on the engine until now, whatever was believed
     now_running(running, t, t);
+    last_seen_ = now;  // the read above
 }
 
 void Accounting::channel_error(ChannelId ch) {
@@ -136,13 +147,22 @@ void Accounting::observed(std::optional<ChannelId> running) {
         last_seen_ = t;
         return;
     }
-    // The engine switched somewhere in (last_seen_, t]: at the slice end if
-    // one fell in there, else assume the middle (unbiased).
+    // The engine switched somewhere in (last_seen_, t]: when the channel we
+    // saw last completed a kernel in there, per the GPU's completion
+    // timestamp (a kernel that asked for no interrupt still gets one);
+    // else at the slice end if one fell in there; else assume the middle
+    // (unbiased).
     Time lo = last_seen_, hi = t;
-    if (engine_.preemptive && current_ && running && slice_end_ > last_seen_ && slice_end_ <= t) lo = hi = slice_end_;
+    std::optional<Time> done;
+    if (current_ && completion_time_) done = completion_time_(*current_);
+    if (done && *done > last_seen_ && *done <= t && (!engine_.preemptive || !running)) {
+        lo = hi = *done;
+    } else if (engine_.preemptive && current_ && running && slice_end_ > last_seen_ && slice_end_ <= t) {
+        lo = hi = slice_end_;
+    }
     if (current_) charge(*current_, lo + (hi - lo) / 2 - since_);
     // Taken off a preemptive engine without a completion: preempted.
-    if (engine_.preemptive && current_ && running) mark_preempted(*current_);
+    if (engine_.preemptive && current_ && running && lo != done) mark_preempted(*current_);
     now_running(running, lo, hi);
     last_seen_ = t;
 }
@@ -212,10 +232,13 @@ Duration Accounting::kernel_estimate(ChannelId ch) const {
 
 void Accounting::arm_read() {
     if (current_) {
-        if (engine_.preemptive && engine_.timeslice > 0)
+        if (engine_.preemptive && engine_.timeslice > 0) {
             read_timer_.arm(std::max(slice_end_, clock_.now()) + kSliceReadDelay, [this] { slice_read(); });
-        else
-            read_timer_.cancel();
+        } else {
+            auto it = channels_.find(*current_);
+            const Duration usual = it == channels_.end() ? 0 : 2 * it->second.kernel_estimate;
+            read_timer_.arm(clock_.now() + std::max(kBusyWatch, usual), [this] { busy_read(); });
+        }
     } else if (settle_step_ < std::size(kSettleGaps)) {
         read_timer_.arm(clock_.now() + kSettleGaps[settle_step_], [this] { settle_read(); });
     } else {
@@ -243,6 +266,24 @@ void Accounting::settle_read() {
         arm_read();
     }
     last_seen_ = t;
+}
+
+void Accounting::busy_read() {
+    Entry entry(*this);
+    const Time t = clock_.now();
+    const std::optional<ChannelId> running = read();
+    if (running && running == current_) {
+        // Still on the engine: charge what it ran so far (its kernel's start,
+        // if known exactly, still teaches the kernel's length at its fence).
+        // What is charged now is no longer a guess to correct at the fence.
+        charge(*current_, t - since_);
+        since_ = t;
+        start_slack_ = 0;
+        last_seen_ = t;
+        arm_read();
+    } else {
+        observed(running);
+    }
 }
 
 void Accounting::slice_read() {

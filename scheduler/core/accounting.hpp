@@ -68,6 +68,10 @@ public:
     void doorbell_forwarded(ChannelId ch);
 
     void set_listener(Listener l) { listener_ = std::move(l); }
+    // Where the GPU timestamps completions (GpuDevice::completion_time): a
+    // fence is charged up to that moment, not up to when its interrupt ran.
+    using CompletionTime = std::function<std::optional<Time>(ChannelId)>;
+    void set_completion_time(CompletionTime c) { completion_time_ = std::move(c); }
     // The channel on the engine as last seen (no read).
     std::optional<ChannelId> running() const { return current_; }
     // Mean length of `ch`'s kernels seen whole; 0 if none yet.
@@ -99,13 +103,14 @@ private:
     void now_running(std::optional<ChannelId> running, Time lo, Time hi);
     void arm_read();
     void slice_read();
+    void busy_read();
     void settle_read();
     void mark_preempted(ChannelId ch);
 
     const Clock& clock_;
     StatusRead read_;
     EngineArbitration engine_;
-    Timer read_timer_;  // slice-end reads while busy, settle reads while idle
+    Timer read_timer_;  // slice-end or watch reads while busy, settle reads while idle
     std::unordered_map<ChannelId, Channel> channels_;
     std::unordered_map<EntityId, Totals> totals_;
     std::optional<ChannelId> current_;  // on the engine as last seen
@@ -137,6 +142,7 @@ private:
         Accounting& a_;
     };
     Listener listener_;
+    CompletionTime completion_time_;
     std::vector<Event> events_;
     int depth_ = 0;
     bool delivering_ = false;

@@ -73,6 +73,11 @@ public:
 
     // Engine status register (LoGA): the channel whose context is on the engine.
     virtual std::optional<ChannelId> running_channel() const = 0;
+    // The GPU's timestamp of the channel's last completion, written with its
+    // fence (NVIDIA's semaphore release with timestamp, AMD's end-of-pipe
+    // timestamp): when it finished, however late the host's interrupt handler
+    // runs.  nullopt where the hardware writes none.
+    virtual std::optional<Time> completion_time(ChannelId) const { return std::nullopt; }
 
     // The arbitration the host configured (non-preemptive unless overridden).
     virtual EngineArbitration arbitration() const { return {}; }

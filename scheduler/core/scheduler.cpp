@@ -20,6 +20,7 @@ Scheduler::Scheduler(GpuDevice& gpu, const Clock& clock, Timers& timers,
           },
           gpu.arbitration()) {
     if (!policy_) throw std::invalid_argument("scheduler needs a policy");
+    accounting_.set_completion_time([this](ChannelId ch) { return gpu_.completion_time(ch); });
     accounting_.set_listener(
         {[this](ChannelId ch, Duration d) { on_accounting_event({true, ch, d, std::nullopt}); },
          [this](std::optional<ChannelId> running) { on_accounting_event({false, 0, 0, running}); }});

@@ -149,6 +149,12 @@ void SimGpu::run_segment() {
     });
 }
 
+std::optional<Time> SimGpu::completion_time(ChannelId ch) const {
+    const Channel& c = chan(ch);
+    if (c.completed_at < 0) return std::nullopt;
+    return c.completed_at;
+}
+
 Time SimGpu::engine_now() const { return engine_time_ >= 0 ? engine_time_ : clock_.now(); }
 
 void SimGpu::segment_end() {
@@ -191,6 +197,7 @@ void SimGpu::segment_end() {
     c.in_flight = false;
     ++c.completed;
     c.fence = e.fence;
+    c.completed_at = now;
     c.ctrl->fence = c.fence;
     update_ready(ch);
     if (cfg_.arbitration == Arbitration::Timeslice && now < slice_end_ && runnable(c)) {

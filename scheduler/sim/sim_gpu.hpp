@@ -54,6 +54,7 @@ public:
     std::uint32_t read_status(ChannelId ch) const override;
     bool pending(ChannelId ch) const override;
     std::optional<ChannelId> running_channel() const override;
+    std::optional<Time> completion_time(ChannelId ch) const override;
     void set_watchdog(Duration limit) override { cfg_.watchdog = limit; }
     EngineArbitration arbitration() const override {
         if (cfg_.arbitration != Arbitration::Timeslice) return {};
@@ -88,6 +89,7 @@ private:
         // progress from these, never from the page.
         std::uint32_t get = 0;
         std::uint32_t fence = 0;
+        Time completed_at = -1;        // engine time of the last completion
         // The kernel at `completed` when it was preempted or not started yet.
         bool in_flight = false;
         Duration remaining = 0;

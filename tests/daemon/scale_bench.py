@@ -7,8 +7,13 @@ of one core (from /proc over the same window).  Asserts nothing: numbers for
 docs/results.md.
 
 usage: scale_bench.py --pvgpud P --pvgpuctl P --load P [--clients N]
-                      [--seconds S] [--policy NAME] [--quick]
+                      [--seconds S] [--policy NAME] [--demo]
+                      [--compare BASE [--repeat R]] [--quick]
 --quick: 32 clients for 3 s (the smoke run of tests/run-all.sh).
+--demo: the demo's three host tasks (4 ms, 1 ms, 0.2 ms kernels) instead.
+--compare BASE: run BASE too, alternating R times, and print the median
+extra CPU of the policy over BASE (fraction of a core) and the ratio of
+their GPU busy fractions (issue 12: hfq over none on the demo load).
 """
 import argparse
 import os
@@ -27,31 +32,20 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pvgpud", required=True)
-    ap.add_argument("--pvgpuctl", required=True)
-    ap.add_argument("--load", required=True)
-    ap.add_argument("--clients", type=int, default=128)
-    ap.add_argument("--seconds", type=float, default=7.0)
-    ap.add_argument("--policy", default="hfq")
-    ap.add_argument("--quick", action="store_true")
-    ns = ap.parse_args()
-    if ns.quick:
-        ns.clients, ns.seconds = 32, 3.0
-    ns.libtest = None
-    bins = t.Bins(ns)
+def run_policy(ns, bins, policy, ks):
+    """One pvgpud under `policy` with a throttle per kernel length in `ks`;
+    the clients' Jain and U, the GPU's busy fraction (their own counts) and
+    pvgpud's CPU per core over the same window."""
     tmp = tempfile.mkdtemp(prefix="pvgpu-scale-")
-    d = t.Daemon(bins, tmp, ["--policy", ns.policy])
+    d = t.Daemon(bins, tmp, ["--policy", policy])
+    n = len(ks)
     with open(d.config, "w") as f:
         # All clients are this user's: lift the per-user host budgets.
-        f.write(f"[libvirt]\nuri = none\n[limits]\nmax_clients = {max(256, ns.clients)}\n"
-                f"host_clients = {max(256, ns.clients)}\nhost_clients_per_uid = {max(256, ns.clients)}\n"
-                f"host_channels = {max(1024, 2 * ns.clients)}\n"
-                f"host_channels_per_uid = {max(1024, 2 * ns.clients)}\n")
+        f.write(f"[libvirt]\nuri = none\n[limits]\nmax_clients = {max(256, n)}\n"
+                f"host_clients = {max(256, n)}\nhost_clients_per_uid = {max(256, n)}\n"
+                f"host_channels = {max(1024, 2 * n)}\n"
+                f"host_channels_per_uid = {max(1024, 2 * n)}\n")
     d.start()
-    n = ns.clients
-    ks = [int(250 + (2000 - 250) * i / max(1, n - 1)) for i in range(n)]
     loads = []
     try:
         loads = [t.throttle(bins, d, f"s{i:03d}", k, duration=ns.seconds + 60) for i, k in enumerate(ks)]
@@ -67,17 +61,60 @@ def main():
         c1, w1 = cpu_seconds(d.proc.pid), time.monotonic()
         shares, busy = t.measure_between(loads, ks, t0, t1, 60)
         jain, u = t.fairness_of(shares, [1 / n] * n)
-        cpu = (c1 - c0) / (w1 - w0)
-        tag = f"scale.{ns.policy}.{n}"
-        print(f"RESULT {tag}.jain={jain:.4f}")
-        print(f"RESULT {tag}.unfairness={u:.3f}")
-        print(f"RESULT {tag}.gpu_busy={busy:.3f}")
-        print(f"RESULT {tag}.pvgpud_core_fraction={cpu:.3f}")
+        return {"jain": jain, "unfairness": u, "gpu_busy": busy, "core": (c1 - c0) / (w1 - w0)}
     finally:
         for load in loads:
             load.kill()
         d.stop()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pvgpud", required=True)
+    ap.add_argument("--pvgpuctl", required=True)
+    ap.add_argument("--load", required=True)
+    ap.add_argument("--clients", type=int, default=128)
+    ap.add_argument("--seconds", type=float, default=7.0)
+    ap.add_argument("--policy", default="hfq")
+    ap.add_argument("--demo", action="store_true",
+                    help="the demo's load instead: three throttles of 4 ms, 1 ms and 0.2 ms kernels")
+    ap.add_argument("--compare", metavar="BASE",
+                    help="also run policy BASE, alternating, and print the differences")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each policy (alternating)")
+    ap.add_argument("--quick", action="store_true")
+    ns = ap.parse_args()
+    if ns.quick:
+        ns.clients, ns.seconds = 32, 3.0
+    ns.libtest = None
+    bins = t.Bins(ns)
+    if ns.demo:
+        ks = [4000, 1000, 200]
+        label = "demo"
+    else:
+        n = ns.clients
+        ks = [int(250 + (2000 - 250) * i / max(1, n - 1)) for i in range(n)]
+        label = str(n)
+    policies = [ns.policy] + ([ns.compare] if ns.compare else [])
+    runs = {p: [] for p in policies}
+    for _ in range(ns.repeat):
+        for p in policies:
+            r = run_policy(ns, bins, p, ks)
+            runs[p].append(r)
+            tag = f"scale.{p}.{label}"
+            print(f"RESULT {tag}.jain={r['jain']:.4f}")
+            print(f"RESULT {tag}.unfairness={r['unfairness']:.3f}")
+            print(f"RESULT {tag}.gpu_busy={r['gpu_busy']:.3f}")
+            print(f"RESULT {tag}.pvgpud_core_fraction={r['core']:.3f}", flush=True)
+    if ns.compare:
+        # Medians over the alternating runs: one slow run of either policy
+        # (the machine is shared) does not decide the difference.
+        def med(p, k):
+            v = sorted(r[k] for r in runs[p])
+            return v[len(v) // 2]
+        a, b = ns.policy, ns.compare
+        print(f"RESULT scale.{a}_vs_{b}.{label}.extra_core={med(a, 'core') - med(b, 'core'):.4f}")
+        print(f"RESULT scale.{a}_vs_{b}.{label}.busy_ratio={med(a, 'gpu_busy') / med(b, 'gpu_busy'):.4f}")
     return 0
 
 

@@ -29,6 +29,7 @@ public:
         std::uint64_t submitted = 0;
         std::uint64_t completed = 0;
         bool running = true;
+        bool irq = true;           // ask for a completion interrupt per kernel
     };
 
     explicit Rig(const std::string& policy, const PolicyParams& params = {},
@@ -68,7 +69,7 @@ public:
         pvgpu_ring_entry& e = sc.ring()->entries[s.put & PVGPU_RING_MASK];
         e.payload = static_cast<std::uint64_t>(s.kernel);
         e.fence = s.put + 1;
-        e.flags = PVGPU_ENTRY_IRQ;
+        e.flags = s.irq ? PVGPU_ENTRY_IRQ : 0;
         ++s.put;
         ++s.submitted;
         sc.guest_write_put(s.put);

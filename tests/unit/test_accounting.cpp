@@ -135,3 +135,31 @@ TEST_CASE("accounting: closed channels keep their time, removed entities lose it
     CHECK(acc.kernels(a) == 0);
     CHECK(acc.gpu_time(b) == ms(10));
 }
+
+// A tenant may submit without asking for completion interrupts: hfq must
+// still hold it to its weight and the books must stay exact.  (Here the
+// interrupting neighbour's learned kernel length already pins every switch;
+// the end-to-end case that needs the watch read and the GPU's completion
+// timestamps, a qtest guest beside a host throttle, is qemu-modes, which
+// charged the guest 3.8 s for 3.5 s of kernels and let it take 0.89 of the
+// GPU at weight 20 without them.)
+TEST_CASE("accounting: kernels without completion interrupts are charged as they run", "[accounting]") {
+    Rig rig("hfq");
+    EntityId quiet = rig.task("no-irq", 20);
+    EntityId loud = rig.task("irq", 100);
+    ChannelId cq = rig.submit_loop(quiet, ms(0.5), ms(0.2));
+    rig.subs.at(cq).irq = false;
+    rig.submit_loop(loud, ms(2));
+    rig.run_until(ms(1000));
+    rig.measure_from(ms(1000));
+    const Accounting& acc = rig.sched.accounting();
+    const Duration q0 = acc.gpu_time(quiet), l0 = acc.gpu_time(loud);
+    rig.run_until(ms(6000));
+    const Duration dq = acc.gpu_time(quiet) - q0, dl = acc.gpu_time(loud) - l0;
+    INFO("no-irq " << to_ms(dq) << " / " << to_ms(rig.gpu_time(quiet)) << " ms; irq " << to_ms(dl) << " / "
+                   << to_ms(rig.gpu_time(loud)) << " ms; share " << rig.share(quiet));
+    CHECK(rel_error(dq, rig.gpu_time(quiet)) < 0.01);
+    CHECK(rel_error(dl, rig.gpu_time(loud)) < 0.01);
+    CHECK(rig.share(quiet) == Approx(20.0 / 120.0).margin(0.01));
+    CHECK(acc.kernels(quiet) == 0);  // no interrupt, no kernel counted
+}
