@@ -73,4 +73,28 @@ bool Doorbell::drain() const {
     return eventfd_read(fd_.get(), &v) == 0 && v != 0;
 }
 
+CompletionNotifier CompletionNotifier::create() {
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) fail("pipe2");
+    CompletionNotifier n;
+    n.reader_ = UniqueFd(fds[0]);
+    n.writer_ = UniqueFd(fds[1]);
+    // The smallest pipe: bounds what an unread notifier pins in the kernel
+    // (and in the per-user pipe budget).  A failure only leaves it larger.
+    (void)fcntl(fds[1], F_SETPIPE_SZ, static_cast<int>(sysconf(_SC_PAGESIZE)));
+    return n;
+}
+
+void CompletionNotifier::signal() {
+    if (!writer_) return;
+    const char byte = 1;
+    ssize_t n;
+    do {
+        n = ::write(writer_.get(), &byte, 1);
+    } while (n < 0 && errno == EINTR);
+    // EAGAIN: full, the client has a wake-up waiting.  EPIPE (SIGPIPE is
+    // ignored): the client closed its end; stop paying for the syscall.
+    if (n < 0 && errno == EPIPE) writer_.reset();
+}
+
 }  // namespace pvgpu::daemon

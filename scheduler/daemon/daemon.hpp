@@ -107,6 +107,7 @@ private:
         EntityId leaf = kNoEntity;
         ChannelMemoryFile mem;
         Doorbell bell;
+        CompletionNotifier notifier;  // host clients of protocol version 3 only
         FdWatch watch;
         ChannelMode pushed = ChannelMode::Direct;  // what the client was last told
         std::uint32_t mode_seq = 0;
@@ -170,6 +171,7 @@ private:
     void push_mode(Channel& ch, ChannelMode mode);
     void check_ack(ChannelId ch);
     void on_channel_error(ChannelId ch, std::uint32_t error);
+    void on_fence(ChannelId ch, std::uint32_t fence);
     void scan_puts();
 
     // --- entities and weights ---

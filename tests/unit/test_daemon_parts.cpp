@@ -833,7 +833,11 @@ TEST_CASE("daemon: a host client submits through shared memory and a doorbell", 
     REQUIRE(r.status == PVGPU_OK);
     CHECK(m->hdr.seq == 2u);
     CHECK(r.mem_size == PVGPU_CHAN_MEM_SIZE);
-    REQUIRE(m->fds.size() == 2);
+    // Version 3, a host client: memfd, doorbell and completion notifier.
+    REQUIRE(m->fds.size() == 3);
+    struct stat st {};
+    REQUIRE(fstat(m->fds[2].get(), &st) == 0);
+    CHECK(S_ISFIFO(st.st_mode));
 
     void* p = mmap(nullptr, r.mem_size, PROT_READ | PROT_WRITE, MAP_SHARED, m->fds[0].get(), 0);
     REQUIRE(p != MAP_FAILED);
@@ -844,6 +848,9 @@ TEST_CASE("daemon: a host client submits through shared memory and a doorbell", 
     REQUIRE(eventfd_write(m->fds[1].get(), 1) == 0);
     REQUIRE(c.run_until([&] { return ctrl->fence == 3u; }));
     CHECK(ctrl->ib_get == 3u);
+    // NOTIFY_FENCE 0: every completion interrupt wrote the notifier.
+    char wakes[8];
+    CHECK(::read(m->fds[2].get(), wakes, sizeof wakes) == 3);
 
     auto list = admin_request(c, rig.dir / "admin.sock", R"({"cmd":"list"})");
     // Host tasks are grouped under their user (SO_PEERCRED): host/<user>/<name>.
@@ -1114,7 +1121,7 @@ TEST_CASE("daemon: a guest sets its tasks' weights with TASK_WEIGHT", "[daemon][
     auto vm = std::make_unique<TestClient>(c, rig.dir / "pvgpud.sock");
     auto hr = vm->hello(PVGPU_ROLE_VMM, "vm1", 0x31).as<pvgpu_hello_reply>();
     REQUIRE(hr.status == PVGPU_OK);
-    CHECK(hr.version == 2u);
+    CHECK(hr.version == PVGPU_PROTO_VERSION);
 
     SECTION("before the task's first channel: remembered, then given to the new entity") {
         CHECK(vm->task_weight(77, 300) == PVGPU_OK);
@@ -1231,7 +1238,7 @@ TEST_CASE("daemon: TASK_WEIGHT needs a version-2 VMM session; version-1 clients 
     }
     SECTION("a host client: E_STATE") {
         TestClient host(c, sock);
-        REQUIRE(host.hello(PVGPU_ROLE_HOST, "render").as<pvgpu_hello_reply>().version == 2u);
+        REQUIRE(host.hello(PVGPU_ROLE_HOST, "render").as<pvgpu_hello_reply>().version >= 2u);
         host.send(PVGPU_MSG_TASK_WEIGHT, 9, pvgpu_task_weight{5, 300, 0});
         auto m = host.next_of(PVGPU_MSG_ERROR);
         REQUIRE(m);
