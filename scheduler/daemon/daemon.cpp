@@ -59,6 +59,7 @@ Daemon::Daemon(Config cfg)
       ctx_(g_main_context_new()),
       loop_(g_main_loop_new(ctx_.get(), FALSE)),
       timers_(ctx_.get()),
+      mux_(ctx_.get()),
       store_(cfg_.state_dir) {
     started_ = clock_.now();
     // Completion notifiers are pipes: a write to one whose client closed
@@ -271,7 +272,7 @@ void Daemon::accept_clients() {
         Client cl;
         cl.uid = peer.uid;
         cl.vmm_user = vmm_user;
-        cl.conn = std::make_unique<ClientConn>(ctx_.get(), clock_, timers_, std::move(fd), id, opt,
+        cl.conn = std::make_unique<ClientConn>(ctx_.get(), mux_, clock_, timers_, std::move(fd), id, opt,
                                                static_cast<ClientConn::Handler&>(*this));
         log_debug("client ", id, " connected (pid ", cl.conn->peer().pid, ", uid ", cl.conn->peer().uid, ")");
         clients_.emplace(id, std::move(cl));
@@ -584,7 +585,7 @@ void Daemon::on_alloc(Client& cl, const wire::Message& m) {
     rec.pid_hint = hint;
     rec.leaf = leaf;
     rec.ack_timer.bind(timers_);
-    rec.watch = FdWatch(ctx_.get(), rec.bell.fd(), G_IO_IN, [this, id](GIOCondition) { on_doorbell(id); });
+    rec.watch = MuxWatch(mux_, rec.bell.fd(), G_IO_IN, [this, id](GIOCondition) { on_doorbell(id); });
     // Switches that landed while opening are in this mode; pushes follow.
     rec.pushed = sched_->channel(id).mode();
     r.status = PVGPU_OK;

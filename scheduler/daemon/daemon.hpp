@@ -108,7 +108,7 @@ private:
         ChannelMemoryFile mem;
         Doorbell bell;
         CompletionNotifier notifier;  // host clients of protocol version 3 only
-        FdWatch watch;
+        MuxWatch watch;               // after `bell`: removed while its fd is open
         ChannelMode pushed = ChannelMode::Direct;  // what the client was last told
         std::uint32_t mode_seq = 0;
         // Pushes not acknowledged yet, oldest first: each must be acked
@@ -209,6 +209,8 @@ private:
     std::unique_ptr<GMainLoop, LoopUnref> loop_;
     MonotonicClock clock_;
     GlibTimers timers_;
+    // Client sockets and doorbells: one fd in the GLib loop for all of them.
+    FdMux mux_;
     StateStore store_;
     State state_;
     std::string policy_name_;

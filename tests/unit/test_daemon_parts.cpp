@@ -28,6 +28,7 @@
 #include "daemon/config.hpp"
 #include "daemon/daemon.hpp"
 #include "daemon/glib_clock.hpp"
+#include "daemon/gsource.hpp"
 #include "daemon/names.hpp"
 #include "daemon/state_store.hpp"
 #include "proto/wire.hpp"
@@ -275,6 +276,52 @@ TEST_CASE("Doorbell: an eventfd that drains", "[daemon][memory]") {
 }
 
 // ------------------------------------------------------------ configuration
+
+TEST_CASE("FdMux: many fds behind one loop fd, level-triggered, watches removable from callbacks",
+          "[daemon][fdmux]") {
+    Context c;
+    FdMux mux(c.ctx);
+    std::vector<UniqueFd> fds;
+    std::vector<MuxWatch> watches(3);
+    std::vector<int> calls(3, 0);
+    for (int i = 0; i < 3; ++i) {
+        fds.emplace_back(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+        REQUIRE(fds.back());
+        watches[static_cast<std::size_t>(i)] = MuxWatch(mux, fds.back().get(), G_IO_IN, [&, i](GIOCondition cond) {
+            CHECK((cond & G_IO_IN));
+            ++calls[static_cast<std::size_t>(i)];
+            // The first callback removes the other two, ready in the same
+            // round: they must not run.
+            if (i == 0) {
+                watches[1].reset();
+                watches[2].reset();
+            }
+        });
+    }
+    for (auto& fd : fds) REQUIRE(eventfd_write(fd.get(), 1) == 0);
+    // Level-triggered: an undrained fd fires again.  Whichever ran first,
+    // watch 0 runs at least twice in these rounds once its peers are gone.
+    REQUIRE(c.run_until([&] { return calls[0] >= 2; }));
+    CHECK(calls[1] + calls[2] <= 2);  // at most those that ran before watch 0 did
+    const int removed = calls[1] + calls[2];
+    REQUIRE(c.run_until([&] { return calls[0] >= 4; }));
+    CHECK(calls[1] + calls[2] == removed);
+
+    // Conditions change in place; HUP is reported without asking.
+    int sv[2];
+    REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) == 0);
+    UniqueFd a(sv[0]), b(sv[1]);
+    GIOCondition got{};
+    MuxWatch w(mux, a.get(), G_IO_OUT, [&](GIOCondition cond) { got = cond; });
+    REQUIRE(c.run_until([&] { return (got & G_IO_OUT) != 0; }));
+    w.set_condition(static_cast<GIOCondition>(0));
+    CHECK(w.condition() == 0);
+    got = {};
+    b.reset();
+    REQUIRE(c.run_until([&] { return (got & G_IO_HUP) != 0; }));
+    w.reset();
+    CHECK_FALSE(w);
+}
 
 TEST_CASE("config: an empty file gives the defaults", "[daemon][config]") {
     Config c = parse_config("", "empty.conf");
