@@ -2,8 +2,10 @@
 """Scale benchmark of pvgpud (issue 12): N host throttles with kernels spread
 evenly over 250 us .. 2 ms, equal weights, under one policy.  Prints the
 clients' own Jain's index and unfairness (from their completed-kernel counts,
-tests/daemon/daemon_test.py's measure_shares) and pvgpud's CPU as a fraction
-of one core (from /proc over the same window).  Asserts nothing: numbers for
+tests/daemon/daemon_test.py's measure_shares), pvgpud's CPU as a fraction
+of one core (from /proc over the same window), the 1-minute load average
+(the machine is shared: read the numbers beside it) and the clients with
+the smallest and largest share.  Asserts nothing: numbers for
 docs/results.md.
 
 usage: scale_bench.py --pvgpud P --pvgpuctl P --load P [--clients N]
@@ -73,6 +75,11 @@ def main():
         print(f"RESULT {tag}.unfairness={u:.3f}")
         print(f"RESULT {tag}.gpu_busy={busy:.3f}")
         print(f"RESULT {tag}.pvgpud_core_fraction={cpu:.3f}")
+        print(f"RESULT {tag}.loadavg_1m={os.getloadavg()[0]:.2f}")
+        # Where the unfairness is: the extremes, with their kernel lengths.
+        order = sorted(range(n), key=lambda i: shares[i])
+        for label, i in (("min", order[0]), ("max", order[-1])):
+            print(f"# {label} share {shares[i] * n:.3f} of fair, kernel {ks[i]} us")
     finally:
         for load in loads:
             load.kill()
