@@ -275,6 +275,20 @@ TEST_CASE("Doorbell: an eventfd that drains", "[daemon][memory]") {
     CHECK_FALSE(d.drain());
 }
 
+TEST_CASE("Doorbell: a client clearing O_NONBLOCK cannot make drain() block", "[daemon][memory]") {
+    // The client's copy shares the open file description, and with it the
+    // O_NONBLOCK flag.  Without RWF_NOWAIT this drain() would block forever.
+    auto d = Doorbell::create();
+    UniqueFd client(fcntl(d.fd(), F_DUPFD_CLOEXEC, 0));
+    REQUIRE(client);
+    REQUIRE(fcntl(client.get(), F_SETFL, fcntl(client.get(), F_GETFL) & ~O_NONBLOCK) == 0);
+    REQUIRE((fcntl(d.fd(), F_GETFL) & O_NONBLOCK) == 0);
+    CHECK_FALSE(d.drain());
+    REQUIRE(eventfd_write(client.get(), 1) == 0);
+    CHECK(d.drain());
+    CHECK_FALSE(d.drain());
+}
+
 // ------------------------------------------------------------ configuration
 
 TEST_CASE("FdMux: many fds behind one loop fd, level-triggered, watches removable from callbacks",
