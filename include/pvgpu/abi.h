@@ -46,6 +46,7 @@ typedef uint64_t pvgpu_u64;
 #define PVGPU_CTRL_FENCE 0x08u       /* ro: fence of the last completed entry */
 #define PVGPU_CTRL_STATUS 0x0cu      /* ro: PVGPU_CHAN_STATUS_* */
 #define PVGPU_CTRL_ERROR 0x10u       /* ro: PVGPU_CHAN_ERR_* once STATUS says error */
+#define PVGPU_CTRL_NOTIFY_FENCE 0x14u /* rw by a host client: see struct pvgpu_ctrl_page */
 
 #define PVGPU_CHAN_STATUS_OK 0u
 #define PVGPU_CHAN_STATUS_ERROR 1u
@@ -61,7 +62,12 @@ struct pvgpu_ctrl_page {
 	volatile pvgpu_u32 fence;
 	volatile pvgpu_u32 status;
 	volatile pvgpu_u32 error;
-	pvgpu_u32 reserved[(PVGPU_PAGE_SIZE / 4u) - 5u];
+	/* 0x14, written by a host client (protocol version 3) before it sleeps
+	 * on its completion notifier: wake me when FENCE reaches this value
+	 * (compared by difference).  Read by pvgpud only to decide whether to
+	 * write the notifier; ignored for guests' channels. */
+	volatile pvgpu_u32 notify_fence;
+	pvgpu_u32 reserved[(PVGPU_PAGE_SIZE / 4u) - 6u];
 };
 
 /* Ring entry flags */

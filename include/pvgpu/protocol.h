@@ -12,7 +12,9 @@
  * version it will speak (the lower of the two) or refuses.  Unknown message
  * types are errors; new message types need a new version and are used only
  * once HELLO agreed on it.  Version 2 adds TASK_WEIGHT / TASK_WEIGHT_REPLY;
- * everything else is as in version 1.
+ * version 3 adds the completion notifier of host clients' channels (a third
+ * fd on CHAN_REPLY, see struct pvgpu_chan_reply); everything else is as in
+ * version 1.
  *
  * Admin clients (pvgpuctl) use a separate socket speaking newline-delimited
  * JSON; see docs/protocol.md.
@@ -23,10 +25,11 @@
 #include "abi.h"
 
 #define PVGPU_PROTO_MAGIC 0x55504750u /* "PGPU" little-endian */
-#define PVGPU_PROTO_VERSION 2u
+#define PVGPU_PROTO_VERSION 3u
 #define PVGPU_PROTO_VERSION_TASK_WEIGHT 2u /* first version with TASK_WEIGHT */
+#define PVGPU_PROTO_VERSION_COMPLETION 3u  /* first version with completion notifiers */
 #define PVGPU_PROTO_MAX_PAYLOAD 1024u /* a larger len is a protocol error */
-#define PVGPU_PROTO_MAX_FDS 2u        /* fds one message may carry */
+#define PVGPU_PROTO_MAX_FDS 3u        /* fds one message may carry */
 
 struct pvgpu_msg_hdr {
 	pvgpu_u32 magic;  /* PVGPU_PROTO_MAGIC */
@@ -48,7 +51,8 @@ enum pvgpu_msg_type {
 
 	/* daemon -> client */
 	PVGPU_MSG_HELLO_REPLY = 64,   /* struct pvgpu_hello_reply */
-	PVGPU_MSG_CHAN_REPLY = 65,    /* struct pvgpu_chan_reply + fds [memfd, doorbell eventfd] */
+	PVGPU_MSG_CHAN_REPLY = 65,    /* struct pvgpu_chan_reply + fds [memfd, doorbell eventfd
+	                               * (, v3 host client: completion notifier)] */
 	PVGPU_MSG_FREE_REPLY = 66,    /* struct pvgpu_status_reply */
 	PVGPU_MSG_MODE = 67,          /* struct pvgpu_mode (pushed) */
 	PVGPU_MSG_NOTICE = 68,        /* struct pvgpu_notice (pushed) */
@@ -100,6 +104,14 @@ struct pvgpu_chan_alloc {
 #define PVGPU_CHAN_MEM_SIZE (PVGPU_PAGE_SIZE + PVGPU_RING_SIZE)
 #define PVGPU_CHAN_RING_OFFSET PVGPU_PAGE_SIZE
 
+/* With status OK it carries the channel's memfd and doorbell eventfd and,
+ * in a version-3 session with a host client, a third fd: the completion
+ * notifier, the read end of a pipe.  pvgpud writes a byte to it whenever a
+ * completion interrupt of the channel brings FENCE to or past the control
+ * page's NOTIFY_FENCE (struct pvgpu_ctrl_page), and when the channel dies.
+ * A pipe rather than an eventfd: pvgpud keeps the write end to itself, so
+ * nothing the client does to its end (clearing O_NONBLOCK, filling it) can
+ * make pvgpud's write block. */
 struct pvgpu_chan_reply {
 	pvgpu_u32 status;
 	pvgpu_u32 chan_id;

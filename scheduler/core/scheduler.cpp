@@ -228,6 +228,7 @@ void Scheduler::on_fence(ChannelId ch, std::uint32_t fence) {
         deliver_accounting();
         policy_->fence(ch, fence);
     });
+    if (fence_listener_) fence_listener_(ch, fence);
 }
 
 void Scheduler::on_channel_error(ChannelId ch, std::uint32_t error) {

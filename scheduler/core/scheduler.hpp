@@ -73,6 +73,10 @@ public:
     // remap landed), so the daemon can tell the client to switch its mapping.
     using ModeListener = std::function<void(ChannelId, ChannelMode)>;
     void set_mode_listener(ModeListener l) { mode_listener_ = std::move(l); }
+    // Fence listener: a completion interrupt, after the policy saw it (the
+    // daemon wakes host clients waiting for that fence).
+    using FenceListener = std::function<void(ChannelId, std::uint32_t)>;
+    void set_fence_listener(FenceListener l) { fence_listener_ = std::move(l); }
 
     // --- PolicyContext ---
     Time now() const override { return clock_.now(); }
@@ -144,6 +148,7 @@ private:
     SchedulerStats stats_;
     ErrorListener error_listener_;
     ModeListener mode_listener_;
+    FenceListener fence_listener_;
     int policy_depth_ = 0;
     std::vector<AccountingEvent> accounting_events_;
     static const std::vector<ChannelId> kNoChannels;

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -69,8 +70,43 @@ Doorbell Doorbell::create() {
 }
 
 bool Doorbell::drain() const {
-    eventfd_t v = 0;
-    return eventfd_read(fd_.get(), &v) == 0 && v != 0;
+    // RWF_NOWAIT: non-blocking whatever O_NONBLOCK says.  The client holds
+    // the same open file description: it could clear O_NONBLOCK and read
+    // the counter to zero between our poll and this read, and a plain
+    // read would then block pvgpud.  A kernel whose eventfd does not
+    // support it (EOPNOTSUPP) gets the plain read.
+    std::uint64_t v = 0;
+    iovec iov{&v, sizeof v};
+    ssize_t n;
+    do {
+        n = preadv2(fd_.get(), &iov, 1, -1, RWF_NOWAIT);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0 && errno == EOPNOTSUPP) n = ::read(fd_.get(), &v, sizeof v);
+    return n == static_cast<ssize_t>(sizeof v) && v != 0;
+}
+
+CompletionNotifier CompletionNotifier::create() {
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) fail("pipe2");
+    CompletionNotifier n;
+    n.reader_ = UniqueFd(fds[0]);
+    n.writer_ = UniqueFd(fds[1]);
+    // The smallest pipe: bounds what an unread notifier pins in the kernel
+    // (and in the per-user pipe budget).  A failure only leaves it larger.
+    (void)fcntl(fds[1], F_SETPIPE_SZ, static_cast<int>(sysconf(_SC_PAGESIZE)));
+    return n;
+}
+
+void CompletionNotifier::signal() {
+    if (!writer_) return;
+    const char byte = 1;
+    ssize_t n;
+    do {
+        n = ::write(writer_.get(), &byte, 1);
+    } while (n < 0 && errno == EINTR);
+    // EAGAIN: full, the client has a wake-up waiting.  EPIPE (SIGPIPE is
+    // ignored): the client closed its end; stop paying for the syscall.
+    if (n < 0 && errno == EPIPE) writer_.reset();
 }
 
 }  // namespace pvgpu::daemon

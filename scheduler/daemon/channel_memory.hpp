@@ -1,7 +1,8 @@
-// Shared memory of one channel (control page + ring) in a sealed memfd, and
-// the channel's doorbell eventfd.  Both are handed to the client with
-// SCM_RIGHTS; the client maps the memfd and submits by writing ring entries
-// and IB_PUT, then rings the doorbell.
+// Shared memory of one channel (control page + ring) in a sealed memfd, the
+// channel's doorbell eventfd and, for host clients of protocol version 3,
+// its completion notifier.  All are handed to the client with SCM_RIGHTS;
+// the client maps the memfd and submits by writing ring entries and IB_PUT,
+// then rings the doorbell, and sleeps on the notifier.
 #pragma once
 
 #include <pvgpu/protocol.h>
@@ -55,6 +56,28 @@ public:
 
 private:
     UniqueFd fd_;
+};
+
+// The completion notifier (docs/protocol.md 2.3, CHAN_REPLY): a pipe whose
+// read end goes to the client and whose write end only pvgpud holds.  Not an
+// eventfd: the client would share the daemon's open file description, and
+// by clearing O_NONBLOCK on it and filling the counter it could make the
+// daemon's write block.  The pipe holds one page: a client that never reads
+// costs that page and, once it is full, one failed write per completion.
+class CompletionNotifier {
+public:
+    // pipe2(O_CLOEXEC | O_NONBLOCK), shrunk to one page; throws std::system_error.
+    static CompletionNotifier create();
+    bool valid() const { return static_cast<bool>(writer_); }
+    // The read end, for the CHAN_REPLY (the daemon keeps no copy).
+    UniqueFd take_reader() { return std::move(reader_); }
+    // One byte; never blocks.  A full pipe already says the same; a closed
+    // one (the client let go of it) is not written again.
+    void signal();
+
+private:
+    UniqueFd reader_;
+    UniqueFd writer_;
 };
 
 }  // namespace pvgpu::daemon

@@ -19,8 +19,8 @@ constexpr std::size_t kSendBufferBytes = 16 * 1024;
 
 }  // namespace
 
-ClientConn::ClientConn(GMainContext* ctx, const Clock& clock, Timers& timers, UniqueFd sock, std::uint32_t id,
-                       Options opt, Handler& handler)
+ClientConn::ClientConn(GMainContext* ctx, FdMux& mux, const Clock& clock, Timers& timers, UniqueFd sock,
+                       std::uint32_t id, Options opt, Handler& handler)
     : ctx_(ctx), id_(id), opt_(opt), handler_(handler), sock_(std::move(sock)), hello_timer_(timers) {
     socklen_t len = sizeof peer_;
     if (getsockopt(sock_.get(), SOL_SOCKET, SO_PEERCRED, &peer_, &len) != 0) peer_ = ucred{0, ~0u, ~0u};
@@ -29,7 +29,7 @@ ClientConn::ClientConn(GMainContext* ctx, const Clock& clock, Timers& timers, Un
     // buffer bounds them per connection, the rest waits in out_ (counted).
     int sndbuf = static_cast<int>(kSendBufferBytes);
     (void)setsockopt(sock_.get(), SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
-    watch_ = FdWatch(ctx, sock_.get(), G_IO_IN, [this](GIOCondition c) { on_io(c); });
+    watch_ = MuxWatch(mux, sock_.get(), G_IO_IN, [this](GIOCondition c) { on_io(c); });
     hello_timer_.arm(clock.now() + opt_.hello_timeout, [this] {
         fail(PVGPU_E_STATE, "no HELLO within " + std::to_string(opt_.hello_timeout / kMillisecond) + " ms");
     });

@@ -44,8 +44,9 @@ public:
         Duration hello_timeout = 5 * kSecond;
     };
 
-    ClientConn(GMainContext* ctx, const Clock& clock, Timers& timers, UniqueFd sock, std::uint32_t id,
-               Options opt, Handler& handler);
+    // The socket is watched through `mux` (one fd in the loop for all clients).
+    ClientConn(GMainContext* ctx, FdMux& mux, const Clock& clock, Timers& timers, UniqueFd sock,
+               std::uint32_t id, Options opt, Handler& handler);
     ClientConn(const ClientConn&) = delete;
     ClientConn& operator=(const ClientConn&) = delete;
 
@@ -96,7 +97,7 @@ private:
     Handler& handler_;
     UniqueFd sock_;
     ucred peer_{};
-    FdWatch watch_;
+    MuxWatch watch_;  // after sock_: removed while the socket is open
     Timer hello_timer_;
     Source resume_;  // dispatches buffered requests once the queue drained
     wire::Reader reader_;

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <csignal>
@@ -58,8 +59,13 @@ Daemon::Daemon(Config cfg)
       ctx_(g_main_context_new()),
       loop_(g_main_loop_new(ctx_.get(), FALSE)),
       timers_(ctx_.get()),
+      mux_(ctx_.get()),
       store_(cfg_.state_dir) {
     started_ = clock_.now();
+    // Completion notifiers are pipes: a write to one whose client closed
+    // its end must be an EPIPE, not the end of pvgpud (main() does the same;
+    // this covers every process that embeds the daemon, the fuzzer's too).
+    std::signal(SIGPIPE, SIG_IGN);
     // Found out now rather than at the first set-weight.
     if (g_mkdir_with_parents(cfg_.state_dir.c_str(), 0755) != 0 || ::access(cfg_.state_dir.c_str(), W_OK) != 0)
         log_warning("state directory ", cfg_.state_dir, " is not writable (", std::strerror(errno),
@@ -94,6 +100,7 @@ Daemon::Daemon(Config cfg)
     sched_->set_mode_listener([this](ChannelId ch, ChannelMode m) { on_mode_change(ch, m); });
     sched_->set_error_listener(
         [this](ChannelId ch, EntityId, std::uint32_t err) { on_channel_error(ch, err); });
+    sched_->set_fence_listener([this](ChannelId ch, std::uint32_t fence) { on_fence(ch, fence); });
     monitor_ = std::make_unique<ShareMonitor>(*sched_, *gpu_, clock_, timers_);
     accept_pause_.bind(timers_);
     scan_timer_.bind(timers_);
@@ -265,7 +272,7 @@ void Daemon::accept_clients() {
         Client cl;
         cl.uid = peer.uid;
         cl.vmm_user = vmm_user;
-        cl.conn = std::make_unique<ClientConn>(ctx_.get(), clock_, timers_, std::move(fd), id, opt,
+        cl.conn = std::make_unique<ClientConn>(ctx_.get(), mux_, clock_, timers_, std::move(fd), id, opt,
                                                static_cast<ClientConn::Handler&>(*this));
         log_debug("client ", id, " connected (pid ", cl.conn->peer().pid, ", uid ", cl.conn->peer().uid, ")");
         clients_.emplace(id, std::move(cl));
@@ -560,6 +567,8 @@ void Daemon::on_alloc(Client& cl, const wire::Message& m) {
     try {
         ch->mem = ChannelMemoryFile::create();
         ch->bell = Doorbell::create();
+        if (cl.role == PVGPU_ROLE_HOST && cl.version >= PVGPU_PROTO_VERSION_COMPLETION)
+            ch->notifier = CompletionNotifier::create();
     } catch (const std::system_error& e) {
         log_warning("client ", conn.id(), ": cannot create channel memory: ", e.what());
         remove_if_empty_task(leaf);
@@ -576,16 +585,20 @@ void Daemon::on_alloc(Client& cl, const wire::Message& m) {
     rec.pid_hint = hint;
     rec.leaf = leaf;
     rec.ack_timer.bind(timers_);
-    rec.watch = FdWatch(ctx_.get(), rec.bell.fd(), G_IO_IN, [this, id](GIOCondition) { on_doorbell(id); });
+    rec.watch = MuxWatch(mux_, rec.bell.fd(), G_IO_IN, [this, id](GIOCondition) { on_doorbell(id); });
     // Switches that landed while opening are in this mode; pushes follow.
     rec.pushed = sched_->channel(id).mode();
     r.status = PVGPU_OK;
     r.chan_id = id;
     r.mode = wire_mode(rec.pushed);
-    const int fds[2] = {rec.mem.fd(), rec.bell.fd()};
+    // The notifier's read end goes with the reply only; pvgpud keeps the
+    // write end (send() duplicates, so this copy closes on return).
+    const UniqueFd reader = rec.notifier.take_reader();
+    const int fds[3] = {rec.mem.fd(), rec.bell.fd(), reader.get()};
     log_debug("client ", conn.id(), ": channel ", id, " on ", admin_path(leaf));
     // The memfd stays alive while the reply waits: it counts as queued.
-    conn.send_struct(PVGPU_MSG_CHAN_REPLY, m.hdr.seq, r, fds, PVGPU_CHAN_MEM_SIZE);
+    conn.send_struct(PVGPU_MSG_CHAN_REPLY, m.hdr.seq, r, std::span<const int>(fds, reader ? 3 : 2),
+                     PVGPU_CHAN_MEM_SIZE);
 }
 
 void Daemon::on_free(Client& cl, const wire::Message& m) {
@@ -802,10 +815,26 @@ void Daemon::check_ack(ChannelId id) {
         c->second.conn->send_struct(PVGPU_MSG_NOTICE, 0, n);
 }
 
+// A completion interrupt: wake a host client sleeping on its notifier if
+// FENCE reached what it asked for.  NOTIFY_FENCE is the client's to write
+// and decides only whether that client is woken; read once.  The fence
+// between the GPU's FENCE store (before this interrupt) and this read pairs
+// with the client's between its NOTIFY_FENCE store and its FENCE read, so
+// either it sees the fence or we see its request: no lost wake-up.
+void Daemon::on_fence(ChannelId id, std::uint32_t fence) {
+    auto it = channels_.find(id);
+    if (it == channels_.end() || !it->second->notifier.valid()) return;
+    Channel& ch = *it->second;
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    const std::uint32_t wanted = ch.mem.ctrl()->notify_fence;
+    if (static_cast<std::int32_t>(fence - wanted) >= 0) ch.notifier.signal();
+}
+
 void Daemon::on_channel_error(ChannelId id, std::uint32_t error) {
     auto it = channels_.find(id);
     if (it == channels_.end()) return;
     Channel& ch = *it->second;
+    ch.notifier.signal();  // its waits end: the NOTICE says why
     const bool watchdog = error == PVGPU_CHAN_ERR_WATCHDOG;
     ++(watchdog ? counters_.watchdog_kills : counters_.bad_entry_kills);
     log_info("channel ", id, " of client ", ch.client, " (", admin_path(ch.leaf), ", pid hint ", ch.pid_hint,

@@ -107,7 +107,8 @@ private:
         EntityId leaf = kNoEntity;
         ChannelMemoryFile mem;
         Doorbell bell;
-        FdWatch watch;
+        CompletionNotifier notifier;  // host clients of protocol version 3 only
+        MuxWatch watch;               // after `bell`: removed while its fd is open
         ChannelMode pushed = ChannelMode::Direct;  // what the client was last told
         std::uint32_t mode_seq = 0;
         // Pushes not acknowledged yet, oldest first: each must be acked
@@ -170,6 +171,7 @@ private:
     void push_mode(Channel& ch, ChannelMode mode);
     void check_ack(ChannelId ch);
     void on_channel_error(ChannelId ch, std::uint32_t error);
+    void on_fence(ChannelId ch, std::uint32_t fence);
     void scan_puts();
 
     // --- entities and weights ---
@@ -207,6 +209,8 @@ private:
     std::unique_ptr<GMainLoop, LoopUnref> loop_;
     MonotonicClock clock_;
     GlibTimers timers_;
+    // Client sockets and doorbells: one fd in the GLib loop for all of them.
+    FdMux mux_;
     StateStore store_;
     State state_;
     std::string policy_name_;

@@ -1,9 +1,14 @@
 #include "gsource.hpp"
 
 #include <glib-unix.h>
+#include <sys/epoll.h>
+#include <unistd.h>
 
+#include <array>
+#include <cerrno>
 #include <exception>
 #include <memory>
+#include <system_error>
 
 #include "log.hpp"
 
@@ -104,6 +109,108 @@ void FdWatch::set_condition(GIOCondition cond) {
     if (!src_.active() || cond == cond_) return;
     cond_ = cond;
     g_source_modify_unix_fd(src_.get(), tag_, cond);
+}
+
+// ---- FdMux ------------------------------------------------------------------
+
+struct FdMux::Entry {
+    MuxWatch::Fn fn;
+};
+
+namespace {
+
+std::uint32_t epoll_events(GIOCondition cond) {
+    std::uint32_t ev = 0;
+    if (cond & G_IO_IN) ev |= EPOLLIN;
+    if (cond & G_IO_OUT) ev |= EPOLLOUT;
+    return ev;  // EPOLLHUP and EPOLLERR are always reported
+}
+
+GIOCondition glib_condition(std::uint32_t ev) {
+    int c = 0;
+    if (ev & EPOLLIN) c |= G_IO_IN;
+    if (ev & EPOLLOUT) c |= G_IO_OUT;
+    if (ev & EPOLLHUP) c |= G_IO_HUP;
+    if (ev & EPOLLERR) c |= G_IO_ERR;
+    return static_cast<GIOCondition>(c);
+}
+
+}  // namespace
+
+FdMux::FdMux(GMainContext* ctx) : epfd_(epoll_create1(EPOLL_CLOEXEC)) {
+    if (epfd_ < 0) throw std::system_error(errno, std::generic_category(), "epoll_create1");
+    watch_ = FdWatch(ctx, epfd_, G_IO_IN, [this](GIOCondition) { dispatch(); });
+}
+
+FdMux::~FdMux() {
+    watch_.reset();
+    ::close(epfd_);
+}
+
+void FdMux::dispatch() {
+    // Bounded per round so one busy round cannot starve the rest of the
+    // loop; level-triggered, the epoll fd stays readable for the others.
+    std::array<epoll_event, 64> events;
+    int n;
+    do {
+        n = epoll_wait(epfd_, events.data(), static_cast<int>(events.size()), 0);
+    } while (n < 0 && errno == EINTR);
+    for (int i = 0; i < n; ++i) {
+        // Copies: struct epoll_event is packed, its u64 is not aligned.
+        const std::uint64_t token = events[static_cast<std::size_t>(i)].data.u64;
+        const std::uint32_t ready = events[static_cast<std::size_t>(i)].events;
+        // A callback may have removed this or a later watch: look it up, and
+        // keep the entry alive while its own callback runs.
+        auto it = entries_.find(token);
+        if (it == entries_.end()) continue;
+        std::shared_ptr<Entry> e = it->second;
+        const GIOCondition cond = glib_condition(ready);
+        guarded("fd callback", [&] { e->fn(cond); });
+    }
+}
+
+MuxWatch::MuxWatch(FdMux& mux, int fd, GIOCondition cond, Fn fn) : fd_(fd), cond_(cond) {
+    const std::uint64_t token = mux.next_token_++;
+    epoll_event ev{};
+    ev.events = epoll_events(cond);
+    ev.data.u64 = token;
+    if (epoll_ctl(mux.epfd_, EPOLL_CTL_ADD, fd, &ev) != 0)
+        throw std::system_error(errno, std::generic_category(), "epoll_ctl(ADD)");
+    mux.entries_.emplace(token, std::make_shared<FdMux::Entry>(FdMux::Entry{std::move(fn)}));
+    mux_ = &mux;
+    token_ = token;
+}
+
+MuxWatch::MuxWatch(MuxWatch&& o) noexcept
+    : mux_(std::exchange(o.mux_, nullptr)), fd_(o.fd_), token_(o.token_), cond_(o.cond_) {}
+
+MuxWatch& MuxWatch::operator=(MuxWatch&& o) noexcept {
+    if (this != &o) {
+        reset();
+        mux_ = std::exchange(o.mux_, nullptr);
+        fd_ = o.fd_;
+        token_ = o.token_;
+        cond_ = o.cond_;
+    }
+    return *this;
+}
+
+void MuxWatch::set_condition(GIOCondition cond) {
+    if (!mux_ || cond == cond_) return;
+    epoll_event ev{};
+    ev.events = epoll_events(cond);
+    ev.data.u64 = token_;
+    // Fails only for an fd closed under the watch, a caller bug; the old
+    // condition then stays, as GLib would leave it.
+    if (epoll_ctl(mux_->epfd_, EPOLL_CTL_MOD, fd_, &ev) == 0) cond_ = cond;
+}
+
+void MuxWatch::reset() {
+    if (!mux_) return;
+    // The fd is still open here (owners reset their watch before closing).
+    (void)epoll_ctl(mux_->epfd_, EPOLL_CTL_DEL, fd_, nullptr);
+    mux_->entries_.erase(token_);
+    mux_ = nullptr;
 }
 
 }  // namespace pvgpu::daemon

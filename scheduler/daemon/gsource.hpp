@@ -8,7 +8,10 @@
 
 #include <glib.h>
 
+#include <cstdint>
 #include <functional>
+#include <memory>
+#include <unordered_map>
 #include <utility>
 
 namespace pvgpu::daemon {
@@ -64,6 +67,55 @@ public:
 private:
     Source src_;
     gpointer tag_ = nullptr;
+    GIOCondition cond_{};
+};
+
+// Many descriptors behind one: an epoll set that the GLib loop watches as
+// a single fd.  GLib polls every attached fd on every iteration (poll(2),
+// then a check per source); with hundreds of clients that was most of
+// pvgpud's CPU (issue 12: 128 host clients, perf: do_sys_poll, sock_poll,
+// g_main_context_check).  Level-triggered, like GLib's own watches.
+class FdMux {
+public:
+    explicit FdMux(GMainContext* ctx);  // throws std::system_error
+    FdMux(const FdMux&) = delete;
+    FdMux& operator=(const FdMux&) = delete;
+    ~FdMux();
+
+    struct Entry;  // a watched fd and its callback (gsource.cpp)
+
+private:
+    friend class MuxWatch;
+    void dispatch();
+
+    int epfd_ = -1;
+    FdWatch watch_;
+    std::uint64_t next_token_ = 1;
+    std::unordered_map<std::uint64_t, std::shared_ptr<Entry>> entries_;
+};
+
+// One fd in an FdMux, with FdWatch's interface and semantics (HUP and ERR
+// always reported; a callback may destroy its own watch or others).
+class MuxWatch {
+public:
+    using Fn = FdWatch::Fn;
+    MuxWatch() = default;
+    MuxWatch(FdMux& mux, int fd, GIOCondition cond, Fn fn);  // throws std::system_error
+    MuxWatch(const MuxWatch&) = delete;
+    MuxWatch& operator=(const MuxWatch&) = delete;
+    MuxWatch(MuxWatch&& o) noexcept;
+    MuxWatch& operator=(MuxWatch&& o) noexcept;
+    ~MuxWatch() { reset(); }
+
+    void set_condition(GIOCondition cond);
+    GIOCondition condition() const { return cond_; }
+    void reset();
+    explicit operator bool() const { return mux_ != nullptr; }
+
+private:
+    FdMux* mux_ = nullptr;
+    int fd_ = -1;
+    std::uint64_t token_ = 0;
     GIOCondition cond_{};
 };
 

@@ -22,6 +22,7 @@
 #include <optional>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "device_ops.hpp"
 #include "pvgpu_paths.h"
@@ -417,14 +418,15 @@ struct Client::Impl {
     // Waits until one of the goals is reached (true), the deadline passes or
     // (if `return_on_signal`) a signal arrives (false).
     bool wait_goals(std::span<const Goal> goals, TimePoint deadline, bool return_on_signal) {
+        using Wake = TransportBackend::CompletionWake;
+        std::vector<std::pair<TimePoint, WaitTarget>> targets;  // by expected completion
+        targets.reserve(goals.size());
+        std::vector<WaitTarget> sleep_on;
         for (;;) {
+            const Wake how = backend->completion_wake();
+            if (how == Wake::Any) arm_wakes(goals);
             const TimePoint now = SteadyClock::now();
-            // A transport that reports completion sleeps on the goal expected
-            // first, until the next one is expected; one that cannot, until
-            // the first expected completion.
-            TimePoint first_check = TimePoint::max();
-            TimePoint second_check = TimePoint::max();
-            std::optional<WaitTarget> target;
+            targets.clear();
             for (const Goal& g : goals) {
                 ChannelState& c = channel(g.handle);
                 refresh(c);
@@ -434,24 +436,51 @@ struct Client::Impl {
                                              [&](const Entry& e) { return e.fence >= g.fence; });
                 if (it == c.pending.end()) throw ClientError("internal: fence not outstanding");
                 const TimePoint check = next_check(c, static_cast<std::size_t>(it - c.pending.begin()), now);
-                if (check < first_check) {
-                    second_check = first_check;
-                    first_check = check;
-                    target = WaitTarget{&c.link, it->dev_fence};
-                } else {
-                    second_check = std::min(second_check, check);
-                }
+                targets.emplace_back(check, WaitTarget{&c.link, it->dev_fence});
             }
             if (now >= deadline) return false;
-            TimePoint wake = std::min(deadline, first_check);
-            if (backend->notifies_completion() && target)
-                wake = std::min(deadline, second_check);
-            else
-                target.reset();
+            std::sort(targets.begin(), targets.end(),
+                      [](const auto& a, const auto& b) { return a.first < b.first; });
+            sleep_on.clear();
+            TimePoint wake = deadline;
+            switch (how) {
+            case Wake::None:
+                // Look again when the first could be done.
+                if (!targets.empty()) wake = std::min(deadline, targets.front().first);
+                break;
+            case Wake::First:
+                // Woken by the first, look again when the second could be done.
+                if (!targets.empty()) sleep_on.push_back(targets.front().second);
+                if (targets.size() > 1) wake = std::min(deadline, targets[1].first);
+                break;
+            case Wake::Any:
+                // Woken by whichever completes: no timed look at all.
+                for (const auto& t : targets) sleep_on.push_back(t.second);
+                break;
+            }
             if (!goals.empty()) ++stats.polls;  // with none it is only a sleep
-            if (backend->sleep(target ? &*target : nullptr, wake) == SleepResult::Interrupted && return_on_signal)
-                return false;
+            if (backend->sleep(sleep_on, wake) == SleepResult::Interrupted && return_on_signal) return false;
         }
+    }
+
+    // Asks the transport to wake us when each goal's channel reaches the
+    // goal's fence (the earliest goal per channel), before the looks at
+    // FENCE that decide whether to sleep.
+    void arm_wakes(std::span<const Goal> goals) {
+        std::vector<std::pair<ChannelLink*, std::uint32_t>> wanted;
+        for (const Goal& g : goals) {
+            ChannelState& c = channel(g.handle);
+            if (c.completed >= g.fence || !c.link.attached() || c.lost) continue;
+            const auto it = std::find_if(c.pending.begin(), c.pending.end(),
+                                         [&](const Entry& e) { return e.fence >= g.fence; });
+            if (it == c.pending.end()) continue;
+            auto w = std::find_if(wanted.begin(), wanted.end(), [&](const auto& p) { return p.first == &c.link; });
+            if (w == wanted.end())
+                wanted.emplace_back(&c.link, it->dev_fence);
+            else if (static_cast<std::int32_t>(it->dev_fence - w->second) < 0)
+                w->second = it->dev_fence;
+        }
+        for (auto& [link, fence] : wanted) backend->arm_wake(*link, fence);
     }
 
     // Queues `kernels` (at most a ring's worth) with one doorbell.
@@ -530,7 +559,7 @@ Channel Client::alloc_channel() {
 
 void Client::process_events() {
     if (!impl_) throw ClientError("use of a moved-from Client");
-    impl_->with_reconnect([&] { impl_->backend->sleep(nullptr, SteadyClock::now()); });
+    impl_->with_reconnect([&] { impl_->backend->sleep({}, SteadyClock::now()); });
 }
 
 bool Client::wait_any(std::span<const WaitGoal> goals, std::chrono::steady_clock::time_point deadline) {

@@ -144,10 +144,11 @@ public:
     }
 
     void service() override {}
-    bool notifies_completion() const override { return true; }
+    CompletionWake completion_wake() const override { return CompletionWake::First; }
 
-    SleepResult sleep(const WaitTarget* target, TimePoint wake) override {
-        if (!target) return sleep_until(wake);
+    SleepResult sleep(std::span<const WaitTarget> targets, TimePoint wake) override {
+        if (targets.empty()) return sleep_until(wake);
+        const WaitTarget* target = &targets.front();
         pvgpu_ioc_wait w{};
         w.size = sizeof w;
         w.handle = target->link->handle;

@@ -108,8 +108,12 @@ struct ClientOptions {
     // How long to wait for the daemon's reply to HELLO, CHAN_ALLOC, CHAN_FREE.
     std::chrono::milliseconds request_timeout{5'000};
 
-    // Completion polling (see Channel::wait), socket transport.  There is
-    // no completion notification in the protocol, so the library sleeps in ppoll() on the
+    // Completion waits (see Channel::wait), socket transport.  With a
+    // pvgpud of protocol version 3 every channel has a completion notifier
+    // that pvgpud writes when the fence being waited for completes: the
+    // library sleeps in ppoll() on it and the daemon socket, waking once per
+    // awaited fence, and the bounds below are not used.  With an older
+    // pvgpud the library sleeps in ppoll() on the
     // daemon socket until the awaited work could have finished (kernel
     // lengths from the head entry on, counted from when the GPU fetched it
     // (IB_GET), plus a learned per-kernel overhead), then re-checks at a
@@ -130,7 +134,7 @@ struct ClientStats {
     std::uint64_t resubmitted = 0;       // entries resubmitted after reconnects
     std::uint64_t mode_messages = 0;     // MODE pushes answered
     std::uint64_t notices = 0;           // NOTICE pushes received
-    std::uint64_t polls = 0;             // wake-ups spent checking fences
+    std::uint64_t polls = 0;             // wake-ups spent checking fences (sleeps while waiting)
 };
 
 // What Client::info() reports about the transport in use.

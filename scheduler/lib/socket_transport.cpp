@@ -13,8 +13,11 @@
 #include <pvgpu/protocol.h>
 
 #include <algorithm>
+#include <array>
+#include <cerrno>
 #include <cstring>
 #include <optional>
+#include <vector>
 
 #include "proto/wire.hpp"
 
@@ -115,11 +118,16 @@ public:
             if (r.status == PVGPU_E_LIMIT) why += " (limit " + std::to_string(hello_.max_channels) + ")";
             throw ClientError("pvgpud refused CHAN_ALLOC: " + why);
         }
-        if (m.fds.size() != 2 || r.mem_size < PVGPU_CHAN_MEM_SIZE)
-            throw ClientError("pvgpud sent a malformed CHAN_REPLY");
+        // Version 3 adds the completion notifier; an older daemon sends two.
+        const std::size_t fds = notifier_session() ? 3 : 2;
+        if (m.fds.size() != fds || r.mem_size < PVGPU_CHAN_MEM_SIZE)
+            throw ClientError("pvgpud sent a malformed CHAN_REPLY (" + std::to_string(m.fds.size()) +
+                              " fds in a version " + std::to_string(hello_.version) + " session, expected " +
+                              std::to_string(fds) + ")");
         ChannelLink link;
         link.mem = Mapping(m.fds[0].get(), r.mem_size);  // the mapping outlives the memfd
         link.doorbell_fd = std::move(m.fds[1]);
+        if (fds == 3) link.completion_fd = std::move(m.fds[2]);
         link.chan_id = r.chan_id;
         link.ctrl = reinterpret_cast<pvgpu_ctrl_page*>(link.mem.data());
         link.ring = reinterpret_cast<pvgpu_ring*>(link.mem.data() + PVGPU_CHAN_RING_OFFSET);
@@ -164,10 +172,29 @@ public:
         if (const TimePoint t = SteadyClock::now(); t - last_pump_ >= std::chrono::milliseconds(1)) pump(t);
     }
 
-    bool notifies_completion() const override { return false; }
+    // With a version-3 daemon every channel has a completion notifier;
+    // with an older one we look at FENCE when the work could be done.
+    CompletionWake completion_wake() const override {
+        return connected_ && notifier_session() ? CompletionWake::Any : CompletionWake::None;
+    }
 
-    SleepResult sleep(const WaitTarget* /*target*/, TimePoint wake) override {
-        return pump(wake) ? SleepResult::Woke : SleepResult::Interrupted;
+    void arm_wake(ChannelLink& link, std::uint32_t dev_fence) override {
+        if (!link.completion_fd || !link.attached()) return;
+        // Dekker with pvgpud's on_fence: our request is visible before we
+        // look at FENCE, its FENCE store before it looks at our request.
+        __atomic_store_n(&link.ctrl->notify_fence, dev_fence, __ATOMIC_SEQ_CST);
+        __atomic_thread_fence(__ATOMIC_SEQ_CST);
+        // What the notifier holds announced completions the look at FENCE
+        // that follows will see: drop it, or the next sleep would not sleep.
+        std::array<char, 256> buf;
+        ssize_t n;
+        do {
+            n = ::read(link.completion_fd.get(), buf.data(), buf.size());
+        } while (n == static_cast<ssize_t>(buf.size()) || (n < 0 && errno == EINTR));
+    }
+
+    SleepResult sleep(std::span<const WaitTarget> targets, TimePoint wake) override {
+        return pump(wake, targets) ? SleepResult::Woke : SleepResult::Interrupted;
     }
 
     TransportInfo info() override {
@@ -258,30 +285,37 @@ private:
         return m;
     }
 
-    // Waits for socket input until `deadline` and handles every complete
-    // message.  Returns false if a signal interrupted the wait.
-    bool pump(TimePoint deadline) {
+    // Waits for socket input until `deadline` or, when `targets` have
+    // completion notifiers, until one of them is written, and handles every
+    // complete message.  Returns false if a signal interrupted the wait.
+    bool pump(TimePoint deadline, std::span<const WaitTarget> targets = {}) {
         last_pump_ = SteadyClock::now();
         // Messages already buffered may change what the caller waits for.
         if (dispatch_buffered() > 0) return true;
-        pollfd p{sock_.get(), POLLIN, 0};
+        polls_.clear();
+        polls_.push_back(pollfd{sock_.get(), POLLIN, 0});
+        for (const WaitTarget& t : targets)
+            if (t.link->completion_fd) polls_.push_back(pollfd{t.link->completion_fd.get(), POLLIN, 0});
         timespec ts{};
         const timespec* timeout = nullptr;
         if (deadline != TimePoint::max()) {
             ts = to_timespec(std::max(nanoseconds::zero(), deadline - SteadyClock::now()));
             timeout = &ts;
         }
-        const int rc = ::ppoll(&p, 1, timeout, nullptr);
+        const int rc = ::ppoll(polls_.data(), polls_.size(), timeout, nullptr);
         if (rc < 0) {
             if (errno == EINTR) return false;
             throw ClientError("ppoll: " + errno_text(errno));
         }
-        if (rc > 0) {
+        // A notifier is read by the next arm_wake(), before FENCE is.
+        if (polls_[0].revents != 0) {
             receive_into_reader();
             dispatch_buffered();
         }
         return true;
     }
+
+    bool notifier_session() const { return hello_.version >= PVGPU_PROTO_VERSION_COMPLETION; }
 
     // Handles complete buffered messages; returns how many.
     std::size_t dispatch_buffered() {
@@ -367,6 +401,7 @@ private:
     std::uint32_t awaited_seq_ = 0;     // request whose reply we are waiting for
     std::optional<wire::Message> reply_;
     TimePoint last_pump_{};
+    std::vector<pollfd> polls_;         // pump()'s, kept to spare an allocation per wait
 };
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <system_error>
 #include <utility>
@@ -101,8 +102,10 @@ struct ChannelLink {
     // PVGPU_CHAN_ERR_*; the control page says the same, this only saves a look.
     std::uint32_t error = PVGPU_CHAN_ERR_NONE;
 
-    // Socket transport: doorbell eventfd and the mode pvgpud put us in.
+    // Socket transport: doorbell eventfd and the mode pvgpud put us in, and
+    // (protocol version 3) the completion notifier pvgpud writes.
     UniqueFd doorbell_fd;
+    UniqueFd completion_fd;
     std::uint32_t mode = 0;             // PVGPU_MODE_*
     std::uint32_t mode_seq = 0;
     // Device transport: the driver's handle and the doorbell register.
@@ -155,12 +158,23 @@ public:
 
     // Handles control traffic without blocking; cheap enough to call per submit.
     virtual void service() = 0;
-    // Whether sleep() returns when a target's fence is reached (device).
-    virtual bool notifies_completion() const = 0;
-    // Sleeps until `wake`, a signal, or (if notifies_completion) until
-    // `target`'s fence is reached or its channel dies (then `target->link->error`
-    // is set; a lost link throws LinkLost).  Handles control traffic meanwhile.
-    virtual SleepResult sleep(const WaitTarget* target, TimePoint wake) = 0;
+    // How sleep() learns of completions now (it may change with a
+    // reconnect to another daemon):
+    enum class CompletionWake {
+        None,   // it does not: sleep until the work could be done, look again
+        First,  // when the first target's fence is reached (device: one wait)
+        Any,    // when any target's fence is reached (socket, version 3)
+    };
+    virtual CompletionWake completion_wake() const = 0;
+    // Before a look at the channel's FENCE for `dev_fence`: asks to be woken
+    // when it is reached and consumes wake-ups already delivered, so the look
+    // that follows sees everything they announced (CompletionWake::Any).
+    virtual void arm_wake(ChannelLink& /*link*/, std::uint32_t /*dev_fence*/) {}
+    // Sleeps until `wake`, a signal, or (as completion_wake says) until a
+    // target's fence is reached or its channel dies (then `link->error` may
+    // be set; a lost link throws LinkLost).  Handles control traffic
+    // meanwhile.  `targets` are ordered by expected completion.
+    virtual SleepResult sleep(std::span<const WaitTarget> targets, TimePoint wake) = 0;
 
     virtual TransportInfo info() = 0;
     virtual std::uint32_t client_id() const = 0;

@@ -126,8 +126,10 @@ std::optional<std::string> check_body(std::uint16_t type, std::span<const std::b
                 return "carries " + std::to_string(nfds) + " fds but status is not OK";
             return std::nullopt;
         }
-        if (nfds != 2)
-            return "status OK needs exactly 2 fds (memfd, doorbell eventfd), got " +
+        // The third, the completion notifier, only in a version-3 host
+        // session: the client checks the count against its session.
+        if (nfds != 2 && nfds != 3)
+            return "status OK needs 2 fds (memfd, doorbell eventfd) or 3 (and a completion notifier), got " +
                    std::to_string(nfds);
         if (!mode_known(b.mode)) return "mode " + std::to_string(b.mode) + " is out of range";
         if (b.mem_size != PVGPU_CHAN_MEM_SIZE)

@@ -25,6 +25,7 @@ import select
 import shutil
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -46,7 +47,9 @@ MSG_HELLO_REPLY, MSG_CHAN_REPLY, MSG_FREE_REPLY, MSG_MODE, MSG_NOTICE, MSG_ERROR
     64, 65, 66, 67, 68, 69, 70)
 ROLE_VMM, ROLE_HOST = 1, 2
 E_OK, E_VERSION, E_INVALID, E_STATE, E_LIMIT = 0, 1, 2, 3, 4
-PROTO_VERSION = 2  # PVGPU_PROTO_VERSION
+PROTO_VERSION = 3  # PVGPU_PROTO_VERSION
+PROTO_VERSION_COMPLETION = 3  # PVGPU_PROTO_VERSION_COMPLETION
+CTRL_NOTIFY_FENCE = 0x14  # PVGPU_CTRL_NOTIFY_FENCE
 PAGE = 4096
 RING_ENTRIES = 256
 CHAN_MEM_SIZE = PAGE + RING_ENTRIES * 16
@@ -354,12 +357,12 @@ class RawClient:
                 return True
         return self.closed
 
-    def hello(self, name, role=ROLE_HOST, uuid=b"\0" * 16, expect_status=E_OK):
-        payload = struct.pack("<II16s64sII", 1, role, uuid, name.encode(), os.getpid(), 0)
+    def hello(self, name, role=ROLE_HOST, uuid=b"\0" * 16, expect_status=E_OK, version=1):
+        payload = struct.pack("<II16s64sII", version, role, uuid, name.encode(), os.getpid(), 0)
         seq = self.send(MSG_HELLO, payload)
         msg = self.expect(seq)
         check(msg[0] == MSG_HELLO_REPLY, f"HELLO answered with type {msg[0]}")
-        status, version, client_id, max_channels = struct.unpack("<IIII", msg[2])
+        status, self.version, client_id, max_channels = struct.unpack("<IIII", msg[2])
         check(status == expect_status, f"HELLO of {name}: status {status}, expected {expect_status}")
         return client_id, max_channels
 
@@ -372,12 +375,12 @@ class RawClient:
             if msg[1] == seq:
                 return msg
 
-    def alloc(self):
+    def alloc(self, nfds=2):
         seq = self.send(MSG_CHAN_ALLOC, struct.pack("<Q32s", 0, b""))
         msg = self.expect(seq)
-        return self.parse_chan_reply(msg)
+        return self.parse_chan_reply(msg, nfds)
 
-    def parse_chan_reply(self, msg):
+    def parse_chan_reply(self, msg, nfds=2):
         if msg[0] == MSG_ERROR:
             status = struct.unpack_from("<I", msg[2])[0]
             return status, None, []
@@ -385,8 +388,8 @@ class RawClient:
         status, chan_id, _, _ = struct.unpack("<IIII", msg[2])
         fds = []
         if status == E_OK:
-            check(len(self.fds) >= 2, "CHAN_REPLY OK without 2 fds")
-            fds, self.fds = self.fds[:2], self.fds[2:]
+            check(len(self.fds) >= nfds, f"CHAN_REPLY OK without {nfds} fds")
+            fds, self.fds = self.fds[:nfds], self.fds[nfds:]
         return status, chan_id, fds
 
 
@@ -394,7 +397,7 @@ class RawChannel:
     """Submits kernels on a channel mapped by a raw client (fences = sequence)."""
 
     def __init__(self, fds):
-        self.memfd, self.doorbell = fds
+        self.memfd, self.doorbell = fds[:2]
         self.mem = mmap.mmap(self.memfd, CHAN_MEM_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self.put = 0
 
@@ -411,6 +414,22 @@ class RawChannel:
         if n:
             struct.pack_into("<I", self.mem, 0, self.put)
             os.write(self.doorbell, struct.pack("<Q", 1))
+
+    def run(self, kernel_ns, kernels, timeout=10.0):
+        """Submits exactly `kernels` entries (as the ring allows) and waits until they completed."""
+        target = self.put + kernels
+        deadline = time.monotonic() + timeout
+        while self.fence() != target:
+            check(time.monotonic() < deadline, f"channel stuck at fence {self.fence()}, want {target}")
+            room = min(target - self.put, RING_ENTRIES - (self.put - self.fence()))
+            for _ in range(room):
+                struct.pack_into("<QII", self.mem, PAGE + (self.put % RING_ENTRIES) * 16,
+                                 kernel_ns, self.put + 1, ENTRY_IRQ)
+                self.put += 1
+            if room > 0:
+                struct.pack_into("<I", self.mem, 0, self.put)
+                os.write(self.doorbell, struct.pack("<Q", 1))
+            time.sleep(0.002)  # polling FENCE, as a client without a notifier does
 
     def close(self):
         self.mem.close()
@@ -1673,6 +1692,102 @@ def case_admin_slots(bins, tmp):
         d.stop()
 
 
+
+# ---- completion notifiers (protocol version 3) ----------------------------------
+
+
+def pipe_bytes(fd):
+    return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0]
+
+
+def case_completion(bins, tmp):
+    """Issue 12: host clients' completion notifiers.  libpvgpu sleeps on them:
+    at most one wake-up per kernel, one per batch, with two clients contending
+    (the timed re-checks it falls back to without them miss whenever the
+    other client's kernel runs).  The notifier is a one-page pipe only pvgpud
+    writes, when FENCE reaches the page's NOTIFY_FENCE; version-2 clients get
+    two fds as before; one that never reads its notifier, blocks it or
+    closes it costs the daemon nothing."""
+    d = Daemon(bins, tmp)
+    d.start()
+    try:
+        # Batches of 1 and of 4, two in flight each, 1 ms kernels: each
+        # client's kernels wait behind the other's.  polls counts every
+        # sleep of the library; the ideal is one per awaited fence.
+        kernels = 600
+        loads = {b: Load(bins, d, "bench", "--kernel-us", 1000, "--kernels", kernels, "--batch", b,
+                         "--depth", 2, name=f"wake-batch{b}") for b in (1, 4)}
+        for b, load in loads.items():
+            rc, v = load.finish(timeout=60)
+            check(rc == 0, f"batch {b}: exit status {rc}")
+            per_kernel = int(v["polls"]) / kernels
+            result(f"completion.batch{b}.wakeups_per_kernel", f"{per_kernel:.3f}")
+            # One per awaited fence (1/b per kernel); a look that finds the
+            # fence already reached does not sleep.  5%: wake-ups for the
+            # socket (none are expected for a host client).
+            check(per_kernel <= 1.05 / b, f"batch {b}: {per_kernel:.3f} wake-ups per kernel, "
+                                          f"expected <= {1.05 / b:.3f} (one per awaited fence)")
+
+        # A version-2 client (the QEMU device, an old libpvgpu): as before.
+        old = RawClient(d.socket)
+        old.hello("v2", version=2)
+        check(old.version == 2, f"HELLO version 2 answered with version {old.version}")
+        status, _, fds = old.alloc()
+        check(status == E_OK and len(fds) == 2 and not old.fds,
+              f"version 2: CHAN_REPLY status {status} with {len(fds) + len(old.fds)} fds, expected 2")
+        old.close()
+
+        # A version-3 host client gets the read end of a one-page pipe.
+        c = RawClient(d.socket)
+        c.hello("v3", version=PROTO_VERSION_COMPLETION)
+        check(c.version == PROTO_VERSION_COMPLETION, f"HELLO version 3 answered with version {c.version}")
+        status, _, fds = c.alloc(nfds=3)
+        check(status == E_OK and not c.fds, f"version 3: CHAN_REPLY status {status}, {len(c.fds)} extra fds")
+        notifier = fds[2]
+        check(stat.S_ISFIFO(os.fstat(notifier).st_mode), "the notifier is not a pipe")
+        check(fcntl.fcntl(notifier, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY,
+              "the notifier is not the read end")
+        check(fcntl.fcntl(notifier, fcntl.F_GETPIPE_SZ) <= PAGE, "the notifier pipe is larger than a page")
+        ch = RawChannel(fds)
+
+        def run(kernels):
+            ch.run(10_000, kernels)
+
+        def drain():
+            os.set_blocking(notifier, False)
+            try:
+                while os.read(notifier, 4096):
+                    pass
+            except BlockingIOError:
+                pass
+
+        # NOTIFY_FENCE: nothing before it is reached, a byte once it is.
+        run(10)
+        struct.pack_into("<I", ch.mem, CTRL_NOTIFY_FENCE, ch.put + 50)
+        drain()
+        run(40)
+        check(pipe_bytes(notifier) == 0, f"woken {pipe_bytes(notifier)} times before NOTIFY_FENCE")
+        run(20)
+        check(pipe_bytes(notifier) > 0, "not woken when FENCE passed NOTIFY_FENCE")
+
+        # Hostile: blocking mode on our end (pvgpud's end is its own), never
+        # read, far more completions than the pipe holds.
+        os.set_blocking(notifier, True)
+        struct.pack_into("<I", ch.mem, CTRL_NOTIFY_FENCE, 0)
+        run(6000)
+        check(pipe_bytes(notifier) <= PAGE, f"{pipe_bytes(notifier)} bytes in a one-page notifier")
+        good_client_throughput(bins, d, "notifier-full")
+        # Closed: pvgpud's writes fail with EPIPE, which must not kill it.
+        os.close(notifier)
+        run(300)
+        good_client_throughput(bins, d, "notifier-closed")
+        ch.close()
+        c.close()
+        check(d.alive(), "pvgpud died")
+    finally:
+        d.stop()
+
+
 CASES = {
     "identity": case_identity,
     "migrate": case_migrate,
@@ -1690,6 +1805,7 @@ CASES = {
     "monitoring": case_monitoring,
     "ctl-compat": case_ctl_compat,
     "metrics": case_metrics,
+    "completion": case_completion,
 }
 
 

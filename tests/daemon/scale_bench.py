@@ -2,8 +2,10 @@
 """Scale benchmark of pvgpud (issue 12): N host throttles with kernels spread
 evenly over 250 us .. 2 ms, equal weights, under one policy.  Prints the
 clients' own Jain's index and unfairness (from their completed-kernel counts,
-tests/daemon/daemon_test.py's measure_shares) and pvgpud's CPU as a fraction
-of one core (from /proc over the same window).  Asserts nothing: numbers for
+tests/daemon/daemon_test.py's measure_shares), pvgpud's CPU as a fraction
+of one core (from /proc over the same window), the 1-minute load average
+(the machine is shared: read the numbers beside it) and the clients with
+the smallest and largest share.  Asserts nothing: numbers for
 docs/results.md.
 
 usage: scale_bench.py --pvgpud P --pvgpuctl P --load P [--clients N]
@@ -61,7 +63,11 @@ def run_policy(ns, bins, policy, ks):
         c1, w1 = cpu_seconds(d.proc.pid), time.monotonic()
         shares, busy = t.measure_between(loads, ks, t0, t1, 60)
         jain, u = t.fairness_of(shares, [1 / n] * n)
-        return {"jain": jain, "unfairness": u, "gpu_busy": busy, "core": (c1 - c0) / (w1 - w0)}
+        # Where the unfairness is: the extremes, with their kernel lengths.
+        order = sorted(range(n), key=lambda i: shares[i])
+        extremes = [(label, shares[i] * n, ks[i]) for label, i in (("min", order[0]), ("max", order[-1]))]
+        return {"jain": jain, "unfairness": u, "gpu_busy": busy, "core": (c1 - c0) / (w1 - w0),
+                "extremes": extremes}
     finally:
         for load in loads:
             load.kill()
@@ -105,7 +111,10 @@ def main():
             print(f"RESULT {tag}.jain={r['jain']:.4f}")
             print(f"RESULT {tag}.unfairness={r['unfairness']:.3f}")
             print(f"RESULT {tag}.gpu_busy={r['gpu_busy']:.3f}")
-            print(f"RESULT {tag}.pvgpud_core_fraction={r['core']:.3f}", flush=True)
+            print(f"RESULT {tag}.pvgpud_core_fraction={r['core']:.3f}")
+            print(f"RESULT {tag}.loadavg_1m={os.getloadavg()[0]:.2f}")
+            for label, share, k in r["extremes"]:
+                print(f"# {label} share {share:.3f} of fair, kernel {k} us", flush=True)
     if ns.compare:
         # Medians over the alternating runs: one slow run of either policy
         # (the machine is shared) does not decide the difference.

@@ -77,9 +77,9 @@ private:
 };
 
 // Descriptors of the kinds pvgpud opens (sockets, memfds, eventfds,
-// timerfds, files).  Pipes are left out: pvgpud opens none, and libFuzzer
-// talks to llvm-symbolizer through pipes it keeps once it has printed a
-// new function.
+// timerfds, files).  Pipes are left out: libFuzzer talks to llvm-symbolizer
+// through pipes it keeps once it has printed a new function, so pvgpud's
+// completion notifiers (pipes) are not counted.
 int open_fds() {
     int n = 0;
     for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
@@ -101,7 +101,7 @@ UniqueFd connect_to(const std::string& path) {
 
 struct Channel {
     std::uint32_t id = 0;
-    UniqueFd mem, bell;
+    UniqueFd mem, bell, notifier;  // notifier: version-3 host sessions only
     void* map = nullptr;
     std::uint32_t put = 0;
     ~Channel() {
@@ -298,11 +298,13 @@ private:
                 // An exception escaped a handler (daemon.cpp answers E_INTERNAL).
                 if (m.hdr.type == PVGPU_MSG_ERROR)
                     require(m.as<pvgpu_error>().status != PVGPU_E_INTERNAL, "the daemon failed internally");
-                if (m.hdr.type == PVGPU_MSG_CHAN_REPLY && m.fds.size() == 2 && c.channels.size() < 4) {
+                if (m.hdr.type == PVGPU_MSG_CHAN_REPLY && m.fds.size() >= 2 && c.channels.size() < 4) {
                     auto ch = std::make_unique<Channel>();
                     ch->id = m.as<pvgpu_chan_reply>().chan_id;
                     ch->mem = std::move(m.fds[0]);
                     ch->bell = std::move(m.fds[1]);
+                    // Kept unread: a client that never reads its notifier.
+                    if (m.fds.size() == 3) ch->notifier = std::move(m.fds[2]);
                     void* p = mmap(nullptr, PVGPU_CHAN_MEM_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, ch->mem.get(), 0);
                     ch->map = p == MAP_FAILED ? nullptr : p;
                     c.channels.push_back(std::move(ch));

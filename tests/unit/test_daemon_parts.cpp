@@ -28,6 +28,7 @@
 #include "daemon/config.hpp"
 #include "daemon/daemon.hpp"
 #include "daemon/glib_clock.hpp"
+#include "daemon/gsource.hpp"
 #include "daemon/names.hpp"
 #include "daemon/state_store.hpp"
 #include "proto/wire.hpp"
@@ -274,7 +275,67 @@ TEST_CASE("Doorbell: an eventfd that drains", "[daemon][memory]") {
     CHECK_FALSE(d.drain());
 }
 
+TEST_CASE("Doorbell: a client clearing O_NONBLOCK cannot make drain() block", "[daemon][memory]") {
+    // The client's copy shares the open file description, and with it the
+    // O_NONBLOCK flag.  Without RWF_NOWAIT this drain() would block forever.
+    auto d = Doorbell::create();
+    UniqueFd client(fcntl(d.fd(), F_DUPFD_CLOEXEC, 0));
+    REQUIRE(client);
+    REQUIRE(fcntl(client.get(), F_SETFL, fcntl(client.get(), F_GETFL) & ~O_NONBLOCK) == 0);
+    REQUIRE((fcntl(d.fd(), F_GETFL) & O_NONBLOCK) == 0);
+    CHECK_FALSE(d.drain());
+    REQUIRE(eventfd_write(client.get(), 1) == 0);
+    CHECK(d.drain());
+    CHECK_FALSE(d.drain());
+}
+
 // ------------------------------------------------------------ configuration
+
+TEST_CASE("FdMux: many fds behind one loop fd, level-triggered, watches removable from callbacks",
+          "[daemon][fdmux]") {
+    Context c;
+    FdMux mux(c.ctx);
+    std::vector<UniqueFd> fds;
+    std::vector<MuxWatch> watches(3);
+    std::vector<int> calls(3, 0);
+    for (int i = 0; i < 3; ++i) {
+        fds.emplace_back(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+        REQUIRE(fds.back());
+        watches[static_cast<std::size_t>(i)] = MuxWatch(mux, fds.back().get(), G_IO_IN, [&, i](GIOCondition cond) {
+            CHECK((cond & G_IO_IN));
+            ++calls[static_cast<std::size_t>(i)];
+            // The first callback removes the other two, ready in the same
+            // round: they must not run.
+            if (i == 0) {
+                watches[1].reset();
+                watches[2].reset();
+            }
+        });
+    }
+    for (auto& fd : fds) REQUIRE(eventfd_write(fd.get(), 1) == 0);
+    // Level-triggered: an undrained fd fires again.  Whichever ran first,
+    // watch 0 runs at least twice in these rounds once its peers are gone.
+    REQUIRE(c.run_until([&] { return calls[0] >= 2; }));
+    CHECK(calls[1] + calls[2] <= 2);  // at most those that ran before watch 0 did
+    const int removed = calls[1] + calls[2];
+    REQUIRE(c.run_until([&] { return calls[0] >= 4; }));
+    CHECK(calls[1] + calls[2] == removed);
+
+    // Conditions change in place; HUP is reported without asking.
+    int sv[2];
+    REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) == 0);
+    UniqueFd a(sv[0]), b(sv[1]);
+    GIOCondition got{};
+    MuxWatch w(mux, a.get(), G_IO_OUT, [&](GIOCondition cond) { got = cond; });
+    REQUIRE(c.run_until([&] { return (got & G_IO_OUT) != 0; }));
+    w.set_condition(static_cast<GIOCondition>(0));
+    CHECK(w.condition() == 0);
+    got = {};
+    b.reset();
+    REQUIRE(c.run_until([&] { return (got & G_IO_HUP) != 0; }));
+    w.reset();
+    CHECK_FALSE(w);
+}
 
 TEST_CASE("config: an empty file gives the defaults", "[daemon][config]") {
     Config c = parse_config("", "empty.conf");
@@ -833,7 +894,11 @@ TEST_CASE("daemon: a host client submits through shared memory and a doorbell", 
     REQUIRE(r.status == PVGPU_OK);
     CHECK(m->hdr.seq == 2u);
     CHECK(r.mem_size == PVGPU_CHAN_MEM_SIZE);
-    REQUIRE(m->fds.size() == 2);
+    // Version 3, a host client: memfd, doorbell and completion notifier.
+    REQUIRE(m->fds.size() == 3);
+    struct stat st {};
+    REQUIRE(fstat(m->fds[2].get(), &st) == 0);
+    CHECK(S_ISFIFO(st.st_mode));
 
     void* p = mmap(nullptr, r.mem_size, PROT_READ | PROT_WRITE, MAP_SHARED, m->fds[0].get(), 0);
     REQUIRE(p != MAP_FAILED);
@@ -844,6 +909,9 @@ TEST_CASE("daemon: a host client submits through shared memory and a doorbell", 
     REQUIRE(eventfd_write(m->fds[1].get(), 1) == 0);
     REQUIRE(c.run_until([&] { return ctrl->fence == 3u; }));
     CHECK(ctrl->ib_get == 3u);
+    // NOTIFY_FENCE 0: every completion interrupt wrote the notifier.
+    char wakes[8];
+    CHECK(::read(m->fds[2].get(), wakes, sizeof wakes) == 3);
 
     auto list = admin_request(c, rig.dir / "admin.sock", R"({"cmd":"list"})");
     // Host tasks are grouped under their user (SO_PEERCRED): host/<user>/<name>.
@@ -1114,7 +1182,7 @@ TEST_CASE("daemon: a guest sets its tasks' weights with TASK_WEIGHT", "[daemon][
     auto vm = std::make_unique<TestClient>(c, rig.dir / "pvgpud.sock");
     auto hr = vm->hello(PVGPU_ROLE_VMM, "vm1", 0x31).as<pvgpu_hello_reply>();
     REQUIRE(hr.status == PVGPU_OK);
-    CHECK(hr.version == 2u);
+    CHECK(hr.version == PVGPU_PROTO_VERSION);
 
     SECTION("before the task's first channel: remembered, then given to the new entity") {
         CHECK(vm->task_weight(77, 300) == PVGPU_OK);
@@ -1231,7 +1299,7 @@ TEST_CASE("daemon: TASK_WEIGHT needs a version-2 VMM session; version-1 clients 
     }
     SECTION("a host client: E_STATE") {
         TestClient host(c, sock);
-        REQUIRE(host.hello(PVGPU_ROLE_HOST, "render").as<pvgpu_hello_reply>().version == 2u);
+        REQUIRE(host.hello(PVGPU_ROLE_HOST, "render").as<pvgpu_hello_reply>().version >= 2u);
         host.send(PVGPU_MSG_TASK_WEIGHT, 9, pvgpu_task_weight{5, 300, 0});
         auto m = host.next_of(PVGPU_MSG_ERROR);
         REQUIRE(m);

@@ -343,8 +343,8 @@ TEST_CASE("wire: header rules", "[wire][validate]") {
                    Catch::Contains("payload is 90 bytes, header says len 96"));
     }
     SECTION("too many fds") {
-        CHECK_THAT(*validate(header(PVGPU_MSG_CHAN_REPLY, 16), bytes_of(chan_reply_ok()), 3),
-                   Catch::Contains("more than the maximum 2"));
+        CHECK_THAT(*validate(header(PVGPU_MSG_CHAN_REPLY, 16), bytes_of(chan_reply_ok()), 4),
+                   Catch::Contains("more than the maximum 3"));
     }
     CHECK_FALSE(validate(header(PVGPU_MSG_PING, 0), {}, 0));
     CHECK(ping.size() == 16);
@@ -357,11 +357,15 @@ TEST_CASE("wire: payload rules", "[wire][validate]") {
         CHECK_THAT(*validate(header(PVGPU_MSG_PING, 0), {}, 2), Catch::Contains("only CHAN_REPLY"));
         CHECK_THAT(*check(PVGPU_MSG_MODE, mode_body(), 1), Catch::Contains("only CHAN_REPLY"));
         CHECK_THAT(*check(PVGPU_MSG_CHAN_REPLY, chan_reply_ok(), 0),
-                   Catch::Contains("status OK needs exactly 2 fds (memfd, doorbell eventfd), got 0"));
+                   Catch::Contains("status OK needs 2 fds (memfd, doorbell eventfd) or 3 (and a completion "
+                                   "notifier), got 0"));
         CHECK_THAT(*check(PVGPU_MSG_CHAN_REPLY, chan_reply_ok(), 1), Catch::Contains("got 1"));
         CHECK_THAT(*check(PVGPU_MSG_CHAN_REPLY, chan_reply_err(), 2),
                    Catch::Contains("carries 2 fds but status is not OK"));
+        CHECK_THAT(*check(PVGPU_MSG_CHAN_REPLY, chan_reply_err(), 3),
+                   Catch::Contains("carries 3 fds but status is not OK"));
         CHECK_FALSE(check(PVGPU_MSG_CHAN_REPLY, chan_reply_ok(), 2));
+        CHECK_FALSE(check(PVGPU_MSG_CHAN_REPLY, chan_reply_ok(), 3));  // version 3, host client
         CHECK_FALSE(check(PVGPU_MSG_CHAN_REPLY, chan_reply_err(), 0));
     }
     SECTION("HELLO") {
@@ -579,11 +583,12 @@ TEST_CASE("wire: fd attribution in the reader", "[wire][fds]") {
     SECTION("more than the maximum at once") {
         std::vector<UniqueFd> fds = two_fds();
         fds.push_back(make_eventfd());
+        fds.push_back(make_eventfd());
         Reader r;
         r.feed(encode(PVGPU_MSG_CHAN_REPLY, 1, chan_reply_ok()), std::move(fds));
         auto v = r.next();
         REQUIRE(std::holds_alternative<DecodeError>(v));
-        CHECK_THAT(std::get<DecodeError>(v).reason, Catch::Contains("3 fds arrived at once"));
+        CHECK_THAT(std::get<DecodeError>(v).reason, Catch::Contains("4 fds arrived at once"));
     }
     SECTION("fds go to the last message starting in the chunk") {
         // What the kernel does when an fd-less tail is glued in front.
@@ -729,14 +734,19 @@ TEST_CASE("wire: more fds than the cmsg buffer holds are an error", "[wire][fds]
     auto f1 = make_eventfd();
     auto f2 = make_eventfd();
     auto f3 = make_eventfd();
+    auto f4 = make_eventfd();
+    auto f5 = make_eventfd();
     const Bytes reply = encode(PVGPU_MSG_CHAN_REPLY, 1, chan_reply_ok());
     // send_some refuses to send more than the maximum itself.
-    const int three[3] = {f1.get(), f2.get(), f3.get()};
-    CHECK_THROWS_AS(send_some(sp.a.get(), reply, three), std::invalid_argument);
+    const int four[4] = {f1.get(), f2.get(), f3.get(), f4.get()};
+    CHECK_THROWS_AS(send_some(sp.a.get(), reply, four), std::invalid_argument);
 
-    // A raw sendmsg with 3 fds arrives truncated (MSG_CTRUNC).
+    // A raw sendmsg with 5 fds arrives truncated (MSG_CTRUNC).  (4 would
+    // still fit: the buffer for 3 is padded to 8-byte alignment, and the
+    // reader refuses them as "4 fds arrived at once".)
+    const int five[5] = {f1.get(), f2.get(), f3.get(), f4.get(), f5.get()};
     iovec iov{const_cast<std::byte*>(reply.data()), reply.size()};
-    alignas(cmsghdr) char ctl[CMSG_SPACE(3 * sizeof(int))] = {};
+    alignas(cmsghdr) char ctl[CMSG_SPACE(5 * sizeof(int))] = {};
     msghdr msg{};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
@@ -745,8 +755,8 @@ TEST_CASE("wire: more fds than the cmsg buffer holds are an error", "[wire][fds]
     cmsghdr* c = CMSG_FIRSTHDR(&msg);
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(3 * sizeof(int));
-    std::memcpy(CMSG_DATA(c), three, sizeof three);
+    c->cmsg_len = CMSG_LEN(5 * sizeof(int));
+    std::memcpy(CMSG_DATA(c), five, sizeof five);
     const int before = count_open_fds();
     REQUIRE(::sendmsg(sp.a.get(), &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(reply.size()));
     Reader r;

@@ -66,6 +66,13 @@ int kvm_vm_ioctl(KVMState *s, int type, ...);
 int kvm_vm_check_extension(KVMState *s, unsigned int extension);
 
 #define TYPE_PVGPU "pvgpu"
+
+/*
+ * The newest client protocol version this device implements.  Version 3
+ * only adds host clients' completion notifiers; a VMM has its own completion
+ * path (the guest interrupt), so the device keeps speaking version 2.
+ */
+#define PVGPU_DEVICE_PROTO_VERSION PVGPU_PROTO_VERSION_TASK_WEIGHT
 OBJECT_DECLARE_SIMPLE_TYPE(PvgpuState, PVGPU)
 
 /* ------------------------------------------------------------------------ */
@@ -1664,7 +1671,7 @@ static void pvgpu_send_hello(PvgpuState *s)
     const char *name = qemu_name ? qemu_name : "";
     size_t i;
 
-    h.version = PVGPU_PROTO_VERSION;
+    h.version = PVGPU_DEVICE_PROTO_VERSION;
     h.role = PVGPU_ROLE_VMM;
     memcpy(h.uuid, qemu_uuid.data, sizeof(h.uuid));
     for (i = 0; i < PVGPU_NAME_LEN - 1 && name[i]; i++) {
@@ -1779,10 +1786,10 @@ static void pvgpu_on_reply(PvgpuState *s, const struct pvgpu_msg_hdr *h,
             pvgpu_link_lost(s, "HELLO refused");
             return;
         }
-        if (hr.version < 1 || hr.version > PVGPU_PROTO_VERSION) {
+        if (hr.version < 1 || hr.version > PVGPU_DEVICE_PROTO_VERSION) {
             error_report("pvgpu: pvgpud answered HELLO with protocol version "
                          "%u (this device speaks 1..%u)", hr.version,
-                         PVGPU_PROTO_VERSION);
+                         PVGPU_DEVICE_PROTO_VERSION);
             pvgpu_link_lost(s, "HELLO_REPLY with a version never offered");
             return;
         }
