@@ -113,8 +113,8 @@ def main():
             print(f"RESULT {tag}.gpu_busy={r['gpu_busy']:.3f}")
             print(f"RESULT {tag}.pvgpud_core_fraction={r['core']:.3f}")
             print(f"RESULT {tag}.loadavg_1m={os.getloadavg()[0]:.2f}")
-            for label, share, k in r["extremes"]:
-                print(f"# {label} share {share:.3f} of fair, kernel {k} us", flush=True)
+            for which, share, k in r["extremes"]:
+                print(f"# {which} share {share:.3f} of fair, kernel {k} us", flush=True)
     if ns.compare:
         # Medians over the alternating runs: one slow run of either policy
         # (the machine is shared) does not decide the difference.
