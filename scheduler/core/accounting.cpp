@@ -37,11 +37,7 @@ Accounting::Entry::~Entry() {
     // A listener may enter again (its events are appended and delivered here).
     for (std::size_t i = 0; i < a_.events_.size(); ++i) {
         const Event e = a_.events_[i];
-        if (e.is_charge) {
-            if (a_.listener_.charged) a_.listener_.charged(e.ch, e.d);
-        } else if (a_.listener_.running) {
-            a_.listener_.running(e.running);
-        }
+        if (a_.listener_) a_.listener_(e);
     }
     a_.events_.clear();
     a_.delivering_ = false;

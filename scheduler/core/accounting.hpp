@@ -37,12 +37,15 @@ class Accounting {
 public:
     // One engine-status register read (the scheduler counts its cost).
     using StatusRead = std::function<std::optional<ChannelId>()>;
-    struct Listener {
-        // `d` of GPU time charged to `ch` (its leaf's total grew by d).
-        std::function<void(ChannelId ch, Duration d)> charged;
-        // The channel seen on the engine changed (nullopt: idle).
-        std::function<void(std::optional<ChannelId> running)> running;
+    // What a listener hears: `d` of GPU time charged to `ch` (its leaf's
+    // total grew by d), or a change of the channel seen on the engine.
+    struct Event {
+        bool is_charge;
+        ChannelId ch;                      // charge
+        Duration d;                        // charge
+        std::optional<ChannelId> running;  // change (nullopt: idle)
     };
+    using Listener = std::function<void(const Event&)>;
 
     Accounting(const Clock& clock, Timers& timers, StatusRead read, EngineArbitration engine);
     Accounting(const Accounting&) = delete;
@@ -126,12 +129,6 @@ private:
     // Events reach the listener only once the entry point that made them is
     // done, so a listener may call back into the accounting (a policy that
     // unshadows releases work: host_kicked) and always sees it consistent.
-    struct Event {
-        bool is_charge;
-        ChannelId ch;
-        Duration d;
-        std::optional<ChannelId> running;
-    };
     class Entry {
     public:
         explicit Entry(Accounting& a) : a_(a) { ++a_.depth_; }

@@ -21,9 +21,7 @@ Scheduler::Scheduler(GpuDevice& gpu, const Clock& clock, Timers& timers,
           gpu.arbitration()) {
     if (!policy_) throw std::invalid_argument("scheduler needs a policy");
     accounting_.set_completion_time([this](ChannelId ch) { return gpu_.completion_time(ch); });
-    accounting_.set_listener(
-        {[this](ChannelId ch, Duration d) { on_accounting_event({true, ch, d, std::nullopt}); },
-         [this](std::optional<ChannelId> running) { on_accounting_event({false, 0, 0, running}); }});
+    accounting_.set_listener([this](const Accounting::Event& e) { on_accounting_event(e); });
     gpu_.set_interrupt_handler(this);
     tree_.set_listener([this](EntityTree::Change c, EntityId id) {
         if (c == EntityTree::Change::Added && by_entity_.size() <= id) by_entity_.resize(id + 1);
@@ -61,7 +59,7 @@ template <class F> void Scheduler::call_policy(F&& f) {
                              .count();
 }
 
-void Scheduler::on_accounting_event(AccountingEvent e) {
+void Scheduler::on_accounting_event(const Accounting::Event& e) {
     accounting_events_.push_back(e);
     // Outside any policy call (the accounting's own reads): one entry now.
     if (policy_depth_ == 0) call_policy([] {});
@@ -71,7 +69,7 @@ void Scheduler::deliver_accounting() {
     // Events the policy causes meanwhile (an unshadow releases work, which
     // the accounting reads) are appended and delivered in this loop.
     for (std::size_t i = 0; i < accounting_events_.size(); ++i) {
-        const AccountingEvent e = accounting_events_[i];
+        const Accounting::Event e = accounting_events_[i];
         if (e.is_charge)
             policy_->charged(e.ch, e.d);
         else

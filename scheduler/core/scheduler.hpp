@@ -108,13 +108,7 @@ private:
     // Accounting events (charges, engine changes) reach the policy at the end
     // of the outermost policy call, so a policy is never entered again from
     // inside itself.
-    struct AccountingEvent {
-        bool is_charge;
-        ChannelId ch;
-        Duration d;
-        std::optional<ChannelId> running;
-    };
-    void on_accounting_event(AccountingEvent e);
+    void on_accounting_event(const Accounting::Event& e);
     void deliver_accounting();
     void apply_mode(ChannelId ch);
     ChannelState& state(ChannelId ch);
@@ -150,7 +144,7 @@ private:
     ModeListener mode_listener_;
     FenceListener fence_listener_;
     int policy_depth_ = 0;
-    std::vector<AccountingEvent> accounting_events_;
+    std::vector<Accounting::Event> accounting_events_;
     static const std::vector<ChannelId> kNoChannels;
 };
 
