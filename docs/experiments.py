@@ -5,8 +5,8 @@ Usage: python3 docs/experiments.py PVGPU_SIM OUT_DIR [--bench PVGPU_BENCH_DECISI
                                    [--only NAME,NAME,...]
 
 NAME is one of: fairness, thesis_5421, thesis_5422, nested, gdev, accuracy,
-accounting_all, grace, anticipation, overhead, bench (default: all; bench
-only with --bench).
+accounting_all, grace, anticipation, feed_cap, preempt_cost, overhead, bench
+(default: all; bench only with --bench).
 
 Runs every experiment of DESIGN.md section 8 on the bundled scenarios (variants
 are made by editing the JSON, never by hand), prints markdown tables on stdout
@@ -258,6 +258,15 @@ def accounting_all(r, out):
     out.write(table(["scenario"] + policies, rows) + "\n")
 
 
+def run_variant(r, sc):
+    """The JSON report of pvgpu-sim on scenario dict `sc`."""
+    path = os.path.join(r.tmp, "sweep.json")
+    with open(path, "w") as f:
+        json.dump(sc, f)
+    return json.loads(subprocess.run([r.sim, "run", path, "--json"], check=True,
+                                     capture_output=True, text=True).stdout)
+
+
 def hfq_sweep(r, out, param, values, scenarios):
     """Worst share error and idle-with-work of hfq per scenario, value of
     `param` and GPU model."""
@@ -270,11 +279,7 @@ def hfq_sweep(r, out, param, values, scenarios):
                 sc = json.loads(json.dumps(base))
                 sc["policy"] = {"name": "hfq", "params": {param: v}}
                 sc.setdefault("gpu", {})["arbitration"] = arb
-                path = os.path.join(r.tmp, "sweep.json")
-                with open(path, "w") as f:
-                    json.dump(sc, f)
-                rep = json.loads(subprocess.run([r.sim, "run", path, "--json"], check=True,
-                                                capture_output=True, text=True).stdout)
+                rep = run_variant(r, sc)
                 row += ["%.4f" % rep["metrics"]["max_share_error"],
                         "%.4f" % rep["gpu"]["idle_with_demand_fraction"]]
             rows.append(row)
@@ -284,7 +289,32 @@ def hfq_sweep(r, out, param, values, scenarios):
 
 def grace(r, out):
     out.write("## Work conservation against protection: hfq's grace_us\n\n")
-    hfq_sweep(r, out, "grace_us", [20, 50, 100, 200], ["design-example", "demo", "low-demand", "mixed"])
+    hfq_sweep(r, out, "grace_us", [5, 20, 50, 100], ["design-example", "demo", "low-demand", "mixed"])
+
+
+def feed_cap(r, out):
+    out.write("## hfq's feed_lead_ms: work conservation against bursty leaves (1e6: no cap)\n\n")
+    hfq_sweep(r, out, "feed_lead_ms", [1e6, 8, 4, 3, 2],
+              ["design-example", "low-demand", "demo", "mixed", "flat"])
+
+
+def preempt_cost(r, out):
+    # The timeslice GPU's host preemption: what its dead time costs hfq.
+    out.write("## Host preemption cost (costs.preempt_us), hfq defaults, timeslice GPU\n\n")
+    rows = []
+    for name in ["design-example", "low-demand", "demo", "mixed"]:
+        base = load(name)
+        for us in [0, 25, 75, 150, 2000]:
+            sc = json.loads(json.dumps(base))
+            sc["policy"] = {"name": "hfq"}
+            sc.setdefault("gpu", {})["arbitration"] = "timeslice"
+            sc.setdefault("costs", {})["preempt_us"] = us
+            rep = run_variant(r, sc)
+            rows.append([name, "%g" % us,
+                         "%.4f" % rep["metrics"]["max_share_error"],
+                         "%.4f" % rep["gpu"]["idle_with_demand_fraction"],
+                         rep["mechanisms"]["preemptions"]])
+    out.write(table(["scenario", "preempt_us", "error (ts)", "idle w/ work (ts)", "preemptions"], rows) + "\n")
 
 
 def anticipation(r, out):
@@ -371,6 +401,8 @@ def main():
                  ("accounting_all", lambda: accounting_all(r, out)),
                  ("grace", lambda: grace(r, out)),
                  ("anticipation", lambda: anticipation(r, out)),
+                 ("feed_cap", lambda: feed_cap(r, out)),
+                 ("preempt_cost", lambda: preempt_cost(r, out)),
                  ("overhead", lambda: (overhead(r, out), overhead_gapped(r, out)))]
         if bench_path:
             parts.append(("bench", lambda: bench(bench_path, out)))

@@ -163,6 +163,22 @@ void Accounting::observed(std::optional<ChannelId> running) {
     last_seen_ = t;
 }
 
+void Accounting::preempted(ChannelId next) {
+    Entry entry(*this);
+    const Time t = clock_.now();
+    if (current_) {
+        charge(*current_, t - since_);
+        mark_preempted(*current_);
+    }
+    now_running(next, t, t);
+    // The host chose the moment: exact, but the dead time is nobody's.
+    since_ = t + engine_.preempt;
+    slice_end_ = since_ + engine_.timeslice;
+    if (auto it = channels_.find(next); it != channels_.end() && it->second.kernel_start >= 0)
+        it->second.kernel_start = since_;
+    arm_read();
+}
+
 void Accounting::now_running(std::optional<ChannelId> running, Time lo, Time hi) {
     const Time at = lo + (hi - lo) / 2;
     const std::optional<ChannelId> before = current_;

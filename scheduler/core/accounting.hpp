@@ -79,6 +79,9 @@ public:
     std::optional<ChannelId> running() const { return current_; }
     // Mean length of `ch`'s kernels seen whole; 0 if none yet.
     Duration kernel_estimate(ChannelId ch) const;
+    // The host preempted the engine now (GpuDevice::preempt_to): `next`
+    // runs after the engine's preemption dead time, which nobody is charged.
+    void preempted(ChannelId next);
 
     // GPU time of a leaf since it appeared, the running stint up to now included.
     Duration gpu_time(EntityId leaf) const;

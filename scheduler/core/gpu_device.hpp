@@ -29,11 +29,14 @@ struct ChannelMemory {
 // How the engine shares itself between channels, as the host programmed it:
 // a non-preemptive engine runs each kernel to completion; a preemptive one
 // switches channels at the end of every `timeslice` while others wait,
-// losing `ctxsw` per switch.
+// losing `ctxsw` per switch.  A preemptive engine also lets the host preempt
+// it (GpuDevice::preempt_to), losing `preempt` per preemption: a figure of
+// the hardware, like the slice the host programmed.
 struct EngineArbitration {
     bool preemptive = false;
     Duration timeslice = 0;
     Duration ctxsw = 0;
+    Duration preempt = 0;
 };
 
 // Interrupts delivered by the device.  Called on the scheduler's thread.
@@ -81,6 +84,17 @@ public:
 
     // The arbitration the host configured (non-preemptive unless overridden).
     virtual EngineArbitration arbitration() const { return {}; }
+
+    // Host-only preemption (the host owns the runlist: NVIDIA since Pascal,
+    // AMD's MES): the kernel on the engine is taken off, to resume later
+    // where it stopped, and `next` is loaded after `arbitration().preempt` of
+    // engine dead time (context save and load), with a fresh slice.  Returns
+    // false and changes nothing on an engine that cannot preempt, when the
+    // engine is idle, or when `next` is already on it or has no pending work.
+    virtual bool preempt_to(ChannelId next) {
+        (void)next;
+        return false;
+    }
 
     // Watchdog: a kernel running longer than this is killed with its channel.
     virtual void set_watchdog(Duration limit) = 0;

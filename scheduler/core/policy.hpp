@@ -48,6 +48,10 @@ public:
     // the mean length of a channel's kernels seen whole (0: none yet).
     virtual std::optional<ChannelId> running_seen() const = 0;
     virtual Duration kernel_estimate(ChannelId ch) const = 0;
+    // Host-only preemption of the engine in favour of `next` (see
+    // GpuDevice::preempt_to; gpu().arbitration().preempt is its dead time).
+    // False where the engine cannot do it.
+    virtual bool preempt(ChannelId next) = 0;
 };
 
 class Policy {

@@ -203,6 +203,16 @@ std::optional<ChannelId> Scheduler::engine_status() {
     return running;
 }
 
+bool Scheduler::preempt(ChannelId next) {
+    if (!channels_.count(next)) return false;
+    // The host reads who it takes off (a status read) before it preempts.
+    if (!gpu_.arbitration().preemptive || !engine_status()) return false;
+    if (!gpu_.preempt_to(next)) return false;
+    ++stats_.preemptions;
+    accounting_.preempted(next);
+    return true;
+}
+
 void Scheduler::on_trap(ChannelId ch, std::uint32_t put) {
     ++stats_.traps;
     stats_.mechanism_cpu += costs_.trap;

@@ -36,6 +36,7 @@ struct SchedulerStats {
     std::uint64_t channel_errors = 0;
     std::uint64_t released_entries = 0;
     std::uint64_t held_reports = 0;  // shadowed doorbells reporting new held work
+    std::uint64_t preemptions = 0;  // host preemptions the policy asked for and the engine did
     // Host CPU the mechanisms cost, from MechanismCosts (deterministic).
     Duration mechanism_cpu = 0;
     // Entries into policy code: callbacks, traps, interrupts and the policy's
@@ -92,6 +93,7 @@ public:
     std::optional<ChannelId> engine_status() override;
     std::optional<ChannelId> running_seen() const override { return accounting_.running(); }
     Duration kernel_estimate(ChannelId ch) const override { return accounting_.kernel_estimate(ch); }
+    bool preempt(ChannelId next) override;
 
 private:
     struct ChannelState {

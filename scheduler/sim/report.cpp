@@ -63,6 +63,7 @@ nlohmann::json to_json(const SimResult& r) {
                        {"channel_errors", r.stats.channel_errors},
                        {"released_entries", r.stats.released_entries},
                        {"held_reports", r.stats.held_reports},
+                       {"preemptions", r.stats.preemptions},
                        {"policy_calls", r.stats.policy_calls}};
     j["policy_counters"] = r.policy_counters;
     j["events"] = r.events;
@@ -92,7 +93,7 @@ std::string to_table(const SimResult& r) {
        << fmt("%.4f", r.idle_with_demand_fraction) << "   scheduler cpu "
        << fmt("%.0f", r.scheduler_cpu_us_per_s) << " us/s\n";
     os << "traps " << r.stats.traps << "   remaps " << r.stats.remaps << "   polls " << r.stats.polls
-       << '\n';
+       << "   preemptions " << r.stats.preemptions << '\n';
     return os.str();
 }
 

@@ -255,8 +255,10 @@ SimGpuConfig parse_gpu(const json& v, const std::string& path) {
     return cfg;
 }
 
-MechanismCosts parse_costs(const json& v, const std::string& path) {
-    static constexpr std::array<std::string_view, 3> kFields = {"trap_us", "remap_us", "poll_us"};
+// Host-side costs go to the scheduler; `preempt_us` is engine dead time.
+MechanismCosts parse_costs(const json& v, const std::string& path, SimGpuConfig& gpu) {
+    static constexpr std::array<std::string_view, 4> kFields = {"trap_us", "remap_us", "poll_us",
+                                                                "preempt_us"};
     expect_object(v, path);
     reject_unknown(v, path, kFields);
     MechanismCosts costs;
@@ -266,6 +268,7 @@ MechanismCosts parse_costs(const json& v, const std::string& path) {
     read("trap_us", costs.trap);
     read("remap_us", costs.remap);
     read("poll_us", costs.poll);
+    read("preempt_us", gpu.preempt);
     return costs;
 }
 
@@ -433,7 +436,7 @@ Scenario parse_document(const json& doc) {
         parse_policy(*p, "policy", sc);
     else
         parse_policy(json::object(), "policy", sc);  // still checks the default exists
-    if (const json* c = find(doc, "costs")) sc.costs = parse_costs(*c, "costs");
+    if (const json* c = find(doc, "costs")) sc.costs = parse_costs(*c, "costs", sc.gpu);
 
     const json& tree = require(doc, "", "tree");
     if (!tree.is_array() || tree.empty()) fail("tree", "must be a non-empty array of vm and task nodes");

@@ -104,7 +104,7 @@ void SimGpu::kick() {
     if (auto next = next_after(last_served_)) start(*next);
 }
 
-void SimGpu::start(ChannelId ch) {
+void SimGpu::start(ChannelId ch, Duration dead) {
     Channel& c = chan(ch);
     // A run time beyond any watchdog (and beyond int64 ns) is not real work.
     constexpr std::uint64_t kMaxPayload = std::uint64_t{1} << 50;
@@ -119,7 +119,10 @@ void SimGpu::start(ChannelId ch) {
     on_engine_ = ch;
     seg_start_ = now;
     if (switching) ++switches_;
-    if (cfg_.arbitration == Arbitration::Timeslice && (switching || now >= slice_end_)) {
+    if (dead >= 0) {
+        seg_start_ = now + dead;
+        slice_end_ = seg_start_ + cfg_.timeslice;
+    } else if (cfg_.arbitration == Arbitration::Timeslice && (switching || now >= slice_end_)) {
         if (switching) seg_start_ = now + cfg_.ctxsw;
         slice_end_ = seg_start_ + cfg_.timeslice;
     }
@@ -213,13 +216,28 @@ void SimGpu::segment_end() {
     if (it != channels_.end() && it->second.watcher) it->second.watcher(e.fence);
 }
 
+bool SimGpu::preempt_to(ChannelId next) {
+    if (cfg_.arbitration != Arbitration::Timeslice || !running_ || *running_ == next) return false;
+    auto it = channels_.find(next);
+    if (it == channels_.end() || !runnable(it->second)) return false;
+    stop_engine();
+    ++preemptions_;
+    start(next, cfg_.preempt);
+    return true;
+}
+
 void SimGpu::stop_engine() {
     ChannelId ch = *running_;
+    Channel& c = chan(ch);
     timers_.cancel(seg_timer_);
     seg_timer_ = kNoTimer;
     Time now = clock_.now();
+    // Taken off during a switch's dead time, it has not run at all.
     if (now > seg_start_) {
-        busy_ += now - seg_start_;
+        Duration ran = now - seg_start_;
+        c.remaining -= ran;  // a preempted kernel resumes with the rest
+        c.ran += ran;
+        busy_ += ran;
         if (observer_) observer_->executed(ch, seg_start_, now);
     }
     running_.reset();

@@ -26,6 +26,7 @@ struct SimGpuConfig {
     Duration timeslice = 2 * kMillisecond;  // Timeslice only
     Duration ctxsw = 0;                     // Timeslice only: engine dead time per switch
     Duration watchdog = 2 * kSecond;        // 0 disables
+    Duration preempt = 75 * kMicrosecond;   // Timeslice only: engine dead time per host preemption
 };
 
 // Ground truth for the simulator's reports, never for schedulers.
@@ -58,8 +59,9 @@ public:
     void set_watchdog(Duration limit) override { cfg_.watchdog = limit; }
     EngineArbitration arbitration() const override {
         if (cfg_.arbitration != Arbitration::Timeslice) return {};
-        return {true, cfg_.timeslice, cfg_.ctxsw};
+        return {true, cfg_.timeslice, cfg_.ctxsw, cfg_.preempt};
     }
+    bool preempt_to(ChannelId next) override;
 
     void set_observer(ExecutionObserver* o) { observer_ = o; }
     // Guest side: the submitter's view of completions (a guest polls fence
@@ -72,6 +74,7 @@ public:
     const SimGpuConfig& config() const { return cfg_; }
     Duration busy_time() const { return busy_; }
     std::uint64_t context_switches() const { return switches_; }
+    std::uint64_t preemptions() const { return preemptions_; }
 
 private:
     struct Channel {
@@ -102,7 +105,7 @@ private:
     bool runnable(const Channel& c) const;
     void update_ready(ChannelId ch);
     void kick();                       // start the engine if idle and work is ready
-    void start(ChannelId ch);          // put ch on the engine
+    void start(ChannelId ch, Duration dead = -1);  // put ch on the engine after `dead` (-1: ctxsw rule)
     void run_segment();                // run current kernel until done/slice/watchdog
     void segment_end();
     void stop_engine();                // take the running channel off mid-kernel
@@ -131,6 +134,7 @@ private:
     TimerId kick_timer_ = kNoTimer;
     Duration busy_ = 0;
     std::uint64_t switches_ = 0;
+    std::uint64_t preemptions_ = 0;
 };
 
 }  // namespace pvgpu::sim

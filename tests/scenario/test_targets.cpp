@@ -26,26 +26,13 @@ SimResult run_hfq(const std::string& name, Arbitration arb) {
 
 }  // namespace
 
-TEST_CASE("bursty tenants get what they ask for: design-example <= 0.06", "[targets][bursty]") {
-    auto arb = GENERATE(Arbitration::RoundRobin, Arbitration::Timeslice);
-    SimResult r = run_hfq("design-example", arb);
-    INFO(to_table(r));
-    CHECK(r.fairness.max_share_error <= 0.06);
-}
+// Met targets live in test_scenarios.cpp (design-example on both GPUs,
+// low-demand on the timeslice GPU, every other scenario on both).  This one
+// is not met; docs/results.md section 7 has the bound.
 
-TEST_CASE("bursty tenants get what they ask for: low-demand <= 0.03", "[targets][bursty]") {
-    auto arb = GENERATE(Arbitration::RoundRobin, Arbitration::Timeslice);
-    SimResult r = run_hfq("low-demand", arb);
+TEST_CASE("bursty tenants get what they ask for: low-demand <= 0.03 (round-robin GPU)",
+          "[targets][bursty]") {
+    SimResult r = run_hfq("low-demand", Arbitration::RoundRobin);
     INFO(to_table(r));
     CHECK(r.fairness.max_share_error <= 0.03);
-}
-
-TEST_CASE("every other bundled scenario: error <= 0.01, idle with work <= 1%", "[targets]") {
-    auto name = GENERATE(as<std::string>{}, "flat", "weighted", "hierarchical", "uncooperative", "mixed",
-                         "demo", "gdev-fig14", "overhead");
-    auto arb = GENERATE(Arbitration::RoundRobin, Arbitration::Timeslice);
-    SimResult r = run_hfq(name, arb);
-    INFO(to_table(r));
-    CHECK(r.fairness.max_share_error <= 0.01);
-    CHECK(r.idle_with_demand_fraction <= 0.01);
 }

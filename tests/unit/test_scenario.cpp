@@ -130,6 +130,7 @@ TEST_CASE("scenario: defaults for every optional field", "[scenario]") {
     CHECK(sc.gpu.timeslice == 2000 * kMicrosecond);
     CHECK(sc.gpu.ctxsw == 0);
     CHECK(sc.gpu.watchdog == 2000 * kMillisecond);
+    CHECK(sc.gpu.preempt == 75 * kMicrosecond);
     CHECK(sc.policy == "hfq");
     CHECK(sc.params.empty());
     CHECK(sc.costs.trap == MechanismCosts{}.trap);
@@ -150,7 +151,7 @@ TEST_CASE("scenario: every field set explicitly", "[scenario]") {
     json j = example();
     j["seed"] = 42;
     j["gpu"] = {{"arbitration", "timeslice"}, {"timeslice_us", 500}, {"ctxsw_us", 25}, {"watchdog_ms", 0}};
-    j["costs"] = {{"trap_us", 3.5}, {"remap_us", 0}, {"poll_us", 0.25}};
+    j["costs"] = {{"trap_us", 3.5}, {"remap_us", 0}, {"poll_us", 0.25}, {"preempt_us", 60}};
     j["tree"][0]["pid_hints"] = false;
     j["tree"][0]["weight"] = PVGPU_WEIGHT_MAX;
     j["tree"][0]["children"].push_back(
@@ -168,6 +169,7 @@ TEST_CASE("scenario: every field set explicitly", "[scenario]") {
     CHECK(sc.gpu.ctxsw == 25 * kMicrosecond);
     CHECK(sc.gpu.watchdog == 0);
     CHECK(sc.costs.trap == 3500);
+    CHECK(sc.gpu.preempt == 60 * kMicrosecond);
     CHECK(sc.costs.remap == 0);
     CHECK(sc.costs.poll == 250);
     if (!hfq.params.empty()) {
@@ -462,6 +464,10 @@ TEST_CASE("scenario: times and gpu settings", "[scenario]") {
     j = example();
     j["costs"]["remap_us"] = -50;
     expect_error(j, "costs.remap_us", ">= 0");
+
+    j = example();
+    j["costs"]["preempt_us"] = -75;
+    expect_error(j, "costs.preempt_us", ">= 0");
 }
 
 TEST_CASE("scenario: policy name and parameters", "[scenario]") {

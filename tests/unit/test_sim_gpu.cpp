@@ -329,6 +329,51 @@ TEST_CASE("sim gpu: context switch dead time in timeslice mode", "[sim_gpu][time
     CHECK(r.gpu.context_switches() == 3);
 }
 
+TEST_CASE("sim gpu: host preemption loads the chosen channel after its dead time", "[sim_gpu][timeslice]") {
+    SimGpuConfig cfg = timeslice(ms(2));
+    cfg.preempt = ms(0.075);
+    GpuRig r(cfg);
+    ChannelId a = r.channel();
+    ChannelId b = r.channel();
+    ChannelId c = r.channel();
+    r.submit(a, {ms(5)});
+    r.loop.run_until(ms(1));
+    CHECK_FALSE(r.gpu.preempt_to(b));  // no work on b
+    CHECK_FALSE(r.gpu.preempt_to(a));  // already on the engine
+    r.submit(c, {ms(1)});
+    r.submit(b, {ms(1)});
+    REQUIRE(r.gpu.preempt_to(b));
+    CHECK(r.running() == b);
+    CHECK(r.gpu.arbitration().preempt == ms(0.075));
+    r.loop.run_until(ms(100));
+    // A [0,1) taken off; dead 75 us; B [1.075,2.075) with a fresh slice; then
+    // the engine's own order: C after B, A resumes with its 4 ms left.
+    REQUIRE(r.segments.size() >= 3);
+    CHECK(r.segments[0] == Segment{a, 0, ms(1)});
+    CHECK(r.segments[1] == Segment{b, ms(1.075), ms(2.075)});
+    CHECK(r.segments[2] == Segment{c, ms(2.075), ms(3.075)});
+    CHECK(r.fence_times(a) == std::vector<Time>{ms(7.075)});
+    CHECK(r.executed_by(a) == ms(5));
+    CHECK(r.gpu.busy_time() == ms(7));  // the dead time is not busy
+    CHECK(r.gpu.preemptions() == 1);
+    CHECK(r.gpu.read_ib_get(a) == 1);  // resumed, not refetched
+}
+
+TEST_CASE("sim gpu: a non-preemptive engine refuses host preemption", "[sim_gpu][rr]") {
+    GpuRig r;
+    ChannelId a = r.channel();
+    ChannelId b = r.channel();
+    CHECK_FALSE(r.gpu.preempt_to(a));  // idle engine
+    r.submit(a, {ms(3)});
+    r.submit(b, {ms(1)});
+    r.loop.run_until(ms(1));
+    CHECK_FALSE(r.gpu.preempt_to(b));
+    CHECK_FALSE(r.gpu.arbitration().preemptive);
+    r.loop.run_until(ms(100));
+    CHECK(r.segments == std::vector<Segment>{{a, 0, ms(3)}, {b, ms(3), ms(4)}});
+    CHECK(r.gpu.preemptions() == 0);
+}
+
 TEST_CASE("sim gpu: fences always, interrupts only for IRQ entries", "[sim_gpu]") {
     GpuRig r;
     ChannelId a = r.channel();

@@ -23,6 +23,19 @@
 // accounting's reads.  When nothing has had work for `idle_us`, every
 // channel traps its next doorbell, so a returning host is seen at once.
 //
+// Bursty leaves (BFQ's idling, EEVDF's lag): an unblocked leaf whose absence
+// left the engine idle with held work is thinking between bursts.  Its
+// doorbells are trapped from then on, so its think time is learned exactly.
+// Feeding stops once the least-ahead blocked leaf is `feed_lead` ahead,
+// unless its learned kernel would delay the thinking leaf less than the
+// engine would idle until its learned return: the fed leaf cannot run away
+// from a leaf that is owed the GPU when it comes back.  A returning leaf
+// keeps up to `lag` of credit, more than `threshold`, so its siblings stay
+// blocked while it bursts.  On a preemptive engine a returning bursty leaf
+// below its fair share takes the engine from a blocked leaf's kernel (host
+// preemption, a modeled dead time), unless that kernel is learned to end
+// sooner than the preemption would take.
+//
 // Anticipation (BFQ's idling, Iyer and Druschel's anticipatory scheduler): a
 // leaf that runs unblocked and has just gone idle between bursts is likely
 // to come back after its usual think time.  If that think time is shorter
@@ -30,8 +43,8 @@
 // it would make the returning leaf wait a whole kernel on a non-preemptive
 // engine: hfq holds the engine idle instead, for at most twice the leaf's
 // learned think time, and only if that is within `anticipate_us`.  Off by
-// default: it buys design-example its share at 9% idle GPU and costs demo
-// and mixed theirs (docs/results.md section 7).
+// default: the feed cap does the same where it matters, without probing
+// (docs/results.md section 7).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -45,6 +58,13 @@ namespace pvgpu {
 namespace {
 
 constexpr double kUnitWeight = 100.0;
+// A bursty leaf is protected (preemption, holds) only while its GPU rate
+// over about this long is below its fair share.
+constexpr Duration kRateWindow = 50 * kMillisecond;
+constexpr double kBehind = 0.9;
+// A bursty leaf stays in the run queue through a think of at most this many
+// times `idle_us`: a longer think is not a burst pattern worth holding for.
+constexpr Duration kMaxStay = 4;
 
 struct Key {
     double vtime;
@@ -72,14 +92,22 @@ struct Node {
     bool active = false;
     bool blocked = false;
     bool shadowed = false;  // leaves: channels are asked to be Shadowed
+    bool bursty = false;    // leaves: seen between bursts; trapped while unblocked
     Duration accounted = 0;
-    Time idle_since = -1;   // leaves: first moment seen without work
+    Time idle_since = -1;   // leaves: first moment seen without work, while in the run queue
+    Time went_idle = -1;    // leaves: when the current think began, kept after leaving the queue
     Duration think = -1;    // leaves: mean time from going idle to new work, -1 unknown
+    Duration burst = -1;    // leaves: mean GPU time charged between a return and going idle
+    Duration burst_from = -1;  // leaves: `accounted` at the last return
+    // Leaves: recent GPU rate (EWMA over kRateWindow), sampled at decisions.
+    double rate = 0;
+    Time rate_at = -1;
+    Duration rate_used = 0;
     RunQueue rq;
 };
 
 struct Params {
-    Duration threshold, unblock, lag, idle, grace, anticipate;
+    Duration threshold, unblock, lag, idle, grace, anticipate, feed_lead;
 };
 
 // How late the return of a leaf held for is seen: the accounting reads an
@@ -96,25 +124,30 @@ public:
         ctx_ = &ctx;
         idle_timer_.bind(ctx.timers());
         grace_timer_.bind(ctx.timers());
+        preempt_timer_.bind(ctx.timers());
+        const EngineArbitration engine = ctx.gpu().arbitration();
+        // A preemption as slow as a slice buys nothing over its end.
+        can_preempt_ = engine.preemptive && engine.preempt < engine.timeslice;
+        preempt_cost_ = engine.preempt;
         arm_idle_check(ctx.now() + p_.idle);
     }
 
     void stop() override {
         idle_timer_.cancel();
         grace_timer_.cancel();
+        preempt_timer_.cancel();
         for (auto& [ch, leaf] : chans_) ctx_->set_mode(ch, ChannelMode::Direct);
     }
 
     void channel_added(ChannelId ch, EntityId leaf) override {
         node(leaf);
         chans_[ch] = leaf;
-        ctx_->set_mode(ch, idle_armed_ ? ChannelMode::Trapped
-                                       : (nodes_[leaf].shadowed ? ChannelMode::Shadowed
-                                                                : ChannelMode::Direct));
+        ctx_->set_mode(ch, idle_armed_ ? ChannelMode::Trapped : mode_of(leaf));
     }
 
     void channel_removed(ChannelId ch, EntityId leaf) override {
         chans_.erase(ch);
+        if (fed_ch_ == ch) fed_ch_ = 0;
         // The scheduler drops the channel after this call.
         bool others = false;
         for (ChannelId c : ctx_->channels_of(leaf)) others = others || (c != ch && has_work(c));
@@ -142,7 +175,13 @@ public:
         if (idle_armed_) wake_from_idle();
         // The write is forwarded after this returns, so the GPU does not show
         // it as pending yet: the doorbell itself is the evidence of work.
-        if (auto it = chans_.find(ch); it != chans_.end()) mark_busy(it->second);
+        auto it = chans_.find(ch);
+        if (it == chans_.end()) return;
+        mark_busy(it->second, true);
+        // A bursty leaf is back: over-served work on the engine gives way to
+        // it once the write has reached the GPU.
+        if (can_preempt_ && nodes_[it->second].bursty && !nodes_[it->second].shadowed)
+            preempt_timer_.arm(ctx_->now(), [this, ch] { preempt_for(ch); });
     }
 
     void work_held(ChannelId ch, std::uint32_t) override {
@@ -152,11 +191,15 @@ public:
     }
 
     void fence(ChannelId ch, std::uint32_t) override {
+        if (fed_ch_ == ch) fed_ch_ = 0;
         touch(ch);
         after_event();
     }
 
-    void channel_error(ChannelId, std::uint32_t) override { after_event(); }
+    void channel_error(ChannelId ch, std::uint32_t) override {
+        if (fed_ch_ == ch) fed_ch_ = 0;
+        after_event();
+    }
 
     void charged(ChannelId ch, Duration d) override { charge(ch, d); }
 
@@ -175,7 +218,8 @@ public:
                 {"unblocks", static_cast<double>(unblocks_)},
                 {"work_conserving_releases", static_cast<double>(wc_releases_)},
                 {"idle_arms", static_cast<double>(idle_arms_)},
-                {"anticipations", static_cast<double>(anticipations_)}};
+                {"anticipations", static_cast<double>(anticipations_)},
+                {"preemptions", static_cast<double>(preemptions_)}};
     }
 
 private:
@@ -232,25 +276,114 @@ private:
         if (leaf_has_work(leaf)) {
             mark_busy(leaf);
         } else if (nodes_[leaf].idle_since < 0) {
-            nodes_[leaf].idle_since = ctx_->now();
+            Node& n = nodes_[leaf];
+            n.idle_since = ctx_->now();
+            n.went_idle = n.idle_since;
             idle_candidates_.insert(leaf);
             arm_idle_check(ctx_->now() + p_.idle);
+            if (n.burst_from >= 0) {
+                Duration b = n.accounted - n.burst_from;
+                n.burst = n.burst < 0 ? b : n.burst + (b - n.burst) / 4;
+                n.burst_from = -1;
+            }
         }
     }
 
-    void mark_busy(EntityId leaf) {
+    // An unblocked leaf whose absence let the GPU be fed held work: its next
+    // return must be seen at once to be served at once, so trap its
+    // doorbells (a couple of microseconds each) from now on.
+    void mark_bursty(EntityId leaf) {
         Node& n = nodes_[leaf];
-        if (n.idle_since >= 0) {
-            // Back from a think.  Seen while the engine was held for it, the
-            // time is close (the accounting's settle reads); seen while a fed
-            // kernel ran, it is only an upper bound and may only lower the estimate.
-            Duration t = ctx_->now() - n.idle_since;
-            if (ctx_->now() <= held_until_ + kReturnSeenWithin)
+        if (n.bursty) return;
+        n.bursty = true;
+        if (idle_armed_ || n.shadowed) return;
+        for (ChannelId ch : ctx_->channels_of(leaf)) ctx_->set_mode(ch, ChannelMode::Trapped);
+    }
+
+    // The leaf's fair share now: w / sum(w) of the backlogged at every level.
+    double fair_share(EntityId leaf) const {
+        double share = 1;
+        for (EntityId id = leaf; id != kRootEntity; id = parent_of(id)) {
+            const RunQueue& rq = nodes_[parent_of(id)].rq;
+            double sum = nodes_[id].active ? 0 : weight_of(id);
+            for (const auto* set : {&rq.open, &rq.blocked})
+                for (const Key& k : *set) sum += weight_of(k.id);
+            share *= weight_of(id) / sum;
+        }
+        return share;
+    }
+
+    // Is the leaf's recent GPU rate below its fair share?  A leaf that gets
+    // its share anyway is not worth an idle or preempted engine.
+    bool behind(EntityId leaf) {
+        Node& n = nodes_[leaf];
+        Time now = ctx_->now();
+        if (n.rate_at < 0) {
+            n.rate_at = now;
+            n.rate_used = n.accounted;
+            return true;
+        }
+        Duration dt = now - n.rate_at;
+        if (dt > 0) {
+            double w = 1 - std::exp(-static_cast<double>(dt) / static_cast<double>(kRateWindow));
+            double r = static_cast<double>(n.accounted - n.rate_used) / static_cast<double>(dt);
+            n.rate += w * (r - n.rate);
+            n.rate_at = now;
+            n.rate_used = n.accounted;
+        }
+        return n.rate < kBehind * fair_share(leaf);
+    }
+
+    ChannelMode mode_of(EntityId leaf) const {
+        const Node& n = nodes_[leaf];
+        if (n.shadowed) return ChannelMode::Shadowed;
+        return n.bursty ? ChannelMode::Trapped : ChannelMode::Direct;
+    }
+
+    // `ch` of an unblocked bursty leaf has new work: if the engine runs
+    // work of a blocked leaf (fed from its shadow page, or still running
+    // from before the block), take it off.  It resumes later where it was.
+    void preempt_for(ChannelId ch) {
+        auto it = chans_.find(ch);
+        if (it == chans_.end() || nodes_[it->second].shadowed || !ctx_->gpu().pending(ch)) return;
+        // A leaf that thinks for less than a preemption takes would pay one
+        // per return: the engine is held for it instead (anticipation_until).
+        if (nodes_[it->second].think >= 0 && nodes_[it->second].think < preempt_cost_) return;
+        if (!behind(it->second)) return;
+        const std::optional<ChannelId> running = ctx_->engine_status();
+        if (!running || *running == ch) return;
+        auto run = chans_.find(*running);
+        if (run == chans_.end() || !nodes_[run->second].shadowed) return;
+        // A fed kernel about to end costs the returning leaf less than a
+        // preemption would cost the engine.
+        if (fed_ch_ == *running)
+            if (Duration est = ctx_->kernel_estimate(fed_ch_);
+                est > 0 && est - (ctx_->now() - fed_at_) <= preempt_cost_)
+                return;
+        if (!ctx_->preempt(ch)) return;
+        ++preemptions_;
+        fed_ch_ = 0;
+        feeding_ = false;
+    }
+
+    // `exact`: seen by its trapped doorbell, at the moment it happened.
+    void mark_busy(EntityId leaf, bool exact = false) {
+        Node& n = nodes_[leaf];
+        if (n.went_idle >= 0) {
+            // Back from a think (perhaps one longer than `idle`, which took
+            // it out of the run queue).  Seen by a trapped doorbell or while
+            // the engine was held for it, the time is close (the accounting's
+            // settle reads); seen while a fed kernel ran, it is only an upper
+            // bound and may only lower the estimate.
+            Duration t = ctx_->now() - n.went_idle;
+            if (exact || ctx_->now() <= held_until_ + kReturnSeenWithin)
                 n.think = n.think < 0 ? t : n.think + (t - n.think) / 4;
             else if (n.think >= 0)
                 n.think = std::min(n.think, t);
         }
         n.idle_since = -1;
+        n.went_idle = -1;
+        n.burst_from = n.accounted;
         idle_candidates_.erase(leaf);
         activate(leaf);
     }
@@ -340,8 +473,7 @@ private:
         else
             shadowed_leaves_.erase(id);
         if (idle_armed_) return;  // modes are restored on wake-up
-        for (ChannelId ch : ctx_->channels_of(id))
-            ctx_->set_mode(ch, shadow ? ChannelMode::Shadowed : ChannelMode::Direct);
+        for (ChannelId ch : ctx_->channels_of(id)) ctx_->set_mode(ch, mode_of(id));
     }
 
     // ---- idleness, work conservation ----
@@ -352,14 +484,22 @@ private:
         idle_timer_.arm(at, [this] { idle_check(); });
     }
 
-    // Leaves without work for `idle_us` leave the run queue; once none is
+    // How long a leaf without work stays in the run queue: `idle`, or for a
+    // bursty leaf a little over its learned think time (CFQ's slice_idle),
+    // so that it is still owed its share, and protected, when it returns.
+    Duration stay_of(const Node& n) const {
+        if (!n.bursty || n.think < 0) return p_.idle;
+        return std::clamp(n.think + n.think / 2, p_.idle, kMaxStay * p_.idle);
+    }
+
+    // Leaves without work for stay_of() leave the run queue; once none is
     // left and the engine is idle, every doorbell traps.
     void idle_check() {
         const Time now = ctx_->now();
         std::vector<EntityId> quiet;
         Time next = -1;
         for (EntityId leaf : idle_candidates_) {
-            const Time due = nodes_[leaf].idle_since + p_.idle;
+            const Time due = nodes_[leaf].idle_since + stay_of(nodes_[leaf]);
             if (now >= due)
                 quiet.push_back(leaf);
             else if (next < 0 || due < next)
@@ -385,8 +525,7 @@ private:
 
     void wake_from_idle() {
         idle_armed_ = false;
-        for (auto& [ch, leaf] : chans_)
-            ctx_->set_mode(ch, nodes_[leaf].shadowed ? ChannelMode::Shadowed : ChannelMode::Direct);
+        for (auto& [ch, leaf] : chans_) ctx_->set_mode(ch, mode_of(leaf));
     }
 
     void after_event() {
@@ -420,6 +559,18 @@ private:
     // Until when to keep the engine idle for an unblocked leaf between
     // bursts; `now` or earlier when no leaf is worth waiting for.
     Time anticipation_until(Time now) {
+        if (can_preempt_) {
+            // A bursty leaf back sooner than a preemption would take: keep
+            // the engine for it rather than feed and preempt.
+            Time until = now;
+            for (EntityId leaf : idle_candidates_) {
+                Node& n = nodes_[leaf];
+                if (!n.bursty || n.shadowed || n.think < 0 || n.think >= preempt_cost_) continue;
+                if (!behind(leaf)) continue;
+                until = std::max(until, n.idle_since + 2 * n.think);
+            }
+            if (until > now) return until;
+        }
         if (p_.anticipate <= 0 || idle_candidates_.empty()) return now;
         Duration fed = feed_estimate();
         Time until = now;
@@ -441,6 +592,9 @@ private:
     Duration feed_estimate() {
         EntityId leaf = feed_candidate();
         if (leaf == kNoEntity) return 0;
+        return feed_estimate(leaf);
+    }
+    Duration feed_estimate(EntityId leaf) const {
         Duration est = std::numeric_limits<Duration>::max();
         for (ChannelId ch : ctx_->channels_of(leaf))
             if (Duration k = ctx_->kernel_estimate(ch); k > 0 && ctx_->held(ch) > 0) est = std::min(est, k);
@@ -459,6 +613,11 @@ private:
                     n.think = p_.anticipate;
             }
         if (ctx_->engine_status()) return;
+        if (shadowed_leaves_.empty()) return;
+        // The engine idles with work held back because these unblocked
+        // leaves are between bursts: watch for their returns from now on.
+        for (EntityId leaf : idle_candidates_)
+            if (!nodes_[leaf].shadowed) mark_bursty(leaf);
         EntityId best = feed_candidate();
         if (best == kNoEntity) return;
         // Hand the GPU one held entry straight from the shadow page: no remap,
@@ -467,6 +626,8 @@ private:
             if (ctx_->release(ch, 1) != 0) {
                 ++wc_releases_;
                 feeding_ = true;
+                fed_ch_ = ch;
+                fed_at_ = ctx_->now();
                 break;
             }
         }
@@ -488,7 +649,37 @@ private:
                 best = leaf;
             }
         }
+        // Fed further, it would run away from a sibling that is only between
+        // bursts: that one is owed the GPU when it returns, unless the fed
+        // kernel is likely over by then.  Feeding another leaf instead
+        // would starve the least-ahead one: hold the engine.
+        if (best != kNoEntity && best_lead > static_cast<double>(p_.feed_lead) &&
+            delays_return(feed_estimate(best)))
+            return kNoEntity;
         return best;
+    }
+
+    // Would a kernel of length `est` fed now make an unblocked leaf between
+    // bursts wait longer on its return than the engine would idle until
+    // then (an unknown think: it may return at any moment)?
+    bool delays_return(Duration est) const {
+        Time now = ctx_->now();
+        for (EntityId leaf : idle_candidates_) {
+            const Node& n = nodes_[leaf];
+            if (n.shadowed || n.idle_since < 0) continue;
+            // Demand (burst / (burst + think)) below its fair share: max-min
+            // fairness owes it its demand, not a GPU held at everyone's cost.
+            if (n.think >= 0 && n.burst > 0 &&
+                static_cast<double>(n.burst) < fair_share(leaf) * static_cast<double>(n.burst + n.think))
+                continue;
+            if (n.think < 0) return true;
+            Duration until_back = std::max<Duration>(0, n.idle_since + n.think - now);
+            // Idling longer than the burst it would protect costs the others
+            // more GPU time than the returning leaf gets back.
+            if (until_back > n.burst) continue;
+            if (est - until_back > until_back) return true;
+        }
+        return false;
     }
 
     Params p_;
@@ -502,10 +693,16 @@ private:
     Time idle_check_at_ = 0;
     Timer grace_timer_;
     Time grace_at_ = 0;
+    Timer preempt_timer_;
+    ChannelId fed_ch_ = 0;  // channel of the fed kernel on the engine since fed_at_, if any
+    Time fed_at_ = 0;
+    bool can_preempt_ = false;
+    Duration preempt_cost_ = 0;
     Time held_until_ = -1;  // end of the last anticipation hold
     bool idle_armed_ = false;
     bool feeding_ = false;  // work conservation is handing out held entries
-    std::uint64_t blocks_ = 0, unblocks_ = 0, wc_releases_ = 0, idle_arms_ = 0, anticipations_ = 0;
+    std::uint64_t blocks_ = 0, unblocks_ = 0, wc_releases_ = 0, idle_arms_ = 0, anticipations_ = 0,
+                  preemptions_ = 0;
 };
 
 }  // namespace
@@ -517,15 +714,21 @@ PolicyInfo hfq_info() {
             {
                 {"threshold_ms", 2.0, "block a sibling once it is this far ahead in weighted GPU time"},
                 {"unblock_ms", 0.5, "unblock it once it is back within this"},
-                {"lag_ms", 2.0, "credit an entity keeps across idle periods"},
+                {"lag_ms", 4.0,
+                 "credit an entity keeps across idle periods; above threshold_ms, so a returning "
+                 "leaf holds its siblings back while it bursts"},
                 {"idle_us", 2000.0, "an entity without work this long leaves the run queue"},
                 // Accepted so that older configurations still load.
                 {"poll_us", 500.0, "no effect: hfq no longer polls the engine (the scheduler's accounting charges it)"},
                 {"settle_us", 5.0, "no effect: the scheduler's accounting reads an idle engine itself"},
-                {"grace_us", 20.0, "GPU idle this long with held work releases one entry of it"},
+                {"grace_us", 5.0, "GPU idle this long with held work releases one entry of it"},
                 {"anticipate_us", 0.0,
                  "hold the GPU idle for an unblocked leaf between bursts for twice its learned think "
                  "time, if that is within this and shorter than the kernel that would be fed (0: never)"},
+                {"feed_lead_ms", 4.0,
+                 "feed held work to the least-ahead blocked leaf only while it is at most this far ahead "
+                 "in weighted GPU time, or when its kernel would delay a thinking unblocked leaf less than "
+                 "the GPU would idle until that leaf returns"},
             }};
 }
 
@@ -534,8 +737,10 @@ std::unique_ptr<Policy> make_hfq(const PolicyParams& p) {
     auto get = [&](const char* n) { return param_or_default(p, info, n); };
     Params params{from_us(get("threshold_ms") * 1000), from_us(get("unblock_ms") * 1000),
                   from_us(get("lag_ms") * 1000),       from_us(get("idle_us")),
-                  from_us(get("grace_us")),            from_us(get("anticipate_us"))};
+                  from_us(get("grace_us")),            from_us(get("anticipate_us")),
+                  from_us(get("feed_lead_ms") * 1000)};
     if (params.idle <= 0) throw std::invalid_argument("hfq: idle_us must be positive");
+    if (params.feed_lead < 0) throw std::invalid_argument("hfq: feed_lead_ms must not be negative");
     if (params.anticipate < 0) throw std::invalid_argument("hfq: anticipate_us must not be negative");
     if (params.unblock > params.threshold)
         throw std::invalid_argument("hfq: unblock_ms must not exceed threshold_ms");
