@@ -11,6 +11,7 @@ docs/results.md.
 usage: scale_bench.py --pvgpud P --pvgpuctl P --load P [--clients N]
                       [--seconds S] [--policy NAME] [--demo]
                       [--compare BASE [--repeat R]] [--quick]
+                      [--batch K] [--depth D]
 --quick: 32 clients for 3 s (the smoke run of tests/run-all.sh).
 --demo: the demo's three host tasks (4 ms, 1 ms, 0.2 ms kernels) instead.
 --compare BASE: run BASE too, alternating R times, and print the median
@@ -50,24 +51,33 @@ def run_policy(ns, bins, policy, ks):
     d.start()
     loads = []
     try:
-        loads = [t.throttle(bins, d, f"s{i:03d}", k, duration=ns.seconds + 60) for i, k in enumerate(ks)]
+        loads = [t.throttle(bins, d, f"s{i:03d}", k, duration=ns.seconds + 60, batch=ns.batch, depth=ns.depth)
+                 for i, k in enumerate(ks)]
         for load in loads:
             load.wait_until(lambda x: len(x.reports) >= 1, 60, "its first report")
         t0 = max(load.reports[0][0] for load in loads) + 2.0
         while time.monotonic() < t0:
             time.sleep(t0 - time.monotonic())
         c0, w0 = cpu_seconds(d.proc.pid), time.monotonic()
+        _, before, _ = t.list_at(bins, d)
         t1 = t0 + ns.seconds
         while time.monotonic() < t1:
             time.sleep(t1 - time.monotonic())
         c1, w1 = cpu_seconds(d.proc.pid), time.monotonic()
+        _, after, _ = t.list_at(bins, d)
+        # The same window by pvgpud's accounting (per-kernel, no batch
+        # granularity at the window's edges).
+        names = [f"s{i:03d}" for i in range(n)]
+        acc = [after[p]["gpu_time_ms"] - before[p]["gpu_time_ms"]
+               for p in (next(k for k in after if k.endswith("/" + name)) for name in names)]
+        acc_jain, acc_u = t.fairness_of([a / sum(acc) for a in acc], [1 / n] * n)
         shares, busy = t.measure_between(loads, ks, t0, t1, 60)
         jain, u = t.fairness_of(shares, [1 / n] * n)
         # Where the unfairness is: the extremes, with their kernel lengths.
         order = sorted(range(n), key=lambda i: shares[i])
         extremes = [(label, shares[i] * n, ks[i]) for label, i in (("min", order[0]), ("max", order[-1]))]
         return {"jain": jain, "unfairness": u, "gpu_busy": busy, "core": (c1 - c0) / (w1 - w0),
-                "extremes": extremes}
+                "extremes": extremes, "acc_jain": acc_jain, "acc_unfairness": acc_u}
     finally:
         for load in loads:
             load.kill()
@@ -89,6 +99,9 @@ def main():
                     help="also run policy BASE, alternating, and print the differences")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each policy (alternating)")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--batch", type=int, default=4,
+                    help="kernels per submission of each throttle (a client counts whole batches)")
+    ap.add_argument("--depth", type=int, default=2, help="batches in flight per throttle")
     ns = ap.parse_args()
     if ns.quick:
         ns.clients, ns.seconds = 32, 3.0
@@ -111,6 +124,8 @@ def main():
             print(f"RESULT {tag}.jain={r['jain']:.4f}")
             print(f"RESULT {tag}.unfairness={r['unfairness']:.3f}")
             print(f"RESULT {tag}.gpu_busy={r['gpu_busy']:.3f}")
+            print(f"RESULT {tag}.accounted_jain={r['acc_jain']:.4f}")
+            print(f"RESULT {tag}.accounted_unfairness={r['acc_unfairness']:.3f}")
             print(f"RESULT {tag}.pvgpud_core_fraction={r['core']:.3f}")
             print(f"RESULT {tag}.loadavg_1m={os.getloadavg()[0]:.2f}")
             for which, share, k in r["extremes"]:
