@@ -5,7 +5,7 @@ Usage: python3 docs/experiments.py PVGPU_SIM OUT_DIR [--bench PVGPU_BENCH_DECISI
                                    [--only NAME,NAME,...]
 
 NAME is one of: fairness, thesis_5421, thesis_5422, nested, gdev, accuracy,
-accounting_all, grace, anticipation, feed_cap, preempt_cost, overhead, bench
+accounting_all, grace, anticipation, feed_cap, preempt_cost, scale_spread, overhead, bench
 (default: all; bench only with --bench).
 
 Runs every experiment of DESIGN.md section 8 on the bundled scenarios (variants
@@ -348,6 +348,28 @@ def overhead_gapped(r, out):
                      "policy us/s", "polls", "remaps", "decisions"], rows) + "\n")
 
 
+def scale_spread(r, out):
+    # Issue 12's 128 host throttles in the simulator: how far apart equal
+    # leaves end up over 30 s, by how much each keeps queued.
+    out.write("## 128 equal leaves, kernels 250..2000 us, hfq, 30 s: spread by queue shape\n\n")
+    rows = []
+    for batch, channels in [(1, 1), (4, 2), (1, 8)]:
+        for threshold in [2, 1, 0.5]:
+            tree = [{"task": "t%03d" % i,
+                     "workload": {"kernel_us": 250 + (1750 * i) // 127, "batch": batch, "channels": channels}}
+                    for i in range(128)]
+            sc = {"name": "scale-128", "seed": 1, "duration_ms": 31000, "warmup_ms": 1000,
+                  "gpu": {"arbitration": "round-robin"},
+                  "policy": {"name": "hfq", "params": {"threshold_ms": threshold,
+                                                       "unblock_ms": min(0.5, threshold / 4)}},
+                  "tree": tree}
+            rep = run_variant(r, sc)
+            gpu = sorted(e["gpu_time_ms"] for e in rep["entities"] if e["path"].startswith("t"))
+            rows.append([batch, channels, "%g" % threshold, "%.1f" % gpu[0], "%.1f" % gpu[-1],
+                         "%.3f" % (gpu[-1] / gpu[0])])
+    out.write(table(["batch", "channels", "threshold_ms", "least (ms)", "most (ms)", "U"], rows) + "\n")
+
+
 def overhead(r, out):
     out.write("## Overhead on a lone saturating task\n\n")
     base = load("overhead")
@@ -403,6 +425,7 @@ def main():
                  ("anticipation", lambda: anticipation(r, out)),
                  ("feed_cap", lambda: feed_cap(r, out)),
                  ("preempt_cost", lambda: preempt_cost(r, out)),
+                 ("scale_spread", lambda: scale_spread(r, out)),
                  ("overhead", lambda: (overhead(r, out), overhead_gapped(r, out)))]
         if bench_path:
             parts.append(("bench", lambda: bench(bench_path, out)))
