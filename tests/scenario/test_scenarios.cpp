@@ -245,6 +245,19 @@ TEST_CASE("hfq preempts for a bursty leaf on the timeslice GPU: low-demand", "[s
     CHECK(r.policy_counters.at("preemptions") == double(r.stats.preemptions));
 }
 
+TEST_CASE("hfq holds the round-robin GPU for low-demand's monitor no longer than it pays", "[scenario][bursty]") {
+    // The 0.03 target is out of reach on a non-preemptive GPU (bound 0.031,
+    // results.md section 7; the targets suite keeps it as a failing test).
+    // What hfq must not do is idle the GPU for the monitor's whole 850 us
+    // think to protect 150 us bursts: that cost 19.5% idle and error 0.056
+    // before holds were bounded by the learned burst.  Measured now: 0.0408
+    // at 3.3% idle (deterministic).
+    SimResult r = run(bundled("low-demand"), "hfq", Arbitration::RoundRobin);
+    INFO(describe(r));
+    CHECK(r.fairness.max_share_error <= 0.042);
+    CHECK(r.idle_with_demand_fraction <= 0.035);
+}
+
 TEST_CASE("hfq on every other bundled scenario: error <= 0.01, idle with work <= 1%", "[scenario][hfq]") {
     // Issue 12's bound for the scenarios without a bursty target.
     auto name = GENERATE(as<std::string>{}, "flat", "weighted", "hierarchical", "uncooperative", "mixed",
