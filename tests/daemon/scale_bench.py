@@ -5,18 +5,25 @@ clients' own Jain's index and unfairness (from their completed-kernel counts,
 tests/daemon/daemon_test.py's measure_shares), pvgpud's CPU as a fraction
 of one core (from /proc over the same window), the 1-minute load average
 (the machine is shared: read the numbers beside it) and the clients with
-the smallest and largest share.  Asserts nothing: numbers for
-docs/results.md.
+the smallest and largest share.  Also the kernels completed per second
+and pvgpud's CPU per completed kernel: every completion is a wakeup of
+pvgpud (the simulated GPU's timer and the interrupt a real host would
+take), so a policy that splits the GPU differently changes the kernel
+rate, and with it pvgpud's CPU, without costing more per decision.
+Asserts nothing: numbers for docs/results.md.
 
 usage: scale_bench.py --pvgpud P --pvgpuctl P --load P [--clients N]
-                      [--seconds S] [--policy NAME] [--demo]
+                      [--seconds S] [--policy NAME] [--demo | --kernels-us LIST]
                       [--compare BASE [--repeat R]] [--quick]
                       [--batch K] [--depth D]
 --quick: 32 clients for 3 s (the smoke run of tests/run-all.sh).
 --demo: the demo's three host tasks (4 ms, 1 ms, 0.2 ms kernels) instead.
+--kernels-us LIST: one throttle per comma-separated kernel length in us
+(e.g. 480,480,480: the demo's kernel rate under a fair split, for none).
 --compare BASE: run BASE too, alternating R times, and print the median
-extra CPU of the policy over BASE (fraction of a core) and the ratio of
-their GPU busy fractions (issue 12: hfq over none on the demo load).
+extra CPU of the policy over BASE (fraction of a core), the median extra
+CPU per kernel (us) and the ratio of their GPU busy fractions (issue 12:
+hfq over none on the demo load).
 """
 import argparse
 import os
@@ -37,8 +44,8 @@ def cpu_seconds(pid):
 
 def run_policy(ns, bins, policy, ks):
     """One pvgpud under `policy` with a throttle per kernel length in `ks`;
-    the clients' Jain and U, the GPU's busy fraction (their own counts) and
-    pvgpud's CPU per core over the same window."""
+    the clients' Jain and U, the GPU's busy fraction and kernel rate (their
+    own counts) and pvgpud's CPU per core over the same window."""
     tmp = tempfile.mkdtemp(prefix="pvgpu-scale-")
     d = t.Daemon(bins, tmp, ["--policy", policy])
     n = len(ks)
@@ -58,8 +65,10 @@ def run_policy(ns, bins, policy, ks):
         t0 = max(load.reports[0][0] for load in loads) + 2.0
         while time.monotonic() < t0:
             time.sleep(t0 - time.monotonic())
-        c0, w0 = cpu_seconds(d.proc.pid), time.monotonic()
+        # pvgpud's accounting at both ends, outside the CPU window (an admin
+        # request costs pvgpud CPU too).
         _, before, _ = t.list_at(bins, d)
+        c0, w0 = cpu_seconds(d.proc.pid), time.monotonic()
         t1 = t0 + ns.seconds
         while time.monotonic() < t1:
             time.sleep(t1 - time.monotonic())
@@ -72,12 +81,16 @@ def run_policy(ns, bins, policy, ks):
                for p in (next(k for k in after if k.endswith("/" + name)) for name in names)]
         acc_jain, acc_u = t.fairness_of([a / sum(acc) for a in acc], [1 / n] * n)
         shares, busy = t.measure_between(loads, ks, t0, t1, 60)
+        kernels = sum(load.completed_at(t1) - load.completed_at(t0) for load in loads)
+        core = (c1 - c0) / (w1 - w0)
         jain, u = t.fairness_of(shares, [1 / n] * n)
         # Where the unfairness is: the extremes, with their kernel lengths.
         order = sorted(range(n), key=lambda i: shares[i])
         extremes = [(label, shares[i] * n, ks[i]) for label, i in (("min", order[0]), ("max", order[-1]))]
-        return {"jain": jain, "unfairness": u, "gpu_busy": busy, "core": (c1 - c0) / (w1 - w0),
-                "extremes": extremes, "acc_jain": acc_jain, "acc_unfairness": acc_u}
+        rate = kernels / (t1 - t0)
+        return {"jain": jain, "unfairness": u, "gpu_busy": busy, "core": core, "kernels_per_s": rate,
+                "us_per_kernel": core * 1e6 / rate if rate > 0 else float("inf"), "extremes": extremes,
+                "acc_jain": acc_jain, "acc_unfairness": acc_u}
     finally:
         for load in loads:
             load.kill()
@@ -95,6 +108,8 @@ def main():
     ap.add_argument("--policy", default="hfq")
     ap.add_argument("--demo", action="store_true",
                     help="the demo's load instead: three throttles of 4 ms, 1 ms and 0.2 ms kernels")
+    ap.add_argument("--kernels-us", metavar="LIST",
+                    help="one throttle per comma-separated kernel length in us instead")
     ap.add_argument("--compare", metavar="BASE",
                     help="also run policy BASE, alternating, and print the differences")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each policy (alternating)")
@@ -107,9 +122,19 @@ def main():
         ns.clients, ns.seconds = 32, 3.0
     ns.libtest = None
     bins = t.Bins(ns)
+    if ns.demo and ns.kernels_us:
+        ap.error("--demo and --kernels-us exclude each other")
     if ns.demo:
         ks = [4000, 1000, 200]
         label = "demo"
+    elif ns.kernels_us:
+        try:
+            ks = [int(k) for k in ns.kernels_us.split(",")]
+        except ValueError:
+            ap.error(f"--kernels-us: not a comma-separated list of integers: {ns.kernels_us!r}")
+        if not ks or min(ks) < 1:
+            ap.error("--kernels-us: kernel lengths must be at least 1 us")
+        label = "k" + "_".join(str(k) for k in ks)
     else:
         n = ns.clients
         ks = [int(250 + (2000 - 250) * i / max(1, n - 1)) for i in range(n)]
@@ -127,6 +152,8 @@ def main():
             print(f"RESULT {tag}.accounted_jain={r['acc_jain']:.4f}")
             print(f"RESULT {tag}.accounted_unfairness={r['acc_unfairness']:.3f}")
             print(f"RESULT {tag}.pvgpud_core_fraction={r['core']:.3f}")
+            print(f"RESULT {tag}.kernels_per_s={r['kernels_per_s']:.0f}")
+            print(f"RESULT {tag}.pvgpud_us_per_kernel={r['us_per_kernel']:.1f}")
             print(f"RESULT {tag}.loadavg_1m={os.getloadavg()[0]:.2f}")
             for which, share, k in r["extremes"]:
                 print(f"# {which} share {share:.3f} of fair, kernel {k} us", flush=True)
@@ -138,6 +165,10 @@ def main():
             return v[len(v) // 2]
         a, b = ns.policy, ns.compare
         print(f"RESULT scale.{a}_vs_{b}.{label}.extra_core={med(a, 'core') - med(b, 'core'):.4f}")
+        print(f"RESULT scale.{a}_vs_{b}.{label}.kernel_rate_ratio="
+              f"{med(a, 'kernels_per_s') / med(b, 'kernels_per_s'):.3f}")
+        print(f"RESULT scale.{a}_vs_{b}.{label}.extra_us_per_kernel="
+              f"{med(a, 'us_per_kernel') - med(b, 'us_per_kernel'):.2f}")
         print(f"RESULT scale.{a}_vs_{b}.{label}.busy_ratio={med(a, 'gpu_busy') / med(b, 'gpu_busy'):.4f}")
     return 0
 

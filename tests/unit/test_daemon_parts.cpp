@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -193,6 +194,30 @@ TEST_CASE("GlibTimers: no fd activity when nothing is armed", "[daemon][timers]"
     g_usleep(20000);
     CHECK_FALSE(g_main_context_iteration(c.ctx, FALSE));
     CHECK(timers.wakeups() == wakeups);
+}
+
+TEST_CASE("GlibTimers: a dispatch leaves the fd unreadable until the next deadline", "[daemon][timers]") {
+    // dispatch() does not read the expiration count: re-arming must clear
+    // it, or the loop would spin on a readable fd between deadlines.
+    Context c;
+    MonotonicClock clock;
+    GlibTimers timers(c.ctx);
+    auto readable = [&] {
+        pollfd p{timers.fd(), POLLIN, 0};
+        return ::poll(&p, 1, 0) == 1 && (p.revents & POLLIN);
+    };
+    int fired = 0;
+    const Time t0 = clock.now();
+    for (int i = 1; i <= 4; ++i) timers.arm(t0 + i * 20 * kMillisecond, [&] { ++fired; });
+    for (int n = 1; n <= 4; ++n) {
+        REQUIRE(c.run_until([&] { return fired >= n; }));
+        // Readable only if the next deadline has passed already (a stall).
+        if (readable()) CHECK(timers.fd_deadline() <= clock.now());
+    }
+    CHECK_FALSE(readable());
+    // One wakeup per deadline at most: none spent on a stale fd.
+    CHECK(timers.wakeups() <= 4);
+    CHECK(timers.fired() == 4);
 }
 
 TEST_CASE("GlibTimers: the earliest deadline drives the fd", "[daemon][timers]") {
