@@ -365,9 +365,11 @@ def scale_spread(r, out):
                   "tree": tree}
             rep = run_variant(r, sc)
             gpu = sorted(e["gpu_time_ms"] for e in rep["entities"] if e["path"].startswith("t"))
+            total = sorted(e["gpu_time_total_ms"] for e in rep["entities"] if e["path"].startswith("t"))
             rows.append([batch, channels, "%g" % threshold, "%.1f" % gpu[0], "%.1f" % gpu[-1],
-                         "%.3f" % (gpu[-1] / gpu[0])])
-    out.write(table(["batch", "channels", "threshold_ms", "least (ms)", "most (ms)", "U"], rows) + "\n")
+                         "%.3f" % (gpu[-1] / gpu[0]), "%.1f" % (total[-1] - total[0])])
+    out.write(table(["batch", "channels", "threshold_ms", "least (ms)", "most (ms)", "U",
+                     "spread since start (ms)"], rows) + "\n")
 
 
 def overhead(r, out):
