@@ -370,6 +370,18 @@ def scale_spread(r, out):
                          "%.3f" % (gpu[-1] / gpu[0]), "%.1f" % (total[-1] - total[0])])
     out.write(table(["batch", "channels", "threshold_ms", "least (ms)", "most (ms)", "U",
                      "spread since start (ms)"], rows) + "\n")
+    # The same spread over longer windows: U falls as 1 + spread / (T / n).
+    rows = []
+    for seconds in [7, 30, 60, 120]:
+        tree = [{"task": "t%03d" % i, "workload": {"kernel_us": 250 + (1750 * i) // 127, "batch": 4, "channels": 2}}
+                for i in range(128)]
+        sc = {"name": "scale-128", "seed": 1, "duration_ms": 1000 + 1000 * seconds, "warmup_ms": 1000,
+              "gpu": {"arbitration": "round-robin"}, "policy": {"name": "hfq"}, "tree": tree}
+        rep = run_variant(r, sc)
+        gpu = sorted(e["gpu_time_ms"] for e in rep["entities"] if e["path"].startswith("t"))
+        rows.append([seconds, "%.1f" % gpu[0], "%.1f" % gpu[-1], "%.3f" % (gpu[-1] / gpu[0])])
+    out.write("\nBatch 4, two channels, hfq defaults, by window length:\n\n")
+    out.write(table(["window (s)", "least (ms)", "most (ms)", "U"], rows) + "\n")
 
 
 def overhead(r, out):
