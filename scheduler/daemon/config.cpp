@@ -280,6 +280,7 @@ Config parse_config(const std::string& text, const std::string& name) {
     }
     r.duration("gpu", "timeslice_us", cfg.gpu.timeslice, kMicrosecond, 1, 10'000'000);
     r.duration("gpu", "ctxsw_us", cfg.gpu.ctxsw, kMicrosecond, 0, 1'000'000);
+    r.duration("gpu", "preempt_us", cfg.gpu.preempt, kMicrosecond, 0, 1'000'000);
     r.duration("gpu", "watchdog_ms", cfg.gpu.watchdog, kMillisecond, 0, 3'600'000);
 
     Limits& l = cfg.limits;

@@ -404,6 +404,7 @@ poll_us=250
 [gpu]
 arbitration=timeslice
 timeslice_us=1000
+preempt_us=50
 watchdog_ms=0
 
 [limits]
@@ -425,6 +426,7 @@ max_queue_kib=64
     CHECK(params_for(c, "none").empty());
     CHECK(c.gpu.arbitration == sim::Arbitration::Timeslice);
     CHECK(c.gpu.timeslice == kMillisecond);
+    CHECK(c.gpu.preempt == 50 * kMicrosecond);
     CHECK(c.gpu.watchdog == 0);
     CHECK(c.limits.max_channels_per_client == 8u);
     CHECK(c.limits.mode_ack_timeout == 250 * kMillisecond);
@@ -436,6 +438,9 @@ TEST_CASE("config: malformed input names the file, line and key", "[daemon][conf
     CHECK(e.find("test.conf:2") != std::string::npos);
     CHECK(e.find("[gpu] timeslice_us") != std::string::npos);
     CHECK(e.find("fast") != std::string::npos);
+
+    e = config_error("[gpu]\npreempt_us = 5000000\n");
+    CHECK(e.find("[gpu] preempt_us") != std::string::npos);
 
     e = config_error("[gpu]\n\nwatchdg_ms = 5\n");
     CHECK(e.find("test.conf:3") != std::string::npos);
