@@ -305,3 +305,24 @@ TEST_CASE("hfq: on the timeslice GPU a returning bursty leaf preempts a blocked 
     CHECK(ts.a >= 0.78);  // the rest, less the preemptions' dead time
     CHECK(rr.b < 0.03);
 }
+
+TEST_CASE("hfq: a bursty leaf back from a long absence is direct again", "[hfq][bursty]") {
+    // b bursts (four 250 us kernels, 4 ms thinks) beside a's greedy 2 ms
+    // kernels, so it is marked bursty: a trap per doorbell while unblocked.
+    Rig rig(Arbitration::RoundRobin);
+    EntityId a = rig.sched.entities().add(kRootEntity, "a", EntityKind::Task, 100);
+    EntityId b = rig.sched.entities().add(kRootEntity, "b", EntityKind::Task, 100);
+    rig.add_loop(a, 2000);
+    SubmitLoop& bursts = rig.add_loop(b, 250, 4000, 40, 0, 4);
+    rig.run_ms(200);
+    REQUIRE(rig.sched.channel(bursts.channel()).mode() == ChannelMode::Trapped);
+    // After 300 ms away (far beyond any think worth a trap) b comes back
+    // greedy: its first doorbell is still trapped, then it runs direct.
+    SubmitLoop& back = rig.add_loop(b, 250, 0, 0, 500);
+    rig.run_ms(400);
+    const auto traps = rig.sched.stats().traps;
+    rig.run_ms(200);
+    CHECK(rig.sched.stats().traps == traps);
+    CHECK(rig.sched.channel(back.channel()).mode() != ChannelMode::Trapped);
+    CHECK(rig.sched.channel(bursts.channel()).mode() != ChannelMode::Trapped);
+}

@@ -300,6 +300,17 @@ private:
         for (ChannelId ch : ctx_->channels_of(leaf)) ctx_->set_mode(ch, ChannelMode::Trapped);
     }
 
+    // A think longer than any stay in the run queue is no burst pattern
+    // worth a trap per doorbell: direct again until the leaf next leaves
+    // the GPU idle with held work.
+    void unmark_bursty(EntityId leaf) {
+        Node& n = nodes_[leaf];
+        if (!n.bursty) return;
+        n.bursty = false;
+        if (idle_armed_ || n.shadowed) return;
+        for (ChannelId ch : ctx_->channels_of(leaf)) ctx_->set_mode(ch, ChannelMode::Direct);
+    }
+
     // The leaf's fair share now: w / sum(w) of the backlogged at every level.
     double fair_share(EntityId leaf) const {
         double share = 1;
@@ -380,6 +391,7 @@ private:
                 n.think = n.think < 0 ? t : n.think + (t - n.think) / 4;
             else if (n.think >= 0)
                 n.think = std::min(n.think, t);
+            if (t > kMaxStay * p_.idle) unmark_bursty(leaf);
         }
         n.idle_since = -1;
         n.went_idle = -1;
