@@ -164,13 +164,7 @@ void SimGpu::segment_end() {
     ChannelId ch = *running_;
     Channel& c = chan(ch);
     Time now = engine_now();
-    Duration ran = now - seg_start_;
-    if (ran > 0) {
-        c.remaining -= ran;
-        c.ran += ran;
-        busy_ += ran;
-        if (observer_) observer_->executed(ch, seg_start_, now);
-    }
+    end_segment(ch, now);
 
     if (c.remaining > 0 && cfg_.watchdog > 0 && c.ran >= cfg_.watchdog) {
         running_.reset();
@@ -226,20 +220,25 @@ bool SimGpu::preempt_to(ChannelId next) {
     return true;
 }
 
+// What the running kernel ran since its segment started, up to `now`: off
+// its remaining time (a preempted kernel resumes with the rest), onto its
+// watchdog time and the engine's busy time.  Nothing if it is still in a
+// switch's dead time.
+void SimGpu::end_segment(ChannelId ch, Time now) {
+    if (now <= seg_start_) return;
+    Channel& c = chan(ch);
+    const Duration ran = now - seg_start_;
+    c.remaining -= ran;
+    c.ran += ran;
+    busy_ += ran;
+    if (observer_) observer_->executed(ch, seg_start_, now);
+}
+
 void SimGpu::stop_engine() {
     ChannelId ch = *running_;
-    Channel& c = chan(ch);
     timers_.cancel(seg_timer_);
     seg_timer_ = kNoTimer;
-    Time now = clock_.now();
-    // Taken off during a switch's dead time, it has not run at all.
-    if (now > seg_start_) {
-        Duration ran = now - seg_start_;
-        c.remaining -= ran;  // a preempted kernel resumes with the rest
-        c.ran += ran;
-        busy_ += ran;
-        if (observer_) observer_->executed(ch, seg_start_, now);
-    }
+    end_segment(ch, clock_.now());
     running_.reset();
     last_served_ = ch;
 }

@@ -109,6 +109,7 @@ private:
     void run_segment();                // run current kernel until done/slice/watchdog
     void segment_end();
     void stop_engine();                // take the running channel off mid-kernel
+    void end_segment(ChannelId ch, Time now);
     Time engine_now() const;           // the engine's time: a segment's planned end while it ends
     void fail(ChannelId ch, std::uint32_t error);
     std::optional<ChannelId> next_after(ChannelId ch) const;

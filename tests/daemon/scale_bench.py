@@ -57,9 +57,10 @@ def run_policy(ns, bins, policy, ks):
                 f"host_channels_per_uid = {max(1024, 2 * n)}\n")
     d.start()
     loads = []
+    names = [f"s{i:03d}" for i in range(n)]
     try:
-        loads = [t.throttle(bins, d, f"s{i:03d}", k, duration=ns.seconds + 60, batch=ns.batch, depth=ns.depth)
-                 for i, k in enumerate(ks)]
+        loads = [t.throttle(bins, d, name, k, duration=ns.seconds + 60, batch=ns.batch, depth=ns.depth)
+                 for name, k in zip(names, ks)]
         for load in loads:
             load.wait_until(lambda x: len(x.reports) >= 1, 60, "its first report")
         t0 = max(load.reports[0][0] for load in loads) + 2.0
@@ -76,9 +77,7 @@ def run_policy(ns, bins, policy, ks):
         _, after, _ = t.list_at(bins, d)
         # The same window by pvgpud's accounting (per-kernel, no batch
         # granularity at the window's edges).
-        names = [f"s{i:03d}" for i in range(n)]
-        acc = [after[p]["gpu_time_ms"] - before[p]["gpu_time_ms"]
-               for p in (next(k for k in after if k.endswith("/" + name)) for name in names)]
+        acc = [after[p]["gpu_time_ms"] - before[p]["gpu_time_ms"] for p in (f"{t.HOST}/{name}" for name in names)]
         acc_jain, acc_u = t.fairness_of([a / sum(acc) for a in acc], [1 / n] * n)
         shares, busy = t.measure_between(loads, ks, t0, t1, 60)
         kernels = sum(load.completed_at(t1) - load.completed_at(t0) for load in loads)

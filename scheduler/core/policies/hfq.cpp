@@ -64,7 +64,7 @@ constexpr Duration kRateWindow = 50 * kMillisecond;
 constexpr double kBehind = 0.9;
 // A bursty leaf stays in the run queue through a think of at most this many
 // times `idle_us`: a longer think is not a burst pattern worth holding for.
-constexpr Duration kMaxStay = 4;
+constexpr int kMaxStay = 4;
 
 struct Key {
     double vtime;
@@ -289,26 +289,15 @@ private:
         }
     }
 
-    // An unblocked leaf whose absence let the GPU be fed held work: its next
-    // return must be seen at once to be served at once, so trap its
-    // doorbells (a couple of microseconds each) from now on.
-    void mark_bursty(EntityId leaf) {
+    // Bursty: an unblocked leaf whose absence let the GPU be fed held work.
+    // Its next return must be seen at once to be served at once, so its
+    // doorbells trap (a couple of microseconds each) until a think longer
+    // than any stay in the run queue shows no burst pattern worth that.
+    void set_bursty(EntityId leaf, bool bursty) {
         Node& n = nodes_[leaf];
-        if (n.bursty) return;
-        n.bursty = true;
-        if (idle_armed_ || n.shadowed) return;
-        for (ChannelId ch : ctx_->channels_of(leaf)) ctx_->set_mode(ch, ChannelMode::Trapped);
-    }
-
-    // A think longer than any stay in the run queue is no burst pattern
-    // worth a trap per doorbell: direct again until the leaf next leaves
-    // the GPU idle with held work.
-    void unmark_bursty(EntityId leaf) {
-        Node& n = nodes_[leaf];
-        if (!n.bursty) return;
-        n.bursty = false;
-        if (idle_armed_ || n.shadowed) return;
-        for (ChannelId ch : ctx_->channels_of(leaf)) ctx_->set_mode(ch, ChannelMode::Direct);
+        if (n.bursty == bursty) return;
+        n.bursty = bursty;
+        apply_modes(leaf);
     }
 
     // The leaf's fair share now: w / sum(w) of the backlogged at every level.
@@ -391,7 +380,7 @@ private:
                 n.think = n.think < 0 ? t : n.think + (t - n.think) / 4;
             else if (n.think >= 0)
                 n.think = std::min(n.think, t);
-            if (t > kMaxStay * p_.idle) unmark_bursty(leaf);
+            if (t > kMaxStay * p_.idle) set_bursty(leaf, false);
         }
         n.idle_since = -1;
         n.went_idle = -1;
@@ -484,8 +473,12 @@ private:
             shadowed_leaves_.insert(id);
         else
             shadowed_leaves_.erase(id);
+        apply_modes(id);
+    }
+
+    void apply_modes(EntityId leaf) {
         if (idle_armed_) return;  // modes are restored on wake-up
-        for (ChannelId ch : ctx_->channels_of(id)) ctx_->set_mode(ch, mode_of(id));
+        for (ChannelId ch : ctx_->channels_of(leaf)) ctx_->set_mode(ch, mode_of(leaf));
     }
 
     // ---- idleness, work conservation ----
@@ -629,7 +622,7 @@ private:
         // The engine idles with work held back because these unblocked
         // leaves are between bursts: watch for their returns from now on.
         for (EntityId leaf : idle_candidates_)
-            if (!nodes_[leaf].shadowed) mark_bursty(leaf);
+            if (!nodes_[leaf].shadowed) set_bursty(leaf, true);
         EntityId best = feed_candidate();
         if (best == kNoEntity) return;
         // Hand the GPU one held entry straight from the shadow page: no remap,
