@@ -77,10 +77,14 @@ bool ShareMonitor::sample() {
         nodes.push_back(n);
         if (e.id != kRootEntity) nodes[index.at(e.parent)].children.push_back(nodes.size() - 1);
         if (e.id == kRootEntity || !e.children.empty()) return;
+        // gpu_time() includes the stint on the engine up to now, which the
+        // accounting may revise down when it learns when the stint really
+        // ended: count only growth past what was already counted.  (A
+        // removed entity's id starts afresh through forget().)
         Duration acc = accounting.gpu_time(e.id);
         Leaf& leaf = leaves_[e.id];
-        Duration d = acc >= leaf.last_accounted ? acc - leaf.last_accounted : acc;
-        leaf.last_accounted = acc;
+        Duration d = std::max<Duration>(0, acc - leaf.last_accounted);
+        leaf.last_accounted = std::max(leaf.last_accounted, acc);
         std::uint64_t k = accounting.kernels(e.id);
         std::uint64_t dk = k >= leaf.last_kernels ? k - leaf.last_kernels : k;
         leaf.last_kernels = k;

@@ -31,6 +31,7 @@
 #include "daemon/glib_clock.hpp"
 #include "daemon/gsource.hpp"
 #include "daemon/names.hpp"
+#include "daemon/share_monitor.hpp"
 #include "daemon/state_store.hpp"
 #include "proto/wire.hpp"
 #include "sim/event_loop.hpp"
@@ -651,6 +652,44 @@ TEST_CASE("Scheduler reports mode changes when they land", "[daemon][scheduler]"
     loop.run_until(loop.now() + kMillisecond);
     REQUIRE(seen.size() == 2);
     CHECK(seen[1] == std::pair{ch, ChannelMode::Direct});
+}
+
+// The accounting counts a stint on the engine up to now and revises it down
+// once it learns when the stint really ended (here: a kernel that raised no
+// interrupt, seen finished by a later engine read).  The monitor sampling in
+// between must count that time once, not the leaf's whole total again.
+TEST_CASE("ShareMonitor: a stint the accounting revises down is not counted twice", "[daemon][monitor]") {
+    sim::EventLoop loop;
+    sim::SimGpu gpu(loop, loop, sim::SimGpuConfig{});
+    Scheduler sched(gpu, loop, loop, make_policy("none", {}));
+    ShareMonitor monitor(sched, gpu, loop, loop, 10 * kSecond, 50 * kMicrosecond);
+    EntityId leaf = sched.entities().add(kRootEntity, "t", EntityKind::Task);
+    ChannelId ch = sched.open_channel(leaf);
+    ShadowChannel& sc = sched.channel(ch);
+    sc.ring()->entries[0] = {5'500'000, 1, 0};  // 5.5 ms, no completion interrupt
+    sc.ring()->entries[1] = {1'000'000, 2, PVGPU_ENTRY_IRQ};
+    monitor.activity();
+    sc.guest_write_put(1);
+    bool revised = false;
+    Duration seen = 0;
+    // Snapshots every 50 us (the monitor samples on each) across the
+    // kernel's end and the read that finds it over.
+    for (int i = 0; i < 400; ++i) {
+        loop.run_until(loop.now() + 50 * kMicrosecond);
+        const Duration acc = sched.accounting().gpu_time(leaf);
+        revised = revised || acc < seen;
+        seen = acc;
+        monitor.snapshot();
+    }
+    // The case under test happened: the accounting took time back.
+    REQUIRE(revised);
+    sc.guest_write_put(2);
+    loop.run_until(loop.now() + 10 * kMillisecond);
+    const Duration acc = sched.accounting().gpu_time(leaf);
+    const Duration shown = monitor.snapshot().entities.at(leaf).gpu_time;
+    // At most what the accounting once believed beyond its final figure.
+    CHECK(shown >= acc);
+    CHECK(shown <= acc + kMillisecond);
 }
 
 // ------------------------------------------------------------ admin requests
