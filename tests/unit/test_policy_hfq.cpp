@@ -9,6 +9,7 @@
 #include "sim/event_loop.hpp"
 #include "sim/sim_gpu.hpp"
 #include "sim/workload.hpp"
+#include "policy_rig.hpp"
 
 using namespace pvgpu;
 using namespace pvgpu::sim;
@@ -325,4 +326,69 @@ TEST_CASE("hfq: a bursty leaf back from a long absence is direct again", "[hfq][
     CHECK(rig.sched.stats().traps == traps);
     CHECK(rig.sched.channel(back.channel()).mode() != ChannelMode::Trapped);
     CHECK(rig.sched.channel(bursts.channel()).mode() != ChannelMode::Trapped);
+}
+
+// Queue cap: eight leaves that each keep two batches of four kernels queued
+// (kernels 250 us .. 2 ms, as issue 12's 128 throttles).  Blocking stops
+// what a leaf submits next; what it already queued still runs in turn with
+// the others, so without the cap the leaves drift apart by the threshold
+// plus up to eight queued kernels.  The cap keeps them within the threshold,
+// `queue_ms` and a kernel or two.
+namespace {
+
+Duration queue_spread(const PolicyParams& params, std::uint64_t* metered_releases = nullptr) {
+    Rig rig(Arbitration::RoundRobin, "hfq", params);
+    std::vector<std::vector<SubmitLoop*>> leaves;
+    for (int i = 0; i < 8; ++i) {
+        EntityId leaf = rig.sched.entities().add(kRootEntity, "t" + std::to_string(i), EntityKind::Task, 100);
+        const double kernel_us = 250 + 250 * i;
+        leaves.push_back({&rig.add_loop(leaf, kernel_us, 0, 0, 0, 4), &rig.add_loop(leaf, kernel_us, 0, 0, 0, 4)});
+    }
+    auto ran = [&](int i) { return rig.ran(*leaves[i][0]) + rig.ran(*leaves[i][1]); };
+    rig.run_ms(1000);  // past the first queues, dumped before any kernel length was learned
+    std::vector<Duration> from;
+    for (int i = 0; i < 8; ++i) from.push_back(ran(i));
+    Duration spread = 0;
+    for (int step = 0; step < 400; ++step) {
+        rig.run_ms(10);
+        Duration lo = std::numeric_limits<Duration>::max(), hi = 0;
+        for (int i = 0; i < 8; ++i) {
+            lo = std::min(lo, ran(i) - from[i]);
+            hi = std::max(hi, ran(i) - from[i]);
+        }
+        spread = std::max(spread, hi - lo);
+    }
+    if (metered_releases) *metered_releases = static_cast<std::uint64_t>(rig.sched.policy().counters().at("metered_releases"));
+    return spread;
+}
+
+}  // namespace
+
+TEST_CASE("hfq: a leaf keeps at most queue_ms queued while it shares the GPU", "[hfq][queue]") {
+    std::uint64_t releases = 0;
+    const Duration capped = queue_spread({}, &releases);
+    const Duration uncapped = queue_spread({{"queue_ms", 0}});
+    INFO("spread with the cap " << to_ms(capped) << " ms, without " << to_ms(uncapped) << " ms");
+    CHECK(releases > 0);
+    // The threshold (2 ms), queue_ms (2 ms) and the longest kernel (2 ms).
+    CHECK(capped <= 6 * kMillisecond);
+    CHECK(uncapped > 6 * kMillisecond);
+}
+
+// A metered leaf whose entries stop asking for completion interrupts: its
+// held work must still reach the GPU (fed at anyone's events), not wait
+// for a completion it will never hear.
+TEST_CASE("hfq: a metered leaf without completion interrupts still runs all its work", "[hfq][queue]") {
+    test::Rig rig("hfq");
+    EntityId a = rig.task("a");
+    EntityId b = rig.task("b");
+    rig.submit_loop(a, test::ms(2));
+    const ChannelId cb = rig.submit_loop(b, test::ms(1), 0, 400);
+    for (int i = 0; i < 7; ++i) rig.submit(cb);  // eight queued
+    rig.run_until(test::ms(200));
+    REQUIRE(rig.sched.channel(cb).mode() == ChannelMode::Shadowed);
+    REQUIRE(rig.counter("metered_releases") > 0);
+    rig.subs.at(cb).irq = false;
+    rig.run_until(test::ms(2000));
+    CHECK(rig.subs.at(cb).completed == 400);
 }

@@ -36,6 +36,17 @@
 // preemption, a modeled dead time), unless that kernel is learned to end
 // sooner than the preemption would take.
 //
+// Queue cap (the queue depth limits of BFQ and of the kernel's
+// blk-wbt): blocking stops what a leaf submits next, not what it has already
+// queued on the GPU, which keeps running in turn with everyone else.  A
+// client that keeps many long kernels queued would run that far ahead of
+// its siblings after every block.  So once a leaf that shares the GPU has
+// more than `queue` of learned work waiting on it, its channels stay
+// shadowed and hfq hands the GPU its held entries one at a time as it
+// drains them (at a completion, or when a store is reported): never less
+// than one entry waiting, never more than `queue` of work.  It is direct
+// again once it has the GPU to itself or leaves the run queue.
+//
 // Anticipation (BFQ's idling, Iyer and Druschel's anticipatory scheduler): a
 // leaf that runs unblocked and has just gone idle between bursts is likely
 // to come back after its usual think time.  If that think time is shorter
@@ -93,6 +104,7 @@ struct Node {
     bool blocked = false;
     bool shadowed = false;  // leaves: channels are asked to be Shadowed
     bool bursty = false;    // leaves: seen between bursts; trapped while unblocked
+    bool metered = false;   // leaves: queue above `queue`: shadowed, fed as the GPU drains it
     Duration accounted = 0;
     Time idle_since = -1;   // leaves: first moment seen without work, while in the run queue
     Time went_idle = -1;    // leaves: when the current think began, kept after leaving the queue
@@ -107,7 +119,7 @@ struct Node {
 };
 
 struct Params {
-    Duration threshold, unblock, lag, idle, grace, anticipate, feed_lead;
+    Duration threshold, unblock, lag, idle, grace, anticipate, feed_lead, queue;
 };
 
 // How late the return of a leaf held for is seen: the accounting reads an
@@ -185,7 +197,12 @@ public:
     }
 
     void work_held(ChannelId ch, std::uint32_t) override {
-        if (auto it = chans_.find(ch); it != chans_.end()) mark_busy(it->second);
+        if (auto it = chans_.find(ch); it != chans_.end()) {
+            // A metered leaf's store is reported as it happens, like a trap.
+            const EntityId leaf = it->second;
+            mark_busy(leaf, nodes_[leaf].metered && !nodes_[leaf].shadowed);
+            meter(leaf);
+        }
         // New held work while the engine idles: work conservation may feed it.
         after_event();
     }
@@ -193,7 +210,8 @@ public:
     void fence(ChannelId ch, std::uint32_t) override {
         if (fed_ch_ == ch) fed_ch_ = 0;
         touch(ch);
-        after_event();
+        if (auto it = chans_.find(ch); it != chans_.end()) meter(it->second);
+        after_event();  // feeds it if metered
     }
 
     void channel_error(ChannelId ch, std::uint32_t) override {
@@ -219,7 +237,9 @@ public:
                 {"work_conserving_releases", static_cast<double>(wc_releases_)},
                 {"idle_arms", static_cast<double>(idle_arms_)},
                 {"anticipations", static_cast<double>(anticipations_)},
-                {"preemptions", static_cast<double>(preemptions_)}};
+                {"preemptions", static_cast<double>(preemptions_)},
+                {"meters", static_cast<double>(meters_)},
+                {"metered_releases", static_cast<double>(metered_releases_)}};
     }
 
 private:
@@ -336,7 +356,7 @@ private:
 
     ChannelMode mode_of(EntityId leaf) const {
         const Node& n = nodes_[leaf];
-        if (n.shadowed) return ChannelMode::Shadowed;
+        if (n.shadowed || n.metered) return ChannelMode::Shadowed;
         return n.bursty ? ChannelMode::Trapped : ChannelMode::Direct;
     }
 
@@ -417,6 +437,10 @@ private:
         if (ctx_->tree().is_leaf(id)) {
             --active_leaves_;
             idle_candidates_.erase(id);
+            set_metered(id, false);
+            // Alone on the GPU, a leaf has nobody to run ahead of.
+            if (active_leaves_ == 1)
+                for (EntityId m : std::set<EntityId>(metered_)) set_metered(m, false);
             if (active_leaves_ == 0) arm_idle_check(ctx_->now() + p_.idle);
         }
         if (n.blocked) {
@@ -474,6 +498,64 @@ private:
         else
             shadowed_leaves_.erase(id);
         apply_modes(id);
+        // Unblocked but metered: its held work goes out as the GPU drains it.
+        if (!shadow) meter(id);
+    }
+
+    // ---- queue cap ----
+
+    // Learned work of the leaf's entries the GPU has but has not started
+    // (its own IB_PUT - IB_GET): what would still run if it were blocked now.
+    Duration queued(EntityId leaf) const {
+        Duration q = 0;
+        for (ChannelId ch : ctx_->channels_of(leaf))
+            q += static_cast<Duration>(ctx_->gpu().read_ib_put(ch) - ctx_->gpu().read_ib_get(ch)) *
+                 ctx_->kernel_estimate(ch);
+        return q;
+    }
+
+    void set_metered(EntityId leaf, bool metered) {
+        Node& n = nodes_[leaf];
+        if (n.metered == metered) return;
+        n.metered = metered;
+        if (metered) {
+            metered_.insert(leaf);
+            ++meters_;
+        } else {
+            metered_.erase(leaf);
+        }
+        apply_modes(leaf);  // back to direct releases everything held
+    }
+
+    // Meter a leaf whose queue has grown past `queue` while it shares the
+    // GPU; feed a metered, unblocked one up to `queue`.
+    void meter(EntityId leaf) {
+        if (p_.queue <= 0 || leaf >= nodes_.size()) return;
+        Node& n = nodes_[leaf];
+        if (!n.metered) {
+            if (n.active && active_leaves_ > 1 && queued(leaf) > p_.queue) set_metered(leaf, true);
+            return;
+        }
+        if (n.shadowed || idle_armed_) return;  // blocked: only work conservation feeds it
+        for (;;) {
+            // The channel with the fewest entries waiting on the GPU goes
+            // first, so a leaf's channels drain in turn.
+            ChannelId next = 0;
+            std::uint32_t fewest = std::numeric_limits<std::uint32_t>::max();
+            for (ChannelId ch : ctx_->channels_of(leaf)) {
+                if (ctx_->held(ch) == 0) continue;
+                std::uint32_t waiting = ctx_->gpu().read_ib_put(ch) - ctx_->gpu().read_ib_get(ch);
+                if (waiting < fewest) {
+                    fewest = waiting;
+                    next = ch;
+                }
+            }
+            if (next == 0) return;
+            const Duration q = queued(leaf);
+            if (q > 0 && q + ctx_->kernel_estimate(next) > p_.queue) return;
+            if (ctx_->release(next, 1) == 0) return;
+            ++metered_releases_;
+        }
     }
 
     void apply_modes(EntityId leaf) {
@@ -534,6 +616,15 @@ private:
     }
 
     void after_event() {
+        // Metered leaves are fed at every event, not only at their own
+        // completions: an entry that asked for no interrupt ends unheard,
+        // and its leaf must not wait for its next store.
+        for (EntityId leaf : metered_)
+            for (ChannelId ch : ctx_->channels_of(leaf))
+                if (ctx_->held(ch) > 0) {
+                    meter(leaf);
+                    break;
+                }
         if (const std::optional<ChannelId> running = ctx_->running_seen()) {
             // Unblocked work is running again: work conservation can rest.
             auto it = chans_.find(*running);
@@ -693,6 +784,7 @@ private:
     std::unordered_map<ChannelId, EntityId> chans_;
     std::set<EntityId> shadowed_leaves_;
     std::set<EntityId> idle_candidates_;  // active leaves seen without work
+    std::set<EntityId> metered_;
     std::size_t active_leaves_ = 0;
     Timer idle_timer_;
     Time idle_check_at_ = 0;
@@ -707,7 +799,7 @@ private:
     bool idle_armed_ = false;
     bool feeding_ = false;  // work conservation is handing out held entries
     std::uint64_t blocks_ = 0, unblocks_ = 0, wc_releases_ = 0, idle_arms_ = 0, anticipations_ = 0,
-                  preemptions_ = 0;
+                  preemptions_ = 0, meters_ = 0, metered_releases_ = 0;
 };
 
 }  // namespace
@@ -734,6 +826,9 @@ PolicyInfo hfq_info() {
                  "feed held work to the least-ahead blocked leaf only while it is at most this far ahead "
                  "in weighted GPU time, or when its kernel would delay a thinking unblocked leaf less than "
                  "the GPU would idle until that leaf returns"},
+                {"queue_ms", 2.0,
+                 "a leaf sharing the GPU with more than this much learned work queued on it is shadowed and "
+                 "fed one entry at a time as the GPU drains it, so a block takes effect within this (0: no cap)"},
             }};
 }
 
@@ -743,8 +838,9 @@ std::unique_ptr<Policy> make_hfq(const PolicyParams& p) {
     Params params{from_us(get("threshold_ms") * 1000), from_us(get("unblock_ms") * 1000),
                   from_us(get("lag_ms") * 1000),       from_us(get("idle_us")),
                   from_us(get("grace_us")),            from_us(get("anticipate_us")),
-                  from_us(get("feed_lead_ms") * 1000)};
+                  from_us(get("feed_lead_ms") * 1000), from_us(get("queue_ms") * 1000)};
     if (params.idle <= 0) throw std::invalid_argument("hfq: idle_us must be positive");
+    if (params.queue < 0) throw std::invalid_argument("hfq: queue_ms must not be negative");
     if (params.feed_lead < 0) throw std::invalid_argument("hfq: feed_lead_ms must not be negative");
     if (params.anticipate < 0) throw std::invalid_argument("hfq: anticipate_us must not be negative");
     if (params.unblock > params.threshold)
