@@ -616,15 +616,17 @@ private:
     }
 
     void after_event() {
-        // Metered leaves are fed at every event, not only at their own
-        // completions: an entry that asked for no interrupt ends unheard,
-        // and its leaf must not wait for its next store.
-        for (EntityId leaf : metered_)
-            for (ChannelId ch : ctx_->channels_of(leaf))
-                if (ctx_->held(ch) > 0) {
-                    meter(leaf);
-                    break;
-                }
+        // A metered leaf is fed at its own completions; one whose last
+        // entry asked for no interrupt ended unheard, so a leaf with held
+        // work and nothing left on the GPU is fed at anyone's event.
+        for (EntityId leaf : metered_) {
+            bool held = false, pending = false;
+            for (ChannelId ch : ctx_->channels_of(leaf)) {
+                held = held || ctx_->held(ch) > 0;
+                pending = pending || ctx_->gpu().pending(ch);
+            }
+            if (held && !pending) meter(leaf);
+        }
         if (const std::optional<ChannelId> running = ctx_->running_seen()) {
             // Unblocked work is running again: work conservation can rest.
             auto it = chans_.find(*running);
