@@ -160,6 +160,7 @@ public:
     void channel_removed(ChannelId ch, EntityId leaf) override {
         chans_.erase(ch);
         if (fed_ch_ == ch) fed_ch_ = 0;
+        if (left_engine_ == ch) left_engine_ = 0;
         // The scheduler drops the channel after this call.
         bool others = false;
         for (ChannelId c : ctx_->channels_of(leaf)) others = others || (c != ch && has_work(c));
@@ -222,6 +223,11 @@ public:
     void charged(ChannelId ch, Duration d) override { charge(ch, d); }
 
     void engine_changed(std::optional<ChannelId> running) override {
+        // The channel that left the engine may have ended an entry that
+        // asked for no interrupt: if it is metered, feed it now.
+        if (auto it = chans_.find(left_engine_); left_engine_ != 0 && it != chans_.end() && nodes_[it->second].metered)
+            meter(it->second);
+        left_engine_ = running.value_or(0);
         if (running) touch(*running);
         after_event();
     }
@@ -527,6 +533,27 @@ private:
         apply_modes(leaf);  // back to direct releases everything held
     }
 
+    // A metered leaf is fed at its own completions and when its channel is
+    // seen leaving the engine.  An entry that asked for no interrupt and ran
+    // unseen between two reads ends unheard: such a leaf (held work, nothing
+    // left on the GPU) is looked for whenever the engine is seen idle, and
+    // otherwise at most once per `queue` of events, so a scan over the
+    // metered leaves is not paid per kernel.
+    void feed_unheard() {
+        if (metered_.empty()) return;
+        const Time now = ctx_->now();
+        if (ctx_->running_seen() && now - scanned_at_ < p_.queue) return;
+        scanned_at_ = now;
+        for (EntityId leaf : metered_) {
+            bool held = false, pending = false;
+            for (ChannelId ch : ctx_->channels_of(leaf)) {
+                held = held || ctx_->held(ch) > 0;
+                pending = pending || ctx_->gpu().pending(ch);
+            }
+            if (held && !pending) meter(leaf);
+        }
+    }
+
     // Meter a leaf whose queue has grown past `queue` while it shares the
     // GPU; feed a metered, unblocked one up to `queue`.
     void meter(EntityId leaf) {
@@ -616,17 +643,7 @@ private:
     }
 
     void after_event() {
-        // A metered leaf is fed at its own completions; one whose last
-        // entry asked for no interrupt ended unheard, so a leaf with held
-        // work and nothing left on the GPU is fed at anyone's event.
-        for (EntityId leaf : metered_) {
-            bool held = false, pending = false;
-            for (ChannelId ch : ctx_->channels_of(leaf)) {
-                held = held || ctx_->held(ch) > 0;
-                pending = pending || ctx_->gpu().pending(ch);
-            }
-            if (held && !pending) meter(leaf);
-        }
+        feed_unheard();
         if (const std::optional<ChannelId> running = ctx_->running_seen()) {
             // Unblocked work is running again: work conservation can rest.
             auto it = chans_.find(*running);
@@ -787,6 +804,8 @@ private:
     std::set<EntityId> shadowed_leaves_;
     std::set<EntityId> idle_candidates_;  // active leaves seen without work
     std::set<EntityId> metered_;
+    Time scanned_at_ = -1;      // last look for metered leaves left without work on the GPU
+    ChannelId left_engine_ = 0; // the channel last seen on the engine (0: idle)
     std::size_t active_leaves_ = 0;
     Timer idle_timer_;
     Time idle_check_at_ = 0;
