@@ -13,9 +13,12 @@ rate, and with it pvgpud's CPU, without costing more per decision.
 Asserts nothing: numbers for docs/results.md.
 
 usage: scale_bench.py --pvgpud P --pvgpuctl P --load P [--clients N]
-                      [--seconds S] [--policy NAME] [--demo | --kernels-us LIST]
+                      [--seconds S] [--warmup S] [--policy NAME] [--demo | --kernels-us LIST]
                       [--compare BASE [--repeat R]] [--quick]
                       [--batch K] [--depth D]
+--warmup S: seconds after every client's first report before the window
+opens (default 2; the first queues of a start run before any kernel length
+is learned, so hfq's queue cap settles over a few seconds).
 --quick: 32 clients for 3 s (the smoke run of tests/run-all.sh).
 --demo: the demo's three host tasks (4 ms, 1 ms, 0.2 ms kernels) instead.
 --kernels-us LIST: one throttle per comma-separated kernel length in us
@@ -63,7 +66,7 @@ def run_policy(ns, bins, policy, ks):
                  for name, k in zip(names, ks)]
         for load in loads:
             load.wait_until(lambda x: len(x.reports) >= 1, 60, "its first report")
-        t0 = max(load.reports[0][0] for load in loads) + 2.0
+        t0 = max(load.reports[0][0] for load in loads) + ns.warmup
         while time.monotonic() < t0:
             time.sleep(t0 - time.monotonic())
         # pvgpud's accounting at both ends, outside the CPU window (an admin
@@ -104,6 +107,8 @@ def main():
     ap.add_argument("--load", required=True)
     ap.add_argument("--clients", type=int, default=128)
     ap.add_argument("--seconds", type=float, default=7.0)
+    ap.add_argument("--warmup", type=float, default=2.0,
+                    help="seconds after every client's first report before the window opens")
     ap.add_argument("--policy", default="hfq")
     ap.add_argument("--demo", action="store_true",
                     help="the demo's load instead: three throttles of 4 ms, 1 ms and 0.2 ms kernels")
