@@ -392,3 +392,30 @@ TEST_CASE("hfq: a metered leaf without completion interrupts still runs all its 
     rig.run_until(test::ms(2000));
     CHECK(rig.subs.at(cb).completed == 400);
 }
+
+// A leaf with two channels, one of which the GPU kills (a bad entry) with
+// eight entries frozen on it: the dead channel's frozen registers
+// must not count as queued work, or the leaf is metered for good and its
+// live channel's held work is never released.
+TEST_CASE("hfq: a leaf's live channel runs on after its other channel dies with work queued", "[hfq][queue]") {
+    test::Rig rig("hfq");
+    EntityId a = rig.task("a");
+    EntityId m = rig.task("m");
+    rig.submit_loop(a, test::ms(2));
+    const ChannelId c1 = rig.submit_loop(m, test::ms(1));
+    rig.submit(c1);  // one good 1 ms kernel teaches c1's kernel length
+    rig.subs.at(c1).kernel = Duration{1} << 52;  // then entries the GPU cannot decode
+    for (int i = 0; i < 6; ++i) rig.submit(c1);
+    const ChannelId c2 = rig.submit_loop(m, test::ms(1));
+    for (int i = 0; i < 7; ++i) rig.submit(c2);
+    rig.run_until(test::ms(100));
+    REQUIRE(rig.sched.gpu().read_status(c1) == PVGPU_CHAN_STATUS_ERROR);
+    // Frozen at the first bad entry: it, the loop's own first submission,
+    // the six above and the one after the good kernel's completion.
+    REQUIRE(rig.sched.gpu().read_ib_put(c1) - rig.sched.gpu().read_ib_get(c1) == 8);
+    const std::uint64_t before = rig.subs.at(c2).completed;
+    rig.run_until(test::ms(600));
+    // m keeps half the GPU through c2 alone: 250 of its 1 ms kernels in
+    // 500 ms, less the block threshold's worth at the edges.
+    CHECK(rig.subs.at(c2).completed - before >= 245);
+}

@@ -203,6 +203,11 @@ public:
             const EntityId leaf = it->second;
             mark_busy(leaf, nodes_[leaf].metered && !nodes_[leaf].shadowed);
             meter(leaf);
+            // A metered bursty leaf returns through here, not through a
+            // trapped doorbell: it may preempt as doorbell_trapped() lets it.
+            const Node& n = nodes_[leaf];
+            if (can_preempt_ && n.bursty && n.metered && !n.shadowed)
+                preempt_timer_.arm(ctx_->now(), [this, ch] { preempt_for(ch); });
         }
         // New held work while the engine idles: work conservation may feed it.
         after_event();
@@ -512,13 +517,17 @@ private:
 
     // Learned work of the leaf's entries the GPU has but has not started
     // (its own IB_PUT - IB_GET): what would still run if it were blocked now.
+    // A dead channel's registers stay where the GPU stopped: nothing of it
+    // runs, nothing counts.
     Duration queued(EntityId leaf) const {
         Duration q = 0;
         for (ChannelId ch : ctx_->channels_of(leaf))
-            q += static_cast<Duration>(ctx_->gpu().read_ib_put(ch) - ctx_->gpu().read_ib_get(ch)) *
-                 ctx_->kernel_estimate(ch);
+            if (live(ch))
+                q += static_cast<Duration>(ctx_->gpu().read_ib_put(ch) - ctx_->gpu().read_ib_get(ch)) *
+                     ctx_->kernel_estimate(ch);
         return q;
     }
+    bool live(ChannelId ch) const { return ctx_->gpu().read_status(ch) == PVGPU_CHAN_STATUS_OK; }
 
     void set_metered(EntityId leaf, bool metered) {
         Node& n = nodes_[leaf];
@@ -560,17 +569,19 @@ private:
         if (p_.queue <= 0 || leaf >= nodes_.size()) return;
         Node& n = nodes_[leaf];
         if (!n.metered) {
-            if (n.active && active_leaves_ > 1 && queued(leaf) > p_.queue) set_metered(leaf, true);
-            return;
+            if (!n.active || active_leaves_ < 2 || queued(leaf) <= p_.queue) return;
+            // Its channels may already be shadowed (blocked) with work
+            // held: fed below if it is not blocked.
+            set_metered(leaf, true);
         }
         if (n.shadowed || idle_armed_) return;  // blocked: only work conservation feeds it
         for (;;) {
-            // The channel with the fewest entries waiting on the GPU goes
-            // first, so a leaf's channels drain in turn.
+            // The live channel with the fewest entries waiting on the GPU
+            // goes first, so a leaf's channels drain in turn.
             ChannelId next = 0;
             std::uint32_t fewest = std::numeric_limits<std::uint32_t>::max();
             for (ChannelId ch : ctx_->channels_of(leaf)) {
-                if (ctx_->held(ch) == 0) continue;
+                if (ctx_->held(ch) == 0 || !live(ch)) continue;
                 std::uint32_t waiting = ctx_->gpu().read_ib_put(ch) - ctx_->gpu().read_ib_get(ch);
                 if (waiting < fewest) {
                     fewest = waiting;
@@ -640,6 +651,8 @@ private:
     void wake_from_idle() {
         idle_armed_ = false;
         for (auto& [ch, leaf] : chans_) ctx_->set_mode(ch, mode_of(leaf));
+        // Held while every channel trapped: metered leaves are fed now.
+        for (EntityId leaf : metered_) meter(leaf);
     }
 
     void after_event() {
