@@ -419,3 +419,24 @@ TEST_CASE("hfq: a leaf's live channel runs on after its other channel dies with 
     // 500 ms, less the block threshold's worth at the edges.
     CHECK(rig.subs.at(c2).completed - before >= 245);
 }
+
+// A tenant whose entries never ask for a completion interrupt has no kernel
+// length learned by the accounting; hfq learns it from the GPU time charged
+// per entry started, so its queue is capped like anyone's.
+TEST_CASE("hfq: a leaf that asks for no completion interrupts is capped too", "[hfq][queue]") {
+    test::Rig rig("hfq");
+    EntityId a = rig.task("a");
+    EntityId b = rig.task("b");
+    rig.submit_loop(a, test::ms(2));
+    const ChannelId cb = rig.submit_loop(b, test::ms(1));
+    rig.subs.at(cb).irq = false;
+    for (int i = 0; i < 7; ++i) rig.submit(cb);  // eight queued
+    rig.run_until(test::ms(300));
+    CHECK(rig.sched.channel(cb).mode() == ChannelMode::Shadowed);
+    CHECK(rig.counter("metered_releases") > 0);
+    const std::uint64_t before = rig.subs.at(cb).completed;
+    rig.run_until(test::ms(800));
+    // Still half the GPU: 250 of its 1 ms kernels in 500 ms, less the
+    // block threshold's worth at the edges.
+    CHECK(rig.subs.at(cb).completed - before >= 245);
+}

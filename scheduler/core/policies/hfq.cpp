@@ -154,11 +154,13 @@ public:
     void channel_added(ChannelId ch, EntityId leaf) override {
         node(leaf);
         chans_[ch] = leaf;
+        runs_[ch] = ChannelRuns{0, ctx_->gpu().read_ib_get(ch)};
         ctx_->set_mode(ch, idle_armed_ ? ChannelMode::Trapped : mode_of(leaf));
     }
 
     void channel_removed(ChannelId ch, EntityId leaf) override {
         chans_.erase(ch);
+        runs_.erase(ch);
         if (fed_ch_ == ch) fed_ch_ = 0;
         if (left_engine_ == ch) left_engine_ = 0;
         // The scheduler drops the channel after this call.
@@ -229,9 +231,10 @@ public:
 
     void engine_changed(std::optional<ChannelId> running) override {
         // The channel that left the engine may have ended an entry that
-        // asked for no interrupt: if it is metered, feed it now.
-        if (auto it = chans_.find(left_engine_); left_engine_ != 0 && it != chans_.end() && nodes_[it->second].metered)
-            meter(it->second);
+        // asked for no interrupt: feed it now if metered, or see whether
+        // its queue is past the cap (a leaf without interrupts has no
+        // completions to look at it otherwise).
+        if (auto it = chans_.find(left_engine_); left_engine_ != 0 && it != chans_.end()) meter(it->second);
         left_engine_ = running.value_or(0);
         if (running) touch(*running);
         after_event();
@@ -278,6 +281,7 @@ private:
         if (it == chans_.end()) return;
         EntityId leaf = it->second;
         nodes_[leaf].accounted += d;
+        if (auto r = runs_.find(ch); r != runs_.end()) r->second.charged += d;
         for (EntityId id = leaf; id != kRootEntity; id = parent_of(id)) {
             Node& n = nodes_[id];
             double inc = static_cast<double>(d) * kUnitWeight / weight_of(id);
@@ -524,8 +528,21 @@ private:
         for (ChannelId ch : ctx_->channels_of(leaf))
             if (live(ch))
                 q += static_cast<Duration>(ctx_->gpu().read_ib_put(ch) - ctx_->gpu().read_ib_get(ch)) *
-                     ctx_->kernel_estimate(ch);
+                     kernel_length(ch);
         return q;
+    }
+
+    // The accounting learns a kernel's length from its completion
+    // interrupt.  A channel whose entries ask for none has it learned here
+    // instead, as its charged GPU time over the entries the GPU started
+    // (its own IB_GET): otherwise a tenant could keep its queue uncapped
+    // by never asking for an interrupt.  0: not known yet.
+    Duration kernel_length(ChannelId ch) const {
+        if (Duration est = ctx_->kernel_estimate(ch); est > 0) return est;
+        auto r = runs_.find(ch);
+        if (r == runs_.end()) return 0;
+        const std::uint32_t started = ctx_->gpu().read_ib_get(ch) - r->second.get_at_open;
+        return started >= 2 ? r->second.charged / started : 0;
     }
     bool live(ChannelId ch) const { return ctx_->gpu().read_status(ch) == PVGPU_CHAN_STATUS_OK; }
 
@@ -590,7 +607,7 @@ private:
             }
             if (next == 0) return;
             const Duration q = queued(leaf);
-            if (q > 0 && q + ctx_->kernel_estimate(next) > p_.queue) return;
+            if (q > 0 && q + kernel_length(next) > p_.queue) return;
             if (ctx_->release(next, 1) == 0) return;
             ++metered_releases_;
         }
@@ -814,6 +831,12 @@ private:
     PolicyContext* ctx_ = nullptr;
     std::vector<Node> nodes_;
     std::unordered_map<ChannelId, EntityId> chans_;
+    // Per channel: GPU time charged and IB_GET when it was added.
+    struct ChannelRuns {
+        Duration charged;
+        std::uint32_t get_at_open;
+    };
+    std::unordered_map<ChannelId, ChannelRuns> runs_;
     std::set<EntityId> shadowed_leaves_;
     std::set<EntityId> idle_candidates_;  // active leaves seen without work
     std::set<EntityId> metered_;
