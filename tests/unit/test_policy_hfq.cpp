@@ -375,16 +375,36 @@ TEST_CASE("hfq: a leaf keeps at most queue_ms queued while it shares the GPU", "
     CHECK(uncapped > 6 * kMillisecond);
 }
 
+namespace {
+
+// The queue-cap cases: a leaf `m` beside a sibling that submits 2 ms kernels
+// back to back, so that m shares the GPU.
+struct SharedRig {
+    test::Rig rig{"hfq"};
+    EntityId m;
+    SharedRig() {
+        EntityId a = rig.task("a");
+        m = rig.task("m");
+        rig.submit_loop(a, test::ms(2));
+    }
+    // A channel of m with `queued` kernels submitted at once (it resubmits
+    // one per completion), `limit` of them in all (0: endless).
+    ChannelId channel(Duration kernel, int queued, std::uint64_t limit = 0) {
+        const ChannelId ch = rig.submit_loop(m, kernel, 0, limit);
+        for (int i = 1; i < queued; ++i) rig.submit(ch);
+        return ch;
+    }
+};
+
+}  // namespace
+
 // A metered leaf whose entries stop asking for completion interrupts: its
 // held work must still reach the GPU (fed at anyone's events), not wait
 // for a completion it will never hear.
 TEST_CASE("hfq: a metered leaf without completion interrupts still runs all its work", "[hfq][queue]") {
-    test::Rig rig("hfq");
-    EntityId a = rig.task("a");
-    EntityId b = rig.task("b");
-    rig.submit_loop(a, test::ms(2));
-    const ChannelId cb = rig.submit_loop(b, test::ms(1), 0, 400);
-    for (int i = 0; i < 7; ++i) rig.submit(cb);  // eight queued
+    SharedRig s;
+    test::Rig& rig = s.rig;
+    const ChannelId cb = s.channel(test::ms(1), 8, 400);
     rig.run_until(test::ms(200));
     REQUIRE(rig.sched.channel(cb).mode() == ChannelMode::Shadowed);
     REQUIRE(rig.counter("metered_releases") > 0);
@@ -398,16 +418,13 @@ TEST_CASE("hfq: a metered leaf without completion interrupts still runs all its 
 // must not count as queued work, or the leaf is metered for good and its
 // live channel's held work is never released.
 TEST_CASE("hfq: a leaf's live channel runs on after its other channel dies with work queued", "[hfq][queue]") {
-    test::Rig rig("hfq");
-    EntityId a = rig.task("a");
-    EntityId m = rig.task("m");
-    rig.submit_loop(a, test::ms(2));
-    const ChannelId c1 = rig.submit_loop(m, test::ms(1));
+    SharedRig s;
+    test::Rig& rig = s.rig;
+    const ChannelId c1 = s.channel(test::ms(1), 1);
     rig.submit(c1);  // one good 1 ms kernel teaches c1's kernel length
     rig.subs.at(c1).kernel = Duration{1} << 52;  // then entries the GPU cannot decode
     for (int i = 0; i < 6; ++i) rig.submit(c1);
-    const ChannelId c2 = rig.submit_loop(m, test::ms(1));
-    for (int i = 0; i < 7; ++i) rig.submit(c2);
+    const ChannelId c2 = s.channel(test::ms(1), 8);
     rig.run_until(test::ms(100));
     REQUIRE(rig.sched.gpu().read_status(c1) == PVGPU_CHAN_STATUS_ERROR);
     // Frozen at the first bad entry: it, the loop's own first submission,
@@ -424,13 +441,11 @@ TEST_CASE("hfq: a leaf's live channel runs on after its other channel dies with 
 // length learned by the accounting; hfq learns it from the GPU time charged
 // per entry started, so its queue is capped like anyone's.
 TEST_CASE("hfq: a leaf that asks for no completion interrupts is capped too", "[hfq][queue]") {
-    test::Rig rig("hfq");
-    EntityId a = rig.task("a");
-    EntityId b = rig.task("b");
-    rig.submit_loop(a, test::ms(2));
-    const ChannelId cb = rig.submit_loop(b, test::ms(1));
+    SharedRig s;
+    test::Rig& rig = s.rig;
+    const ChannelId cb = s.channel(test::ms(1), 1);
     rig.subs.at(cb).irq = false;
-    for (int i = 0; i < 7; ++i) rig.submit(cb);  // eight queued
+    for (int i = 0; i < 7; ++i) rig.submit(cb);  // eight queued, none asking for an interrupt
     rig.run_until(test::ms(300));
     CHECK(rig.sched.channel(cb).mode() == ChannelMode::Shadowed);
     CHECK(rig.counter("metered_releases") > 0);
