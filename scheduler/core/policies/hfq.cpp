@@ -43,7 +43,8 @@
 // its siblings after every block.  So once a leaf that shares the GPU has
 // more than `queue` of learned work waiting on it, its channels stay
 // shadowed and hfq hands the GPU its held entries one at a time as it
-// drains them (at a completion, or when a store is reported): never less
+// drains them (at a completion, when a store is reported, or when its
+// channel is seen leaving the engine): never less
 // than one entry waiting, never more than `queue` of work.  It is direct
 // again once it has the GPU to itself or leaves the run queue.
 //
@@ -218,8 +219,10 @@ public:
     void fence(ChannelId ch, std::uint32_t) override {
         if (fed_ch_ == ch) fed_ch_ = 0;
         touch(ch);
+        // A channel that stays on the engine shows no engine change: its
+        // leaf is fed (or found past the cap) here.
         if (auto it = chans_.find(ch); it != chans_.end()) meter(it->second);
-        after_event();  // feeds it if metered
+        after_event();
     }
 
     void channel_error(ChannelId ch, std::uint32_t) override {
@@ -526,11 +529,11 @@ private:
     Duration queued(EntityId leaf) const {
         Duration q = 0;
         for (ChannelId ch : ctx_->channels_of(leaf))
-            if (live(ch))
-                q += static_cast<Duration>(ctx_->gpu().read_ib_put(ch) - ctx_->gpu().read_ib_get(ch)) *
-                     kernel_length(ch);
+            if (live(ch)) q += static_cast<Duration>(waiting(ch)) * kernel_length(ch);
         return q;
     }
+    // Entries the GPU has for the channel and has not started.
+    std::uint32_t waiting(ChannelId ch) const { return ctx_->gpu().read_ib_put(ch) - ctx_->gpu().read_ib_get(ch); }
 
     // The accounting learns a kernel's length from its completion
     // interrupt.  A channel whose entries ask for none has it learned here
@@ -599,9 +602,8 @@ private:
             std::uint32_t fewest = std::numeric_limits<std::uint32_t>::max();
             for (ChannelId ch : ctx_->channels_of(leaf)) {
                 if (ctx_->held(ch) == 0 || !live(ch)) continue;
-                std::uint32_t waiting = ctx_->gpu().read_ib_put(ch) - ctx_->gpu().read_ib_get(ch);
-                if (waiting < fewest) {
-                    fewest = waiting;
+                if (const std::uint32_t w = waiting(ch); w < fewest) {
+                    fewest = w;
                     next = ch;
                 }
             }
