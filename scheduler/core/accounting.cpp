@@ -83,11 +83,16 @@ void Accounting::charge(ChannelId ch, Duration d) {
 void Accounting::fence(ChannelId ch) {
     Entry entry(*this);
     // The kernel ended at the GPU's timestamp if it writes one (the interrupt
-    // may run late on a busy host), never before what was already seen.
+    // may run late on a busy host), never before what was already seen.  A
+    // kernel seen on the engine ends no earlier than it started, but may end
+    // before that sighting: a host that ran late reads the engine, then
+    // handles completions the GPU timestamped earlier.  Bounding those by
+    // the sighting would charge the first of them the whole delay.
     const Time now = clock_.now();
     Time t = now;
     if (completion_time_)
-        if (const std::optional<Time> done = completion_time_(ch)) t = std::clamp(*done, last_seen_, now);
+        if (const std::optional<Time> done = completion_time_(ch))
+            t = std::clamp(*done, current_ == ch ? since_ : last_seen_, now);
     // The interrupt arrives after the engine moved on: the register names
     // the channel that started when this kernel ended.
     const std::optional<ChannelId> running = read();

@@ -17,6 +17,27 @@
 namespace pvgpu::test {
 
 
+// The host's timers (the GPU model's and the scheduler's, which share one
+// event loop in pvgpud) on a host that stalls: a timer due inside the stall
+// fires when it ends, after those due before it, as on a busy event loop.
+class StallingTimers final : public Timers {
+public:
+    explicit StallingTimers(sim::EventLoop& loop) : loop_(loop) {}
+    // Set before the timers concerned are armed.
+    void stall(Time from, Time to) {
+        from_ = from;
+        to_ = to;
+    }
+    TimerId arm(Time at, std::function<void()> fn) override {
+        return loop_.arm(at >= from_ && at < to_ ? to_ : at, std::move(fn));
+    }
+    void cancel(TimerId id) override { loop_.cancel(id); }
+
+private:
+    sim::EventLoop& loop_;
+    Time from_ = 0, to_ = 0;
+};
+
 // Event loop + simulated GPU + scheduler + one submitter loop per channel.
 class Rig final : public sim::ExecutionObserver {
 public:
@@ -34,7 +55,7 @@ public:
 
     explicit Rig(const std::string& policy, const PolicyParams& params = {},
                  sim::SimGpuConfig cfg = {})
-        : gpu_(loop, loop, cfg), sched(gpu_, loop, loop, make_policy(policy, params)) {
+        : gpu_(loop, host_timers, cfg), sched(gpu_, loop, host_timers, make_policy(policy, params)) {
         gpu_.set_observer(this);
     }
 
@@ -109,6 +130,7 @@ public:
     }
 
     sim::EventLoop loop;
+    StallingTimers host_timers{loop};
 
 private:
     sim::SimGpu gpu_;
