@@ -111,6 +111,7 @@ ChannelId Scheduler::open_channel(EntityId leaf, ChannelMemory mem) {
     by_entity_[leaf].push_back(ch);
     accounting_.channel_added(ch, leaf);
     call_policy([&] { policy_->channel_added(ch, leaf); });
+    state(ch).mapped = true;
     return ch;
 }
 
@@ -155,6 +156,10 @@ void Scheduler::set_mode(ChannelId ch, ChannelMode m) {
     st.wanted = m;
     if (st.shadow->mode() == m) {
         st.remap_timer->cancel();  // a pending switch was reverted before it landed
+        return;
+    }
+    if (!st.mapped) {
+        apply_mode(ch);
         return;
     }
     ++stats_.remaps;

@@ -101,6 +101,10 @@ private:
         EntityId owner = kNoEntity;
         ChannelMode wanted = ChannelMode::Direct;
         std::unique_ptr<Timer> remap_timer;
+        // False while the policy hears of the new channel: its memory is
+        // first mapped in the mode the policy asks for then, so that mode
+        // applies at once, with no remap (the client gets it with the channel).
+        bool mapped = false;
     };
 
     void on_fence(ChannelId ch, std::uint32_t fence) override;

@@ -590,7 +590,10 @@ void Daemon::on_alloc(Client& cl, const wire::Message& m) {
     rec.pushed = sched_->channel(id).mode();
     r.status = PVGPU_OK;
     r.chan_id = id;
-    r.mode = wire_mode(rec.pushed);
+    // A host client is never pushed a switch (daemon.hpp) and does not ring
+    // while it believes its channel shadowed: it is told only modes in
+    // which it rings, and its doorbells are held here as the mode says.
+    r.mode = wire_mode(!rec.vmm && rec.pushed == ChannelMode::Shadowed ? ChannelMode::Direct : rec.pushed);
     // The notifier's read end goes with the reply only; pvgpud keeps the
     // write end (send() duplicates, so this copy closes on return).
     const UniqueFd reader = rec.notifier.take_reader();
