@@ -455,3 +455,49 @@ TEST_CASE("hfq: a leaf that asks for no completion interrupts is capped too", "[
     // block threshold's worth at the edges.
     CHECK(rig.subs.at(cb).completed - before >= 245);
 }
+
+// A client that joins a busy GPU opens its channel and queues deep at once
+// (pvgpu-load's throttle: two batches of four).  Its kernel length is not
+// known yet, so the cap cannot size its queue: without a meter from the
+// start the whole first queue reaches the GPU, and on a round-robin engine
+// its long kernels alternate with a short-kernel sibling's, far past its
+// share, while it is blocked.
+TEST_CASE("hfq: a leaf that joins a busy GPU is metered before its kernel length is known", "[hfq][queue]") {
+    test::Rig rig("hfq");
+    const EntityId a = rig.task("a");
+    const EntityId b = rig.task("b");
+    rig.submit_loop(a, test::ms(0.25));
+    rig.run_until(test::ms(100));
+    rig.measure_from(test::ms(100));
+    const ChannelId cb = rig.submit_loop(b, test::ms(2), 0, 0, test::ms(100));
+    for (int i = 1; i < 16; ++i) rig.submit(cb);  // sixteen 2 ms kernels queued on joining
+    Duration lead = 0;
+    for (Time t = test::ms(100); t <= test::ms(300); t += test::ms(0.25)) {
+        rig.run_until(t);
+        lead = std::max(lead, rig.gpu_time(b) - rig.gpu_time(a));
+    }
+    INFO("b's largest lead over a since it joined: " << to_ms(lead) << " ms");
+    // lag_ms (4: credit a joining leaf starts with) + threshold_ms (2) +
+    // queue_ms (2) + one 2 ms kernel.
+    CHECK(lead <= test::ms(10));
+}
+
+// The meter on joining lasts only until a kernel length is learned: a leaf
+// whose queue is within queue_ms is then direct, and pays no shadowing.
+TEST_CASE("hfq: a joining leaf with a short queue goes direct once its kernel length is learned",
+          "[hfq][queue]") {
+    test::Rig rig("hfq");
+    const EntityId a = rig.task("a");
+    const EntityId b = rig.task("b");
+    rig.submit_loop(a, test::ms(2));
+    rig.run_until(test::ms(100));
+    const ChannelId cb = rig.submit_loop(b, test::ms(0.5), 0, 0, test::ms(100));  // one kernel in flight
+    REQUIRE(rig.sched.channel(cb).mode() == ChannelMode::Shadowed);
+    rig.run_until(test::ms(150));
+    CHECK(rig.sched.channel(cb).mode() == ChannelMode::Direct);
+    rig.measure_from(test::ms(150));
+    rig.run_until(test::ms(1150));
+    // Measured 0.4995: at most the block threshold (2 ms) and one of b's
+    // kernels apart at the window's edges, over 1 s.
+    CHECK(rig.share(b) == Approx(0.5).margin(0.0025));
+}

@@ -46,7 +46,9 @@
 // drains them (at a completion, when a store is reported, or when its
 // channel is seen leaving the engine): never less
 // than one entry waiting, never more than `queue` of work.  It is direct
-// again once it has the GPU to itself or leaves the run queue.
+// again once it has the GPU to itself or leaves the run queue.  A channel
+// that joins a busy GPU is metered from its first entry, one at a time,
+// until a kernel length sizes its queue.
 //
 // Anticipation (BFQ's idling, Iyer and Druschel's anticipatory scheduler): a
 // leaf that runs unblocked and has just gone idle between bursts is likely
@@ -106,6 +108,7 @@ struct Node {
     bool shadowed = false;  // leaves: channels are asked to be Shadowed
     bool bursty = false;    // leaves: seen between bursts; trapped while unblocked
     bool metered = false;   // leaves: queue above `queue`: shadowed, fed as the GPU drains it
+    bool provisional = false;  // leaves: metered on joining a busy GPU, until a kernel length is learned
     Duration accounted = 0;
     Time idle_since = -1;   // leaves: first moment seen without work, while in the run queue
     Time went_idle = -1;    // leaves: when the current think began, kept after leaving the queue
@@ -156,6 +159,15 @@ public:
         node(leaf);
         chans_[ch] = leaf;
         runs_[ch] = ChannelRuns{0, ctx_->gpu().read_ib_get(ch)};
+        // A channel that joins a busy GPU has no kernel length learned, so
+        // the cap cannot size its queue: the client's first queue would
+        // reach the GPU whole and run that far ahead of everyone.  It is
+        // metered from its first entry until a length is learned.
+        Node& n = nodes_[leaf];
+        if (p_.queue > 0 && !n.metered && active_leaves_ > (n.active ? 1u : 0u)) {
+            n.provisional = true;
+            set_metered(leaf, true);
+        }
         ctx_->set_mode(ch, idle_armed_ ? ChannelMode::Trapped : mode_of(leaf));
     }
 
@@ -456,9 +468,11 @@ private:
             --active_leaves_;
             idle_candidates_.erase(id);
             set_metered(id, false);
-            // Alone on the GPU, a leaf has nobody to run ahead of.
+            // Alone on the GPU, a leaf has nobody to run ahead of.  One that
+            // has not started keeps its meter until it does.
             if (active_leaves_ == 1)
-                for (EntityId m : std::set<EntityId>(metered_)) set_metered(m, false);
+                for (EntityId m : std::set<EntityId>(metered_))
+                    if (nodes_[m].active) set_metered(m, false);
             if (active_leaves_ == 0) arm_idle_check(ctx_->now() + p_.idle);
         }
         if (n.blocked) {
@@ -549,10 +563,25 @@ private:
     }
     bool live(ChannelId ch) const { return ctx_->gpu().read_status(ch) == PVGPU_CHAN_STATUS_OK; }
 
+    // Every live channel of the leaf that has work has a kernel length.
+    bool learned(EntityId leaf) const {
+        for (ChannelId ch : ctx_->channels_of(leaf))
+            if (live(ch) && has_work(ch) && kernel_length(ch) == 0) return false;
+        return true;
+    }
+    // Learned work of the entries held back in the leaf's shadow pages.
+    Duration held_work(EntityId leaf) const {
+        Duration h = 0;
+        for (ChannelId ch : ctx_->channels_of(leaf))
+            if (live(ch)) h += static_cast<Duration>(ctx_->held(ch)) * kernel_length(ch);
+        return h;
+    }
+
     void set_metered(EntityId leaf, bool metered) {
         Node& n = nodes_[leaf];
         if (n.metered == metered) return;
         n.metered = metered;
+        if (!metered) n.provisional = false;
         if (metered) {
             metered_.insert(leaf);
             ++meters_;
@@ -593,6 +622,16 @@ private:
             // Its channels may already be shadowed (blocked) with work
             // held: fed below if it is not blocked.
             set_metered(leaf, true);
+        } else if (n.active && active_leaves_ < 2) {
+            set_metered(leaf, false);  // alone on the GPU: nobody to run ahead of
+            return;
+        } else if (n.provisional && learned(leaf)) {
+            // Metered on joining: it stays so only if its queue is past the cap.
+            n.provisional = false;
+            if (queued(leaf) + held_work(leaf) <= p_.queue) {
+                set_metered(leaf, false);
+                return;
+            }
         }
         if (n.shadowed || idle_armed_) return;  // blocked: only work conservation feeds it
         for (;;) {
@@ -608,6 +647,8 @@ private:
                 }
             }
             if (next == 0) return;
+            // A channel without a learned length gets one entry at a time.
+            if (kernel_length(next) == 0 && fewest > 0) return;
             const Duration q = queued(leaf);
             if (q > 0 && q + kernel_length(next) > p_.queue) return;
             if (ctx_->release(next, 1) == 0) return;
