@@ -92,7 +92,7 @@ void Accounting::fence(ChannelId ch) {
     Time t = now;
     if (completion_time_)
         if (const std::optional<Time> done = completion_time_(ch))
-            t = std::clamp(*done, current_ == ch ? since_ : last_seen_, now);
+            t = std::clamp(*done, std::min(current_ == ch ? since_ : last_seen_, now), now);
     // The interrupt arrives after the engine moved on: the register names
     // the channel that started when this kernel ended.
     const std::optional<ChannelId> running = read();

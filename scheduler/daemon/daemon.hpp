@@ -109,7 +109,9 @@ private:
         Doorbell bell;
         CompletionNotifier notifier;  // host clients of protocol version 3 only
         MuxWatch watch;               // after `bell`: removed while its fd is open
-        ChannelMode pushed = ChannelMode::Direct;  // what the client was last told
+        // What a VMM was last told; for a host client (told nothing after
+        // its CHAN_REPLY), the mode in force.
+        ChannelMode pushed = ChannelMode::Direct;
         std::uint32_t mode_seq = 0;
         // Pushes not acknowledged yet, oldest first: each must be acked
         // (by its own or a later mode_seq) within the timeout.

@@ -501,3 +501,26 @@ TEST_CASE("hfq: a joining leaf with a short queue goes direct once its kernel le
     // kernels apart at the window's edges, over 1 s.
     CHECK(rig.share(b) == Approx(0.5).margin(0.0025));
 }
+
+// A client that opens its channel while another tenant runs, and submits
+// only after the GPU has gone idle: its leaf, metered on joining, is
+// unmetered from inside hfq's walk over the metered leaves at the wake-up
+// (which once erased from the set it walked).  Its work runs, alone.
+TEST_CASE("hfq: a leaf metered on joining that submits after the GPU went idle runs its work",
+          "[hfq][queue]") {
+    test::Rig rig("hfq");
+    const EntityId a = rig.task("a");
+    const EntityId b = rig.task("b");
+    const EntityId c = rig.task("c");
+    rig.submit_loop(a, test::ms(1), 0, 10);
+    rig.run_until(test::ms(5));
+    // Opened while a runs; they submit at 100 ms, long after a is done.
+    const ChannelId cb = rig.submit_loop(b, test::ms(1), 0, 50, test::ms(100));
+    const ChannelId cc = rig.submit_loop(c, test::ms(1), 0, 50, test::ms(100));
+    rig.run_until(test::ms(50));
+    REQUIRE(rig.counter("idle_arms") >= 1);
+    rig.run_until(test::ms(400));
+    CHECK(rig.subs.at(cb).completed == 50);
+    CHECK(rig.subs.at(cc).completed == 50);
+    CHECK(rig.sched.channel(cb).mode() != ChannelMode::Shadowed);
+}

@@ -162,9 +162,11 @@ public:
         // A channel that joins a busy GPU has no kernel length learned, so
         // the cap cannot size its queue: the client's first queue would
         // reach the GPU whole and run that far ahead of everyone.  It is
-        // metered from its first entry until a length is learned.
+        // metered from its first entry until a length is learned.  (A leaf
+        // already running keeps its mode: metering it would remap its
+        // running channels for the sake of one that may not queue deep.)
         Node& n = nodes_[leaf];
-        if (p_.queue > 0 && !n.metered && active_leaves_ > (n.active ? 1u : 0u)) {
+        if (p_.queue > 0 && !n.metered && !n.active && active_leaves_ > 0) {
             n.provisional = true;
             set_metered(leaf, true);
         }
@@ -189,6 +191,7 @@ public:
             if (id < nodes_.size() && nodes_[id].active) deactivate(id);
             if (id < nodes_.size()) nodes_[id] = Node{};
             shadowed_leaves_.erase(id);
+            metered_.erase(id);
             idle_candidates_.erase(id);
         } else if (c == EntityTree::Change::Weight) {
             // New weights apply to future charges; re-check the sibling level now.
@@ -602,7 +605,8 @@ private:
         const Time now = ctx_->now();
         if (ctx_->running_seen() && now - scanned_at_ < p_.queue) return;
         scanned_at_ = now;
-        for (EntityId leaf : metered_) {
+        // meter() may unmeter a leaf: walk a copy.
+        for (EntityId leaf : std::vector<EntityId>(metered_.begin(), metered_.end())) {
             bool held = false, pending = false;
             for (ChannelId ch : ctx_->channels_of(leaf)) {
                 held = held || ctx_->held(ch) > 0;
@@ -712,7 +716,7 @@ private:
         idle_armed_ = false;
         for (auto& [ch, leaf] : chans_) ctx_->set_mode(ch, mode_of(leaf));
         // Held while every channel trapped: metered leaves are fed now.
-        for (EntityId leaf : metered_) meter(leaf);
+        for (EntityId leaf : std::vector<EntityId>(metered_.begin(), metered_.end())) meter(leaf);
     }
 
     void after_event() {
