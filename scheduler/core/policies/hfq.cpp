@@ -542,11 +542,13 @@ private:
     // Learned work of the leaf's entries the GPU has but has not started
     // (its own IB_PUT - IB_GET): what would still run if it were blocked now.
     // A dead channel's registers stay where the GPU stopped: nothing of it
-    // runs, nothing counts.
-    Duration queued(EntityId leaf) const {
+    // runs, nothing counts.  With `held`, the entries held back in its
+    // shadow pages count too.
+    Duration queued(EntityId leaf, bool held = false) const {
         Duration q = 0;
         for (ChannelId ch : ctx_->channels_of(leaf))
-            if (live(ch)) q += static_cast<Duration>(waiting(ch)) * kernel_length(ch);
+            if (live(ch))
+                q += static_cast<Duration>(waiting(ch) + (held ? ctx_->held(ch) : 0)) * kernel_length(ch);
         return q;
     }
     // Entries the GPU has for the channel and has not started.
@@ -571,13 +573,6 @@ private:
         for (ChannelId ch : ctx_->channels_of(leaf))
             if (live(ch) && has_work(ch) && kernel_length(ch) == 0) return false;
         return true;
-    }
-    // Learned work of the entries held back in the leaf's shadow pages.
-    Duration held_work(EntityId leaf) const {
-        Duration h = 0;
-        for (ChannelId ch : ctx_->channels_of(leaf))
-            if (live(ch)) h += static_cast<Duration>(ctx_->held(ch)) * kernel_length(ch);
-        return h;
     }
 
     void set_metered(EntityId leaf, bool metered) {
@@ -606,7 +601,7 @@ private:
         if (ctx_->running_seen() && now - scanned_at_ < p_.queue) return;
         scanned_at_ = now;
         // meter() may unmeter a leaf: walk a copy.
-        for (EntityId leaf : std::vector<EntityId>(metered_.begin(), metered_.end())) {
+        for (EntityId leaf : std::set<EntityId>(metered_)) {
             bool held = false, pending = false;
             for (ChannelId ch : ctx_->channels_of(leaf)) {
                 held = held || ctx_->held(ch) > 0;
@@ -632,7 +627,7 @@ private:
         } else if (n.provisional && learned(leaf)) {
             // Metered on joining: it stays so only if its queue is past the cap.
             n.provisional = false;
-            if (queued(leaf) + held_work(leaf) <= p_.queue) {
+            if (queued(leaf, true) <= p_.queue) {
                 set_metered(leaf, false);
                 return;
             }
@@ -716,7 +711,7 @@ private:
         idle_armed_ = false;
         for (auto& [ch, leaf] : chans_) ctx_->set_mode(ch, mode_of(leaf));
         // Held while every channel trapped: metered leaves are fed now.
-        for (EntityId leaf : std::vector<EntityId>(metered_.begin(), metered_.end())) meter(leaf);
+        for (EntityId leaf : std::set<EntityId>(metered_)) meter(leaf);
     }
 
     void after_event() {
