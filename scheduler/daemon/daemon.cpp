@@ -95,7 +95,7 @@ Daemon::Daemon(Config cfg)
     vmm_users_ = VmmUsers(cfg_.vmm_users, &unknown_users);
     for (const auto& u : unknown_users) log_warning("vmm_users: no such user '", u, "' (ignored)");
 
-    gpu_ = std::make_unique<sim::SimGpu>(clock_, timers_, cfg_.gpu);
+    gpu_ = std::make_unique<sim::SimGpu>(clock_, timers_.device(), cfg_.gpu);
     sched_ = std::make_unique<Scheduler>(*gpu_, clock_, timers_, std::move(policy), cfg_.costs);
     sched_->set_mode_listener([this](ChannelId ch, ChannelMode m) { on_mode_change(ch, m); });
     sched_->set_error_listener(

@@ -3,6 +3,7 @@
 #include <sys/timerfd.h>
 #include <time.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <system_error>
 
@@ -27,9 +28,11 @@ GlibTimers::GlibTimers(GMainContext* ctx) : fd_(timerfd_create(CLOCK_MONOTONIC, 
     watch_ = FdWatch(ctx, fd_.get(), G_IO_IN, [this](GIOCondition) { dispatch(); });
 }
 
-TimerId GlibTimers::arm(Time at, std::function<void()> fn) {
+TimerId GlibTimers::arm(Time at, std::function<void()> fn) { return arm_in(kHost, at, std::move(fn)); }
+
+TimerId GlibTimers::arm_in(Lane lane, Time at, std::function<void()> fn) {
     TimerId id = next_id_++;
-    heap_.push({at, id});
+    heaps_[lane].push({at, id});
     live_.emplace(id, std::move(fn));
     if (!dispatching_ && (fd_at_ == 0 || at < fd_at_)) rearm();
     return id;
@@ -38,29 +41,46 @@ TimerId GlibTimers::arm(Time at, std::function<void()> fn) {
 void GlibTimers::cancel(TimerId id) {
     if (live_.erase(id) == 0) return;
     if (dispatching_) return;  // dispatch() re-arms when it is done
-    if (heap_.size() > 64 && heap_.size() > 4 * live_.size()) compact();
+    if (heaps_[kDevice].size() + heaps_[kHost].size() > 64 &&
+        heaps_[kDevice].size() + heaps_[kHost].size() > 4 * live_.size())
+        compact();
     rearm();
 }
 
-void GlibTimers::drop_dead_head() {
-    while (!heap_.empty() && !live_.count(heap_.top().id)) heap_.pop();
+void GlibTimers::drop_dead_heads() {
+    for (Heap& h : heaps_)
+        while (!h.empty() && !live_.count(h.top().id)) h.pop();
 }
 
 void GlibTimers::compact() {
-    std::vector<Entry> keep;
-    keep.reserve(live_.size());
-    while (!heap_.empty()) {
-        if (live_.count(heap_.top().id)) keep.push_back(heap_.top());
-        heap_.pop();
+    for (Heap& h : heaps_) {
+        std::vector<Entry> keep;
+        keep.reserve(h.size());
+        while (!h.empty()) {
+            if (live_.count(h.top().id)) keep.push_back(h.top());
+            h.pop();
+        }
+        h = Heap(std::greater<Entry>(), std::move(keep));
     }
-    heap_ = decltype(heap_)(std::greater<Entry>(), std::move(keep));
+}
+
+int GlibTimers::due(Time now) {
+    drop_dead_heads();
+    for (int lane : {kDevice, kHost})
+        if (!heaps_[lane].empty() && heaps_[lane].top().at <= now) return lane;
+    return -1;
 }
 
 void GlibTimers::rearm() {
-    drop_dead_head();
-    Time want = heap_.empty() ? 0 : heap_.top().at;
-    // it_value 0 would disarm: a deadline at or before the epoch means "now".
-    if (!heap_.empty() && want <= 0) want = 1;
+    drop_dead_heads();
+    const Heap& dev = heaps_[kDevice];
+    const Heap& host = heaps_[kHost];
+    Time want = 0;
+    if (!dev.empty() || !host.empty()) {
+        want = dev.empty() ? host.top().at : host.empty() ? dev.top().at : std::min(dev.top().at, host.top().at);
+        // it_value 0 would disarm: a deadline at or before the epoch means "now".
+        want = std::max<Time>(want, 1);
+    }
     if (want == fd_at_) return;
     itimerspec its{};
     its.it_value.tv_sec = want / kSecond;
@@ -82,10 +102,10 @@ void GlibTimers::dispatch() {
     int ran = 0;
     try {
         for (;;) {
-            drop_dead_head();
-            if (heap_.empty() || heap_.top().at > now || ran == kMaxPerDispatch) break;
-            Entry e = heap_.top();
-            heap_.pop();
+            const int lane = ran == kMaxPerDispatch ? -1 : due(now);
+            if (lane < 0) break;
+            Entry e = heaps_[lane].top();
+            heaps_[lane].pop();
             auto it = live_.find(e.id);
             auto fn = std::move(it->second);
             live_.erase(it);

@@ -239,6 +239,99 @@ TEST_CASE("GlibTimers: the earliest deadline drives the fd", "[daemon][timers]")
     CHECK(timers.armed() == 0);
 }
 
+TEST_CASE("GlibTimers: after a stall the device's overdue timers fire before the host's", "[daemon][timers]") {
+    Context c;
+    MonotonicClock clock;
+    GlibTimers timers(c.ctx);
+    std::vector<std::string> order;
+    const Time t0 = clock.now();
+    // All due before the loop next runs.  A device timer armed by a device
+    // callback that is already due also runs before the host's.
+    timers.arm(t0 - 3 * kMillisecond, [&] { order.push_back("host-3"); });
+    timers.device().arm(t0 - 2 * kMillisecond, [&] {
+        order.push_back("dev-2");
+        timers.device().arm(t0 - kMillisecond, [&] { order.push_back("dev-1, armed by dev-2"); });
+    });
+    timers.arm(t0 - 2 * kMillisecond, [&] { order.push_back("host-2"); });
+    timers.device().arm(t0 - 4 * kMillisecond, [&] { order.push_back("dev-4"); });
+    // A device timer cancelled through either interface never fires.
+    timers.cancel(timers.device().arm(t0 - 5 * kMillisecond, [&] { order.push_back("cancelled"); }));
+    CHECK(timers.armed() == 4);
+    CHECK(timers.fd_deadline() == t0 - 4 * kMillisecond);
+    REQUIRE(c.run_until([&] { return order.size() == 5; }));
+    CHECK(order == std::vector<std::string>{"dev-4", "dev-2", "dev-1, armed by dev-2", "host-3", "host-2"});
+    // On time: deadline order across the lanes.  (A loaded machine may run
+    // the loop after both deadlines; then either order is right.)
+    order.clear();
+    const Time t1 = clock.now();
+    Time host_ran = 0;
+    timers.device().arm(t1 + 50 * kMillisecond, [&] { order.push_back("dev"); });
+    timers.arm(t1 + 2 * kMillisecond, [&] {
+        order.push_back("host");
+        host_ran = clock.now();
+    });
+    CHECK(timers.fd_deadline() == t1 + 2 * kMillisecond);
+    REQUIRE(c.run_until([&] { return order.size() == 2; }));
+    if (host_ran < t1 + 50 * kMillisecond) CHECK(order == std::vector<std::string>{"host", "dev"});
+    CHECK(timers.fd_deadline() == 0);
+}
+
+namespace {
+
+// Ground truth for the stall test below: what the simulated engine ran.
+struct EngineLog final : sim::ExecutionObserver {
+    std::map<ChannelId, Duration> ran;
+    void executed(ChannelId ch, Time start, Time end) override { ran[ch] += end - start; }
+};
+
+}  // namespace
+
+// pvgpud's loop stalls (128 clients connecting at once) while a 3 ms kernel
+// runs whose channel is new: the accounting's busy-engine read (1 ms after
+// its start) and the kernel's end are both overdue when the loop runs again.
+// In deadline order the read came first, saw the ended kernel still on the
+// engine and charged it up to the read; its completion then charged the
+// next kernel from the read on: here 5 ms and 1 ms for two 3 ms kernels.
+TEST_CASE("accounting in pvgpud: a stalled loop charges each kernel its own length", "[daemon][timers][accounting]") {
+    Context c;
+    MonotonicClock clock;
+    GlibTimers timers(c.ctx);
+    sim::SimGpu gpu(clock, timers.device(), sim::SimGpuConfig{});
+    EngineLog log;
+    gpu.set_observer(&log);
+    const Time before = clock.now();  // no engine read is older than this
+    Scheduler sched(gpu, clock, timers, make_policy("none", {}));
+    const EntityId a = sched.entities().add(kRootEntity, "a", EntityKind::Task, 100);
+    const EntityId b = sched.entities().add(kRootEntity, "b", EntityKind::Task, 100);
+    const ChannelId ca = sched.open_channel(a), cb = sched.open_channel(b);
+    int done = 0;
+    for (ChannelId ch : {ca, cb}) {
+        gpu.set_fence_watcher(ch, [&](std::uint32_t) { ++done; });
+        ShadowChannel& sc = sched.channel(ch);
+        pvgpu_ring_entry& e = sc.ring()->entries[0];
+        e.payload = static_cast<std::uint64_t>(3 * kMillisecond);
+        e.fence = 1;
+        e.flags = PVGPU_ENTRY_IRQ;
+        sc.guest_write_put(1);
+    }
+    const Accounting& acc = sched.accounting();
+    // The engine took a's kernel at once; let the accounting see it.
+    REQUIRE(gpu.running_channel() == ca);
+    REQUIRE(c.run_until([&] { return acc.running() == ca; }));
+    const Time seen = clock.now();
+    // The stall: the loop does not run until both the read and the end are due.
+    while (clock.now() < seen + 5 * kMillisecond) g_usleep(500);
+    REQUIRE(c.run_until([&] { return done == 2; }));
+    REQUIRE(log.ran[ca] == 3 * kMillisecond);
+    REQUIRE(log.ran[cb] == 3 * kMillisecond);
+    INFO("charged a " << to_ms(acc.gpu_time(a)) << " ms, b " << to_ms(acc.gpu_time(b)) << " ms");
+    // b's kernel started at a's completion timestamp and ended at its own:
+    // exact.  a's start, a direct doorbell, was seen by a settle read and
+    // placed between it and the read before (5-25 us off here).
+    CHECK(acc.gpu_time(b) == 3 * kMillisecond);
+    CHECK(std::abs(acc.gpu_time(a) - 3 * kMillisecond) <= seen - before);
+}
+
 TEST_CASE("MonotonicClock follows CLOCK_MONOTONIC", "[daemon][timers]") {
     MonotonicClock clock;
     timespec ts{};
