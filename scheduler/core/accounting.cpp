@@ -88,11 +88,14 @@ void Accounting::fence(ChannelId ch) {
     // before that sighting: a host that ran late reads the engine, then
     // handles completions the GPU timestamped earlier.  Bounding those by
     // the sighting would charge the first of them the whole delay.
+    //
+    // A kernel of another channel started after the one seen ran from
+    // since_; an idle engine seen at last_seen_ started nothing before it.
     const Time now = clock_.now();
+    const Time earliest = std::min(current_ ? since_ : last_seen_, now);
     Time t = now;
     if (completion_time_)
-        if (const std::optional<Time> done = completion_time_(ch))
-            t = std::clamp(*done, std::min(current_ == ch ? since_ : last_seen_, now), now);
+        if (const std::optional<Time> done = completion_time_(ch)) t = std::clamp(*done, earliest, now);
     // The interrupt arrives after the engine moved on: the register names
     // the channel that started when this kernel ended.
     const std::optional<ChannelId> running = read();
@@ -119,7 +122,9 @@ void Accounting::fence(ChannelId ch) {
         // It started unseen after the last observation: from an idle engine
         // (a direct doorbell), or after a kernel whose completion raised no
         // interrupt.  It ran about its usual length, at most the whole gap.
-        const Duration gap = std::max<Duration>(0, t - last_seen_);
+        // A sighting later than its completion was the host reading late
+        // (the GPU's timestamp is the truth): the gap is then the stint.
+        const Duration gap = std::max<Duration>(0, t - (last_seen_ <= t ? last_seen_ : earliest));
         const Duration mine = c.kernel_estimate > 0 ? std::min(gap, c.kernel_estimate) : gap / 2;
         if (current_) charge(*current_, t - mine - since_);
         charge(ch, mine);

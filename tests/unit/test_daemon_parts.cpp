@@ -332,6 +332,60 @@ TEST_CASE("accounting in pvgpud: a stalled loop charges each kernel its own leng
     CHECK(std::abs(acc.gpu_time(a) - 3 * kMillisecond) <= seen - before);
 }
 
+// The same stall with a kernel that asks for no interrupt (b's) between two
+// that do: c's completion is the first the host hears after a's, and c was
+// never seen on the engine.  It ran its usual length up to its timestamp,
+// and b the rest since a's end.  Bounding c's completion by the engine read
+// at a's (made late, at the end of the stall) charged b the stall and c
+// nothing.
+TEST_CASE("accounting in pvgpud: a stall across a kernel without an interrupt", "[daemon][timers][accounting]") {
+    Context c;
+    MonotonicClock clock;
+    GlibTimers timers(c.ctx);
+    sim::SimGpu gpu(clock, timers.device(), sim::SimGpuConfig{});
+    EngineLog log;
+    gpu.set_observer(&log);
+    Scheduler sched(gpu, clock, timers, make_policy("none", {}));
+    auto task = [&](const char* name) { return sched.entities().add(kRootEntity, name, EntityKind::Task, 100); };
+    // Opened first: the engine serves a, b, c in turn after it.
+    const EntityId lc = task("c"), la = task("a"), lb = task("b");
+    const ChannelId cc = sched.open_channel(lc), ca = sched.open_channel(la), cb = sched.open_channel(lb);
+    std::map<ChannelId, std::uint32_t> fence;
+    auto submit = [&](ChannelId ch, Duration len, int n, bool irq) {
+        ShadowChannel& sc = sched.channel(ch);
+        std::uint32_t put = gpu.read_ib_put(ch);
+        for (int i = 0; i < n; ++i, ++put) {
+            pvgpu_ring_entry& e = sc.ring()->entries[put & PVGPU_RING_MASK];
+            e.payload = static_cast<std::uint64_t>(len);
+            e.fence = put + 1;
+            e.flags = irq ? PVGPU_ENTRY_IRQ : 0;
+        }
+        sc.guest_write_put(put);
+    };
+    for (ChannelId ch : {ca, cb, cc}) gpu.set_fence_watcher(ch, [&, ch](std::uint32_t f) { fence[ch] = f; });
+    const Accounting& acc = sched.accounting();
+    // c alone first: its second and third kernels start at a seen completion,
+    // so the accounting learns their length (1 ms).
+    submit(cc, kMillisecond, 3, true);
+    REQUIRE(c.run_until([&] { return fence[cc] == 3 && !acc.running(); }));
+    REQUIRE(acc.kernel_estimate(cc) == kMillisecond);
+    const Duration c_before = acc.gpu_time(lc);
+    const Time idle_since = *gpu.completion_time(cc);  // no engine read after a's start is older
+    submit(ca, 3 * kMillisecond, 1, true);
+    submit(cb, 2 * kMillisecond, 1, false);
+    submit(cc, kMillisecond, 1, true);
+    REQUIRE(c.run_until([&] { return acc.running() == ca; }));
+    const Time seen = clock.now();
+    while (clock.now() < seen + 7 * kMillisecond) g_usleep(500);
+    REQUIRE(c.run_until([&] { return fence[cc] == 4; }));
+    REQUIRE(log.ran[cb] == 2 * kMillisecond);
+    INFO("charged a " << to_ms(acc.gpu_time(la)) << " ms, b " << to_ms(acc.gpu_time(lb)) << " ms, c "
+                      << to_ms(acc.gpu_time(lc) - c_before) << " ms");
+    CHECK(acc.gpu_time(lb) == 2 * kMillisecond);
+    CHECK(acc.gpu_time(lc) - c_before == kMillisecond);
+    CHECK(std::abs(acc.gpu_time(la) - 3 * kMillisecond) <= seen - idle_since);
+}
+
 TEST_CASE("MonotonicClock follows CLOCK_MONOTONIC", "[daemon][timers]") {
     MonotonicClock clock;
     timespec ts{};
