@@ -5,15 +5,17 @@ Usage: python3 docs/experiments.py PVGPU_SIM OUT_DIR [--bench PVGPU_BENCH_DECISI
                                    [--only NAME,NAME,...]
 
 NAME is one of: fairness, thesis_5421, thesis_5422, nested, gdev, accuracy,
-accounting_all, grace, anticipation, feed_cap, preempt_cost, scale_spread, overhead, bench
-(default: all; bench only with --bench).
+accounting_all, grace, anticipation, feed_cap, preempt_cost, scale_spread, fair_floor, overhead,
+bench (default: all; bench only with --bench).
 
 Runs every experiment of DESIGN.md section 8 on the bundled scenarios (variants
 are made by editing the JSON, never by hand), prints markdown tables on stdout
 and writes CSV data and gnuplot PNG plots to OUT_DIR/plots/.
 """
 import json
+import math
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -388,6 +390,71 @@ def scale_spread(r, out):
     out.write("\nBatch 4, two channels, hfq defaults, by window length, without and with the queue cap:\n\n")
     out.write(table(["window (s)", "least, queue_ms 0", "most, queue_ms 0", "U, queue_ms 0",
                      "least, queue_ms 2", "most, queue_ms 2", "U, queue_ms 2"], rows) + "\n")
+    # The 7 s window with tighter blocking: does a smaller threshold or
+    # queue bring hfq near a perfectly fair schedule (fair_floor)?
+    rows = []
+    for threshold in [2, 0.5, 0.2, 0.05]:
+        row = ["%g" % threshold]
+        for queue in [2, 1, 0.25]:
+            params = {"threshold_ms": threshold, "unblock_ms": threshold / 4, "queue_ms": queue}
+            least, most, _ = extremes(run_variant(r, scenario(4, 2, 7, params)))
+            row.append("%.3f" % (most / least))
+        rows.append(row)
+    out.write("\nBatch 4, two channels, 7 s window, U by block threshold (unblock at a quarter of it) "
+              "and queue cap:\n\n")
+    out.write(table(["threshold_ms", "queue_ms 2", "queue_ms 1", "queue_ms 0.25"], rows) + "\n")
+
+
+def fair_floor(out):
+    # The U a perfectly fair schedule of the 128-client benchmark would show
+    # (no simulator: a model).  Non-preemptive, so each client runs whole
+    # kernels: with equal shares client i runs one kernel of L_i every
+    # 128 * L_i, at a phase of its own.  A window of T seconds then holds a
+    # whole number of its completions, and a kernel runs across each edge:
+    # nobody is ahead on average, but U over 128 clients is the extremes.
+    # Measured two ways: the benchmark's (completed kernels, counted by
+    # reports every 100 ms and interpolated between them) and the
+    # simulator's (GPU time executed in the window).
+    n = 128
+    lens = [(250 + (2000 - 250) * i / (n - 1)) / 1000.0 for i in range(n)]  # ms, as scale_bench.py
+    rng = random.Random(1)
+
+    def completed(t, first, period):
+        return 0 if t < first else math.floor((t - first) / period) + 1
+
+    def counted(t, first, period, report_phase, every=100.0):
+        a = report_phase + math.floor((t - report_phase) / every) * every
+        ca, cb = completed(a, first, period), completed(a + every, first, period)
+        return ca + (cb - ca) * (t - a) / every
+
+    def executed(t, first, period, length):  # runs [first + k P - L, first + k P)
+        if t <= first - length:
+            return 0.0
+        k = math.floor((t - (first - length)) / period)
+        return k * length + min(length, t - (first - length + k * period))
+
+    def u(window, how, t0=5000.0):
+        got = []
+        for length in lens:
+            period = n * length
+            first = rng.uniform(0, period) + length
+            if how == "counts":
+                ph = rng.uniform(0, 100.0)
+                got.append(length * (counted(t0 + window, first, period, ph) - counted(t0, first, period, ph)))
+            else:
+                got.append(executed(t0 + window, first, period, length) - executed(t0, first, period, length))
+        return max(got) / min(got)
+
+    out.write("## The U of a perfectly fair schedule of 128 clients (kernels 250..2000 us): a model\n\n")
+    rows = []
+    for seconds in [7, 30]:
+        row = [seconds]
+        for how in ["counts", "executed"]:
+            us = sorted(u(seconds * 1000.0, how) for _ in range(2000))
+            row += ["%.3f" % us[100], "%.3f" % us[1000], "%.3f" % us[1900]]
+        rows.append(row)
+    out.write(table(["window (s)", "counts p5", "counts median", "counts p95", "executed p5", "executed median",
+                     "executed p95"], rows) + "\n")
 
 
 def overhead(r, out):
@@ -446,6 +513,7 @@ def main():
                  ("feed_cap", lambda: feed_cap(r, out)),
                  ("preempt_cost", lambda: preempt_cost(r, out)),
                  ("scale_spread", lambda: scale_spread(r, out)),
+                 ("fair_floor", lambda: fair_floor(out)),
                  ("overhead", lambda: (overhead(r, out), overhead_gapped(r, out)))]
         if bench_path:
             parts.append(("bench", lambda: bench(bench_path, out)))

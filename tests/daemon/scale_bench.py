@@ -15,7 +15,7 @@ Asserts nothing: numbers for docs/results.md.
 usage: scale_bench.py --pvgpud P --pvgpuctl P --load P [--clients N]
                       [--seconds S] [--warmup S] [--policy NAME] [--demo | --kernels-us LIST]
                       [--compare BASE [--repeat R]] [--quick]
-                      [--batch K] [--depth D]
+                      [--batch K] [--depth D] [--param KEY=VALUE ...]
 --warmup S: seconds after every client's first report before the window
 opens (default 2; the first queues of a start run before any kernel length
 is learned, so hfq's queue cap settles over a few seconds).
@@ -27,6 +27,8 @@ is learned, so hfq's queue cap settles over a few seconds).
 extra CPU of the policy over BASE (fraction of a core), the median extra
 CPU per kernel (us) and the ratio of their GPU busy fractions (issue 12:
 hfq over none on the demo load).
+--param KEY=VALUE: a parameter of --policy (not of BASE), written to
+pvgpud.conf's [policy.NAME] group; repeatable (e.g. --param queue_ms=0).
 """
 import argparse
 import os
@@ -58,6 +60,9 @@ def run_policy(ns, bins, policy, ks):
                 f"host_clients = {max(256, n)}\nhost_clients_per_uid = {max(256, n)}\n"
                 f"host_channels = {max(1024, 2 * n)}\n"
                 f"host_channels_per_uid = {max(1024, 2 * n)}\n")
+        # Parameters of the policy under test only (--param KEY=VALUE).
+        if ns.param and policy == ns.policy:
+            f.write(f"[policy.{policy}]\n" + "".join(f"{kv}\n" for kv in ns.param))
     d.start()
     loads = []
     names = [f"s{i:03d}" for i in range(n)]
@@ -121,6 +126,8 @@ def main():
     ap.add_argument("--batch", type=int, default=4,
                     help="kernels per submission of each throttle (a client counts whole batches)")
     ap.add_argument("--depth", type=int, default=2, help="batches in flight per throttle")
+    ap.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                    help="a parameter of --policy, written to pvgpud.conf's [policy.NAME] (repeatable)")
     ns = ap.parse_args()
     if ns.quick:
         ns.clients, ns.seconds = 32, 3.0
