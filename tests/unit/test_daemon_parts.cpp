@@ -278,10 +278,25 @@ TEST_CASE("GlibTimers: after a stall the device's overdue timers fire before the
 
 namespace {
 
-// Ground truth for the stall test below: what the simulated engine ran.
-struct EngineLog final : sim::ExecutionObserver {
+// pvgpud's pieces on one real GLib loop, as Daemon wires them (the
+// simulated GPU on the device lane), with `none` and the ground truth of
+// what the engine ran.
+struct LoopRig final : sim::ExecutionObserver {
+    Context c;
+    MonotonicClock clock;
+    GlibTimers timers{c.ctx};
+    sim::SimGpu gpu{clock, timers.device(), sim::SimGpuConfig{}};
+    const Time created = clock.now();  // no engine read is older than this
+    Scheduler sched{gpu, clock, timers, make_policy("none", {})};
     std::map<ChannelId, Duration> ran;
+
+    LoopRig() { gpu.set_observer(this); }
     void executed(ChannelId ch, Time start, Time end) override { ran[ch] += end - start; }
+    EntityId task(const char* name) { return sched.entities().add(kRootEntity, name, EntityKind::Task, 100); }
+    // The loop does not run until `until`.
+    void stall(Time until) {
+        while (clock.now() < until) g_usleep(500);
+    }
 };
 
 }  // namespace
@@ -293,43 +308,35 @@ struct EngineLog final : sim::ExecutionObserver {
 // engine and charged it up to the read; its completion then charged the
 // next kernel from the read on: here 5 ms and 1 ms for two 3 ms kernels.
 TEST_CASE("accounting in pvgpud: a stalled loop charges each kernel its own length", "[daemon][timers][accounting]") {
-    Context c;
-    MonotonicClock clock;
-    GlibTimers timers(c.ctx);
-    sim::SimGpu gpu(clock, timers.device(), sim::SimGpuConfig{});
-    EngineLog log;
-    gpu.set_observer(&log);
-    const Time before = clock.now();  // no engine read is older than this
-    Scheduler sched(gpu, clock, timers, make_policy("none", {}));
-    const EntityId a = sched.entities().add(kRootEntity, "a", EntityKind::Task, 100);
-    const EntityId b = sched.entities().add(kRootEntity, "b", EntityKind::Task, 100);
-    const ChannelId ca = sched.open_channel(a), cb = sched.open_channel(b);
+    LoopRig r;
+    const EntityId a = r.task("a"), b = r.task("b");
+    const ChannelId ca = r.sched.open_channel(a), cb = r.sched.open_channel(b);
     int done = 0;
     for (ChannelId ch : {ca, cb}) {
-        gpu.set_fence_watcher(ch, [&](std::uint32_t) { ++done; });
-        ShadowChannel& sc = sched.channel(ch);
+        r.gpu.set_fence_watcher(ch, [&](std::uint32_t) { ++done; });
+        ShadowChannel& sc = r.sched.channel(ch);
         pvgpu_ring_entry& e = sc.ring()->entries[0];
         e.payload = static_cast<std::uint64_t>(3 * kMillisecond);
         e.fence = 1;
         e.flags = PVGPU_ENTRY_IRQ;
         sc.guest_write_put(1);
     }
-    const Accounting& acc = sched.accounting();
+    const Accounting& acc = r.sched.accounting();
     // The engine took a's kernel at once; let the accounting see it.
-    REQUIRE(gpu.running_channel() == ca);
-    REQUIRE(c.run_until([&] { return acc.running() == ca; }));
-    const Time seen = clock.now();
-    // The stall: the loop does not run until both the read and the end are due.
-    while (clock.now() < seen + 5 * kMillisecond) g_usleep(500);
-    REQUIRE(c.run_until([&] { return done == 2; }));
-    REQUIRE(log.ran[ca] == 3 * kMillisecond);
-    REQUIRE(log.ran[cb] == 3 * kMillisecond);
+    REQUIRE(r.gpu.running_channel() == ca);
+    REQUIRE(r.c.run_until([&] { return acc.running() == ca; }));
+    const Time seen = r.clock.now();
+    // Until both the read and the end are due.
+    r.stall(seen + 5 * kMillisecond);
+    REQUIRE(r.c.run_until([&] { return done == 2; }));
+    REQUIRE(r.ran[ca] == 3 * kMillisecond);
+    REQUIRE(r.ran[cb] == 3 * kMillisecond);
     INFO("charged a " << to_ms(acc.gpu_time(a)) << " ms, b " << to_ms(acc.gpu_time(b)) << " ms");
     // b's kernel started at a's completion timestamp and ended at its own:
     // exact.  a's start, a direct doorbell, was seen by a settle read and
     // placed between it and the read before (5-25 us off here).
     CHECK(acc.gpu_time(b) == 3 * kMillisecond);
-    CHECK(std::abs(acc.gpu_time(a) - 3 * kMillisecond) <= seen - before);
+    CHECK(std::abs(acc.gpu_time(a) - 3 * kMillisecond) <= seen - r.created);
 }
 
 // The same stall with a kernel that asks for no interrupt (b's) between two
@@ -339,21 +346,14 @@ TEST_CASE("accounting in pvgpud: a stalled loop charges each kernel its own leng
 // at a's (made late, at the end of the stall) charged b the stall and c
 // nothing.
 TEST_CASE("accounting in pvgpud: a stall across a kernel without an interrupt", "[daemon][timers][accounting]") {
-    Context c;
-    MonotonicClock clock;
-    GlibTimers timers(c.ctx);
-    sim::SimGpu gpu(clock, timers.device(), sim::SimGpuConfig{});
-    EngineLog log;
-    gpu.set_observer(&log);
-    Scheduler sched(gpu, clock, timers, make_policy("none", {}));
-    auto task = [&](const char* name) { return sched.entities().add(kRootEntity, name, EntityKind::Task, 100); };
+    LoopRig r;
     // Opened first: the engine serves a, b, c in turn after it.
-    const EntityId lc = task("c"), la = task("a"), lb = task("b");
-    const ChannelId cc = sched.open_channel(lc), ca = sched.open_channel(la), cb = sched.open_channel(lb);
+    const EntityId lc = r.task("c"), la = r.task("a"), lb = r.task("b");
+    const ChannelId cc = r.sched.open_channel(lc), ca = r.sched.open_channel(la), cb = r.sched.open_channel(lb);
     std::map<ChannelId, std::uint32_t> fence;
     auto submit = [&](ChannelId ch, Duration len, int n, bool irq) {
-        ShadowChannel& sc = sched.channel(ch);
-        std::uint32_t put = gpu.read_ib_put(ch);
+        ShadowChannel& sc = r.sched.channel(ch);
+        std::uint32_t put = r.gpu.read_ib_put(ch);
         for (int i = 0; i < n; ++i, ++put) {
             pvgpu_ring_entry& e = sc.ring()->entries[put & PVGPU_RING_MASK];
             e.payload = static_cast<std::uint64_t>(len);
@@ -362,23 +362,23 @@ TEST_CASE("accounting in pvgpud: a stall across a kernel without an interrupt", 
         }
         sc.guest_write_put(put);
     };
-    for (ChannelId ch : {ca, cb, cc}) gpu.set_fence_watcher(ch, [&, ch](std::uint32_t f) { fence[ch] = f; });
-    const Accounting& acc = sched.accounting();
+    for (ChannelId ch : {ca, cb, cc}) r.gpu.set_fence_watcher(ch, [&, ch](std::uint32_t f) { fence[ch] = f; });
+    const Accounting& acc = r.sched.accounting();
     // c alone first: its second and third kernels start at a seen completion,
     // so the accounting learns their length (1 ms).
     submit(cc, kMillisecond, 3, true);
-    REQUIRE(c.run_until([&] { return fence[cc] == 3 && !acc.running(); }));
+    REQUIRE(r.c.run_until([&] { return fence[cc] == 3 && !acc.running(); }));
     REQUIRE(acc.kernel_estimate(cc) == kMillisecond);
     const Duration c_before = acc.gpu_time(lc);
-    const Time idle_since = *gpu.completion_time(cc);  // no engine read after a's start is older
+    const Time idle_since = *r.gpu.completion_time(cc);  // no engine read after a's start is older
     submit(ca, 3 * kMillisecond, 1, true);
     submit(cb, 2 * kMillisecond, 1, false);
     submit(cc, kMillisecond, 1, true);
-    REQUIRE(c.run_until([&] { return acc.running() == ca; }));
-    const Time seen = clock.now();
-    while (clock.now() < seen + 7 * kMillisecond) g_usleep(500);
-    REQUIRE(c.run_until([&] { return fence[cc] == 4; }));
-    REQUIRE(log.ran[cb] == 2 * kMillisecond);
+    REQUIRE(r.c.run_until([&] { return acc.running() == ca; }));
+    const Time seen = r.clock.now();
+    r.stall(seen + 7 * kMillisecond);
+    REQUIRE(r.c.run_until([&] { return fence[cc] == 4; }));
+    REQUIRE(r.ran[cb] == 2 * kMillisecond);
     INFO("charged a " << to_ms(acc.gpu_time(la)) << " ms, b " << to_ms(acc.gpu_time(lb)) << " ms, c "
                       << to_ms(acc.gpu_time(lc) - c_before) << " ms");
     CHECK(acc.gpu_time(lb) == 2 * kMillisecond);
