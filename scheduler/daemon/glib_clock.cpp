@@ -41,9 +41,8 @@ TimerId GlibTimers::arm_in(Lane lane, Time at, std::function<void()> fn) {
 void GlibTimers::cancel(TimerId id) {
     if (live_.erase(id) == 0) return;
     if (dispatching_) return;  // dispatch() re-arms when it is done
-    if (heaps_[kDevice].size() + heaps_[kHost].size() > 64 &&
-        heaps_[kDevice].size() + heaps_[kHost].size() > 4 * live_.size())
-        compact();
+    const std::size_t entries = heaps_[kDevice].size() + heaps_[kHost].size();
+    if (entries > 64 && entries > 4 * live_.size()) compact();
     rearm();
 }
 

@@ -17,9 +17,12 @@
 namespace pvgpu::test {
 
 
-// The host's timers (the GPU model's and the scheduler's, which share one
-// event loop in pvgpud) on a host that stalls: a timer due inside the stall
-// fires when it ends, after those due before it, as on a busy event loop.
+// The timers of a host that stalls (the GPU model's and the scheduler's,
+// which share one event loop in pvgpud): a timer due inside the stall fires
+// when it ends, after those due before it, as on a busy event loop.  As
+// pvgpud's GlibTimers does, the GPU model's (device()) fire before the
+// scheduler's there, whatever their deadlines: hardware runs on while the
+// host is stalled.
 class StallingTimers final : public Timers {
 public:
     explicit StallingTimers(sim::EventLoop& loop) : loop_(loop) {}
@@ -28,14 +31,29 @@ public:
         from_ = from;
         to_ = to;
     }
-    TimerId arm(Time at, std::function<void()> fn) override {
-        return loop_.arm(at >= from_ && at < to_ ? to_ : at, std::move(fn));
-    }
+    TimerId arm(Time at, std::function<void()> fn) override { return arm_at(at, 1, std::move(fn)); }
     void cancel(TimerId id) override { loop_.cancel(id); }
+    Timers& device() { return device_; }
 
 private:
+    // A stalled timer fires at the stall's end, the host's one nanosecond
+    // after the device's.
+    TimerId arm_at(Time at, Duration host_delay, std::function<void()> fn) {
+        return loop_.arm(at >= from_ && at < to_ ? to_ + host_delay : at, std::move(fn));
+    }
+    class DeviceLane final : public Timers {
+    public:
+        explicit DeviceLane(StallingTimers& t) : t_(t) {}
+        TimerId arm(Time at, std::function<void()> fn) override { return t_.arm_at(at, 0, std::move(fn)); }
+        void cancel(TimerId id) override { t_.cancel(id); }
+
+    private:
+        StallingTimers& t_;
+    };
+
     sim::EventLoop& loop_;
     Time from_ = 0, to_ = 0;
+    DeviceLane device_{*this};
 };
 
 // Event loop + simulated GPU + scheduler + one submitter loop per channel.
@@ -55,7 +73,7 @@ public:
 
     explicit Rig(const std::string& policy, const PolicyParams& params = {},
                  sim::SimGpuConfig cfg = {})
-        : gpu_(loop, host_timers, cfg), sched(gpu_, loop, host_timers, make_policy(policy, params)) {
+        : gpu_(loop, host_timers.device(), cfg), sched(gpu_, loop, host_timers, make_policy(policy, params)) {
         gpu_.set_observer(this);
     }
 
