@@ -161,9 +161,17 @@ void Accounting::observed(std::optional<ChannelId> running) {
     Time lo = last_seen_, hi = t;
     std::optional<Time> done;
     if (current_ && completion_time_) done = completion_time_(*current_);
-    if (done && *done > last_seen_ && *done <= t && (!engine_.preemptive || !running)) {
-        lo = hi = *done;
-    } else if (engine_.preemptive && current_ && running && slice_end_ > last_seen_ && slice_end_ <= t) {
+    if (done && *done >= since_ && *done <= t && (!engine_.preemptive || !running)) {
+        // Off a non-preemptive engine, its stint ended at its last completion
+        // in it, even if it was seen after that: the sighting was stale (a
+        // host that handled the interrupt late read the engine as of it).
+        // The next started then, if seen switching since; else after it.
+        charge(*current_, *done - since_);
+        now_running(running, *done, *done > last_seen_ ? *done : t);
+        last_seen_ = t;
+        return;
+    }
+    if (engine_.preemptive && current_ && running && slice_end_ > last_seen_ && slice_end_ <= t) {
         lo = hi = slice_end_;
     }
     if (current_) charge(*current_, lo + (hi - lo) / 2 - since_);

@@ -68,7 +68,9 @@ public:
         std::uint64_t submitted = 0;
         std::uint64_t completed = 0;
         bool running = true;
-        bool irq = true;           // ask for a completion interrupt per kernel
+        bool irq = true;           // ask for completion interrupts
+        std::uint32_t irq_every = 1;  // ... on every irq_every-th kernel only
+        std::uint32_t depth = 1;      // kernels kept submitted ahead of the GPU
     };
 
     explicit Rig(const std::string& policy, const PolicyParams& params = {},
@@ -93,14 +95,22 @@ public:
             Submitter& s = subs.at(ch);
             ++s.completed;
             if (s.gap > 0)
-                loop.arm(loop.now() + s.gap, [this, ch] { submit(ch); });
+                loop.arm(loop.now() + s.gap, [this, ch] { fill(ch); });
             else
-                submit(ch);
+                fill(ch);
         });
-        loop.arm(start_at, [this, ch] { submit(ch); });
+        loop.arm(start_at, [this, ch] { fill(ch); });
         return ch;
     }
 
+    // Submits until `depth` kernels are outstanding (the loop's step).
+    void fill(ChannelId ch) {
+        Submitter& s = subs.at(ch);
+        do submit(ch);
+        while (s.running && (!s.limit || s.submitted < s.limit) && s.submitted - s.completed < s.depth);
+    }
+
+    // Submits one kernel.
     void submit(ChannelId ch) {
         Submitter& s = subs.at(ch);
         if (!s.running || (s.limit && s.submitted >= s.limit)) return;
@@ -108,7 +118,7 @@ public:
         pvgpu_ring_entry& e = sc.ring()->entries[s.put & PVGPU_RING_MASK];
         e.payload = static_cast<std::uint64_t>(s.kernel);
         e.fence = s.put + 1;
-        e.flags = s.irq ? PVGPU_ENTRY_IRQ : 0;
+        e.flags = s.irq && (s.put + 1) % s.irq_every == 0 ? PVGPU_ENTRY_IRQ : 0;
         ++s.put;
         ++s.submitted;
         sc.guest_write_put(s.put);

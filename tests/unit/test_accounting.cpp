@@ -194,3 +194,39 @@ TEST_CASE("accounting: completions handled late after a host stall are charged t
     CHECK(acc.kernel_estimate(cb) == ms(0.3));
     CHECK(acc.kernel_estimate(cc) == ms(1));
 }
+
+// qemu-modes in unit form: a guest that asks for one interrupt per batch of
+// eight 0.5 ms kernels and keeps 64 submitted, beside a host throttle whose
+// client resubmits its 2 ms kernel some time after each completion, and a
+// host that stalls for 20 ms.  After the stall a completion handled late
+// read the engine as of that completion; the guest's next kernel, without
+// an interrupt, then looked like it ran until the next sighting after the
+// stall: charged 666.6 ms for 652 ms run (qemu-modes, on a busy CI machine:
+// 680 ms for 552 ms).  Its last completion timestamp ends its stint.
+TEST_CASE("accounting: a guest with an interrupt per batch beside a throttle that resubmits late",
+          "[accounting]") {
+    const double gap_ms = GENERATE(0.0, 0.3, 2.5);
+    auto policy = GENERATE(std::string("none"), std::string("hfq"));
+    const double stall_ms = GENERATE(0.0, 20.0);
+    Rig rig(policy);
+    if (stall_ms > 0) rig.host_timers.stall(ms(1000), ms(1000 + stall_ms));
+    const EntityId vm = rig.vm("vm-modes", 20);
+    const EntityId guest = rig.task("task-77", 100, vm);
+    const EntityId thr = rig.task("thr");
+    const ChannelId cg = rig.submit_loop(guest, ms(0.5));
+    rig.subs.at(cg).irq_every = 8;
+    rig.subs.at(cg).depth = 64;
+    rig.submit_loop(thr, ms(2), ms(gap_ms));
+    rig.submit_loop(thr, ms(2), ms(gap_ms));
+    rig.run_until(ms(500));
+    rig.measure_from(ms(500));
+    const Accounting& acc = rig.sched.accounting();
+    const Duration g0 = acc.gpu_time(guest), t0 = acc.gpu_time(thr);
+    rig.run_until(ms(4500));
+    const Duration dg = acc.gpu_time(guest) - g0, dt = acc.gpu_time(thr) - t0;
+    INFO(policy << " stall " << stall_ms << " gap " << gap_ms << ": guest " << to_ms(dg) << " / "
+                << to_ms(rig.gpu_time(guest)) << " ms; throttle " << to_ms(dt) << " / " << to_ms(rig.gpu_time(thr)) << " ms; estimate "
+                << to_ms(acc.kernel_estimate(cg)));
+    CHECK(rel_error(dg, rig.gpu_time(guest)) < 0.01);
+    CHECK(rel_error(dt, rig.gpu_time(thr)) < 0.01);
+}
