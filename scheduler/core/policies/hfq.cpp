@@ -124,6 +124,7 @@ struct Node {
 
 struct Params {
     Duration threshold, unblock, lag, idle, grace, anticipate, feed_lead, queue;
+    int fair_window;  // siblings above which threshold, unblock and queue shrink (0: never)
 };
 
 // How late the return of a leaf held for is seen: the accounting reads an
@@ -489,13 +490,25 @@ private:
         }
     }
 
+    // Among n backlogged siblings each is owed 1/n of any window, so a lead
+    // of `threshold` weighs n/fair_window times more than among fair_window:
+    // above that many, the bounds shrink with n and keep their weight.
+    double crowd_scale(std::size_t n) const {
+        if (p_.fair_window <= 0 || n <= static_cast<std::size_t>(p_.fair_window)) return 1.0;
+        return static_cast<double>(p_.fair_window) / static_cast<double>(n);
+    }
+    Duration queue_cap() const {
+        return static_cast<Duration>(crowd_scale(active_leaves_) * static_cast<double>(p_.queue));
+    }
+
     // Block children too far ahead of the least-served; unblock those back in range.
     void rebalance(EntityId parent) {
         RunQueue& rq = nodes_[parent].rq;
         if (rq.empty()) return;
         double m = rq.min_vtime();
         rq.floor = std::max(rq.floor, m);
-        while (!rq.open.empty() && rq.open.rbegin()->vtime - m > static_cast<double>(p_.threshold)) {
+        const double scale = crowd_scale(rq.open.size() + rq.blocked.size());
+        while (!rq.open.empty() && rq.open.rbegin()->vtime - m > scale * static_cast<double>(p_.threshold)) {
             Key k = *rq.open.rbegin();
             rq.open.erase(k);
             rq.blocked.insert(k);
@@ -503,7 +516,7 @@ private:
             ++blocks_;
             refresh(k.id);
         }
-        while (!rq.blocked.empty() && rq.blocked.begin()->vtime - m <= static_cast<double>(p_.unblock)) {
+        while (!rq.blocked.empty() && rq.blocked.begin()->vtime - m <= scale * static_cast<double>(p_.unblock)) {
             unblock(rq, *rq.blocked.begin());
         }
     }
@@ -617,7 +630,7 @@ private:
         if (p_.queue <= 0 || leaf >= nodes_.size()) return;
         Node& n = nodes_[leaf];
         if (!n.metered) {
-            if (!n.active || active_leaves_ < 2 || queued(leaf) <= p_.queue) return;
+            if (!n.active || active_leaves_ < 2 || queued(leaf) <= queue_cap()) return;
             // Its channels may already be shadowed (blocked) with work
             // held: fed below if it is not blocked.
             set_metered(leaf, true);
@@ -627,7 +640,7 @@ private:
         } else if (n.provisional && learned(leaf)) {
             // Metered on joining: it stays so only if its queue is past the cap.
             n.provisional = false;
-            if (queued(leaf, true) <= p_.queue) {
+            if (queued(leaf, true) <= queue_cap()) {
                 set_metered(leaf, false);
                 return;
             }
@@ -649,7 +662,7 @@ private:
             // A channel without a learned length gets one entry at a time.
             if (kernel_length(next) == 0 && fewest > 0) return;
             const Duration q = queued(leaf);
-            if (q > 0 && q + kernel_length(next) > p_.queue) return;
+            if (q > 0 && q + kernel_length(next) > queue_cap()) return;
             if (ctx_->release(next, 1) == 0) return;
             ++metered_releases_;
         }
@@ -928,6 +941,9 @@ PolicyInfo hfq_info() {
                 {"queue_ms", 2.0,
                  "a leaf sharing the GPU with more than this much learned work queued on it is shadowed and "
                  "fed one entry at a time as the GPU drains it, so a block takes effect within this (0: no cap)"},
+                {"fair_window", 32.0,
+                 "with more backlogged siblings than this, threshold_ms and unblock_ms shrink by this over their "
+                 "number, and queue_ms by this over the number of active leaves (0: never)"},
             }};
 }
 
@@ -937,7 +953,13 @@ std::unique_ptr<Policy> make_hfq(const PolicyParams& p) {
     Params params{from_us(get("threshold_ms") * 1000), from_us(get("unblock_ms") * 1000),
                   from_us(get("lag_ms") * 1000),       from_us(get("idle_us")),
                   from_us(get("grace_us")),            from_us(get("anticipate_us")),
-                  from_us(get("feed_lead_ms") * 1000), from_us(get("queue_ms") * 1000)};
+                  from_us(get("feed_lead_ms") * 1000), from_us(get("queue_ms") * 1000),
+                  0};
+    // A sibling count: a whole number, and 0 turns the scaling off.
+    const double fair_window = get("fair_window");
+    if (!(fair_window >= 0 && fair_window <= 1e6) || fair_window != std::floor(fair_window))
+        throw std::invalid_argument("hfq: fair_window must be a whole number from 0 to 1000000");
+    params.fair_window = static_cast<int>(fair_window);
     if (params.idle <= 0) throw std::invalid_argument("hfq: idle_us must be positive");
     if (params.queue < 0) throw std::invalid_argument("hfq: queue_ms must not be negative");
     if (params.feed_lead < 0) throw std::invalid_argument("hfq: feed_lead_ms must not be negative");
