@@ -373,7 +373,8 @@ def scale_spread(r, out):
     for batch, channels in [(1, 1), (4, 2), (1, 8)]:
         for queue in [0, 2]:
             for threshold in [2, 0.5]:
-                params = {"queue_ms": queue, "threshold_ms": threshold, "unblock_ms": min(0.5, threshold / 4)}
+                params = {"queue_ms": queue, "threshold_ms": threshold, "unblock_ms": min(0.5, threshold / 4),
+                          "fair_window": 0}
                 least, most, spread = extremes(run_variant(r, scenario(batch, channels, 30, params)))
                 rows.append([batch, channels, queue, "%g" % threshold, "%.1f" % least, "%.1f" % most,
                              "%.3f" % (most / least), "%.1f" % spread])
@@ -384,10 +385,11 @@ def scale_spread(r, out):
     for seconds in [7, 30, 60, 120]:
         row = [seconds]
         for queue in [0, 2]:
-            least, most, _ = extremes(run_variant(r, scenario(4, 2, seconds, {"queue_ms": queue})))
+            least, most, _ = extremes(run_variant(r, scenario(4, 2, seconds, {"queue_ms": queue, "fair_window": 0})))
             row += ["%.1f" % least, "%.1f" % most, "%.3f" % (most / least)]
         rows.append(row)
-    out.write("\nBatch 4, two channels, hfq defaults, by window length, without and with the queue cap:\n\n")
+    out.write("\nBatch 4, two channels, hfq defaults with fixed bounds (fair_window 0), by window length, "
+              "without and with the queue cap:\n\n")
     out.write(table(["window (s)", "least, queue_ms 0", "most, queue_ms 0", "U, queue_ms 0",
                      "least, queue_ms 2", "most, queue_ms 2", "U, queue_ms 2"], rows) + "\n")
     # The 7 s window with tighter blocking: does a smaller threshold or
@@ -396,13 +398,28 @@ def scale_spread(r, out):
     for threshold in [2, 0.5, 0.2, 0.05]:
         row = ["%g" % threshold]
         for queue in [2, 1, 0.25]:
-            params = {"threshold_ms": threshold, "unblock_ms": threshold / 4, "queue_ms": queue}
+            params = {"threshold_ms": threshold, "unblock_ms": threshold / 4, "queue_ms": queue, "fair_window": 0}
             least, most, _ = extremes(run_variant(r, scenario(4, 2, 7, params)))
             row.append("%.3f" % (most / least))
         rows.append(row)
     out.write("\nBatch 4, two channels, 7 s window, U by block threshold (unblock at a quarter of it) "
               "and queue cap:\n\n")
     out.write(table(["threshold_ms", "queue_ms 2", "queue_ms 1", "queue_ms 0.25"], rows) + "\n")
+    # The defaults, whose bounds shrink with the number of siblings past
+    # fair_window, against the same bounds fixed: U by window, and what the
+    # extra blocking costs in remaps and modeled mechanism time.
+    rows = []
+    for seconds in [7, 30, 60]:
+        for window in [0, 32]:
+            rep = run_variant(r, scenario(4, 2, seconds, {"fair_window": window}))
+            least, most, _ = extremes(rep)
+            rows.append([seconds, window, "%.1f" % least, "%.1f" % most, "%.3f" % (most / least),
+                         "%.0f" % (rep["mechanisms"]["remaps"] / seconds),
+                         "%.0f" % rep["metrics"]["scheduler_cpu_us_per_s"]])
+    out.write("\nBatch 4, two channels, hfq defaults, by window length, with fixed bounds (fair_window 0) "
+              "and bounds scaled past 32 siblings (fair_window 32, the default):\n\n")
+    out.write(table(["window (s)", "fair_window", "least (ms)", "most (ms)", "U", "remaps/s", "mech us/s"],
+                    rows) + "\n")
 
 
 def fair_floor(out):
