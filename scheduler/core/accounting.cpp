@@ -124,9 +124,18 @@ void Accounting::fence(ChannelId ch) {
         // interrupt.  It ran about its usual length, at most the whole gap.
         // A sighting later than its completion was the host reading late
         // (the GPU's timestamp is the truth): the gap is then the stint.
-        const Duration gap = std::max<Duration>(0, t - (last_seen_ <= t ? last_seen_ : earliest));
+        Time from = last_seen_ <= t ? last_seen_ : earliest;
+        Time stint_end = t;
+        // On a non-preemptive engine the channel believed on it ran until
+        // its last completion since its stint began, even if seen after
+        // that (a stale sighting: interrupts handled late, after a stall),
+        // and this one started after it.
+        if (current_ && !engine_.preemptive && completion_time_)
+            if (const std::optional<Time> prev = completion_time_(*current_); prev && *prev >= since_ && *prev <= t)
+                from = stint_end = *prev;
+        const Duration gap = std::max<Duration>(0, t - from);
         const Duration mine = c.kernel_estimate > 0 ? std::min(gap, c.kernel_estimate) : gap / 2;
-        if (current_) charge(*current_, t - mine - since_);
+        if (current_) charge(*current_, std::min(stint_end, t - mine) - since_);
         charge(ch, mine);
     }
     c.kernel_start = -1;

@@ -31,6 +31,12 @@ public:
         from_ = from;
         to_ = to;
     }
+    // From `from` on, a stall of `length` at the start of every `period`.
+    void stall_every(Time from, Duration period, Duration length) {
+        from_ = from;
+        period_ = period;
+        to_ = length;
+    }
     TimerId arm(Time at, std::function<void()> fn) override { return arm_at(at, 1, std::move(fn)); }
     void cancel(TimerId id) override { loop_.cancel(id); }
     Timers& device() { return device_; }
@@ -39,6 +45,10 @@ private:
     // A stalled timer fires at the stall's end, the host's one nanosecond
     // after the device's.
     TimerId arm_at(Time at, Duration host_delay, std::function<void()> fn) {
+        if (period_ > 0 && at >= from_) {
+            const Time phase = (at - from_) % period_;
+            return loop_.arm(phase < to_ ? at - phase + to_ + host_delay : at, std::move(fn));
+        }
         return loop_.arm(at >= from_ && at < to_ ? to_ + host_delay : at, std::move(fn));
     }
     class DeviceLane final : public Timers {
@@ -52,7 +62,8 @@ private:
     };
 
     sim::EventLoop& loop_;
-    Time from_ = 0, to_ = 0;
+    Time from_ = 0, to_ = 0;  // periodic: to_ is the stall's length
+    Duration period_ = 0;
     DeviceLane device_{*this};
 };
 

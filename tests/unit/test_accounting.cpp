@@ -230,3 +230,50 @@ TEST_CASE("accounting: a guest with an interrupt per batch beside a throttle tha
     CHECK(rel_error(dg, rig.gpu_time(guest)) < 0.01);
     CHECK(rel_error(dt, rig.gpu_time(thr)) < 0.01);
 }
+
+// The same guest and throttle on a host that stalls over and over: every
+// stall ends with interrupts handled in a row.  A throttle kernel that
+// started unseen after a guest kernel without an interrupt was charged from
+// the stale sighting on, and the guest the rest: the guest was charged 667
+// ms for 614.5 ms run with 2 ms stalls every 37 ms, 665.6 ms for 383.5 ms
+// with 15 ms stalls.  The stint of the channel believed on the engine ends
+// at its own last completion.
+namespace {
+
+void check_periodic_stalls(double stall_ms, double gap_ms) {
+    Rig rig("hfq");
+    rig.host_timers.stall_every(ms(600), ms(37), ms(stall_ms));
+    const EntityId vm = rig.vm("vm-modes", 20);
+    const EntityId guest = rig.task("task-77", 100, vm);
+    const EntityId thr = rig.task("thr");
+    const ChannelId cg = rig.submit_loop(guest, ms(0.5));
+    rig.subs.at(cg).irq_every = 8;
+    rig.subs.at(cg).depth = 64;
+    rig.submit_loop(thr, ms(2), ms(gap_ms));
+    rig.submit_loop(thr, ms(2), ms(gap_ms));
+    rig.run_until(ms(500));
+    rig.measure_from(ms(500));
+    const Accounting& acc = rig.sched.accounting();
+    const Duration g0 = acc.gpu_time(guest), t0 = acc.gpu_time(thr);
+    // Read between stalls, 30 ms into a period: a stalled host's books
+    // lag the engine until its interrupts are handled.
+    rig.run_until(ms(600 + 37 * 105 + 30));
+    const Duration dg = acc.gpu_time(guest) - g0, dt = acc.gpu_time(thr) - t0;
+    INFO("stall " << stall_ms << " gap " << gap_ms << ": guest " << to_ms(dg) << " / " << to_ms(rig.gpu_time(guest))
+                  << " ms; throttle " << to_ms(dt) << " / " << to_ms(rig.gpu_time(thr)) << " ms");
+    CHECK(rel_error(dg, rig.gpu_time(guest)) < 0.01);
+    CHECK(rel_error(dt, rig.gpu_time(thr)) < 0.01);
+}
+
+}  // namespace
+
+TEST_CASE("accounting: interrupts handled in a row after every one of many stalls", "[accounting]") {
+    check_periodic_stalls(GENERATE(2.0, 5.0), GENERATE(0.0, 0.3, 2.5));
+}
+
+// A host stalled 15 ms of every 37: with 0.3 ms between a throttle's
+// completion and its next doorbell the guest is charged 447 ms for 458 ms
+// (2.4% under).  Out of reach so far ([.targets], meson test --suite targets).
+TEST_CASE("accounting: 15 ms stalls every 37 ms", "[accounting][.targets]") {
+    check_periodic_stalls(15.0, GENERATE(0.0, 0.3, 2.5));
+}
