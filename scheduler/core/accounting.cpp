@@ -94,8 +94,12 @@ void Accounting::fence(ChannelId ch) {
     const Time now = clock_.now();
     const Time earliest = std::min(current_ ? since_ : last_seen_, now);
     Time t = now;
+    bool clamped = false;  // the GPU's timestamp lay before what was believed: learn nothing from it
     if (completion_time_)
-        if (const std::optional<Time> done = completion_time_(ch)) t = std::clamp(*done, earliest, now);
+        if (const std::optional<Time> done = completion_time_(ch)) {
+            t = std::clamp(*done, earliest, now);
+            clamped = *done < earliest;
+        }
     // The interrupt arrives after the engine moved on: the register names
     // the channel that started when this kernel ended.
     const std::optional<ChannelId> running = read();
@@ -114,7 +118,7 @@ void Accounting::fence(ChannelId ch) {
             d = std::clamp(c.kernel_estimate, d - start_slack_, d + start_slack_);
         charge(ch, d);
         // A kernel seen from its start to its end in one stint: learn its length.
-        if (c.kernel_start >= 0) {
+        if (c.kernel_start >= 0 && !clamped) {
             const Duration whole = t - c.kernel_start;
             c.kernel_estimate = c.kernel_estimate == 0 ? whole : c.kernel_estimate + (whole - c.kernel_estimate) / 8;
         }
@@ -170,7 +174,7 @@ void Accounting::observed(std::optional<ChannelId> running) {
     Time lo = last_seen_, hi = t;
     std::optional<Time> done;
     if (current_ && completion_time_) done = completion_time_(*current_);
-    if (done && *done >= since_ && *done <= t && (!engine_.preemptive || !running)) {
+    if (done && *done >= since_ && *done <= t && !engine_.preemptive) {
         // Off a non-preemptive engine, its stint ended at its last completion
         // in it, even if it was seen after that: the sighting was stale (a
         // host that handled the interrupt late read the engine as of it).
@@ -180,7 +184,9 @@ void Accounting::observed(std::optional<ChannelId> running) {
         last_seen_ = t;
         return;
     }
-    if (engine_.preemptive && current_ && running && slice_end_ > last_seen_ && slice_end_ <= t) {
+    if (done && *done > last_seen_ && *done <= t && !running) {
+        lo = hi = *done;  // a preemptive engine gone idle: at the completion
+    } else if (engine_.preemptive && current_ && running && slice_end_ > last_seen_ && slice_end_ <= t) {
         lo = hi = slice_end_;
     }
     if (current_) charge(*current_, lo + (hi - lo) / 2 - since_);

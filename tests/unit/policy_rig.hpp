@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -30,9 +31,12 @@ public:
     void stall(Time from, Time to) {
         from_ = from;
         to_ = to;
+        period_ = 0;
     }
     // From `from` on, a stall of `length` at the start of every `period`.
     void stall_every(Time from, Duration period, Duration length) {
+        if (period <= 0 || length >= period)
+            throw std::invalid_argument("stall_every: a stall must be shorter than its period");
         from_ = from;
         period_ = period;
         to_ = length;
@@ -80,7 +84,7 @@ public:
         std::uint64_t completed = 0;
         bool running = true;
         bool irq = true;           // ask for completion interrupts
-        std::uint32_t irq_every = 1;  // ... on every irq_every-th kernel only
+        std::uint32_t irq_every = 1;  // ... on every irq_every-th kernel only (0: none)
         std::uint32_t depth = 1;      // kernels kept submitted ahead of the GPU
     };
 
@@ -129,7 +133,7 @@ public:
         pvgpu_ring_entry& e = sc.ring()->entries[s.put & PVGPU_RING_MASK];
         e.payload = static_cast<std::uint64_t>(s.kernel);
         e.fence = s.put + 1;
-        e.flags = s.irq && (s.put + 1) % s.irq_every == 0 ? PVGPU_ENTRY_IRQ : 0;
+        e.flags = s.irq && s.irq_every > 0 && (s.put + 1) % s.irq_every == 0 ? PVGPU_ENTRY_IRQ : 0;
         ++s.put;
         ++s.submitted;
         sc.guest_write_put(s.put);
