@@ -492,13 +492,19 @@ private:
 
     // Among n backlogged siblings each is owed 1/n of any window, so a lead
     // of `threshold` weighs n/fair_window times more than among fair_window:
-    // above that many, the bounds shrink with n and keep their weight.
-    double crowd_scale(std::size_t n) const {
-        if (p_.fair_window <= 0 || n <= static_cast<std::size_t>(p_.fair_window)) return 1.0;
-        return static_cast<double>(p_.fair_window) / static_cast<double>(n);
+    // above that many, the bounds shrink with n and keep their weight.  Not
+    // below kCrowdFloor (or the configured bound, if smaller): blocks and
+    // unblocks churn once the threshold is shorter than a kernel (the
+    // simulator's 128-client U rises again below 0.2 ms, results.md 10).
+    static constexpr Duration kCrowdFloor = 250 * kMicrosecond;
+    double crowd_scale(std::size_t n, Duration bound) const {
+        if (p_.fair_window <= 0 || n <= static_cast<std::size_t>(p_.fair_window) || bound <= 0) return 1.0;
+        const double scale = static_cast<double>(p_.fair_window) / static_cast<double>(n);
+        const double floor = std::min(1.0, static_cast<double>(kCrowdFloor) / static_cast<double>(bound));
+        return std::max(scale, floor);
     }
     Duration queue_cap() const {
-        return static_cast<Duration>(crowd_scale(active_leaves_) * static_cast<double>(p_.queue));
+        return static_cast<Duration>(crowd_scale(active_leaves_, p_.queue) * static_cast<double>(p_.queue));
     }
 
     // Block children too far ahead of the least-served; unblock those back in range.
@@ -507,7 +513,8 @@ private:
         if (rq.empty()) return;
         double m = rq.min_vtime();
         rq.floor = std::max(rq.floor, m);
-        const double scale = crowd_scale(rq.open.size() + rq.blocked.size());
+        // One factor for both bounds, so unblock stays within threshold.
+        const double scale = crowd_scale(rq.open.size() + rq.blocked.size(), p_.threshold);
         while (!rq.open.empty() && rq.open.rbegin()->vtime - m > scale * static_cast<double>(p_.threshold)) {
             Key k = *rq.open.rbegin();
             rq.open.erase(k);
@@ -943,7 +950,7 @@ PolicyInfo hfq_info() {
                  "fed one entry at a time as the GPU drains it, so a block takes effect within this (0: no cap)"},
                 {"fair_window", 32.0,
                  "with more backlogged siblings than this, threshold_ms and unblock_ms shrink by this over their "
-                 "number, and queue_ms by this over the number of active leaves (0: never)"},
+                 "number, and queue_ms by this over the number of active leaves, down to 0.25 ms (0: never)"},
             }};
 }
 
