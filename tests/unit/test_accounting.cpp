@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <functional>
 #include <string>
 
 #include "policy_rig.hpp"
@@ -11,6 +12,7 @@ using namespace pvgpu;
 
 using pvgpu::test::ms;
 using pvgpu::test::Rig;
+using pvgpu::test::StallingTimers;
 
 namespace {
 
@@ -195,21 +197,18 @@ TEST_CASE("accounting: completions handled late after a host stall are charged t
     CHECK(acc.kernel_estimate(cc) == ms(1));
 }
 
+namespace {
+
 // qemu-modes in unit form: a guest that asks for one interrupt per batch of
-// eight 0.5 ms kernels and keeps 64 submitted, beside a host throttle whose
-// client resubmits its 2 ms kernel some time after each completion, and a
-// host that stalls for 20 ms.  After the stall a completion handled late
-// read the engine as of that completion; the guest's next kernel, without
-// an interrupt, then looked like it ran until the next sighting after the
-// stall: charged 666.6 ms for 652 ms run (qemu-modes, on a busy CI machine:
-// 680 ms for 552 ms).  Its last completion timestamp ends its stint.
-TEST_CASE("accounting: a guest with an interrupt per batch beside a throttle that resubmits late",
-          "[accounting]") {
-    const double gap_ms = GENERATE(0.0, 0.3, 2.5);
-    auto policy = GENERATE(std::string("none"), std::string("hfq"));
-    const double stall_ms = GENERATE(0.0, 20.0);
+// eight 0.5 ms kernels and keeps 64 submitted (VM weight 20), beside a host
+// throttle whose two loops resubmit a 2 ms kernel `gap_ms` after each
+// completion, on a host that stalls as `stall` sets up.  Checks both leaves'
+// books against the engine over 500 ms .. `until`.
+void check_guest_beside_throttle(const std::string& policy, double gap_ms,
+                                 const std::function<void(StallingTimers&)>& stall, Time until,
+                                 const std::string& what) {
     Rig rig(policy);
-    if (stall_ms > 0) rig.host_timers.stall(ms(1000), ms(1000 + stall_ms));
+    stall(rig.host_timers);
     const EntityId vm = rig.vm("vm-modes", 20);
     const EntityId guest = rig.task("task-77", 100, vm);
     const EntityId thr = rig.task("thr");
@@ -222,51 +221,48 @@ TEST_CASE("accounting: a guest with an interrupt per batch beside a throttle tha
     rig.measure_from(ms(500));
     const Accounting& acc = rig.sched.accounting();
     const Duration g0 = acc.gpu_time(guest), t0 = acc.gpu_time(thr);
-    rig.run_until(ms(4500));
+    rig.run_until(until);
     const Duration dg = acc.gpu_time(guest) - g0, dt = acc.gpu_time(thr) - t0;
-    INFO(policy << " stall " << stall_ms << " gap " << gap_ms << ": guest " << to_ms(dg) << " / "
-                << to_ms(rig.gpu_time(guest)) << " ms; throttle " << to_ms(dt) << " / " << to_ms(rig.gpu_time(thr)) << " ms; estimate "
-                << to_ms(acc.kernel_estimate(cg)));
+    INFO(policy << ", " << what << ", gap " << gap_ms << " ms: guest " << to_ms(dg) << " / "
+                << to_ms(rig.gpu_time(guest)) << " ms; throttle " << to_ms(dt) << " / " << to_ms(rig.gpu_time(thr))
+                << " ms");
     CHECK(rel_error(dg, rig.gpu_time(guest)) < 0.01);
     CHECK(rel_error(dt, rig.gpu_time(thr)) < 0.01);
 }
 
-// The same guest and throttle on a host that stalls over and over: every
-// stall ends with interrupts handled in a row.  A throttle kernel that
-// started unseen after a guest kernel without an interrupt was charged from
-// the stale sighting on, and the guest the rest: the guest was charged 667
-// ms for 614.5 ms run with 2 ms stalls every 37 ms, 665.6 ms for 383.5 ms
-// with 15 ms stalls.  The stint of the channel believed on the engine ends
-// at its own last completion.
-namespace {
-
+// A host stalled `stall_ms` at the start of every 37 ms, read between
+// stalls (30 ms into a period): a stalled host's books lag the engine until
+// its interrupts are handled.
 void check_periodic_stalls(double stall_ms, double gap_ms) {
-    Rig rig("hfq");
-    rig.host_timers.stall_every(ms(600), ms(37), ms(stall_ms));
-    const EntityId vm = rig.vm("vm-modes", 20);
-    const EntityId guest = rig.task("task-77", 100, vm);
-    const EntityId thr = rig.task("thr");
-    const ChannelId cg = rig.submit_loop(guest, ms(0.5));
-    rig.subs.at(cg).irq_every = 8;
-    rig.subs.at(cg).depth = 64;
-    rig.submit_loop(thr, ms(2), ms(gap_ms));
-    rig.submit_loop(thr, ms(2), ms(gap_ms));
-    rig.run_until(ms(500));
-    rig.measure_from(ms(500));
-    const Accounting& acc = rig.sched.accounting();
-    const Duration g0 = acc.gpu_time(guest), t0 = acc.gpu_time(thr);
-    // Read between stalls, 30 ms into a period: a stalled host's books
-    // lag the engine until its interrupts are handled.
-    rig.run_until(ms(600 + 37 * 105 + 30));
-    const Duration dg = acc.gpu_time(guest) - g0, dt = acc.gpu_time(thr) - t0;
-    INFO("stall " << stall_ms << " gap " << gap_ms << ": guest " << to_ms(dg) << " / " << to_ms(rig.gpu_time(guest))
-                  << " ms; throttle " << to_ms(dt) << " / " << to_ms(rig.gpu_time(thr)) << " ms");
-    CHECK(rel_error(dg, rig.gpu_time(guest)) < 0.01);
-    CHECK(rel_error(dt, rig.gpu_time(thr)) < 0.01);
+    check_guest_beside_throttle(
+        "hfq", gap_ms, [&](StallingTimers& t) { t.stall_every(ms(600), ms(37), ms(stall_ms)); },
+        ms(600 + 37 * 105 + 30), "stalls of " + std::to_string(static_cast<int>(stall_ms)) + " ms every 37 ms");
 }
 
 }  // namespace
 
+// One 20 ms stall.  After it the completions are handled in a row, and each
+// one's engine read shows the engine as that completion left it; the
+// guest's next kernel, without an interrupt, then looked like it ran until
+// the next sighting after the stall: charged 666.6 ms for 652 ms run
+// (qemu-modes, on a busy CI machine: 680 ms for 552 ms).  Its last
+// completion timestamp ends its stint.
+TEST_CASE("accounting: a guest with an interrupt per batch beside a throttle that resubmits late",
+          "[accounting]") {
+    const double gap_ms = GENERATE(0.0, 0.3, 2.5);
+    const std::string policy = GENERATE(std::string("none"), std::string("hfq"));
+    const double stall_ms = GENERATE(0.0, 20.0);
+    check_guest_beside_throttle(
+        policy, gap_ms, [&](StallingTimers& t) { if (stall_ms > 0) t.stall(ms(1000), ms(1000 + stall_ms)); },
+        ms(4500), "one stall of " + std::to_string(static_cast<int>(stall_ms)) + " ms");
+}
+
+// Stalls over and over.  A throttle kernel that started unseen after a
+// guest kernel without an interrupt was charged from the stale sighting
+// on, and the guest the rest: the guest was charged 667 ms for 614.5 ms run
+// with 2 ms stalls every 37 ms, 665.6 ms for 383.5 ms with 15 ms stalls.
+// The stint of the channel believed on the engine ends at its own last
+// completion there too.
 TEST_CASE("accounting: interrupts handled in a row after every one of many stalls", "[accounting]") {
     check_periodic_stalls(GENERATE(2.0, 5.0), GENERATE(0.0, 0.3, 2.5));
 }
