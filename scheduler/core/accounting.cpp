@@ -128,18 +128,13 @@ void Accounting::fence(ChannelId ch) {
         // interrupt.  It ran about its usual length, at most the whole gap.
         // A sighting later than its completion was the host reading late
         // (the GPU's timestamp is the truth): the gap is then the stint.
-        Time from = last_seen_ <= t ? last_seen_ : earliest;
-        Time stint_end = t;
-        // On a non-preemptive engine the channel believed on it ran until
-        // its last completion since its stint began, even if seen after
-        // that (a stale sighting: interrupts handled late, after a stall),
-        // and this one started after it.
-        if (current_ && !engine_.preemptive && completion_time_)
-            if (const std::optional<Time> prev = completion_time_(*current_); prev && *prev >= since_ && *prev <= t)
-                from = stint_end = *prev;
+        // The channel believed on the engine may be known to have ended
+        // earlier (stint_end): this one started after that.
+        const std::optional<Time> ended = stint_end(t);
+        const Time from = ended ? *ended : last_seen_ <= t ? last_seen_ : earliest;
         const Duration gap = std::max<Duration>(0, t - from);
         const Duration mine = c.kernel_estimate > 0 ? std::min(gap, c.kernel_estimate) : gap / 2;
-        if (current_) charge(*current_, std::min(stint_end, t - mine) - since_);
+        if (current_) charge(*current_, std::min(ended.value_or(t), t - mine) - since_);
         charge(ch, mine);
     }
     c.kernel_start = -1;
@@ -171,19 +166,16 @@ void Accounting::observed(std::optional<ChannelId> running) {
     // timestamp (a kernel that asked for no interrupt still gets one);
     // else at the slice end if one fell in there; else assume the middle
     // (unbiased).
-    Time lo = last_seen_, hi = t;
-    std::optional<Time> done;
-    if (current_ && completion_time_) done = completion_time_(*current_);
-    if (done && *done >= since_ && *done <= t && !engine_.preemptive) {
-        // Off a non-preemptive engine, its stint ended at its last completion
-        // in it, even if it was seen after that: the sighting was stale (a
-        // host that handled the interrupt late read the engine as of it).
+    if (const std::optional<Time> ended = stint_end(t)) {
         // The next started then, if seen switching since; else after it.
-        charge(*current_, *done - since_);
-        now_running(running, *done, *done > last_seen_ ? *done : t);
+        charge(*current_, *ended - since_);
+        now_running(running, *ended, *ended > last_seen_ ? *ended : t);
         last_seen_ = t;
         return;
     }
+    Time lo = last_seen_, hi = t;
+    std::optional<Time> done;
+    if (engine_.preemptive && current_ && completion_time_) done = completion_time_(*current_);
     if (done && *done > last_seen_ && *done <= t && !running) {
         lo = hi = *done;  // a preemptive engine gone idle: at the completion
     } else if (engine_.preemptive && current_ && running && slice_end_ > last_seen_ && slice_end_ <= t) {
@@ -194,6 +186,13 @@ void Accounting::observed(std::optional<ChannelId> running) {
     if (engine_.preemptive && current_ && running && lo != done) mark_preempted(*current_);
     now_running(running, lo, hi);
     last_seen_ = t;
+}
+
+std::optional<Time> Accounting::stint_end(Time t) const {
+    if (!current_ || engine_.preemptive || !completion_time_) return std::nullopt;
+    const std::optional<Time> done = completion_time_(*current_);
+    if (done && *done >= since_ && *done <= t) return done;
+    return std::nullopt;
 }
 
 void Accounting::preempted(ChannelId next) {

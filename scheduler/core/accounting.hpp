@@ -108,6 +108,12 @@ private:
     // `running` is on the engine from some moment in [lo, hi].
     void now_running(std::optional<ChannelId> running, Time lo, Time hi);
     void arm_read();
+    // On a non-preemptive engine the channel believed on it ran until its
+    // last completion since its stint began, at or before t, even if it was
+    // seen after that: such a sighting was stale (after a host stall the
+    // interrupts are handled in a row, each one's engine read showing the
+    // engine as that completion left it).  nullopt when none is known.
+    std::optional<Time> stint_end(Time t) const;
     void slice_read();
     void busy_read();
     void settle_read();
