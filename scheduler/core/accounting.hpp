@@ -16,7 +16,9 @@
 // a trapped doorbell) is read at once, so it is exact.  On a preemptive GPU
 // the host knows the time slice it programmed, so the engine status is read
 // once per slice end while busy.  Engine-status reads a policy makes anyway
-// are free observations.  A listener hears every charge and every change of
+// are free observations.  A host that handles interrupts late (a stalled
+// loop) reads the engine as it is now, after other channels may have run:
+// the GPU's completion timestamps order what ran meanwhile.  A listener hears every charge and every change of
 // the channel seen on the engine: policies charge their virtual time from
 // here instead of polling the engine themselves.
 #pragma once
@@ -75,6 +77,10 @@ public:
     // fence is charged up to that moment, not up to when its interrupt ran.
     using CompletionTime = std::function<std::optional<Time>(ChannelId)>;
     void set_completion_time(CompletionTime c) { completion_time_ = std::move(c); }
+    // The GPU's GET register (GpuDevice::read_ib_get: entries it fetched):
+    // a stint of several kernels without interrupts teaches their mean.
+    using Fetched = std::function<std::uint32_t(ChannelId)>;
+    void set_fetched(Fetched f) { fetched_ = std::move(f); }
     // The channel on the engine as last seen (no read).
     std::optional<ChannelId> running() const { return current_; }
     // Mean length of `ch`'s kernels seen whole; 0 if none yet.
@@ -95,6 +101,9 @@ private:
         EntityId leaf = kNoEntity;
         Duration kernel_estimate = 0;  // learned from whole kernels seen start to end; 0: none yet
         Time kernel_start = -1;        // exact start of its current kernel, if seen
+        std::uint32_t start_get = 0;   // GET then (that kernel's entry fetched)
+        std::uint32_t fence_get = 0;   // GET at its last completion interrupt
+        bool fence_get_known = false;
         bool fresh = false;            // its stint on the engine began a new kernel
         bool preempted = false;        // its kernel was taken off the engine unfinished
     };
@@ -114,6 +123,15 @@ private:
     // interrupts are handled in a row, each one's engine read showing the
     // engine as that completion left it).  nullopt when none is known.
     std::optional<Time> stint_end(Time t) const;
+    // A non-preemptive engine's completion handled late, when other channels
+    // completed kernels too since the believed stint began: the engine ran
+    // them back to back, each up to its last completion timestamp, in that
+    // order, and the one seen now since the last.  false (nothing charged)
+    // when no third channel completed meanwhile.
+    bool replay_late(ChannelId ch, std::optional<ChannelId> running, Time now);
+    // A completion handled in time: `ch`'s kernel ended at t.
+    void charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, std::optional<ChannelId> running,
+                      std::uint32_t get);
     void slice_read();
     void busy_read();
     void settle_read();
@@ -149,6 +167,7 @@ private:
     };
     Listener listener_;
     CompletionTime completion_time_;
+    Fetched fetched_;
     std::vector<Event> events_;
     int depth_ = 0;
     bool delivering_ = false;

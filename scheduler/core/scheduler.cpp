@@ -21,6 +21,7 @@ Scheduler::Scheduler(GpuDevice& gpu, const Clock& clock, Timers& timers,
           gpu.arbitration()) {
     if (!policy_) throw std::invalid_argument("scheduler needs a policy");
     accounting_.set_completion_time([this](ChannelId ch) { return gpu_.completion_time(ch); });
+    accounting_.set_fetched([this](ChannelId ch) { return gpu_.read_ib_get(ch); });
     accounting_.set_listener([this](const Accounting::Event& e) { on_accounting_event(e); });
     gpu_.set_interrupt_handler(this);
     tree_.set_listener([this](EntityTree::Change c, EntityId id) {

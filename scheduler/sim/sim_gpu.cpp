@@ -49,6 +49,7 @@ ChannelId SimGpu::create_channel(ChannelMemory mem) {
 
 void SimGpu::destroy_channel(ChannelId ch) {
     chan(ch);
+    catch_up();
     if (running_ == ch) stop_engine();
     ready_.erase(ch);
     channels_.erase(ch);
@@ -59,18 +60,37 @@ pvgpu_ring* SimGpu::ring(ChannelId ch) { return chan(ch).ring; }
 
 void SimGpu::set_fence_watcher(ChannelId ch, FenceWatcher w) { chan(ch).watcher = std::move(w); }
 
+// The engine runs on its own: a register read shows it as of now, even
+// when the host's loop has not yet run the timer that models it.
+void SimGpu::run_on() const { const_cast<SimGpu*>(this)->catch_up(); }
+
 std::uint32_t SimGpu::read_ib_put(ChannelId ch) const { return chan(ch).put; }
-std::uint32_t SimGpu::read_ib_get(ChannelId ch) const { return chan(ch).get; }
-std::uint32_t SimGpu::read_fence(ChannelId ch) const { return chan(ch).fence; }
-std::uint32_t SimGpu::read_status(ChannelId ch) const { return chan(ch).dead ? PVGPU_CHAN_STATUS_ERROR : PVGPU_CHAN_STATUS_OK; }
+std::uint32_t SimGpu::read_ib_get(ChannelId ch) const {
+    run_on();
+    return chan(ch).get;
+}
+std::uint32_t SimGpu::read_fence(ChannelId ch) const {
+    run_on();
+    return chan(ch).fence;
+}
+std::uint32_t SimGpu::read_status(ChannelId ch) const {
+    run_on();
+    return chan(ch).dead ? PVGPU_CHAN_STATUS_ERROR : PVGPU_CHAN_STATUS_OK;
+}
 
 bool SimGpu::runnable(const Channel& c) const {
     return !c.dead && c.completed != c.put;
 }
 
-bool SimGpu::pending(ChannelId ch) const { return runnable(chan(ch)); }
+bool SimGpu::pending(ChannelId ch) const {
+    run_on();
+    return runnable(chan(ch));
+}
 
-std::optional<ChannelId> SimGpu::running_channel() const { return running_; }
+std::optional<ChannelId> SimGpu::running_channel() const {
+    run_on();
+    return running_;
+}
 
 void SimGpu::update_ready(ChannelId ch) {
     if (runnable(chan(ch)))
@@ -80,6 +100,7 @@ void SimGpu::update_ready(ChannelId ch) {
 }
 
 void SimGpu::write_ib_put(ChannelId ch, std::uint32_t put) {
+    catch_up();
     Channel& c = chan(ch);
     if (c.dead) return;  // a dead channel ignores doorbells
     c.put = put;
@@ -142,17 +163,75 @@ void SimGpu::run_segment() {
     Time end = seg_start_ + c.remaining;
     if (cfg_.watchdog > 0) end = std::min(end, seg_start_ + (cfg_.watchdog - c.ran));
     if (cfg_.arbitration == Arbitration::Timeslice) end = std::min(end, slice_end_);
-    seg_timer_ = timers_.arm(end, [this, end] {
+    seg_end_ = end;
+    seg_timer_ = timers_.arm(end, [this] {
         seg_timer_ = kNoTimer;
-        // The engine finished at `end`, whenever the host timer got to run:
-        // in real time it fires late, and the next kernel must not pay.
-        engine_time_ = end;
+        // The engine finished at seg_end_, whenever the host timer got to
+        // run: in real time it fires late, and the next kernel must not pay.
+        // Later than that, the engine ran on meanwhile.
+        const bool late = clock_.now() > seg_end_;
+        catching_up_ = late;
+        engine_time_ = seg_end_;
         segment_end();
         engine_time_ = -1;
+        if (late) {
+            run_overdue();
+            catching_up_ = false;
+            deliver();
+        }
     });
 }
 
+void SimGpu::run_overdue() {
+    const bool outer = catching_up_;
+    catching_up_ = true;
+    while (running_ && seg_timer_ != kNoTimer && seg_end_ < clock_.now()) {
+        timers_.cancel(seg_timer_);
+        seg_timer_ = kNoTimer;
+        engine_time_ = seg_end_;
+        segment_end();
+        engine_time_ = -1;
+    }
+    catching_up_ = outer;
+}
+
+void SimGpu::catch_up() {
+    if (catching_up_) return;
+    run_overdue();
+    // A host call is no place to run the host's interrupt handlers: they
+    // are pending, as on hardware, until the host's loop gets to them.
+    if (!raised_.empty() && !deliver_timer_.armed())
+        deliver_timer_.arm(clock_.now(), [this] { deliver(); });
+}
+
+void SimGpu::raise(Raised r) {
+    if (catching_up_)
+        raised_.push_back(r);
+    else
+        dispatch(r);
+}
+
+void SimGpu::deliver() {
+    deliver_timer_.cancel();
+    // A handler's host call may catch up and raise more: they go last.
+    for (std::size_t i = 0; i < raised_.size(); ++i) dispatch(raised_[i]);
+    raised_.clear();
+}
+
+void SimGpu::dispatch(const Raised& r) {
+    // A channel the host destroyed meanwhile takes its interrupts with it.
+    if (!channels_.count(r.ch)) return;
+    if (r.error) {
+        if (irq_) irq_->on_channel_error(r.ch, r.value);
+        return;
+    }
+    if (r.irq && irq_) irq_->on_fence(r.ch, r.value);
+    auto it = channels_.find(r.ch);  // the host may have destroyed it
+    if (it != channels_.end() && it->second.watcher) it->second.watcher(r.value);
+}
+
 std::optional<Time> SimGpu::completion_time(ChannelId ch) const {
+    run_on();
     const Channel& c = chan(ch);
     if (c.completed_at < 0) return std::nullopt;
     return c.completed_at;
@@ -205,12 +284,11 @@ void SimGpu::segment_end() {
         kick();
     }
     // Interrupts after the engine has moved on, as the host would observe them.
-    if ((e.flags & PVGPU_ENTRY_IRQ) && irq_) irq_->on_fence(ch, e.fence);
-    auto it = channels_.find(ch);  // the host may have destroyed it
-    if (it != channels_.end() && it->second.watcher) it->second.watcher(e.fence);
+    raise({ch, e.fence, false, (e.flags & PVGPU_ENTRY_IRQ) != 0});
 }
 
 bool SimGpu::preempt_to(ChannelId next) {
+    catch_up();
     if (cfg_.arbitration != Arbitration::Timeslice || !running_ || *running_ == next) return false;
     auto it = channels_.find(next);
     if (it == channels_.end() || !runnable(it->second)) return false;
@@ -253,7 +331,7 @@ void SimGpu::fail(ChannelId ch, std::uint32_t error) {
     // The kernel on the engine dies with its channel.
     bool was_running = running_ == ch;
     if (was_running) stop_engine();
-    if (irq_) irq_->on_channel_error(ch, error);
+    raise({ch, error, true, true});
     if (was_running) kick();
 }
 

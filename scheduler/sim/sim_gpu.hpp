@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <vector>
 
 #include "core/gpu_device.hpp"
 #include "core/time.hpp"
@@ -100,6 +101,15 @@ private:
         FenceWatcher watcher;
     };
 
+    // A completion or a channel error, as the host (an interrupt) and the
+    // submitter (its fence watcher) hear of it.
+    struct Raised {
+        ChannelId ch;
+        std::uint32_t value;   // the fence, or the error code
+        bool error;
+        bool irq;              // a completion that asked for an interrupt
+    };
+
     Channel& chan(ChannelId ch);
     const Channel& chan(ChannelId ch) const;
     bool runnable(const Channel& c) const;
@@ -111,6 +121,17 @@ private:
     void stop_engine();                // take the running channel off mid-kernel
     void end_segment(ChannelId ch, Time now);
     Time engine_now() const;           // the engine's time: a segment's planned end while it ends
+    // The engine runs on while the host is late: every segment end before
+    // now is processed at its own time, and the interrupts they raised are
+    // delivered only after that, so a host handling them reads the engine
+    // as it is now (as with hardware), not as each completion left it.
+    void catch_up();
+    void run_on() const;               // catch_up() from a register read
+    // Runs the segment ends due before now; what they raise waits in raised_.
+    void run_overdue();
+    void raise(Raised r);
+    void dispatch(const Raised& r);
+    void deliver();
     void fail(ChannelId ch, std::uint32_t error);
     std::optional<ChannelId> next_after(ChannelId ch) const;
 
@@ -131,8 +152,12 @@ private:
     Time seg_start_ = 0;
     Time slice_end_ = 0;
     TimerId seg_timer_ = kNoTimer;
+    Time seg_end_ = 0;                 // when the running segment ends (seg_timer_ is armed for it)
     Time engine_time_ = -1;            // set while a segment's end is processed
-    TimerId kick_timer_ = kNoTimer;
+    // Raised, not yet delivered, in the order the engine raised them.
+    std::vector<Raised> raised_;
+    bool catching_up_ = false;         // raise() queues instead of delivering
+    Timer deliver_timer_{timers_};     // delivers what a host call's catch-up raised
     Duration busy_ = 0;
     std::uint64_t switches_ = 0;
     std::uint64_t preemptions_ = 0;

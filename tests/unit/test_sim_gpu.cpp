@@ -702,3 +702,70 @@ TEST_CASE("sim gpu: a submitter cannot revive its dead channel through the page"
     CHECK_FALSE(gpu.pending(ch));
     CHECK(ctrl->fence == 0);
 }
+
+namespace {
+
+// Timers that fire late while the host is stalled over [from, to): pvgpud
+// runs the simulated GPU on its own loop, so its segment ends wait with it.
+struct LateTimers final : Timers {
+    LateTimers(sim::EventLoop& l, Time stall_from, Time stall_to) : loop(l), from(stall_from), to(stall_to) {}
+    TimerId arm(Time at, std::function<void()> fn) override {
+        return loop.arm(at >= from && at < to ? to : at, std::move(fn));
+    }
+    void cancel(TimerId id) override { loop.cancel(id); }
+    sim::EventLoop& loop;
+    Time from, to;
+};
+
+}  // namespace
+
+// As hardware does: the engine runs on while the host is late, its registers
+// show the present, and the interrupts raised meanwhile reach the host after
+// it caught up, in the order they were raised, each handler reading the
+// engine as it is then (not as that completion left it).
+TEST_CASE("sim gpu: a host late for its timers finds the engine run on", "[sim_gpu][rr]") {
+    sim::EventLoop loop;
+    LateTimers timers(loop, ms(0.5), ms(3.5));
+    sim::SimGpu gpu(loop, timers, {});
+    struct Recorder final : sim::ExecutionObserver, GpuInterrupts {
+        sim::SimGpu* gpu = nullptr;
+        sim::EventLoop* loop = nullptr;
+        std::vector<Segment> segments;
+        std::vector<std::tuple<ChannelId, std::uint32_t, Time, ChannelId, Time>> irqs;  // ch, fence, at, running, its completion
+        void executed(ChannelId ch, Time s, Time e) override { segments.push_back({ch, s, e}); }
+        void on_fence(ChannelId ch, std::uint32_t fence) override {
+            irqs.emplace_back(ch, fence, loop->now(), gpu->running_channel().value_or(0), *gpu->completion_time(ch));
+        }
+        void on_channel_error(ChannelId, std::uint32_t) override {}
+    } rec;
+    rec.gpu = &gpu;
+    rec.loop = &loop;
+    gpu.set_observer(&rec);
+    gpu.set_interrupt_handler(&rec);
+    const ChannelId a = gpu.create_channel(), b = gpu.create_channel();
+    auto submit = [&](ChannelId ch, int n) {
+        for (int i = 0; i < n; ++i)
+            gpu.ring(ch)->entries[i] = {static_cast<std::uint64_t>(ms(1)), static_cast<std::uint32_t>(i + 1), PVGPU_ENTRY_IRQ};
+        gpu.write_ib_put(ch, static_cast<std::uint32_t>(n));
+    };
+    submit(a, 3);
+    submit(b, 2);
+    // Someone the stall does not hold (a guest polling its fence) reads
+    // the registers in the middle of it.
+    std::tuple<ChannelId, std::uint32_t, std::uint32_t> mid{};
+    loop.arm(ms(2.5), [&] { mid = {gpu.running_channel().value_or(0), gpu.read_fence(a), gpu.read_fence(b)}; });
+    loop.run_until(ms(10));
+
+    // The engine's own schedule is the same as with a punctual host.
+    CHECK(rec.segments == std::vector<Segment>{{a, 0, ms(1)}, {b, ms(1), ms(2)}, {a, ms(2), ms(3)},
+                                                 {b, ms(3), ms(4)}, {a, ms(4), ms(5)}});
+    CHECK(mid == std::tuple<ChannelId, std::uint32_t, std::uint32_t>{a, 1, 1});
+    // Handled at 3.5 ms, each one reads b on the engine (since 3 ms) and
+    // its channel's latest completion.
+    using Irq = std::tuple<ChannelId, std::uint32_t, Time, ChannelId, Time>;
+    for (const auto& [ch, fence, at, running, done] : rec.irqs)
+        UNSCOPED_INFO("ch" << ch << " fence " << fence << " at " << at << " running " << running << " done " << done);
+    CHECK(rec.irqs == std::vector<Irq>{{a, 1, ms(3.5), b, ms(3)}, {b, 1, ms(3.5), b, ms(2)},
+                                       {a, 2, ms(3.5), b, ms(3)}, {b, 2, ms(4), a, ms(4)},
+                                       {a, 3, ms(5), 0, ms(5)}});
+}
