@@ -18,9 +18,10 @@
 // once per slice end while busy.  Engine-status reads a policy makes anyway
 // are free observations.  A host that handles interrupts late (a stalled
 // loop) reads the engine as it is now, after other channels may have run:
-// the GPU's completion timestamps order what ran meanwhile.  A listener hears every charge and every change of
-// the channel seen on the engine: policies charge their virtual time from
-// here instead of polling the engine themselves.
+// the GPU's completion timestamps order what ran meanwhile.  A listener
+// hears every charge and every change of the channel seen on the engine:
+// policies charge their virtual time from here instead of polling the
+// engine themselves.
 #pragma once
 
 #include <cstdint>
@@ -119,9 +120,9 @@ private:
     void arm_read();
     // On a non-preemptive engine the channel believed on it ran until its
     // last completion since its stint began, at or before t, even if it was
-    // seen after that: such a sighting was stale (after a host stall the
-    // interrupts are handled in a row, each one's engine read showing the
-    // engine as that completion left it).  nullopt when none is known.
+    // seen on the engine after that: had it run another kernel, that
+    // timestamp would have moved (the sighting was late or stale).  nullopt
+    // when none is known.
     std::optional<Time> stint_end(Time t) const;
     // A non-preemptive engine's completion handled late, when other channels
     // completed kernels too since the believed stint began: the engine ran

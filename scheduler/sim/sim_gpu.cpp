@@ -171,9 +171,7 @@ void SimGpu::run_segment() {
         // Later than that, the engine ran on meanwhile.
         const bool late = clock_.now() > seg_end_;
         catching_up_ = late;
-        engine_time_ = seg_end_;
-        segment_end();
-        engine_time_ = -1;
+        end_at_seg_end();
         if (late) {
             run_overdue();
             catching_up_ = false;
@@ -188,11 +186,15 @@ void SimGpu::run_overdue() {
     while (running_ && seg_timer_ != kNoTimer && seg_end_ < clock_.now()) {
         timers_.cancel(seg_timer_);
         seg_timer_ = kNoTimer;
-        engine_time_ = seg_end_;
-        segment_end();
-        engine_time_ = -1;
+        end_at_seg_end();
     }
     catching_up_ = outer;
+}
+
+void SimGpu::end_at_seg_end() {
+    engine_time_ = seg_end_;
+    segment_end();
+    engine_time_ = -1;
 }
 
 void SimGpu::catch_up() {

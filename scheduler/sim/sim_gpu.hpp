@@ -118,6 +118,7 @@ private:
     void start(ChannelId ch, Duration dead = -1);  // put ch on the engine after `dead` (-1: ctxsw rule)
     void run_segment();                // run current kernel until done/slice/watchdog
     void segment_end();
+    void end_at_seg_end();             // segment_end() at the engine's time seg_end_
     void stop_engine();                // take the running channel off mid-kernel
     void end_segment(ChannelId ch, Time now);
     Time engine_now() const;           // the engine's time: a segment's planned end while it ends
