@@ -69,10 +69,18 @@ void Accounting::channel_added(ChannelId ch, EntityId leaf) {
 void Accounting::channel_removed(ChannelId ch) {
     Entry entry(*this);
     if (current_ == ch) {
-        // The engine drops it now; whatever starts next is an unseen start.
+        // Believed on the engine, but its kernel may have ended unseen (no
+        // interrupt asked for): one read before the GPU forgets it.  Still
+        // there: the engine drops it now, and whatever starts next is an
+        // unseen start.  Gone: its stint ended at its last completion.
         const Time t = clock_.now();
-        charge(ch, t - since_);
-        now_running(std::nullopt, t, t);
+        const std::optional<ChannelId> running = read();
+        if (running == ch) {
+            charge(ch, t - since_);
+            now_running(std::nullopt, t, t);
+        } else {
+            observed(running);
+        }
     }
     channels_.erase(ch);
 }
@@ -173,11 +181,19 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
 void Accounting::channel_error(ChannelId ch) {
     Entry entry(*this);
     if (current_ != ch) return;
-    // The GPU stops the channel first and picks the next one after the
-    // interrupt: the next start is an unseen one.
+    // The GPU stopped the channel at its timestamp (the error notifier's; a
+    // kernel killed on the engine is charged up to then, however late the
+    // host handles it) and picked the next channel at once.
     const Time t = clock_.now();
-    charge(ch, t - since_);
-    now_running(std::nullopt, t, t);
+    Time at = t;
+    if (completion_time_)
+        if (const std::optional<Time> done = completion_time_(ch)) at = std::clamp(*done, since_, t);
+    const std::optional<ChannelId> running = read();
+    charge(ch, at - since_);
+    now_running(running, at, at);
+    // An engine idle now may have run others since the stop: their late
+    // completions are charged from the stop on, not from this read.
+    last_seen_ = running ? t : at;
 }
 
 void Accounting::observed(std::optional<ChannelId> running) {

@@ -79,7 +79,8 @@ public:
     // The GPU's timestamp of the channel's last completion, written with its
     // fence (NVIDIA's semaphore release with timestamp, AMD's end-of-pipe
     // timestamp): when it finished, however late the host's interrupt handler
-    // runs.  nullopt where the hardware writes none.
+    // runs.  For a channel the GPU killed on the engine, when it stopped it
+    // (the error notifier's timestamp).  nullopt where the hardware writes none.
     virtual std::optional<Time> completion_time(ChannelId) const { return std::nullopt; }
 
     // The arbitration the host configured (non-preemptive unless overridden).

@@ -250,6 +250,7 @@ void SimGpu::segment_end() {
     if (c.remaining > 0 && cfg_.watchdog > 0 && c.ran >= cfg_.watchdog) {
         running_.reset();
         last_served_ = ch;
+        c.completed_at = now;  // the error notifier's timestamp
         fail(ch, PVGPU_CHAN_ERR_WATCHDOG);
         kick();
         return;
@@ -332,7 +333,10 @@ void SimGpu::fail(ChannelId ch, std::uint32_t error) {
     ready_.erase(ch);
     // The kernel on the engine dies with its channel.
     bool was_running = running_ == ch;
-    if (was_running) stop_engine();
+    if (was_running) {
+        stop_engine();
+        c.completed_at = clock_.now();  // the error notifier's timestamp
+    }
     raise({ch, error, true, true});
     if (was_running) kick();
 }

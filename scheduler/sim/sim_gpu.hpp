@@ -93,7 +93,7 @@ private:
         // progress from these, never from the page.
         std::uint32_t get = 0;
         std::uint32_t fence = 0;
-        Time completed_at = -1;        // engine time of the last completion
+        Time completed_at = -1;        // engine time of the last completion, or of the kill
         // The kernel at `completed` when it was preempted or not started yet.
         bool in_flight = false;
         Duration remaining = 0;

@@ -138,6 +138,49 @@ TEST_CASE("accounting: closed channels keep their time, removed entities lose it
     CHECK(acc.gpu_time(b) == ms(10));
 }
 
+// A channel believed on the engine when it is closed: its last kernel asked
+// for no interrupt and ended unseen.  Charging it up to the close gave it
+// the idle engine's time too (0.9 ms here for a 0.3 ms kernel).
+TEST_CASE("accounting: a channel closed after its kernel ended unseen is charged that kernel", "[accounting]") {
+    auto policy = GENERATE(std::string("none"), std::string("hfq"));
+    Rig rig(policy);
+    const EntityId a = rig.task("a");
+    const ChannelId ca = rig.submit_loop(a, ms(0.3), 0, 1);
+    rig.subs.at(ca).irq = false;
+    rig.run_until(ms(0.9));  // before the busy engine's first watch read
+    rig.sched.close_channel(ca);
+    const Duration charged = rig.sched.accounting().gpu_time(a);
+    INFO(policy << ": charged " << to_ms(charged) << " ms for 0.3 ms");
+    // Its start was caught by the settle reads, 1 us apart.
+    CHECK(std::abs(charged - ms(0.3)) <= ms(0.001));
+}
+
+// The watchdog kills a 10 ms kernel 5 ms in while the host is stalled; the
+// other channel's next kernel runs meanwhile.  The error interrupt handled
+// at the stall's end charged the killed channel up to then (9 ms of 5), and
+// the kernel after it nothing.  The GPU timestamps the stop.
+TEST_CASE("accounting: a channel killed while the host is late is charged up to the kill", "[accounting]") {
+    auto policy = GENERATE(std::string("none"), std::string("hfq"));
+    sim::SimGpuConfig cfg;
+    cfg.watchdog = ms(5);
+    Rig rig(policy, {}, cfg);
+    rig.host_timers.stall(ms(5), ms(10));
+    const EntityId good = rig.task("good"), bad = rig.task("bad");
+    rig.submit_loop(good, ms(1));                      // 0..1, then 6..7 after the kill
+    rig.submit_loop(bad, ms(10), 0, 1, ms(0.5));       // 1..6, killed
+    rig.run_until(ms(10.5));
+    const Accounting& acc = rig.sched.accounting();
+    CHECK(rig.sched.stats().channel_errors == 1);
+    INFO(policy << ": bad " << to_ms(acc.gpu_time(bad)) << " / " << to_ms(rig.gpu_time(bad)) << " ms; good "
+                << to_ms(acc.gpu_time(good)) << " / " << to_ms(rig.gpu_time(good)) << " ms");
+    CHECK(rig.gpu_time(bad) == ms(5));
+    CHECK(std::abs(acc.gpu_time(bad) - rig.gpu_time(bad)) <= ms(0.001));
+    // good's kernel on the engine at 10.5 ms is charged to now, the ground
+    // truth counts it at its end: compare what ended.
+    rig.run_until(ms(30));
+    CHECK(std::abs(acc.gpu_time(good) - rig.gpu_time(good)) <= ms(1));
+}
+
 // A tenant may submit without asking for completion interrupts: hfq must
 // still hold it to its weight and the books must stay exact.  (Here the
 // interrupting neighbour's learned kernel length already pins every switch;
