@@ -139,7 +139,7 @@ int main(int argc, char** argv) {
     std::printf("\nmin_kernels: kernels completed by the least-served leaf.\n"
                 "ns/decision: host CPU inside the policy per entry (interrupt, trap, timer).\n"
                 "policy_us/gs: policy CPU per GPU-busy second; mech_us/gs: modeled trap,\n"
-                "remap and poll cost per GPU-busy second.  (xN): ns/decision relative to\n"
+                "remap and register-read cost per GPU-busy second.  (xN): ns/decision relative to\n"
                 "the smallest size, measured in this run.\n");
     return 0;
 }

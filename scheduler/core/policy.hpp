@@ -3,6 +3,7 @@
 // trapped doorbells, all through PolicyContext; it never sees the work itself.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -20,13 +21,33 @@ namespace pvgpu {
 // Free-form numeric policy parameters (scenario "params", pvgpuctl).
 using PolicyParams = std::map<std::string, double>;
 
+// The GPU's per-channel registers as a policy reads them.  Each read is an
+// MMIO read a real host pays for (MechanismCosts::poll): the scheduler counts
+// it.  The engine's configuration and the completion timestamps are not.
+class GpuRegisters {
+public:
+    GpuRegisters(const GpuDevice& gpu, std::function<void()> on_read) : gpu_(gpu), on_read_(std::move(on_read)) {}
+    std::uint32_t read_ib_get(ChannelId ch) const { return on_read_(), gpu_.read_ib_get(ch); }
+    std::uint32_t read_ib_put(ChannelId ch) const { return on_read_(), gpu_.read_ib_put(ch); }
+    std::uint32_t read_status(ChannelId ch) const { return on_read_(), gpu_.read_status(ch); }
+    bool pending(ChannelId ch) const { return on_read_(), gpu_.pending(ch); }
+    EngineArbitration arbitration() const { return gpu_.arbitration(); }
+    // Written to memory with the fence, as the accounting reads it: not a
+    // register read.
+    std::optional<Time> completion_time(ChannelId ch) const { return gpu_.completion_time(ch); }
+
+private:
+    const GpuDevice& gpu_;
+    std::function<void()> on_read_;
+};
+
 class PolicyContext {
 public:
     virtual ~PolicyContext() = default;
     virtual Time now() const = 0;
     virtual Timers& timers() = 0;
     virtual const EntityTree& tree() const = 0;
-    virtual const GpuDevice& gpu() const = 0;
+    virtual const GpuRegisters& gpu() const = 0;
 
     // Channels and their owners.
     virtual const std::vector<ChannelId>& channels_of(EntityId leaf) const = 0;

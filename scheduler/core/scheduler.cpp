@@ -10,7 +10,13 @@ const std::vector<ChannelId> Scheduler::kNoChannels;
 
 Scheduler::Scheduler(GpuDevice& gpu, const Clock& clock, Timers& timers,
                      std::unique_ptr<Policy> policy, MechanismCosts costs)
-    : gpu_(gpu), clock_(clock), timers_(timers), costs_(costs), policy_(std::move(policy)),
+    : gpu_(gpu),
+      registers_(gpu,
+                 [this] {
+                     ++stats_.register_reads;
+                     stats_.mechanism_cpu += costs_.poll;
+                 }),
+      clock_(clock), timers_(timers), costs_(costs), policy_(std::move(policy)),
       accounting_(
           clock, timers,
           [this] {
@@ -21,7 +27,7 @@ Scheduler::Scheduler(GpuDevice& gpu, const Clock& clock, Timers& timers,
           gpu.arbitration()) {
     if (!policy_) throw std::invalid_argument("scheduler needs a policy");
     accounting_.set_completion_time([this](ChannelId ch) { return gpu_.completion_time(ch); });
-    accounting_.set_fetched([this](ChannelId ch) { return gpu_.read_ib_get(ch); });
+    accounting_.set_fetched([this](ChannelId ch) { return registers_.read_ib_get(ch); });
     accounting_.set_listener([this](const Accounting::Event& e) { on_accounting_event(e); });
     gpu_.set_interrupt_handler(this);
     tree_.set_listener([this](EntityTree::Change c, EntityId id) {

@@ -20,7 +20,8 @@ namespace pvgpu {
 // published numbers: a VM exit plus host handling of a trapped doorbell is a
 // couple of microseconds (LoGV, thesis table 5.2); an EPT remap with TLB
 // shootdown and a QEMU memory transaction is tens of microseconds; an MMIO read
-// of the engine status register is about a microsecond.
+// of a GPU register (the engine status, a channel's IB_GET) is about a
+// microsecond (`poll`).
 struct MechanismCosts {
     Duration trap = 2 * kMicrosecond;
     Duration remap = 50 * kMicrosecond;
@@ -32,6 +33,9 @@ struct SchedulerStats {
     std::uint64_t remaps = 0;
     std::uint64_t polls = 0;
     std::uint64_t accounting_reads = 0;  // engine status reads of the accounting (not the policy's)
+    // Channel register reads (IB_GET, IB_PUT, status, pending) of the
+    // policy and the accounting, each costed as one MMIO read.
+    std::uint64_t register_reads = 0;
     std::uint64_t fences = 0;
     std::uint64_t channel_errors = 0;
     std::uint64_t released_entries = 0;
@@ -83,7 +87,7 @@ public:
     Time now() const override { return clock_.now(); }
     Timers& timers() override { return policy_timers_; }
     const EntityTree& tree() const override { return tree_; }
-    const GpuDevice& gpu() const override { return gpu_; }
+    const GpuRegisters& gpu() const override { return registers_; }
     const std::vector<ChannelId>& channels_of(EntityId leaf) const override;
     EntityId owner(ChannelId ch) const override;
     void set_mode(ChannelId ch, ChannelMode mode) override;
@@ -136,6 +140,7 @@ private:
     };
 
     GpuDevice& gpu_;
+    GpuRegisters registers_;
     const Clock& clock_;
     Timers& timers_;
     PolicyTimers policy_timers_{*this};

@@ -1142,6 +1142,7 @@ json Daemon::admin_stats() {
           {"remaps", st.remaps},
           {"polls", st.polls},
           {"accounting_reads", st.accounting_reads},
+          {"register_reads", st.register_reads},
           {"fences", st.fences},
           {"released_entries", st.released_entries},
           {"clients_total", counters_.clients_total},

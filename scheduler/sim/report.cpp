@@ -59,6 +59,7 @@ nlohmann::json to_json(const SimResult& r) {
                        {"remaps", r.stats.remaps},
                        {"polls", r.stats.polls},
                        {"accounting_reads", r.stats.accounting_reads},
+                       {"register_reads", r.stats.register_reads},
                        {"fences", r.stats.fences},
                        {"channel_errors", r.stats.channel_errors},
                        {"released_entries", r.stats.released_entries},

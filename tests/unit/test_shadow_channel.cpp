@@ -469,9 +469,12 @@ TEST_CASE("scheduler: a mode switch lands only after the remap delay", "[schedul
     // Asking for the mode already asked for is free.
     r.sched.set_mode(ch, ChannelMode::Trapped);
     CHECK(r.sched.stats().remaps == 1);
-    // 1 remap x 50 us + 2 traps x 2 us, plus 1 us per engine-status read of
-    // the accounting (it watches the idle engine after the channel opened).
-    CHECK(r.sched.stats().mechanism_cpu == us(54) + static_cast<Duration>(r.sched.stats().accounting_reads) * us(1));
+    // 1 remap x 50 us + 2 traps x 2 us, plus 1 us per register read of the
+    // accounting: the engine status (it watches the idle engine after the
+    // channel opened) and the channel's GET at each start it saw exactly.
+    CHECK(r.sched.stats().register_reads == 2);
+    CHECK(r.sched.stats().mechanism_cpu ==
+          us(54) + static_cast<Duration>(r.sched.stats().accounting_reads + r.sched.stats().register_reads) * us(1));
 
     // Shadowing waits for the remap too: a store in between is forwarded.
     r.sched.set_mode(ch, ChannelMode::Shadowed);
@@ -554,10 +557,12 @@ TEST_CASE("scheduler: with no remap cost a switch is immediate", "[scheduler]") 
     CHECK(r.sched.stats().remaps == 2);
     // No remap cost.  What was spent: the shadowed doorbell store that
     // reported the held work (an exit, like a trap), and the accounting's
-    // engine read after the release that started the idle engine.
+    // engine read after the release that started the idle engine, and its
+    // read of the channel's GET at that start.
     CHECK(r.sched.stats().held_reports == 1);
     CHECK(r.sched.stats().accounting_reads == 1);
-    CHECK(r.sched.stats().mechanism_cpu == us(3) + us(1));
+    CHECK(r.sched.stats().register_reads == 1);
+    CHECK(r.sched.stats().mechanism_cpu == us(3) + us(1) + us(1));
 
     // Completions with the IRQ flag reach the policy as fences.
     r.loop.run_until(ms(100));
@@ -585,7 +590,7 @@ TEST_CASE("scheduler: a policy may shadow a channel from its trap", "[scheduler]
     CHECK(r.sched.held(ch) == 2);
 }
 
-TEST_CASE("scheduler: engine status polls are counted", "[scheduler]") {
+TEST_CASE("scheduler: engine status and channel register reads are counted", "[scheduler]") {
     SchedRig r(costs(us(2), us(50), us(1)));
     EntityId task = r.sched.entities().add(kRootEntity, "t", EntityKind::Task);
     ChannelId ch = r.sched.open_channel(task);
@@ -593,7 +598,18 @@ TEST_CASE("scheduler: engine status polls are counted", "[scheduler]") {
     r.write(ch, 1);
     CHECK(r.sched.engine_status() == ch);
     CHECK(r.sched.stats().polls == 2);
-    CHECK(r.sched.stats().mechanism_cpu == us(2));
+    // And the accounting's read of the channel's GET at the start it saw.
+    CHECK(r.sched.stats().register_reads == 1);
+    CHECK(r.sched.stats().mechanism_cpu == us(2) + us(1));
+    // A policy's reads of a channel's registers are MMIO reads too.
+    const GpuRegisters& regs = r.sched.gpu();
+    CHECK(regs.read_ib_put(ch) == 1);
+    CHECK(regs.read_ib_get(ch) == 1);
+    CHECK(regs.pending(ch));
+    CHECK(regs.read_status(ch) == PVGPU_CHAN_STATUS_OK);
+    (void)regs.arbitration();  // configuration, not a read
+    CHECK(r.sched.stats().register_reads == 5);
+    CHECK(r.sched.stats().mechanism_cpu == us(2) + us(5));
 }
 
 TEST_CASE("scheduler: channel errors reach the policy and the error listener", "[scheduler]") {
