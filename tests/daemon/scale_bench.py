@@ -77,11 +77,13 @@ def run_policy(ns, bins, policy, ks):
         # pvgpud's accounting at both ends, outside the CPU window (an admin
         # request costs pvgpud CPU too).
         _, before, _ = t.list_at(bins, d)
+        stats0 = t.ctl_json(bins, d, "stats")["counters"]
         c0, w0 = cpu_seconds(d.proc.pid), time.monotonic()
         t1 = t0 + ns.seconds
         while time.monotonic() < t1:
             time.sleep(t1 - time.monotonic())
         c1, w1 = cpu_seconds(d.proc.pid), time.monotonic()
+        stats1 = t.ctl_json(bins, d, "stats")["counters"]
         _, after, _ = t.list_at(bins, d)
         # The same window by pvgpud's accounting (per-kernel, no batch
         # granularity at the window's edges).
@@ -95,7 +97,11 @@ def run_policy(ns, bins, policy, ks):
         order = sorted(range(n), key=lambda i: shares[i])
         extremes = [(label, shares[i] * n, ks[i]) for label, i in (("min", order[0]), ("max", order[-1]))]
         rate = kernels / (t1 - t0)
-        return {"jain": jain, "unfairness": u, "gpu_busy": busy, "core": core, "kernels_per_s": rate,
+        # GPU register reads per completion interrupt: each an MMIO read on
+        # real hardware (the simulated GPU's cost little and are inside `core`).
+        fences = max(1, stats1["fences"] - stats0["fences"])
+        reads = {k: (stats1[k] - stats0[k]) / fences for k in ("accounting_reads", "register_reads", "polls")}
+        return {"reads_per_fence": reads, "jain": jain, "unfairness": u, "gpu_busy": busy, "core": core, "kernels_per_s": rate,
                 "us_per_kernel": core * 1e6 / rate if rate > 0 else float("inf"), "extremes": extremes,
                 "acc_jain": acc_jain, "acc_unfairness": acc_u}
     finally:
@@ -165,6 +171,8 @@ def main():
             print(f"RESULT {tag}.pvgpud_core_fraction={r['core']:.3f}")
             print(f"RESULT {tag}.kernels_per_s={r['kernels_per_s']:.0f}")
             print(f"RESULT {tag}.pvgpud_us_per_kernel={r['us_per_kernel']:.1f}")
+            for k, v in r["reads_per_fence"].items():
+                print(f"RESULT {tag}.{k}_per_fence={v:.2f}")
             print(f"RESULT {tag}.loadavg_1m={os.getloadavg()[0]:.2f}")
             for which, share, k in r["extremes"]:
                 print(f"# {which} share {share:.3f} of fair, kernel {k} us", flush=True)
