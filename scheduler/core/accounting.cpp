@@ -126,13 +126,24 @@ void Accounting::fence(ChannelId ch) {
     Channel& c = it->second;
     ++totals_[c.leaf].kernels;
     const std::uint32_t get = fetched_ ? fetched_(ch) : 0;
-    if (completion_time_ && !engine_.preemptive && t + kLateInterrupt < now && replay_late(ch, running, now)) {
+    const bool late = t + kLateInterrupt < now;
+    std::optional<Time> replayed;
+    if (completion_time_ && !engine_.preemptive && late) replayed = replay_late(ch, running, now, now);
+    if (replayed) {
+        now_running(running, *replayed, *replayed);
         last_seen_ = now;
     } else {
         charge_fence(ch, c, t, clamped, running, get);
     }
     c.fence_get = get;
     c.fence_get_known = static_cast<bool>(fetched_);
+    // Kernels completed by now (GET counts the one on the engine too).  A
+    // channel whose interrupts, handled in time, come one per kernel has
+    // its kernels counted exactly by GET after a stall.
+    const std::uint32_t completed = get - (running == ch ? 1 : 0);
+    if (!late && !clamped) c.every_kernel = fetched_ && c.fence_done_known && completed - c.fence_done == 1;
+    c.fence_done = completed;
+    c.fence_done_known = static_cast<bool>(fetched_);
 }
 
 void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, std::optional<ChannelId> running,
@@ -203,6 +214,13 @@ void Accounting::observed(std::optional<ChannelId> running) {
         last_seen_ = t;
         return;
     }
+    // A host that stalled reads the engine before handling the completions
+    // raised meanwhile: replay them first.
+    if (const std::optional<Time> end = replay_stalled(running, t)) {
+        now_running(running, *end, *end > last_seen_ ? *end : t);
+        last_seen_ = t;
+        return;
+    }
     // The engine switched somewhere in (last_seen_, t]: when the channel we
     // saw last completed a kernel in there, per the GPU's completion
     // timestamp (a kernel that asked for no interrupt still gets one);
@@ -230,7 +248,8 @@ void Accounting::observed(std::optional<ChannelId> running) {
     last_seen_ = t;
 }
 
-bool Accounting::replay_late(ChannelId ch, std::optional<ChannelId> running, Time now) {
+std::optional<Time> Accounting::replay_late(ChannelId ch, std::optional<ChannelId> running, Time now,
+                                            Time late_before) {
     std::vector<std::pair<Time, ChannelId>> done;
     bool others = false;
     for (const auto& [id, c] : channels_) {
@@ -238,10 +257,14 @@ bool Accounting::replay_late(ChannelId ch, std::optional<ChannelId> running, Tim
         // The completion that began the believed stint is not in it.
         if (!ts || *ts > now || *ts < since_ || (*ts == since_ && id != current_)) continue;
         done.emplace_back(*ts, id);
-        others |= id != ch && id != current_;
+        others |= id != ch && id != current_ && *ts < late_before;
     }
-    if (!others) return false;
+    if (!others) return std::nullopt;
     std::sort(done.begin(), done.end());
+    if (replay_counted(done, running)) {
+        current_ = done.back().second;
+        return done.back().first;
+    }
     Time prev = since_;
     bool after_idle = !current_;
     for (const auto& [ts, id] : done) {
@@ -263,7 +286,66 @@ bool Accounting::replay_late(ChannelId ch, std::optional<ChannelId> running, Tim
         prev = ts;
     }
     current_ = done.back().second;
-    now_running(running, prev, prev);
+    return prev;
+}
+
+std::optional<Time> Accounting::replay_stalled(std::optional<ChannelId> running, Time t) {
+    if (!current_ || engine_.preemptive || !completion_time_) return std::nullopt;
+    return replay_late(*current_, running, t, t - kLateInterrupt);
+}
+
+bool Accounting::replay_counted(const std::vector<std::pair<Time, ChannelId>>& done,
+                                std::optional<ChannelId> running) {
+    // The engine ran from the believed stint's start to the last completion
+    // timestamp: a stalled host released nothing meanwhile, and the engine
+    // does not idle while it has work.  A channel that interrupts on every
+    // kernel ran the kernels GET counts since its last interrupt, each of
+    // its usual length; the others share the rest, in timestamp order, each
+    // at most what GET counts since its last interrupt and up to its own
+    // last completion.  Ordering by timestamps alone gave a guest kernel run
+    // between two throttle kernels to the throttle.
+    if (!current_ || !fetched_) return false;
+    struct Part {
+        ChannelId id;
+        Time ts;
+        Duration d;
+        bool counted;
+        Duration cap;
+    };
+    std::vector<Part> parts;
+    Duration counted_sum = 0;
+    for (const auto& [ts, id] : done) {
+        const Channel& c = channels_.at(id);
+        if (c.kernel_estimate == 0) return false;
+        const std::uint32_t get = fetched_(id);
+        const Duration span = ts - since_;
+        const std::int32_t n = static_cast<std::int32_t>(get - (running == id ? 1 : 0) - c.fence_done);
+        if (c.every_kernel && c.fence_done_known && n >= 1) {
+            const Duration d = std::min(span, n * c.kernel_estimate);
+            parts.push_back({id, ts, d, true, 0});
+            counted_sum += d;
+        } else {
+            const std::int64_t m = c.fence_get_known ? std::int64_t{static_cast<std::int32_t>(get - c.fence_get)} + 1 : 0;
+            parts.push_back({id, ts, 0, false, m > 0 ? std::min(span, m * c.kernel_estimate * 5 / 4) : span});
+        }
+    }
+    if (counted_sum == 0) return false;
+    const Duration window = done.back().first - since_;
+    if (counted_sum > window)
+        for (Part& p : parts)
+            if (p.counted) p.d = static_cast<Duration>(static_cast<double>(p.d) * window / counted_sum);
+    Duration rest = std::max<Duration>(0, window - counted_sum);
+    for (Part& p : parts)
+        if (!p.counted) {
+            p.d = std::min(rest, p.cap);
+            rest -= p.d;
+        }
+    for (const Part& p : parts) {
+        charge(p.id, p.d);
+        Channel& c = channels_.at(p.id);
+        c.kernel_start = -1;  // nothing seen whole: learn no length
+        c.preempted = false;
+    }
     return true;
 }
 
@@ -338,8 +420,12 @@ void Accounting::host_kicked(ChannelId ch) {
         if (t - *ended <= it->second.kernel_estimate * 3 / 2 || (ch_done && *ch_done > *ended)) return;
         const std::optional<ChannelId> running = read();
         if (running == ch) {
-            charge(*current_, *ended - since_);
-            now_running(std::nullopt, *ended, *ended);
+            // Other channels may have completed kernels in the believed
+            // stint while the host stalled: replayed up to the last one.
+            const std::optional<Time> end = replay_stalled(running, t);
+            if (!end) charge(*current_, *ended - since_);
+            const Time idle = end.value_or(*ended);
+            now_running(std::nullopt, idle, idle);
             now_running(running, t, t);
             last_seen_ = t;
         } else {

@@ -105,6 +105,9 @@ private:
         std::uint32_t start_get = 0;   // GET then (that kernel's entry fetched)
         std::uint32_t fence_get = 0;   // GET at its last completion interrupt
         bool fence_get_known = false;
+        std::uint32_t fence_done = 0;  // kernels it had completed then
+        bool fence_done_known = false;
+        bool every_kernel = false;     // its interrupts in time came one per kernel
         bool fresh = false;            // its stint on the engine began a new kernel
         bool preempted = false;        // its kernel was taken off the engine unfinished
     };
@@ -127,9 +130,19 @@ private:
     // A non-preemptive engine's completion handled late, when other channels
     // completed kernels too since the believed stint began: the engine ran
     // them back to back, each up to its last completion timestamp, in that
-    // order, and the one seen now since the last.  false (nothing charged)
-    // when no third channel completed meanwhile.
-    bool replay_late(ChannelId ch, std::optional<ChannelId> running, Time now);
+    // order, and the one seen now since the last (the caller places its
+    // start: returns the last completion timestamp).  nullopt (nothing
+    // charged) when no third channel completed meanwhile, before
+    // `late_before`.
+    std::optional<Time> replay_late(ChannelId ch, std::optional<ChannelId> running, Time now, Time late_before);
+    // A host that reads the engine (or releases work) after a stall, before
+    // handling the completions raised meanwhile: replays them when another
+    // channel than the one believed on the engine completed more than
+    // kLateInterrupt ago.
+    std::optional<Time> replay_stalled(std::optional<ChannelId> running, Time t);
+    // The replay when some channel in it interrupts on every kernel: GET
+    // counts its kernels exactly.  false (nothing charged) when none does.
+    bool replay_counted(const std::vector<std::pair<Time, ChannelId>>& done, std::optional<ChannelId> running);
     // A completion handled in time: `ch`'s kernel ended at t.
     void charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, std::optional<ChannelId> running,
                       std::uint32_t get);

@@ -1281,6 +1281,9 @@ TEST_CASE("daemon: a VMM is told about mode switches and degraded when it ignore
     DaemonRig rig([](Config& cfg) {
         cfg.limits.mode_ack_timeout = 50 * kMillisecond;
         cfg.policy = "hfq";
+        // hfq's first look for idleness comes `idle_us` after it starts: the
+        // channel must exist by then (a loaded machine took over 2 ms).
+        cfg.policy_params["hfq"]["idle_us"] = 300'000;
     });
     DaemonContext c(rig.loop());
     TestClient vm(c, rig.dir / "pvgpud.sock");
