@@ -18,7 +18,8 @@
 // once per slice end while busy.  Engine-status reads a policy makes anyway
 // are free observations.  A host that handles interrupts late (a stalled
 // loop) reads the engine as it is now, after other channels may have run:
-// the GPU's completion timestamps order what ran meanwhile.  A listener
+// the GPU's completion timestamps order what ran meanwhile, and GET counts
+// the kernels of a channel that interrupts on every one.  A listener
 // hears every charge and every change of the channel seen on the engine:
 // policies charge their virtual time from here instead of polling the
 // engine themselves.
