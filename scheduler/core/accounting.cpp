@@ -1,6 +1,7 @@
 #include "accounting.hpp"
 
 #include <algorithm>
+#include <tuple>
 #include <utility>
 
 namespace pvgpu {
@@ -135,15 +136,14 @@ void Accounting::fence(ChannelId ch) {
     } else {
         charge_fence(ch, c, t, clamped, running, get);
     }
-    c.fence_get = get;
-    c.fence_get_known = static_cast<bool>(fetched_);
     // Kernels completed by now (GET counts the one on the engine too).  A
     // channel whose interrupts, handled in time, come one per kernel has
     // its kernels counted exactly by GET after a stall.
     const std::uint32_t completed = get - (running == ch ? 1 : 0);
-    if (!late && !clamped) c.every_kernel = fetched_ && c.fence_done_known && completed - c.fence_done == 1;
+    if (!late && !clamped) c.every_kernel = c.fence_get_known && completed - c.fence_done == 1;
+    c.fence_get = get;
+    c.fence_get_known = static_cast<bool>(fetched_);
     c.fence_done = completed;
-    c.fence_done_known = static_cast<bool>(fetched_);
 }
 
 void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, std::optional<ChannelId> running,
@@ -250,43 +250,47 @@ void Accounting::observed(std::optional<ChannelId> running) {
 
 std::optional<Time> Accounting::replay_late(ChannelId ch, std::optional<ChannelId> running, Time now,
                                             Time late_before) {
-    std::vector<std::pair<Time, ChannelId>> done;
+    std::vector<Completed> done;
     bool others = false;
     for (const auto& [id, c] : channels_) {
         const std::optional<Time> ts = completion_time_(id);
         // The completion that began the believed stint is not in it.
         if (!ts || *ts > now || *ts < since_ || (*ts == since_ && id != current_)) continue;
-        done.emplace_back(*ts, id);
+        done.push_back({*ts, id, 0});
         others |= id != ch && id != current_ && *ts < late_before;
     }
     if (!others) return std::nullopt;
-    std::sort(done.begin(), done.end());
-    if (replay_counted(done, running)) {
-        current_ = done.back().second;
-        return done.back().first;
-    }
-    Time prev = since_;
-    bool after_idle = !current_;
-    for (const auto& [ts, id] : done) {
-        Channel& c = channels_.at(id);
-        Duration d = ts - prev;
-        // The engine may have idled in between (the host held the work it
-        // was late to release): at most the kernels GET counts since its
-        // last interrupt, of its usual length.  The rest is nobody's.
-        if (c.kernel_estimate > 0) {
-            const std::int64_t n = after_idle ? 1
-                                   : fetched_ && c.fence_get_known ? std::int64_t{static_cast<std::int32_t>(fetched_(id) - c.fence_get)} + 1
-                                                                   : 0;
-            if (n > 0) d = std::min(d, n * c.kernel_estimate * 5 / 4);
+    std::sort(done.begin(), done.end(), [](const Completed& a, const Completed& b) {
+        return std::tie(a.ts, a.id) < std::tie(b.ts, b.id);
+    });
+    if (fetched_)
+        for (Completed& d : done) d.get = fetched_(d.id);  // one read each, for either replay
+    if (!replay_counted(done, running)) {
+        Time prev = since_;
+        bool after_idle = !current_;
+        for (const Completed& d : done) {
+            const Channel& c = channels_.at(d.id);
+            // The engine may have idled in between (the host held the work
+            // it was late to release): at most the kernels GET counts since
+            // its last interrupt, of its usual length.  The rest is nobody's.
+            const Duration cap = after_idle ? c.kernel_estimate * 5 / 4 : fetched_cap(c, d.get);
+            charge(d.id, cap > 0 ? std::min(d.ts - prev, cap) : d.ts - prev);
+            after_idle = false;
+            prev = d.ts;
         }
-        charge(id, d);
-        after_idle = false;
+    }
+    for (const Completed& d : done) {
+        Channel& c = channels_.at(d.id);
         c.kernel_start = -1;  // nothing seen whole: learn no length
         c.preempted = false;
-        prev = ts;
     }
-    current_ = done.back().second;
-    return prev;
+    current_ = done.back().id;
+    return done.back().ts;
+}
+
+Duration Accounting::fetched_cap(const Channel& c, std::uint32_t get) const {
+    if (!c.fence_get_known) return 0;
+    return (std::int64_t{static_cast<std::int32_t>(get - c.fence_get)} + 1) * c.kernel_estimate * 5 / 4;
 }
 
 std::optional<Time> Accounting::replay_stalled(std::optional<ChannelId> running, Time t) {
@@ -294,8 +298,7 @@ std::optional<Time> Accounting::replay_stalled(std::optional<ChannelId> running,
     return replay_late(*current_, running, t, t - kLateInterrupt);
 }
 
-bool Accounting::replay_counted(const std::vector<std::pair<Time, ChannelId>>& done,
-                                std::optional<ChannelId> running) {
+bool Accounting::replay_counted(const std::vector<Completed>& done, std::optional<ChannelId> running) {
     // The engine ran from the believed stint's start to the last completion
     // timestamp: a stalled host released nothing meanwhile, and the engine
     // does not idle while it has work.  A channel that interrupts on every
@@ -307,30 +310,28 @@ bool Accounting::replay_counted(const std::vector<std::pair<Time, ChannelId>>& d
     if (!current_ || !fetched_) return false;
     struct Part {
         ChannelId id;
-        Time ts;
         Duration d;
         bool counted;
         Duration cap;
     };
     std::vector<Part> parts;
     Duration counted_sum = 0;
-    for (const auto& [ts, id] : done) {
-        const Channel& c = channels_.at(id);
+    for (const Completed& done_by : done) {
+        const Channel& c = channels_.at(done_by.id);
         if (c.kernel_estimate == 0) return false;
-        const std::uint32_t get = fetched_(id);
-        const Duration span = ts - since_;
-        const std::int32_t n = static_cast<std::int32_t>(get - (running == id ? 1 : 0) - c.fence_done);
-        if (c.every_kernel && c.fence_done_known && n >= 1) {
+        const Duration span = done_by.ts - since_;
+        const std::int32_t n = static_cast<std::int32_t>(done_by.get - (running == done_by.id ? 1 : 0) - c.fence_done);
+        if (c.every_kernel && n >= 1) {
             const Duration d = std::min(span, n * c.kernel_estimate);
-            parts.push_back({id, ts, d, true, 0});
+            parts.push_back({done_by.id, d, true, 0});
             counted_sum += d;
         } else {
-            const std::int64_t m = c.fence_get_known ? std::int64_t{static_cast<std::int32_t>(get - c.fence_get)} + 1 : 0;
-            parts.push_back({id, ts, 0, false, m > 0 ? std::min(span, m * c.kernel_estimate * 5 / 4) : span});
+            const Duration cap = fetched_cap(c, done_by.get);
+            parts.push_back({done_by.id, 0, false, cap > 0 ? std::min(span, cap) : span});
         }
     }
     if (counted_sum == 0) return false;
-    const Duration window = done.back().first - since_;
+    const Duration window = done.back().ts - since_;
     if (counted_sum > window)
         for (Part& p : parts)
             if (p.counted) p.d = static_cast<Duration>(static_cast<double>(p.d) * window / counted_sum);
@@ -340,12 +341,7 @@ bool Accounting::replay_counted(const std::vector<std::pair<Time, ChannelId>>& d
             p.d = std::min(rest, p.cap);
             rest -= p.d;
         }
-    for (const Part& p : parts) {
-        charge(p.id, p.d);
-        Channel& c = channels_.at(p.id);
-        c.kernel_start = -1;  // nothing seen whole: learn no length
-        c.preempted = false;
-    }
+    for (const Part& p : parts) charge(p.id, p.d);
     return true;
 }
 

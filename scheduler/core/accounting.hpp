@@ -106,8 +106,7 @@ private:
         std::uint32_t start_get = 0;   // GET then (that kernel's entry fetched)
         std::uint32_t fence_get = 0;   // GET at its last completion interrupt
         bool fence_get_known = false;
-        std::uint32_t fence_done = 0;  // kernels it had completed then
-        bool fence_done_known = false;
+        std::uint32_t fence_done = 0;  // kernels it had completed then (with fence_get_known)
         bool every_kernel = false;     // its interrupts in time came one per kernel
         bool fresh = false;            // its stint on the engine began a new kernel
         bool preempted = false;        // its kernel was taken off the engine unfinished
@@ -141,9 +140,18 @@ private:
     // channel than the one believed on the engine completed more than
     // kLateInterrupt ago.
     std::optional<Time> replay_stalled(std::optional<ChannelId> running, Time t);
+    // A channel's part in a replay.
+    struct Completed {
+        Time ts;             // its last completion timestamp
+        ChannelId id;
+        std::uint32_t get;   // its GET now (0 where the GPU gives none)
+    };
     // The replay when some channel in it interrupts on every kernel: GET
     // counts its kernels exactly.  false (nothing charged) when none does.
-    bool replay_counted(const std::vector<std::pair<Time, ChannelId>>& done, std::optional<ChannelId> running);
+    bool replay_counted(const std::vector<Completed>& done, std::optional<ChannelId> running);
+    // The kernels GET counts since `c`'s last interrupt, of its usual
+    // length, with a quarter's margin; 0 when not known.
+    Duration fetched_cap(const Channel& c, std::uint32_t get) const;
     // A completion handled in time: `ch`'s kernel ended at t.
     void charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, std::optional<ChannelId> running,
                       std::uint32_t get);
