@@ -25,13 +25,22 @@ bool ShadowChannel::guest_write_put(std::uint32_t put) {
     case ChannelMode::Trapped:
         if (on_trap_) on_trap_(ch_, put);
         // The handler may have shadowed the channel; then the write is held.
-        if (mode_ != ChannelMode::Shadowed) gpu_->write_ib_put(ch_, put);
+        if (mode_ != ChannelMode::Shadowed || beyond_ring(put)) gpu_->write_ib_put(ch_, put);
         return true;
     case ChannelMode::Shadowed:
+        if (beyond_ring(put)) {
+            gpu_->write_ib_put(ch_, put);
+            return false;
+        }
         if (put != before && on_held_) on_held_(ch_, held());
         return false;
     }
     return false;
+}
+
+bool ShadowChannel::beyond_ring(std::uint32_t put) const {
+    // More held than a ring, or "held" behind what the GPU already has.
+    return put - gpu_->read_ib_put(ch_) > PVGPU_RING_ENTRIES;
 }
 
 std::uint32_t ShadowChannel::guest_read_put() const { return guest_put_; }

@@ -3,7 +3,8 @@
 //   Direct   - guest IB_PUT writes reach the GPU; nothing is trapped.
 //   Trapped  - every IB_PUT write exits to the host, is reported, then forwarded.
 //   Shadowed - the page is a private RAM page: the guest keeps writing, the GPU
-//              sees nothing; the work is held, not lost.
+//              sees nothing; the work is held, not lost.  (A store no ring
+//              could hold is not work: it goes through, for the GPU to reject.)
 // Unshadowing is race-free: the page traps first, then the held IB_PUT is copied
 // to the GPU (all of it, or a partial release), then the real page is mapped.
 // FENCE lives in semaphore memory that is never remapped, so a guest always sees
@@ -59,6 +60,13 @@ public:
     }
 
 private:
+    // A store more than a ring ahead of the GPU's IB_PUT, or behind it,
+    // cannot name held work: it is the GPU's to judge (BAD_ENTRY kills the
+    // channel), not the host's to hold, so it goes through even while
+    // shadowed.  Held, it would keep a broken channel alive, make held()
+    // wrap, and reach the GPU only at some later release.
+    bool beyond_ring(std::uint32_t put) const;
+
     GpuDevice* gpu_;
     ChannelId ch_;
     TrapHandler on_trap_;

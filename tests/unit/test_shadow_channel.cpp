@@ -313,6 +313,45 @@ TEST_CASE("shadow channel: releasing into a dead channel hands nothing twice", "
     CHECK(r.sc.take_released() <= 3);
 }
 
+// A shadowed page holds work; a store more than a ring ahead of the GPU's GET
+// is not work, and holding it would keep a broken channel alive until some
+// later release hands the garbage over.  It goes through: the GPU rejects it.
+TEST_CASE("shadow channel: a shadowed store no ring could hold reaches the GPU, which rejects it", "[shadow]") {
+    ShadowRig r;
+    int held_reports = 0;
+    ShadowChannel sc(r.gpu, r.ch, nullptr, [&](ChannelId, std::uint32_t) { ++held_reports; });
+    sc.set_shadowed();
+    CHECK_FALSE(sc.guest_write_put(PVGPU_RING_ENTRIES));  // a full ring: real work, held
+    CHECK(held_reports == 1);
+    CHECK(sc.held() == PVGPU_RING_ENTRIES);
+    CHECK(r.gpu.read_ib_put(r.ch) == 0);
+    CHECK(r.gpu.read_status(r.ch) == PVGPU_CHAN_STATUS_OK);
+    sc.guest_write_put(1000);  // 1000 entries past a GET of 0
+    CHECK(held_reports == 1);
+    CHECK(r.gpu.read_status(r.ch) == PVGPU_CHAN_STATUS_ERROR);
+    CHECK(sc.held() == 0);  // nothing left for a release to hand over
+    CHECK(sc.release(PVGPU_RING_ENTRIES) == 0);
+}
+
+TEST_CASE("shadow channel: a trap handler that shadows still lets a store no ring could hold through",
+          "[shadow]") {
+    ShadowRig r;
+    r.trap_hook = [&](std::uint32_t) { r.sc.set_shadowed(); };
+    r.sc.set_trapped();
+    CHECK(r.write(3));
+    CHECK(r.sc.mode() == ChannelMode::Shadowed);
+    CHECK(r.sc.held() == 3);  // real work: held
+    r.sc.set_trapped();              // releases the 3
+    CHECK(r.sc.guest_write_put(2));  // behind the GPU's IB_PUT: not held work
+    CHECK(r.sc.held() == 0);         // held() would have wrapped to 2^32 - 1
+    CHECK(r.gpu.read_ib_put(r.ch) == 2);  // the GPU judged it (within a ring of GET: taken)
+    CHECK(r.gpu.read_status(r.ch) == PVGPU_CHAN_STATUS_OK);
+    REQUIRE(r.sc.mode() == ChannelMode::Shadowed);  // the hook shadowed it again
+    CHECK_FALSE(r.sc.guest_write_put(2 + PVGPU_RING_ENTRIES + 1));
+    CHECK(r.gpu.read_status(r.ch) == PVGPU_CHAN_STATUS_ERROR);
+    CHECK(r.sc.held() == 0);
+}
+
 // ---------------------------------------------------------------------------
 // Scheduler-level mapping control with a minimal policy.
 
