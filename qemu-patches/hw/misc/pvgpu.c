@@ -940,6 +940,17 @@ static uint32_t slot_set_mode(PvgpuSlot *sl, uint32_t mode)
     return put;
 }
 
+/* Copy the GPU-written fields of the real page into the shadow. */
+static void slot_shadow_show_gpu(PvgpuSlot *sl)
+{
+    struct pvgpu_ctrl_page *real = slot_real(sl);
+
+    sl->shadow->ib_get = real->ib_get;
+    sl->shadow->fence = real->fence;
+    sl->shadow->status = real->status;
+    sl->shadow->error = real->error;
+}
+
 /*
  * While a slot is shadowed its shadow page shows the real page's GPU-written
  * fields.  After unshadowing, a vCPU that still had the shadow page in its
@@ -961,10 +972,7 @@ static void pvgpu_refresh_cb(void *opaque)
         }
         if (sl->mode == PVGPU_MODE_SHADOWED) {
             slot_settle_shadow(sl);
-            sl->shadow->ib_get = real->ib_get;
-            sl->shadow->fence = real->fence;
-            sl->shadow->status = real->status;
-            sl->shadow->error = real->error;
+            slot_shadow_show_gpu(sl);
             slot_report_held(sl);
         } else if (sl->late_check) {
             uint32_t late = sl->shadow->ib_put;
@@ -1951,6 +1959,14 @@ static void pvgpu_on_message(PvgpuState *s)
         if (sl && n.kind >= PVGPU_NOTICE_WATCHDOG &&
             n.kind <= PVGPU_NOTICE_DEGRADED) {
             sl->notice = n.kind;
+            /*
+             * A guest reads STATUS on the NOTICE interrupt: a shadowed slot
+             * must show the death now, not at the next refresh tick.
+             */
+            if (sl->state == SLOT_LIVE && sl->mode == PVGPU_MODE_SHADOWED &&
+                slot_real(sl)) {
+                slot_shadow_show_gpu(sl);
+            }
             pvgpu_raise_irq(s, IRQ_NOTICE);
             pvgpu_fence_check(s);     /* a dead channel ends its wait */
         }
