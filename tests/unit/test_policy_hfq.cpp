@@ -586,3 +586,20 @@ TEST_CASE("hfq: a leaf metered on joining that submits after the GPU went idle r
     CHECK(rig.subs.at(cc).completed == 50);
     CHECK(rig.sched.channel(cb).mode() != ChannelMode::Shadowed);
 }
+
+// hfq's first idle check comes `idle_us` after it starts.  A host where no
+// client has opened a channel by then must still trap the first doorbell of
+// one that opens later on the idle GPU, or hfq hears of its work only from
+// completions, after the work has run unprotected.
+TEST_CASE("hfq: a channel that joins an idle GPU late is trapped like the others", "[hfq]") {
+    test::Rig rig("hfq");
+    const EntityId a = rig.task("a");
+    rig.run_until(test::ms(10));  // no channel yet: nothing to trap
+    const ChannelId ca = rig.submit_loop(a, test::ms(1), 0, 20, test::ms(30));
+    rig.run_until(test::ms(20));
+    CHECK(rig.counter("idle_arms") == 1);
+    CHECK(rig.sched.channel(ca).mode() == ChannelMode::Trapped);
+    rig.run_until(test::ms(100));
+    CHECK(rig.sched.stats().traps == 1);  // its first doorbell woke hfq
+    CHECK(rig.subs.at(ca).completed == 20);
+}

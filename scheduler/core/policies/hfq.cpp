@@ -172,6 +172,9 @@ public:
             set_metered(leaf, true);
         }
         ctx_->set_mode(ch, idle_armed_ ? ChannelMode::Trapped : mode_of(leaf));
+        // The idle check found no channel to trap (none had opened): look
+        // again for this one, or its first work on an idle GPU goes unheard.
+        if (!idle_armed_ && active_leaves_ == 0) arm_idle_check(ctx_->now() + p_.idle);
     }
 
     void channel_removed(ChannelId ch, EntityId leaf) override {
