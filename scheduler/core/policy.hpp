@@ -60,6 +60,9 @@ public:
     // Entries a shadowed channel's guest has written that the GPU has not seen
     // (the host reads its own shadow page).
     virtual std::uint32_t held(ChannelId ch) const = 0;
+    // The GPU's IB_PUT for the channel.  Trapped or shadowed, the host made
+    // every store to it and knows it; direct, it costs a register read.
+    virtual std::uint32_t gpu_put(ChannelId ch) const = 0;
     // Partial release of held work (resubmission with a cap).
     virtual std::uint32_t release(ChannelId ch, std::uint32_t max) = 0;
     // Engine status register read (an MMIO read; counted as a poll).

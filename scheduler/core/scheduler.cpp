@@ -198,6 +198,11 @@ void Scheduler::apply_mode(ChannelId ch) {
 
 std::uint32_t Scheduler::held(ChannelId ch) const { return state(ch).shadow->held(); }
 
+std::uint32_t Scheduler::gpu_put(ChannelId ch) const {
+    if (const auto put = state(ch).shadow->known_gpu_put()) return *put;
+    return registers_.read_ib_put(ch);
+}
+
 std::uint32_t Scheduler::release(ChannelId ch, std::uint32_t max) {
     ShadowChannel& sc = *state(ch).shadow;
     std::uint32_t n = sc.release(max);
@@ -255,6 +260,7 @@ void Scheduler::on_channel_error(ChannelId ch, std::uint32_t error) {
     auto it = channels_.find(ch);
     if (it == channels_.end()) return;
     ++stats_.channel_errors;
+    it->second.shadow->set_dead();
     accounting_.channel_error(ch);
     call_policy([&] { policy_->channel_error(ch, error); });
     if (error_listener_) error_listener_(ch, it->second.owner, error);

@@ -93,6 +93,7 @@ public:
     void set_mode(ChannelId ch, ChannelMode mode) override;
     ChannelMode mode(ChannelId ch) const override;
     std::uint32_t held(ChannelId ch) const override;
+    std::uint32_t gpu_put(ChannelId ch) const override;
     std::uint32_t release(ChannelId ch, std::uint32_t max) override;
     std::optional<ChannelId> engine_status() override;
     std::optional<ChannelId> running_seen() const override { return accounting_.running(); }

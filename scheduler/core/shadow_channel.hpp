@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string_view>
 
 #include "gpu_device.hpp"
@@ -50,8 +51,18 @@ public:
     void set_shadowed();  // any -> Shadowed, freezing what the guest sees
     // While shadowed: hand at most `max` held entries to the GPU.  Returns how many.
     std::uint32_t release(std::uint32_t max);
+    // The GPU reported the channel stopped (its error interrupt).
+    void set_dead() { dead_ = true; }
     // Entries the guest wrote that the GPU has not been given.
-    std::uint32_t held() const { return guest_put_ - gpu_->read_ib_put(ch_); }
+    std::uint32_t held() const { return guest_put_ - gpu_put_; }
+    // The GPU's IB_PUT, where the host knows it without a register read:
+    // trapped or shadowed, every store to it is the host's own.  A direct
+    // guest stores to the GPU unseen (the model passes its stores through
+    // here, but a host would not): nullopt.
+    std::optional<std::uint32_t> known_gpu_put() const {
+        if (mode_ == ChannelMode::Direct) return std::nullopt;
+        return gpu_put_;
+    }
     // Entries handed to the GPU by release()/unshadow since the last call.
     std::uint32_t take_released() {
         auto r = released_;
@@ -72,9 +83,13 @@ private:
     TrapHandler on_trap_;
     HeldHandler on_held_;
     ChannelMode mode_ = ChannelMode::Direct;
+    void forward(std::uint32_t put);
+
     std::uint32_t guest_put_ = 0;    // IB_PUT as the guest last wrote it
+    std::uint32_t gpu_put_ = 0;      // IB_PUT as the GPU was last given it
     std::uint32_t shadow_get_ = 0;   // IB_GET frozen in the shadow page
     std::uint32_t released_ = 0;
+    bool dead_ = false;
 };
 
 }  // namespace pvgpu

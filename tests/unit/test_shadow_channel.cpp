@@ -305,12 +305,19 @@ TEST_CASE("shadow channel: releasing into a dead channel hands nothing twice", "
     REQUIRE(r.sc.held() == 3);
     r.loop.run_until(ms(20));  // the watchdog killed the channel at 10 ms
     REQUIRE(r.gpu.read_status(r.ch) == PVGPU_CHAN_STATUS_ERROR);
-    // The GPU ignores doorbells now.  However the 3 held entries are counted,
-    // a release loop must end and never report more than 3 entries handed over.
+    // The GPU ignores doorbells now.  Until the error interrupt is handled
+    // the host cannot tell: a release loop must still end and never report
+    // more than the 3 held entries handed over.
     std::uint32_t total = 0;
     for (int i = 0; i < 10; ++i) total += r.sc.release(2);
     CHECK(total <= 3);
     CHECK(r.sc.take_released() <= 3);
+    // Once the interrupt is handled (the scheduler calls set_dead), nothing more.
+    r.write(2);
+    r.sc.set_dead();
+    CHECK(r.sc.release(2) == 0);
+    CHECK(r.sc.take_released() == 0);
+    CHECK(r.sc.held() == 2);
 }
 
 // A shadowed page holds work; a store more than a ring ahead of the GPU's GET
@@ -649,6 +656,20 @@ TEST_CASE("scheduler: engine status and channel register reads are counted", "[s
     (void)regs.arbitration();  // configuration, not a read
     CHECK(r.sched.stats().register_reads == 5);
     CHECK(r.sched.stats().mechanism_cpu == us(2) + us(5));
+    // IB_PUT through the context: a direct guest stores it unseen (a read);
+    // trapped or shadowed, the host made every store itself (no read).
+    CHECK(r.sched.gpu_put(ch) == 1);
+    CHECK(r.sched.stats().register_reads == 6);
+    r.sched.set_mode(ch, ChannelMode::Shadowed);
+    r.loop.run_until(r.loop.now() + us(100));  // the remap lands
+    REQUIRE(r.sched.channel(ch).mode() == ChannelMode::Shadowed);
+    r.write(ch, 3);
+    CHECK(r.sched.held(ch) == 3);
+    CHECK(r.sched.gpu_put(ch) == 1);
+    CHECK(r.sched.release(ch, 2) == 2);
+    CHECK(r.sched.gpu_put(ch) == 3);
+    CHECK(r.sched.held(ch) == 1);
+    CHECK(r.sched.stats().register_reads == 6);
 }
 
 TEST_CASE("scheduler: channel errors reach the policy and the error listener", "[scheduler]") {

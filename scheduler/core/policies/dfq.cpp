@@ -135,7 +135,7 @@ public:
         if (it == channels_.end() || it->second.leaf != sampled_) return;
         ++trapped_doorbells_;
         // The trap comes before the write reaches the GPU: new work starts now.
-        if (put != ctx_->gpu().read_ib_put(ch) && !busy_since_) busy_since_ = ctx_->now();
+        if (put != ctx_->gpu_put(ch) && !busy_since_) busy_since_ = ctx_->now();
     }
 
     void fence(ChannelId ch, std::uint32_t) override {
