@@ -425,7 +425,9 @@ double crowd_unfairness(const PolicyParams& params, double seconds, double* read
 // model's cost).  hfq's scan for metered leaves left without work read the
 // pending state of every channel of every metered leaf every 2 ms: the
 // policy and the accounting read 128000 registers a second here (13% of a
-// core), 24500 since.  Budget: 3% of a core.
+// core); 24500 after that; 8200 since the queue cap takes a trapped or
+// shadowed channel's IB_PUT from the host's own stores and reads each
+// channel's IB_GET once per feed.  Budget: 0.9% of a core.
 TEST_CASE("hfq: among many siblings the block threshold and queue cap shrink with their number", "[hfq][queue]") {
     double reads_per_s = 0;
     const double scaled = crowd_unfairness({}, 7, &reads_per_s);
@@ -434,7 +436,7 @@ TEST_CASE("hfq: among many siblings the block threshold and queue cap shrink wit
                                        << " a second");
     CHECK(scaled <= 1.061);
     CHECK(fixed > 1.061);
-    CHECK(reads_per_s <= 30000);
+    CHECK(reads_per_s <= 9000);
 }
 
 namespace {

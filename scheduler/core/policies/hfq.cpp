@@ -573,24 +573,39 @@ private:
     // shadow pages count too.
     Duration queued(EntityId leaf, bool held = false) const {
         Duration q = 0;
-        for (ChannelId ch : ctx_->channels_of(leaf))
-            if (live(ch))
-                q += static_cast<Duration>(waiting(ch) + (held ? ctx_->held(ch) : 0)) * kernel_length(ch);
+        for (const Queue& c : queues_of(leaf))
+            q += static_cast<Duration>(c.waiting + (held ? ctx_->held(c.ch) : 0)) * c.length;
         return q;
     }
-    // Entries the GPU has for the channel and has not started.
-    std::uint32_t waiting(ChannelId ch) const { return ctx_->gpu().read_ib_put(ch) - ctx_->gpu().read_ib_get(ch); }
+    // A live channel's entries on the GPU not yet started (its IB_PUT -
+    // IB_GET), and its kernel length: one register read, of IB_GET (the
+    // host knows a trapped or shadowed channel's IB_PUT).
+    struct Queue {
+        ChannelId ch;
+        std::uint32_t waiting;
+        Duration length;
+    };
+    Queue queue_of(ChannelId ch) const {
+        const std::uint32_t get = ctx_->gpu().read_ib_get(ch);
+        return Queue{ch, ctx_->gpu_put(ch) - get, kernel_length(ch, get)};
+    }
+    std::vector<Queue> queues_of(EntityId leaf) const {
+        std::vector<Queue> qs;
+        for (ChannelId ch : ctx_->channels_of(leaf))
+            if (live(ch)) qs.push_back(queue_of(ch));
+        return qs;
+    }
 
     // The accounting learns a kernel's length from its completion
     // interrupt.  A channel whose entries ask for none has it learned here
     // instead, as its charged GPU time over the entries the GPU started
     // (its own IB_GET): otherwise a tenant could keep its queue uncapped
     // by never asking for an interrupt.  0: not known yet.
-    Duration kernel_length(ChannelId ch) const {
+    Duration kernel_length(ChannelId ch, std::optional<std::uint32_t> get = std::nullopt) const {
         if (Duration est = ctx_->kernel_estimate(ch); est > 0) return est;
         auto r = runs_.find(ch);
         if (r == runs_.end()) return 0;
-        const std::uint32_t started = ctx_->gpu().read_ib_get(ch) - r->second.get_at_open;
+        const std::uint32_t started = get.value_or(ctx_->gpu().read_ib_get(ch)) - r->second.get_at_open;
         return started >= 2 ? r->second.charged / started : 0;
     }
     // The GPU reports every channel it stops (channel_error): no register read.
@@ -685,25 +700,28 @@ private:
             }
         }
         if (n.shadowed || idle_armed_) return;  // blocked: only work conservation feeds it
+        // Each live channel's GET is read once here and again only after a
+        // release into it (which may start its entry on an idle engine):
+        // other channels' GETs only move forward meanwhile, so the queue is
+        // over-, never under-estimated.
+        std::vector<Queue> qs = queues_of(leaf);
+        Duration q = 0;
+        for (const Queue& c : qs) q += static_cast<Duration>(c.waiting) * c.length;
         for (;;) {
             // The live channel with the fewest entries waiting on the GPU
             // goes first, so a leaf's channels drain in turn.
-            ChannelId next = 0;
-            std::uint32_t fewest = std::numeric_limits<std::uint32_t>::max();
-            for (ChannelId ch : ctx_->channels_of(leaf)) {
-                if (ctx_->held(ch) == 0 || !live(ch)) continue;
-                if (const std::uint32_t w = waiting(ch); w < fewest) {
-                    fewest = w;
-                    next = ch;
-                }
-            }
-            if (next == 0) return;
+            Queue* next = nullptr;
+            for (Queue& c : qs)
+                if (ctx_->held(c.ch) > 0 && (!next || c.waiting < next->waiting)) next = &c;
+            if (!next) return;
             // A channel without a learned length gets one entry at a time.
-            if (kernel_length(next) == 0 && fewest > 0) return;
-            const Duration q = queued(leaf);
-            if (q > 0 && q + kernel_length(next) > queue_cap()) return;
-            if (ctx_->release(next, 1) == 0) return;
+            if (next->length == 0 && next->waiting > 0) return;
+            if (q > 0 && q + next->length > queue_cap()) return;
+            if (ctx_->release(next->ch, 1) == 0) return;
             ++metered_releases_;
+            q -= static_cast<Duration>(next->waiting) * next->length;
+            *next = queue_of(next->ch);
+            q += static_cast<Duration>(next->waiting) * next->length;
         }
     }
 
