@@ -55,13 +55,13 @@ std::uint32_t ShadowChannel::guest_read_get() const {
 }
 
 std::uint32_t ShadowChannel::release(std::uint32_t max) {
-    std::uint32_t h = held();
-    std::uint32_t n = h < max ? h : max;
-    if (n == 0) return 0;
     // A dead channel runs nothing more: hand it nothing.  (Between its
     // death and the error interrupt the host cannot know; what it hands
     // over then is lost with the channel, as on hardware.)
     if (dead_) return 0;
+    std::uint32_t h = held();
+    std::uint32_t n = h < max ? h : max;
+    if (n == 0) return 0;
     forward(gpu_put_ + n);
     released_ += n;
     return n;

@@ -77,14 +77,14 @@ private:
     // shadowed.  Held, it would keep a broken channel alive, make held()
     // wrap, and reach the GPU only at some later release.
     bool beyond_ring(std::uint32_t put) const;
+    // Writes the GPU's IB_PUT and remembers it.
+    void forward(std::uint32_t put);
 
     GpuDevice* gpu_;
     ChannelId ch_;
     TrapHandler on_trap_;
     HeldHandler on_held_;
     ChannelMode mode_ = ChannelMode::Direct;
-    void forward(std::uint32_t put);
-
     std::uint32_t guest_put_ = 0;    // IB_PUT as the guest last wrote it
     std::uint32_t gpu_put_ = 0;      // IB_PUT as the GPU was last given it
     std::uint32_t shadow_get_ = 0;   // IB_GET frozen in the shadow page

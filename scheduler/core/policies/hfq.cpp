@@ -574,7 +574,7 @@ private:
     Duration queued(EntityId leaf, bool held = false) const {
         Duration q = 0;
         for (const Queue& c : queues_of(leaf))
-            q += static_cast<Duration>(c.waiting + (held ? ctx_->held(c.ch) : 0)) * c.length;
+            q += c.work() + (held ? static_cast<Duration>(ctx_->held(c.ch)) * c.length : 0);
         return q;
     }
     // A live channel's entries on the GPU not yet started (its IB_PUT -
@@ -584,6 +584,7 @@ private:
         ChannelId ch;
         std::uint32_t waiting;
         Duration length;
+        Duration work() const { return static_cast<Duration>(waiting) * length; }
     };
     Queue queue_of(ChannelId ch) const {
         const std::uint32_t get = ctx_->gpu().read_ib_get(ch);
@@ -706,7 +707,7 @@ private:
         // over-, never under-estimated.
         std::vector<Queue> qs = queues_of(leaf);
         Duration q = 0;
-        for (const Queue& c : qs) q += static_cast<Duration>(c.waiting) * c.length;
+        for (const Queue& c : qs) q += c.work();
         for (;;) {
             // The live channel with the fewest entries waiting on the GPU
             // goes first, so a leaf's channels drain in turn.
@@ -719,9 +720,9 @@ private:
             if (q > 0 && q + next->length > queue_cap()) return;
             if (ctx_->release(next->ch, 1) == 0) return;
             ++metered_releases_;
-            q -= static_cast<Duration>(next->waiting) * next->length;
+            q -= next->work();
             *next = queue_of(next->ch);
-            q += static_cast<Duration>(next->waiting) * next->length;
+            q += next->work();
         }
     }
 
