@@ -25,11 +25,8 @@ constexpr Duration kExactStart = 2 * kMicrosecond;
 // it runs, not all at once when something else finally interrupts.
 constexpr Duration kBusyWatch = 1 * kMillisecond;
 // A completion interrupt handled this long after the GPU's timestamp: the
-// host stalled, and other channels may have run since.  Below it (a busy
-// host's usual lateness) the in-time path does better: in qemu-modes with
-// two busy loops beside it, replaying from 100 us on measured +2.6% on
-// average (up to +5.1) against +1.0% without.  At 2 ms, 2 ms stalls went
-// unreplayed and their unit tests failed.
+// host stalled, so the kernels GET counted since the channel's previous
+// interrupt do not say whether it asks for one on every kernel.
 constexpr Duration kLateInterrupt = 1 * kMillisecond;
 
 }  // namespace
@@ -129,7 +126,7 @@ void Accounting::fence(ChannelId ch) {
     const std::uint32_t get = fetched_ ? fetched_(ch) : 0;
     const bool late = t + kLateInterrupt < now;
     std::optional<Time> replayed;
-    if (completion_time_ && !engine_.preemptive && late) replayed = replay_late(ch, running, now, now);
+    if (completion_time_ && !engine_.preemptive) replayed = replay(ch, running, now);
     if (replayed) {
         now_running(running, *replayed, *replayed);
         last_seen_ = now;
@@ -144,6 +141,7 @@ void Accounting::fence(ChannelId ch) {
     c.fence_get = get;
     c.fence_get_known = static_cast<bool>(fetched_);
     c.fence_done = completed;
+    if (fetched_) c.charged_to(completed);
 }
 
 void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, std::optional<ChannelId> running,
@@ -163,7 +161,13 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
         const std::int32_t n = c.kernel_start < 0 || clamped ? 0
                                : fetched_ ? static_cast<std::int32_t>(get - c.start_get) + (running == ch ? 0 : 1)
                                           : 1;
-        if (n > 0) {
+        // Only a stint that holds every kernel since its previous interrupt:
+        // the tenant chose which kernels interrupt, and the last one alone
+        // may be its short one.
+        const bool whole_period =
+            !fetched_ || !c.fence_get_known ||
+            static_cast<std::int32_t>(get - (running == ch ? 1 : 0) - c.fence_done) == n;
+        if (n > 0 && whole_period) {
             const Duration whole = (t - c.kernel_start) / n;
             c.kernel_estimate = c.kernel_estimate == 0 ? whole : c.kernel_estimate + (whole - c.kernel_estimate) / 8;
         }
@@ -177,9 +181,18 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
         // earlier (stint_end): this one started after that.
         const std::optional<Time> ended = stint_end(t);
         const Time from = ended ? *ended : last_seen_ <= t ? last_seen_ : earliest;
+        // GET counts its kernels since last charged: with another channel
+        // between its interrupts, the two took turns on the engine.
         const Duration gap = std::max<Duration>(0, t - from);
-        const Duration mine = c.kernel_estimate > 0 ? std::min(gap, c.kernel_estimate) : gap / 2;
-        if (current_) charge(*current_, std::min(ended.value_or(t), t - mine) - since_);
+        const std::int32_t n =
+            c.charged_known && fetched_
+                ? std::max<std::int32_t>(1, static_cast<std::int32_t>(get - (running == ch ? 1 : 0) - c.charged_done))
+                : 1;
+        const Duration mine = c.kernel_estimate > 0 ? std::min(gap, n * c.kernel_estimate) : gap / 2;
+        if (current_) {
+            charge(*current_, std::min(ended.value_or(t), t - mine) - since_);
+            settle_count(*current_, running);
+        }
         charge(ch, mine);
     }
     c.kernel_start = -1;
@@ -216,7 +229,7 @@ void Accounting::observed(std::optional<ChannelId> running) {
     }
     // A host that stalled reads the engine before handling the completions
     // raised meanwhile: replay them first.
-    if (const std::optional<Time> end = replay_stalled(running, t)) {
+    if (const std::optional<Time> end = replay_look(running, t)) {
         now_running(running, *end, *end > last_seen_ ? *end : t);
         last_seen_ = t;
         return;
@@ -229,6 +242,7 @@ void Accounting::observed(std::optional<ChannelId> running) {
     if (const std::optional<Time> ended = stint_end(t)) {
         // The next started then, if seen switching since; else after it.
         charge(*current_, *ended - since_);
+        settle_count(*current_, running);
         now_running(running, *ended, *ended > last_seen_ ? *ended : t);
         last_seen_ = t;
         return;
@@ -248,8 +262,7 @@ void Accounting::observed(std::optional<ChannelId> running) {
     last_seen_ = t;
 }
 
-std::optional<Time> Accounting::replay_late(ChannelId ch, std::optional<ChannelId> running, Time now,
-                                            Time late_before) {
+std::optional<Time> Accounting::replay(std::optional<ChannelId> fenced, std::optional<ChannelId> running, Time now) {
     std::vector<Completed> done;
     bool others = false;
     for (const auto& [id, c] : channels_) {
@@ -257,7 +270,7 @@ std::optional<Time> Accounting::replay_late(ChannelId ch, std::optional<ChannelI
         // The completion that began the believed stint is not in it.
         if (!ts || *ts > now || *ts < since_ || (*ts == since_ && id != current_)) continue;
         done.push_back({*ts, id, 0});
-        others |= id != ch && id != current_ && *ts < late_before;
+        others |= id != fenced && id != current_;
     }
     if (!others) return std::nullopt;
     std::sort(done.begin(), done.end(), [](const Completed& a, const Completed& b) {
@@ -265,7 +278,8 @@ std::optional<Time> Accounting::replay_late(ChannelId ch, std::optional<ChannelI
     });
     if (fetched_)
         for (Completed& d : done) d.get = fetched_(d.id);  // one read each, for either replay
-    if (!replay_counted(done, running)) {
+    learn_gaps(done, running, fenced);
+    if (!replay_counted(done, running) && !replay_shares(done, running)) {
         Time prev = since_;
         bool after_idle = !current_;
         for (const Completed& d : done) {
@@ -283,9 +297,66 @@ std::optional<Time> Accounting::replay_late(ChannelId ch, std::optional<ChannelI
         Channel& c = channels_.at(d.id);
         c.kernel_start = -1;  // nothing seen whole: learn no length
         c.preempted = false;
+        if (fetched_) c.charged_to(d.get - (running == d.id ? 1 : 0));
     }
     current_ = done.back().id;
     return done.back().ts;
+}
+
+void Accounting::settle_count(ChannelId ch, std::optional<ChannelId> running) {
+    if (!fetched_) return;
+    if (auto it = channels_.find(ch); it != channels_.end())
+        it->second.charged_to(fetched_(ch) - (running == ch ? 1 : 0));
+}
+
+std::int32_t Accounting::kernels_in(const Completed& d, std::optional<ChannelId> running) const {
+    const Channel& c = channels_.at(d.id);
+    if (!c.charged_known) return 1;
+    const std::uint32_t completed = d.get - (running == d.id ? 1 : 0);
+    return std::max<std::int32_t>(1, static_cast<std::int32_t>(completed - c.charged_done));
+}
+
+void Accounting::learn_gaps(const std::vector<Completed>& done, std::optional<ChannelId> running,
+                            std::optional<ChannelId> fenced) {
+    if (!fetched_) return;
+    // A completion inside a gap would be a later channel's earlier one: only
+    // channels with one kernel in the window come after the gap.
+    for (std::size_t i = done.size(); i-- > 1;) {
+        Channel& c = channels_.at(done[i].id);
+        if (!c.charged_known || kernels_in(done[i], running) != 1) return;
+        // The tenant chose which of its kernels interrupts: asking only after
+        // its short ones would teach a short length.
+        if (done[i].id == fenced) continue;
+        const Duration whole = done[i].ts - done[i - 1].ts;
+        if (whole <= 0) return;
+        c.kernel_estimate = c.kernel_estimate == 0 ? whole : c.kernel_estimate + (whole - c.kernel_estimate) / 8;
+    }
+}
+
+bool Accounting::replay_shares(const std::vector<Completed>& done, std::optional<ChannelId> running) {
+    if (!current_ || !fetched_) return false;
+    std::vector<double> work(done.size());
+    double total = 0;
+    bool has_current = false;
+    for (std::size_t i = 0; i < done.size(); ++i) {
+        const Channel& c = channels_.at(done[i].id);
+        if (c.kernel_estimate == 0) return false;
+        work[i] = static_cast<double>(kernels_in(done[i], running)) * static_cast<double>(c.kernel_estimate);
+        total += work[i];
+        has_current |= done[i].id == *current_;
+    }
+    // The believed channel's stint began at stint_start_; a watch read
+    // charged it up to since_ already.
+    const Time from = has_current ? stint_start_ : since_;
+    const double window = static_cast<double>(done.back().ts - from);
+    for (std::size_t i = 0; i < done.size(); ++i) {
+        // Each at most its counted kernels with a quarter's margin: beyond
+        // that the engine idled (held work released late), nobody's time.
+        Duration d = static_cast<Duration>(std::min(window * work[i] / total, work[i] * 1.25));
+        if (done[i].id == *current_) d -= since_ - from;
+        charge(done[i].id, d);
+    }
+    return true;
 }
 
 Duration Accounting::fetched_cap(const Channel& c, std::uint32_t get) const {
@@ -293,9 +364,9 @@ Duration Accounting::fetched_cap(const Channel& c, std::uint32_t get) const {
     return (std::int64_t{static_cast<std::int32_t>(get - c.fence_get)} + 1) * c.kernel_estimate * 5 / 4;
 }
 
-std::optional<Time> Accounting::replay_stalled(std::optional<ChannelId> running, Time t) {
+std::optional<Time> Accounting::replay_look(std::optional<ChannelId> running, Time t) {
     if (!current_ || engine_.preemptive || !completion_time_) return std::nullopt;
-    return replay_late(*current_, running, t, t - kLateInterrupt);
+    return replay(std::nullopt, running, t);
 }
 
 bool Accounting::replay_counted(const std::vector<Completed>& done, std::optional<ChannelId> running) {
@@ -313,9 +384,11 @@ bool Accounting::replay_counted(const std::vector<Completed>& done, std::optiona
         Duration d;
         bool counted;
         Duration cap;
+        double work;  // not counted: its kernels since last charged times their usual length
     };
     std::vector<Part> parts;
     Duration counted_sum = 0;
+    double uncounted_work = 0;
     for (const Completed& done_by : done) {
         const Channel& c = channels_.at(done_by.id);
         if (c.kernel_estimate == 0) return false;
@@ -323,11 +396,14 @@ bool Accounting::replay_counted(const std::vector<Completed>& done, std::optiona
         const std::int32_t n = static_cast<std::int32_t>(done_by.get - (running == done_by.id ? 1 : 0) - c.fence_done);
         if (c.every_kernel && n >= 1) {
             const Duration d = std::min(span, n * c.kernel_estimate);
-            parts.push_back({done_by.id, d, true, 0});
+            parts.push_back({done_by.id, d, true, 0, 0});
             counted_sum += d;
         } else {
             const Duration cap = fetched_cap(c, done_by.get);
-            parts.push_back({done_by.id, 0, false, cap > 0 ? std::min(span, cap) : span});
+            const double work =
+                static_cast<double>(kernels_in(done_by, running)) * static_cast<double>(c.kernel_estimate);
+            parts.push_back({done_by.id, 0, false, cap > 0 ? std::min(span, cap) : span, work});
+            uncounted_work += work;
         }
     }
     if (counted_sum == 0) return false;
@@ -335,12 +411,12 @@ bool Accounting::replay_counted(const std::vector<Completed>& done, std::optiona
     if (counted_sum > window)
         for (Part& p : parts)
             if (p.counted) p.d = static_cast<Duration>(static_cast<double>(p.d) * window / counted_sum);
-    Duration rest = std::max<Duration>(0, window - counted_sum);
+    // The others share the rest as their kernels would: in timestamp order
+    // a guest kernel run between two throttle kernels went to whichever
+    // uncounted channel completed first.
+    const double rest = static_cast<double>(std::max<Duration>(0, window - counted_sum));
     for (Part& p : parts)
-        if (!p.counted) {
-            p.d = std::min(rest, p.cap);
-            rest -= p.d;
-        }
+        if (!p.counted) p.d = std::min(p.cap, static_cast<Duration>(rest * p.work / uncounted_work));
     for (const Part& p : parts) charge(p.id, p.d);
     return true;
 }
@@ -361,7 +437,7 @@ void Accounting::preempted(ChannelId next) {
     }
     now_running(next, t, t);
     // The host chose the moment: exact, but the dead time is nobody's.
-    since_ = t + engine_.preempt;
+    since_ = stint_start_ = t + engine_.preempt;
     slice_end_ = since_ + engine_.timeslice;
     if (auto it = channels_.find(next); it != channels_.end() && it->second.kernel_start >= 0)
         it->second.kernel_start = since_;
@@ -373,6 +449,7 @@ void Accounting::now_running(std::optional<ChannelId> running, Time lo, Time hi)
     const std::optional<ChannelId> before = current_;
     current_ = running;
     since_ = at;
+    stint_start_ = at;
     start_slack_ = (hi - lo) / 2;
     last_seen_ = std::max(last_seen_, at);
     if (running) {
@@ -380,7 +457,7 @@ void Accounting::now_running(std::optional<ChannelId> running, Time lo, Time hi)
             // As the engine does: a new context costs a switch and gets a
             // fresh slice; the same one keeps its slice while it lasts.
             if (running != loaded_) {
-                since_ = at + engine_.ctxsw;
+                since_ = stint_start_ = at + engine_.ctxsw;
                 slice_end_ = since_ + engine_.timeslice;
             } else if (at >= slice_end_) {
                 slice_end_ = at + engine_.timeslice;
@@ -391,7 +468,10 @@ void Accounting::now_running(std::optional<ChannelId> running, Time lo, Time hi)
             Channel& c = it->second;
             c.fresh = !c.preempted;  // else it resumes a kernel begun earlier
             c.kernel_start = c.fresh && lo == hi ? since_ : -1;
-            if (c.kernel_start >= 0 && fetched_) c.start_get = fetched_(*running);
+            if (c.kernel_start >= 0 && fetched_) {
+                c.start_get = fetched_(*running);
+                c.charged_to(c.start_get - 1);  // GET counts the one that starts now
+            }
         }
     }
     if (!running && before) settle_step_ = 0;  // just went idle: watch for the next start
@@ -418,7 +498,7 @@ void Accounting::host_kicked(ChannelId ch) {
         if (running == ch) {
             // Other channels may have completed kernels in the believed
             // stint while the host stalled: replayed up to the last one.
-            const std::optional<Time> end = replay_stalled(running, t);
+            const std::optional<Time> end = replay_look(running, t);
             if (!end) charge(*current_, *ended - since_);
             const Time idle = end.value_or(*ended);
             now_running(std::nullopt, idle, idle);
@@ -501,6 +581,12 @@ void Accounting::busy_read() {
     const Time t = clock_.now();
     const std::optional<ChannelId> running = read();
     if (running && running == current_) {
+        // Others completed kernels since it was seen: it ran again after them.
+        if (const std::optional<Time> end = replay_look(running, t)) {
+            now_running(running, *end, *end);
+            last_seen_ = t;
+            return;
+        }
         // Still on the engine: charge what it ran so far (its kernel's start,
         // if known exactly, still teaches the kernel's length at its fence).
         // What is charged now is no longer a guess to correct at the fence.

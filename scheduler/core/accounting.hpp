@@ -19,7 +19,10 @@
 // are free observations.  A host that handles interrupts late (a stalled
 // loop) reads the engine as it is now, after other channels may have run:
 // the GPU's completion timestamps order what ran meanwhile, and GET counts
-// the kernels of a channel that interrupts on every one.  A listener
+// the kernels of a channel that interrupts on every one.  Channels that ask
+// for one interrupt per batch take turns on the engine unseen: GET counts
+// each one's kernels between looks, and the timestamps of the last turns
+// teach their lengths.  A listener
 // hears every charge and every change of the channel seen on the engine:
 // policies charge their virtual time from here instead of polling the
 // engine themselves.
@@ -110,6 +113,14 @@ private:
         bool every_kernel = false;     // its interrupts in time came one per kernel
         bool fresh = false;            // its stint on the engine began a new kernel
         bool preempted = false;        // its kernel was taken off the engine unfinished
+        // Kernels it completed (by GET) whose time is charged: a replay
+        // counts its kernels from here.
+        std::uint32_t charged_done = 0;
+        bool charged_known = false;
+        void charged_to(std::uint32_t done) {
+            charged_done = done;
+            charged_known = true;
+        }
     };
     struct Totals {
         Duration gpu_time = 0;
@@ -127,19 +138,18 @@ private:
     // timestamp would have moved (the sighting was late or stale).  nullopt
     // when none is known.
     std::optional<Time> stint_end(Time t) const;
-    // A non-preemptive engine's completion handled late, when other channels
-    // completed kernels too since the believed stint began: the engine ran
-    // them back to back, each up to its last completion timestamp, in that
-    // order, and the one seen now since the last (the caller places its
-    // start: returns the last completion timestamp).  nullopt (nothing
-    // charged) when no third channel completed meanwhile, before
-    // `late_before`.
-    std::optional<Time> replay_late(ChannelId ch, std::optional<ChannelId> running, Time now, Time late_before);
-    // A host that reads the engine (or releases work) after a stall, before
-    // handling the completions raised meanwhile: replays them when another
-    // channel than the one believed on the engine completed more than
-    // kLateInterrupt ago.
-    std::optional<Time> replay_stalled(std::optional<ChannelId> running, Time t);
+    // On a non-preemptive engine, a completion interrupt of `fenced` (or a
+    // look at the engine) after a third channel completed kernels since the
+    // believed stint began: the engine took turns unseen, between
+    // interrupts asked for once per batch, or while the host stalled.  The
+    // engine ran from the stint's start to the last completion timestamp;
+    // replay_counted and replay_shares split that (returns the last
+    // timestamp: the caller places the next start there).  nullopt (nothing
+    // charged) when no third channel completed meanwhile.
+    std::optional<Time> replay(std::optional<ChannelId> fenced, std::optional<ChannelId> running, Time now);
+    // A look at the engine (a read, or the host releasing work) that may
+    // follow such turns: replay() without a fenced channel.
+    std::optional<Time> replay_look(std::optional<ChannelId> running, Time t);
     // A channel's part in a replay.
     struct Completed {
         Time ts;             // its last completion timestamp
@@ -149,6 +159,24 @@ private:
     // The replay when some channel in it interrupts on every kernel: GET
     // counts its kernels exactly.  false (nothing charged) when none does.
     bool replay_counted(const std::vector<Completed>& done, std::optional<ChannelId> running);
+    // `ch`'s stint was charged up to its last completion: its kernels so far
+    // are charged (one GET read).
+    void settle_count(ChannelId ch, std::optional<ChannelId> running);
+    // Kernels `d`'s channel completed in the replayed window, by GET since
+    // its time was last charged (1 when that is not known).
+    std::int32_t kernels_in(const Completed& d, std::optional<ChannelId> running) const;
+    // The replay from what GET counts: the window, from the believed stint's
+    // start to the last completion, split in proportion to each channel's
+    // kernels times its usual length.  false (nothing charged) while a
+    // channel's length is not known yet.
+    bool replay_shares(const std::vector<Completed>& done, std::optional<ChannelId> running);
+    // Learns kernel lengths from a replay's completion timestamps: a
+    // channel that completed one kernel, after which nobody but channels
+    // that also completed one did, ran that kernel from the previous
+    // completion to its own.  Not from the gap that ends at `fenced`'s
+    // interrupt: the tenant chose where to ask for it.
+    void learn_gaps(const std::vector<Completed>& done, std::optional<ChannelId> running,
+                    std::optional<ChannelId> fenced);
     // The kernels GET counts since `c`'s last interrupt, of its usual
     // length, with a quarter's margin; 0 when not known.
     Duration fetched_cap(const Channel& c, std::uint32_t get) const;
@@ -169,6 +197,7 @@ private:
     std::optional<ChannelId> current_;  // on the engine as last seen
     std::optional<ChannelId> loaded_;   // last context on the engine (preemptive: keeps its slice)
     Time since_ = 0;                    // current_ is charged from here
+    Time stint_start_ = 0;              // current_ came on the engine then (since_ less what a watch read charged)
     Duration start_slack_ = 0;          // since_ is its start +- this
     Time last_seen_ = 0;                // last observation of the engine
     Time slice_end_ = 0;                // preemptive: when current_'s slice ends

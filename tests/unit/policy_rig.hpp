@@ -86,6 +86,7 @@ public:
         bool irq = true;           // ask for completion interrupts
         std::uint32_t irq_every = 1;  // ... on every irq_every-th kernel only (0: none)
         std::uint32_t depth = 1;      // kernels kept submitted ahead of the GPU
+        std::vector<Duration> pattern{};  // if set: kernel lengths in turn, instead of `kernel`
     };
 
     explicit Rig(const std::string& policy, const PolicyParams& params = {},
@@ -131,7 +132,7 @@ public:
         if (!s.running || (s.limit && s.submitted >= s.limit)) return;
         ShadowChannel& sc = sched.channel(ch);
         pvgpu_ring_entry& e = sc.ring()->entries[s.put & PVGPU_RING_MASK];
-        e.payload = static_cast<std::uint64_t>(s.kernel);
+        e.payload = static_cast<std::uint64_t>(s.pattern.empty() ? s.kernel : s.pattern[s.put % s.pattern.size()]);
         e.fence = s.put + 1;
         e.flags = s.irq && s.irq_every > 0 && (s.put + 1) % s.irq_every == 0 ? PVGPU_ENTRY_IRQ : 0;
         ++s.put;

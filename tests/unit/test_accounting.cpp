@@ -323,3 +323,74 @@ TEST_CASE("accounting: interrupts handled in a row after every one of many stall
 TEST_CASE("accounting: 15 ms stalls every 37 ms", "[accounting]") {
     check_periodic_stalls(15.0, GENERATE(0.0, 0.3, 2.5));
 }
+
+// Every channel may ask for one interrupt per batch (a client that waits for
+// batches, not kernels).  On the round-robin engine the channels then take
+// turns between interrupts, unseen: none charged the 4 ms leaf 3218 ms of
+// the 3846 ms it ran and the 0.2 ms leaf 96 of 192, and hfq gave the 0.2 ms
+// leaf 0.378 of the GPU while its books said 0.333.  GET counts each
+// channel's kernels between looks and the completion timestamps of a
+// round teach their lengths.
+TEST_CASE("accounting: channels that interrupt once per batch are charged as they ran", "[accounting]") {
+    const std::string policy = GENERATE(std::string("none"), std::string("hfq"));
+    const int per_batch = GENERATE(range(1, 8));  // bit i: leaf i interrupts on every fourth kernel only
+    Rig rig(policy);
+    const Duration lengths[3] = {ms(4), ms(1), ms(0.2)};
+    EntityId leaves[3];
+    for (int i = 0; i < 3; ++i) {
+        leaves[i] = rig.task("t" + std::to_string(i));
+        const ChannelId ch = rig.submit_loop(leaves[i], lengths[i]);
+        if (per_batch & (1 << i)) rig.subs.at(ch).irq_every = 4;
+        rig.subs.at(ch).depth = 8;  // two batches of four
+    }
+    rig.run_until(ms(1000));
+    rig.measure_from(ms(1000));
+    const Accounting& acc = rig.sched.accounting();
+    Duration before[3];
+    for (int i = 0; i < 3; ++i) before[i] = acc.gpu_time(leaves[i]);
+    rig.run_until(ms(6000));
+    for (int i = 0; i < 3; ++i) {
+        const Duration charged = acc.gpu_time(leaves[i]) - before[i];
+        INFO(policy << ", per-batch mask " << per_batch << ", " << to_ms(lengths[i]) << " ms leaf: charged "
+                    << to_ms(charged) << " ms, ran " << to_ms(rig.gpu_time(leaves[i])) << " ms, share "
+                    << rig.share(leaves[i]));
+        // Measured at most 0.0004 and 0.0006 off (a kernel on the engine at
+        // either end of the window).
+        CHECK(rel_error(charged, rig.gpu_time(leaves[i])) < 0.002);
+        if (policy == "hfq") CHECK(rig.share(leaves[i]) == Approx(1.0 / 3).margin(0.002));
+    }
+}
+
+// The tenant chooses which of its kernels interrupt.  One that asks only
+// after the short kernel of each batch (three 3.8 ms, one 0.2 ms), beside
+// neighbours that interrupt on every kernel, is charged exactly.  Beside
+// neighbours that interrupt once per batch its kernels are never seen
+// whole over a batch, so no length is learned for it, and the turns the
+// engine took are split by completion order: hfq gave it 0.358 of three
+// and charged it 1605 ms of 1790 (before the replay counted kernels, 0.309
+// and 1646 of 1543).  Not met yet: a target.
+TEST_CASE("accounting: a tenant that asks for interrupts after its short kernels only", "[.targets]") {
+    const std::string policy = GENERATE(std::string("none"), std::string("hfq"));
+    const bool neighbours_per_batch = GENERATE(false, true);
+    Rig rig(policy);
+    const EntityId cheat = rig.task("cheat"), b = rig.task("b"), c = rig.task("c");
+    const ChannelId cc = rig.submit_loop(cheat, ms(1));
+    rig.subs.at(cc).pattern = {ms(3.8), ms(3.8), ms(3.8), ms(0.2)};
+    rig.subs.at(cc).irq_every = 4;
+    rig.subs.at(cc).depth = 8;
+    for (EntityId l : {b, c}) {
+        const ChannelId ch = rig.submit_loop(l, ms(1));
+        rig.subs.at(ch).depth = 8;
+        if (neighbours_per_batch) rig.subs.at(ch).irq_every = 4;
+    }
+    rig.run_until(ms(1000));
+    rig.measure_from(ms(1000));
+    const Accounting& acc = rig.sched.accounting();
+    const Duration before = acc.gpu_time(cheat);
+    rig.run_until(ms(6000));
+    const Duration charged = acc.gpu_time(cheat) - before;
+    INFO(policy << (neighbours_per_batch ? ", neighbours per batch" : ", neighbours per kernel") << ": charged "
+                << to_ms(charged) << " ms, ran " << to_ms(rig.gpu_time(cheat)) << " ms, share " << rig.share(cheat));
+    CHECK(rel_error(charged, rig.gpu_time(cheat)) < 0.01);
+    if (policy == "hfq") CHECK(rig.share(cheat) < 1.0 / 3 + 0.01);
+}
