@@ -25,8 +25,12 @@ constexpr Duration kExactStart = 2 * kMicrosecond;
 // it runs, not all at once when something else finally interrupts.
 constexpr Duration kBusyWatch = 1 * kMillisecond;
 // A completion interrupt handled this long after the GPU's timestamp: the
-// host stalled, so the kernels GET counted since the channel's previous
-// interrupt do not say whether it asks for one on every kernel.
+// host stalled, other channels may have run since (replayed, while every
+// channel interrupts on every kernel; with one that batches, always), and
+// the kernels GET counted since the previous interrupt do not say whether
+// the channel asks for one per kernel.  In qemu-modes with two busy loops
+// beside it, replaying from 100 us on measured +2.6% on average against
+// +1.0% without; at 2 ms, 2 ms stalls went unreplayed.
 constexpr Duration kLateInterrupt = 1 * kMillisecond;
 
 }  // namespace
@@ -80,6 +84,7 @@ void Accounting::channel_removed(ChannelId ch) {
             observed(running);
         }
     }
+    if (auto it = channels_.find(ch); it != channels_.end()) set_batches(it->second, false);
     channels_.erase(ch);
 }
 
@@ -126,7 +131,9 @@ void Accounting::fence(ChannelId ch) {
     const std::uint32_t get = fetched_ ? fetched_(ch) : 0;
     const bool late = t + kLateInterrupt < now;
     std::optional<Time> replayed;
-    if (completion_time_ && !engine_.preemptive) replayed = replay(ch, running, now);
+    // A replay scans every channel: only when something may have run unseen
+    // (the host was late, or some channel interrupts once per batch).
+    if (completion_time_ && !engine_.preemptive && (late || batching_ > 0)) replayed = replay(ch, running, now, now);
     if (replayed) {
         now_running(running, *replayed, *replayed);
         last_seen_ = now;
@@ -137,7 +144,16 @@ void Accounting::fence(ChannelId ch) {
     // channel whose interrupts, handled in time, come one per kernel has
     // its kernels counted exactly by GET after a stall.
     const std::uint32_t completed = get - (running == ch ? 1 : 0);
-    if (!late && !clamped) c.every_kernel = c.fence_get_known && completed - c.fence_done == 1;
+    if (!late && !clamped) {
+        c.every_kernel = c.fence_get_known && completed - c.fence_done == 1;
+        // Several kernels at two interrupts in a row: one a little late
+        // sees the next kernel done too, but the next interrupt then sees
+        // none.  Once seen, for good: under hfq's metering the same channel
+        // may also complete one kernel per interrupt at times.
+        const bool several = c.fence_get_known && static_cast<std::int32_t>(completed - c.fence_done) > 1;
+        if (several && c.several_before) set_batches(c, true);
+        c.several_before = several;
+    }
     c.fence_get = get;
     c.fence_get_known = static_cast<bool>(fetched_);
     c.fence_done = completed;
@@ -262,7 +278,14 @@ void Accounting::observed(std::optional<ChannelId> running) {
     last_seen_ = t;
 }
 
-std::optional<Time> Accounting::replay(std::optional<ChannelId> fenced, std::optional<ChannelId> running, Time now) {
+void Accounting::set_batches(Channel& c, bool batches) {
+    if (batches == c.batches) return;
+    c.batches = batches;
+    batching_ = batches ? batching_ + 1 : batching_ - 1;
+}
+
+std::optional<Time> Accounting::replay(std::optional<ChannelId> fenced, std::optional<ChannelId> running, Time now,
+                                       Time late_before) {
     std::vector<Completed> done;
     bool others = false;
     for (const auto& [id, c] : channels_) {
@@ -270,7 +293,7 @@ std::optional<Time> Accounting::replay(std::optional<ChannelId> fenced, std::opt
         // The completion that began the believed stint is not in it.
         if (!ts || *ts > now || *ts < since_ || (*ts == since_ && id != current_)) continue;
         done.push_back({*ts, id, 0});
-        others |= id != fenced && id != current_;
+        others |= id != fenced && id != current_ && *ts < late_before;
     }
     if (!others) return std::nullopt;
     std::sort(done.begin(), done.end(), [](const Completed& a, const Completed& b) {
@@ -366,7 +389,9 @@ Duration Accounting::fetched_cap(const Channel& c, std::uint32_t get) const {
 
 std::optional<Time> Accounting::replay_look(std::optional<ChannelId> running, Time t) {
     if (!current_ || engine_.preemptive || !completion_time_) return std::nullopt;
-    return replay(std::nullopt, running, t);
+    // With every channel interrupting on every kernel, a third channel's
+    // completion is unseen only while the host is late handling it.
+    return replay(std::nullopt, running, t, batching_ > 0 ? t : t - kLateInterrupt);
 }
 
 bool Accounting::replay_counted(const std::vector<Completed>& done, std::optional<ChannelId> running) {

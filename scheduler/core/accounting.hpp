@@ -111,6 +111,8 @@ private:
         bool fence_get_known = false;
         std::uint32_t fence_done = 0;  // kernels it had completed then (with fence_get_known)
         bool every_kernel = false;     // its interrupts in time came one per kernel
+        bool several_before = false;   // its last interrupt in time came after several kernels
+        bool batches = false;          // ... and so did the one before it
         bool fresh = false;            // its stint on the engine began a new kernel
         bool preempted = false;        // its kernel was taken off the engine unfinished
         // Kernels it completed (by GET) whose time is charged: a replay
@@ -146,7 +148,11 @@ private:
     // replay_counted and replay_shares split that (returns the last
     // timestamp: the caller places the next start there).  nullopt (nothing
     // charged) when no third channel completed meanwhile.
-    std::optional<Time> replay(std::optional<ChannelId> fenced, std::optional<ChannelId> running, Time now);
+    // A third channel's completion counts before `late_before` only; the
+    // caller replays only while some channel batches, or when late.
+    std::optional<Time> replay(std::optional<ChannelId> fenced, std::optional<ChannelId> running, Time now,
+                               Time late_before);
+    void set_batches(Channel& c, bool batches);
     // A look at the engine (a read, or the host releasing work) that may
     // follow such turns: replay() without a fenced channel.
     std::optional<Time> replay_look(std::optional<ChannelId> running, Time t);
@@ -197,6 +203,7 @@ private:
     std::optional<ChannelId> current_;  // on the engine as last seen
     std::optional<ChannelId> loaded_;   // last context on the engine (preemptive: keeps its slice)
     Time since_ = 0;                    // current_ is charged from here
+    std::size_t batching_ = 0;          // channels whose last interrupt in time came after several kernels
     Time stint_start_ = 0;              // current_ came on the engine then (since_ less what a watch read charged)
     Duration start_slack_ = 0;          // since_ is its start +- this
     Time last_seen_ = 0;                // last observation of the engine

@@ -358,9 +358,10 @@ TEST_CASE("accounting: channels that interrupt once per batch are charged as the
                     << ", per-batch mask " << per_batch << ", " << to_ms(lengths[i]) << " ms leaf: charged "
                     << to_ms(charged) << " ms, ran " << to_ms(rig.gpu_time(leaves[i])) << " ms, share "
                     << rig.share(leaves[i]));
-        // Measured at most 0.0004 and 0.0006 off (a kernel on the engine at
-        // either end of the window).
-        CHECK(rel_error(charged, rig.gpu_time(leaves[i])) < 0.002);
+        // The books count the kernel on the engine at the end up to now, the
+        // engine once it ends: one 4 ms kernel is 0.24% of a third of 5 s.
+        // Measured at most 0.23% apart, shares at most 0.0006 off.
+        CHECK(rel_error(charged, rig.gpu_time(leaves[i])) < 0.005);
         if (policy == "hfq") CHECK(rig.share(leaves[i]) == Approx(1.0 / 3).margin(0.002));
     }
 }
@@ -370,8 +371,8 @@ TEST_CASE("accounting: channels that interrupt once per batch are charged as the
 // neighbours that interrupt on every kernel, is charged exactly.  Beside
 // neighbours that interrupt once per batch its kernels are never seen
 // whole over a batch, so no length is learned for it, and the turns the
-// engine took are split by completion order: hfq gave it 0.358 of three
-// and charged it 1605 ms of 1790 (before the replay counted kernels, 0.309
+// engine took are split by completion order: hfq gives it 0.338 of three
+// and charges it 1656 ms of 1690 (before the replay counted kernels, 0.309
 // and 1646 of 1543).  Exact on the timeslice engine.  Not met on the
 // round-robin one: a target.
 TEST_CASE("accounting: a tenant that asks for interrupts after its short kernels only", "[.targets]") {
