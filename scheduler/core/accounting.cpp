@@ -33,6 +33,12 @@ constexpr Duration kBusyWatch = 1 * kMillisecond;
 // +1.0% without; at 2 ms, 2 ms stalls went unreplayed.
 constexpr Duration kLateInterrupt = 1 * kMillisecond;
 
+// Kernels `ch` has completed, from its GET: the GPU has fetched the entry
+// of the kernel on the engine too.
+std::uint32_t completed_kernels(std::uint32_t get, ChannelId ch, std::optional<ChannelId> running) {
+    return get - (running == ch ? 1 : 0);
+}
+
 }  // namespace
 
 Accounting::Accounting(const Clock& clock, Timers& timers, StatusRead read, EngineArbitration engine)
@@ -143,7 +149,7 @@ void Accounting::fence(ChannelId ch) {
     // Kernels completed by now (GET counts the one on the engine too).  A
     // channel whose interrupts, handled in time, come one per kernel has
     // its kernels counted exactly by GET after a stall.
-    const std::uint32_t completed = get - (running == ch ? 1 : 0);
+    const std::uint32_t completed = completed_kernels(get, ch, running);
     if (!late && !clamped) {
         c.every_kernel = c.fence_get_known && completed - c.fence_done == 1;
         // Several kernels at two interrupts in a row: one a little late
@@ -180,13 +186,9 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
         // Only a stint that holds every kernel since its previous interrupt:
         // the tenant chose which kernels interrupt, and the last one alone
         // may be its short one.
-        const bool whole_period =
-            !fetched_ || !c.fence_get_known ||
-            static_cast<std::int32_t>(get - (running == ch ? 1 : 0) - c.fence_done) == n;
-        if (n > 0 && whole_period) {
-            const Duration whole = (t - c.kernel_start) / n;
-            c.kernel_estimate = c.kernel_estimate == 0 ? whole : c.kernel_estimate + (whole - c.kernel_estimate) / 8;
-        }
+        const bool whole_period = !fetched_ || !c.fence_get_known ||
+                                  static_cast<std::int32_t>(completed_kernels(get, ch, running) - c.fence_done) == n;
+        if (n > 0 && whole_period) c.learn_length((t - c.kernel_start) / n);
     } else {
         // It started unseen after the last observation: from an idle engine
         // (a direct doorbell), or after a kernel whose completion raised no
@@ -200,10 +202,7 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
         // GET counts its kernels since last charged: with another channel
         // between its interrupts, the two took turns on the engine.
         const Duration gap = std::max<Duration>(0, t - from);
-        const std::int32_t n =
-            c.charged_known && fetched_
-                ? std::max<std::int32_t>(1, static_cast<std::int32_t>(get - (running == ch ? 1 : 0) - c.charged_done))
-                : 1;
+        const std::int32_t n = c.kernels_since_charged(completed_kernels(get, ch, running));
         const Duration mine = c.kernel_estimate > 0 ? std::min(gap, n * c.kernel_estimate) : gap / 2;
         if (current_) {
             charge(*current_, std::min(ended.value_or(t), t - mine) - since_);
@@ -320,7 +319,7 @@ std::optional<Time> Accounting::replay(std::optional<ChannelId> fenced, std::opt
         Channel& c = channels_.at(d.id);
         c.kernel_start = -1;  // nothing seen whole: learn no length
         c.preempted = false;
-        if (fetched_) c.charged_to(d.get - (running == d.id ? 1 : 0));
+        if (fetched_) c.charged_to(completed_kernels(d.get, d.id, running));
     }
     current_ = done.back().id;
     return done.back().ts;
@@ -329,14 +328,11 @@ std::optional<Time> Accounting::replay(std::optional<ChannelId> fenced, std::opt
 void Accounting::settle_count(ChannelId ch, std::optional<ChannelId> running) {
     if (!fetched_) return;
     if (auto it = channels_.find(ch); it != channels_.end())
-        it->second.charged_to(fetched_(ch) - (running == ch ? 1 : 0));
+        it->second.charged_to(completed_kernels(fetched_(ch), ch, running));
 }
 
 std::int32_t Accounting::kernels_in(const Completed& d, std::optional<ChannelId> running) const {
-    const Channel& c = channels_.at(d.id);
-    if (!c.charged_known) return 1;
-    const std::uint32_t completed = d.get - (running == d.id ? 1 : 0);
-    return std::max<std::int32_t>(1, static_cast<std::int32_t>(completed - c.charged_done));
+    return channels_.at(d.id).kernels_since_charged(completed_kernels(d.get, d.id, running));
 }
 
 void Accounting::learn_gaps(const std::vector<Completed>& done, std::optional<ChannelId> running,
@@ -352,7 +348,7 @@ void Accounting::learn_gaps(const std::vector<Completed>& done, std::optional<Ch
         if (done[i].id == fenced) continue;
         const Duration whole = done[i].ts - done[i - 1].ts;
         if (whole <= 0) return;
-        c.kernel_estimate = c.kernel_estimate == 0 ? whole : c.kernel_estimate + (whole - c.kernel_estimate) / 8;
+        c.learn_length(whole);
     }
 }
 
@@ -418,7 +414,8 @@ bool Accounting::replay_counted(const std::vector<Completed>& done, std::optiona
         const Channel& c = channels_.at(done_by.id);
         if (c.kernel_estimate == 0) return false;
         const Duration span = done_by.ts - since_;
-        const std::int32_t n = static_cast<std::int32_t>(done_by.get - (running == done_by.id ? 1 : 0) - c.fence_done);
+        const std::int32_t n =
+            static_cast<std::int32_t>(completed_kernels(done_by.get, done_by.id, running) - c.fence_done);
         if (c.every_kernel && n >= 1) {
             const Duration d = std::min(span, n * c.kernel_estimate);
             parts.push_back({done_by.id, d, true, 0, 0});

@@ -28,6 +28,7 @@
 // engine themselves.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -122,6 +123,15 @@ private:
         void charged_to(std::uint32_t done) {
             charged_done = done;
             charged_known = true;
+        }
+        // Of `completed` kernels, those whose time is not charged yet (1
+        // when that is not known).
+        std::int32_t kernels_since_charged(std::uint32_t completed) const {
+            return charged_known ? std::max<std::int32_t>(1, static_cast<std::int32_t>(completed - charged_done)) : 1;
+        }
+        // One more sample of its kernel length, whole kernels only.
+        void learn_length(Duration whole) {
+            kernel_estimate = kernel_estimate == 0 ? whole : kernel_estimate + (whole - kernel_estimate) / 8;
         }
     };
     struct Totals {
