@@ -245,7 +245,7 @@ void Accounting::observed(std::optional<ChannelId> running) {
     // A host that stalled reads the engine before handling the completions
     // raised meanwhile: replay them first.
     if (const std::optional<Time> end = replay_look(running, t)) {
-        now_running(running, *end, *end > last_seen_ ? *end : t);
+        now_running(running, *end, *end >= last_seen_ ? *end : t);
         last_seen_ = t;
         return;
     }
@@ -255,10 +255,13 @@ void Accounting::observed(std::optional<ChannelId> running) {
     // else at the slice end if one fell in there; else assume the middle
     // (unbiased).
     if (const std::optional<Time> ended = stint_end(t)) {
-        // The next started then, if seen switching since; else after it.
+        // The next started then if the last look still saw this one on the
+        // engine (a completion at the very moment of that look included: the
+        // register named it, so the switch came at or after the look); else
+        // somewhere after the completion.
         charge(*current_, *ended - since_);
         settle_count(*current_, running);
-        now_running(running, *ended, *ended > last_seen_ ? *ended : t);
+        now_running(running, *ended, *ended >= last_seen_ ? *ended : t);
         last_seen_ = t;
         return;
     }
