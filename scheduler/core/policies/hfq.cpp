@@ -34,7 +34,11 @@
 // blocked while it bursts.  On a preemptive engine a returning bursty leaf
 // below its fair share takes the engine from a blocked leaf's kernel (host
 // preemption, a modeled dead time), unless that kernel is learned to end
-// sooner than the preemption would take.
+// sooner than the preemption would take.  A kernel fed past the feed cap is
+// the returning leaf's to take whatever its share (and again when it
+// resumes, while its leaf is still past the cap): there, feeding it costs
+// the returning leaf a preemption's dead time instead of the rest of the
+// kernel, which is what lets hfq feed rather than idle.
 //
 // Queue cap (the queue depth limits of BFQ and of the kernel's
 // blk-wbt): blocking stops what a leaf submits next, not what it has already
@@ -181,6 +185,7 @@ public:
         chans_.erase(ch);
         runs_.erase(ch);
         if (fed_ch_ == ch) fed_ch_ = 0;
+        if (cut_ch_ == ch) cut_ch_ = 0;
         if (left_engine_ == ch) left_engine_ = 0;
         // The scheduler drops the channel after this call.
         bool others = false;
@@ -237,6 +242,7 @@ public:
 
     void fence(ChannelId ch, std::uint32_t) override {
         if (fed_ch_ == ch) fed_ch_ = 0;
+        if (cut_ch_ == ch) cut_ch_ = 0;
         touch(ch);
         // A channel that stays on the engine shows no engine change: its
         // leaf is fed (or found past the cap) here.
@@ -246,6 +252,7 @@ public:
 
     void channel_error(ChannelId ch, std::uint32_t) override {
         if (fed_ch_ == ch) fed_ch_ = 0;
+        if (cut_ch_ == ch) cut_ch_ = 0;
         if (auto r = runs_.find(ch); r != runs_.end()) r->second.dead = true;
         after_event();
     }
@@ -259,6 +266,7 @@ public:
         // completions to look at it otherwise).
         if (auto it = chans_.find(left_engine_); left_engine_ != 0 && it != chans_.end()) meter(it->second);
         left_engine_ = running.value_or(0);
+        if (running && *running == cut_ch_) cut_back_at_ = ctx_->now();
         // On the engine, it has work: no register read to ask.
         if (running)
             if (auto it = chans_.find(*running); it != chans_.end()) mark_busy(it->second);
@@ -410,19 +418,29 @@ private:
         // A leaf that thinks for less than a preemption takes would pay one
         // per return: the engine is held for it instead (anticipation_until).
         if (nodes_[it->second].think >= 0 && nodes_[it->second].think < preempt_cost_) return;
-        if (!behind(it->second)) return;
         const std::optional<ChannelId> running = ctx_->engine_status();
         if (!running || *running == ch) return;
         auto run = chans_.find(*running);
         if (run == chans_.end() || !nodes_[run->second].shadowed) return;
+        // Fed past the cap (or resuming after such a kernel was cut, its
+        // leaf still past it), the kernel is the returning leaf's to take.
+        const bool owed = (fed_beyond_cap_ && fed_ch_ == *running) ||
+                          (cut_ch_ == *running && lead_of(run->second) > static_cast<double>(p_.feed_lead));
+        if (!owed && !behind(it->second)) return;
         // A fed kernel about to end costs the returning leaf less than a
         // preemption would cost the engine.
-        if (fed_ch_ == *running)
-            if (Duration est = ctx_->kernel_estimate(fed_ch_);
-                est > 0 && est - (ctx_->now() - fed_at_) <= preempt_cost_)
-                return;
+        const Time now = ctx_->now();
+        const Duration ran = fed_ch_ == *running  ? now - fed_at_
+                             : cut_ch_ == *running ? cut_ran_ + (now - cut_back_at_)
+                                                   : -1;
+        if (ran >= 0)
+            if (Duration est = ctx_->kernel_estimate(*running); est > 0 && est - ran <= preempt_cost_) return;
         if (!ctx_->preempt(ch)) return;
         ++preemptions_;
+        if (owed) {
+            cut_ch_ = *running;
+            cut_ran_ = ran;
+        }
         fed_ch_ = 0;
         feeding_ = false;
     }
@@ -876,7 +894,8 @@ private:
         // leaves are between bursts: watch for their returns from now on.
         for (EntityId leaf : idle_candidates_)
             if (!nodes_[leaf].shadowed) set_bursty(leaf, true);
-        EntityId best = feed_candidate();
+        bool beyond_cap = false;
+        EntityId best = feed_candidate(&beyond_cap);
         if (best == kNoEntity) return;
         // Hand the GPU one held entry straight from the shadow page: no remap,
         // the leaf stays blocked, and the engine is busy again at once.
@@ -886,22 +905,30 @@ private:
                 feeding_ = true;
                 fed_ch_ = ch;
                 fed_at_ = ctx_->now();
+                fed_beyond_cap_ = beyond_cap;
                 break;
             }
         }
     }
 
+    // How far a leaf is ahead of its least-ahead siblings, summed over the
+    // levels where it is blocked.
+    double lead_of(EntityId leaf) const {
+        double lead = 0;
+        for (EntityId a = leaf; a != kRootEntity; a = parent_of(a))
+            if (nodes_[a].blocked) lead += nodes_[a].vtime - nodes_[parent_of(a)].rq.min_vtime();
+        return lead;
+    }
+
     // The least-ahead shadowed leaf that holds work, or kNoEntity.
-    EntityId feed_candidate() const {
+    EntityId feed_candidate(bool* beyond_cap = nullptr) const {
         EntityId best = kNoEntity;
         double best_lead = INFINITY;
         for (EntityId leaf : shadowed_leaves_) {
             bool held = false;
             for (ChannelId ch : ctx_->channels_of(leaf)) held = held || ctx_->held(ch) > 0;
             if (!held) continue;
-            double lead = 0;
-            for (EntityId a = leaf; a != kRootEntity; a = parent_of(a))
-                if (nodes_[a].blocked) lead += nodes_[a].vtime - nodes_[parent_of(a)].rq.min_vtime();
+            const double lead = lead_of(leaf);
             if (lead < best_lead) {
                 best_lead = lead;
                 best = leaf;
@@ -911,9 +938,12 @@ private:
         // bursts: that one is owed the GPU when it returns, unless the fed
         // kernel is likely over by then.  Feeding another leaf instead
         // would starve the least-ahead one: hold the engine.
-        if (best != kNoEntity && best_lead > static_cast<double>(p_.feed_lead) &&
-            delays_return(feed_estimate(best)))
-            return kNoEntity;
+        // Fed past the cap, the kernel is the returning leaf's to take back
+        // on a preemptive engine (preempt_for).
+        if (best != kNoEntity && best_lead > static_cast<double>(p_.feed_lead)) {
+            if (delays_return(feed_estimate(best))) return kNoEntity;
+            if (beyond_cap) *beyond_cap = true;
+        }
         return best;
     }
 
@@ -935,7 +965,12 @@ private:
             // Idling longer than the burst it would protect costs the others
             // more GPU time than the returning leaf gets back.
             if (until_back > n.burst) continue;
-            if (est - until_back > until_back) return true;
+            // On a preemptive engine a leaf that thinks longer than a
+            // preemption takes the engine back when it returns: it waits
+            // the preemption's dead time, not the rest of the kernel.
+            Duration wait = est - until_back;
+            if (can_preempt_ && n.think >= preempt_cost_) wait = std::min(wait, preempt_cost_);
+            if (wait > until_back) return true;
         }
         return false;
     }
@@ -965,6 +1000,10 @@ private:
     Timer preempt_timer_;
     ChannelId fed_ch_ = 0;  // channel of the fed kernel on the engine since fed_at_, if any
     Time fed_at_ = 0;
+    bool fed_beyond_cap_ = false;  // fed past the cap: a returning leaf may preempt it
+    ChannelId cut_ch_ = 0;         // such a kernel, preempted, not yet completed
+    Duration cut_ran_ = 0;         // ... had run this long
+    Time cut_back_at_ = 0;         // ... and was seen back on the engine then
     bool can_preempt_ = false;
     Duration preempt_cost_ = 0;
     Time held_until_ = -1;  // end of the last anticipation hold
