@@ -422,6 +422,10 @@ private:
         if (!running || *running == ch) return;
         auto run = chans_.find(*running);
         if (run == chans_.end() || !nodes_[run->second].shadowed) return;
+        // The fed or cut kernel may have ended without an interrupt: its
+        // channel's completion timestamp moved since (memory, not a register).
+        if (fed_ch_ != 0 && ctx_->gpu().completion_time(fed_ch_) != fed_done_) fed_ch_ = 0;
+        if (cut_ch_ != 0 && ctx_->gpu().completion_time(cut_ch_) != cut_done_) cut_ch_ = 0;
         // Fed past the cap (or resuming after such a kernel was cut, its
         // leaf still past it), the kernel is the returning leaf's to take.
         const bool owed = (fed_beyond_cap_ && fed_ch_ == *running) ||
@@ -430,16 +434,21 @@ private:
         // A fed kernel about to end costs the returning leaf less than a
         // preemption would cost the engine.
         const Time now = ctx_->now();
-        const Duration ran = fed_ch_ == *running  ? now - fed_at_
-                             : cut_ch_ == *running ? cut_ran_ + (now - cut_back_at_)
-                                                   : -1;
+        // A cut kernel not yet seen back on the engine (the read above is
+        // the first look) ran at least what it had run before the cut.
+        const Duration ran = fed_ch_ == *running ? now - fed_at_
+                             : cut_ch_ == *running
+                                 ? cut_ran_ + (cut_back_at_ >= 0 ? now - cut_back_at_ : 0)
+                                 : -1;
         if (ran >= 0)
             if (Duration est = ctx_->kernel_estimate(*running); est > 0 && est - ran <= preempt_cost_) return;
         if (!ctx_->preempt(ch)) return;
         ++preemptions_;
-        if (owed) {
+        if (owed || cut_ch_ == *running) {
             cut_ch_ = *running;
             cut_ran_ = ran;
+            cut_back_at_ = -1;
+            cut_done_ = ctx_->gpu().completion_time(cut_ch_);
         }
         fed_ch_ = 0;
         feeding_ = false;
@@ -905,6 +914,7 @@ private:
                 feeding_ = true;
                 fed_ch_ = ch;
                 fed_at_ = ctx_->now();
+                fed_done_ = ctx_->gpu().completion_time(ch);
                 fed_beyond_cap_ = beyond_cap;
                 break;
             }
@@ -1000,10 +1010,12 @@ private:
     Timer preempt_timer_;
     ChannelId fed_ch_ = 0;  // channel of the fed kernel on the engine since fed_at_, if any
     Time fed_at_ = 0;
+    std::optional<Time> fed_done_;  // the fed channel's completion timestamp when fed
     bool fed_beyond_cap_ = false;  // fed past the cap: a returning leaf may preempt it
     ChannelId cut_ch_ = 0;         // such a kernel, preempted, not yet completed
-    Duration cut_ran_ = 0;         // ... had run this long
-    Time cut_back_at_ = 0;         // ... and was seen back on the engine then
+    Duration cut_ran_ = 0;          // ... had run this long
+    Time cut_back_at_ = -1;         // ... was seen back on the engine then (-1: not yet)
+    std::optional<Time> cut_done_;  // ... and its channel's completion timestamp when cut
     bool can_preempt_ = false;
     Duration preempt_cost_ = 0;
     Time held_until_ = -1;  // end of the last anticipation hold
