@@ -184,8 +184,7 @@ public:
     void channel_removed(ChannelId ch, EntityId leaf) override {
         chans_.erase(ch);
         runs_.erase(ch);
-        if (fed_ch_ == ch) fed_ch_ = 0;
-        if (cut_ch_ == ch) cut_ch_ = 0;
+        forget_kernel(ch);
         if (left_engine_ == ch) left_engine_ = 0;
         // The scheduler drops the channel after this call.
         bool others = false;
@@ -241,8 +240,7 @@ public:
     }
 
     void fence(ChannelId ch, std::uint32_t) override {
-        if (fed_ch_ == ch) fed_ch_ = 0;
-        if (cut_ch_ == ch) cut_ch_ = 0;
+        forget_kernel(ch);
         touch(ch);
         // A channel that stays on the engine shows no engine change: its
         // leaf is fed (or found past the cap) here.
@@ -251,8 +249,7 @@ public:
     }
 
     void channel_error(ChannelId ch, std::uint32_t) override {
-        if (fed_ch_ == ch) fed_ch_ = 0;
-        if (cut_ch_ == ch) cut_ch_ = 0;
+        forget_kernel(ch);
         if (auto r = runs_.find(ch); r != runs_.end()) r->second.dead = true;
         after_event();
     }
@@ -921,6 +918,13 @@ private:
         }
     }
 
+    // `ch`'s kernel ended (or the channel did): it is no longer the fed or
+    // the cut one.
+    void forget_kernel(ChannelId ch) {
+        if (fed_ch_ == ch) fed_ch_ = 0;
+        if (cut_ch_ == ch) cut_ch_ = 0;
+    }
+
     // How far a leaf is ahead of its least-ahead siblings, summed over the
     // levels where it is blocked.
     double lead_of(EntityId leaf) const {
@@ -1011,8 +1015,8 @@ private:
     ChannelId fed_ch_ = 0;  // channel of the fed kernel on the engine since fed_at_, if any
     Time fed_at_ = 0;
     std::optional<Time> fed_done_;  // the fed channel's completion timestamp when fed
-    bool fed_beyond_cap_ = false;  // fed past the cap: a returning leaf may preempt it
-    ChannelId cut_ch_ = 0;         // such a kernel, preempted, not yet completed
+    bool fed_beyond_cap_ = false;   // fed past the cap: a returning leaf may preempt it
+    ChannelId cut_ch_ = 0;          // such a kernel, preempted, not yet completed
     Duration cut_ran_ = 0;          // ... had run this long
     Time cut_back_at_ = -1;         // ... was seen back on the engine then (-1: not yet)
     std::optional<Time> cut_done_;  // ... and its channel's completion timestamp when cut
