@@ -119,6 +119,7 @@ struct Node {
     Duration think = -1;    // leaves: mean time from going idle to new work, -1 unknown
     Duration burst = -1;    // leaves: mean GPU time charged between a return and going idle
     Duration burst_from = -1;  // leaves: `accounted` at the last return
+    Duration turnaround = -1;  // leaves, while blocked: mean time from a completion that left no work to the next store
     // Leaves: recent GPU rate (EWMA over kRateWindow), sampled at decisions.
     double rate = 0;
     Time rate_at = -1;
@@ -227,6 +228,7 @@ public:
         if (auto it = chans_.find(ch); it != chans_.end()) {
             // A metered leaf's store is reported as it happens, like a trap.
             const EntityId leaf = it->second;
+            learn_turnaround(leaf, ch);
             mark_busy(leaf, nodes_[leaf].metered && !nodes_[leaf].shadowed);
             meter(leaf);
             // A metered bursty leaf returns through here, not through a
@@ -449,6 +451,19 @@ private:
         }
         fed_ch_ = 0;
         feeding_ = false;
+    }
+
+    // A shadowed leaf seen without work since its last completion has
+    // stored its next entry: how long its client takes to submit again
+    // (resubmit_wait).  A gap of `idle` or more is a think, not a turnaround.
+    void learn_turnaround(EntityId leaf, ChannelId ch) {
+        Node& n = nodes_[leaf];
+        if (!n.shadowed || n.idle_since < 0 || ctx_->held(ch) != 1) return;
+        const std::optional<Time> done = ctx_->gpu().completion_time(ch);
+        if (!done) return;
+        const Duration t = ctx_->now() - *done;
+        if (t < 0 || t >= p_.idle) return;
+        n.turnaround = n.turnaround < 0 ? t : n.turnaround + (t - n.turnaround) / 4;
     }
 
     // `exact`: seen by its trapped doorbell, at the moment it happened.
@@ -900,6 +915,13 @@ private:
         // leaves are between bursts: watch for their returns from now on.
         for (EntityId leaf : idle_candidates_)
             if (!nodes_[leaf].shadowed) set_bursty(leaf, true);
+        if (const Time until = resubmit_wait(); until > ctx_->now()) {
+            if (!grace_timer_.armed() || grace_at_ > until) {
+                grace_at_ = until;
+                grace_timer_.arm(until, [this] { release_if_idle(); });
+            }
+            return;
+        }
         bool beyond_cap = false;
         EntityId best = feed_candidate(&beyond_cap);
         if (best == kNoEntity) return;
@@ -916,6 +938,42 @@ private:
                 break;
             }
         }
+    }
+
+    // A client with one kernel in flight submits the next only after the
+    // last completed: at that completion its shadow page is empty, while a
+    // leaf further ahead has work held.  Fed at once, the further one would
+    // win every time: two such clients alternate kernel for kernel, and one
+    // with 6 ms kernels got 0.96 of the two's GPU time against one with
+    // 250 us kernels, both blocked behind a bursty third (as under `none`).
+    // So a blocked leaf less ahead than every leaf with held work, whose
+    // work ended just now, is given its learned turnaround twice over (at
+    // least `grace`) to submit again, unless the kernel that would be fed
+    // instead is shorter than the wait left.  Until when; or -1.
+    Time resubmit_wait() {
+        const Time now = ctx_->now();
+        double held_lead = INFINITY;
+        EntityId held_best = kNoEntity;
+        for (EntityId leaf : shadowed_leaves_)
+            for (ChannelId ch : ctx_->channels_of(leaf))
+                if (ctx_->held(ch) > 0) {
+                    if (const double lead = lead_of(leaf); lead < held_lead) {
+                        held_lead = lead;
+                        held_best = leaf;
+                    }
+                    break;
+                }
+        Time until = -1;
+        for (EntityId leaf : shadowed_leaves_) {
+            const Node& n = nodes_[leaf];
+            if (!n.active || lead_of(leaf) >= held_lead) continue;
+            const Duration window = std::max(p_.grace, 2 * n.turnaround);
+            for (ChannelId ch : ctx_->channels_of(leaf))
+                if (const std::optional<Time> done = ctx_->gpu().completion_time(ch); done && now - *done < window)
+                    until = std::max(until, *done + window);
+        }
+        if (until > now && held_best != kNoEntity && feed_estimate(held_best) <= until - now) return -1;
+        return until;
     }
 
     // `ch`'s kernel ended (or the channel did): it is no longer the fed or
