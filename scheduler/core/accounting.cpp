@@ -563,6 +563,11 @@ Duration Accounting::kernel_estimate(ChannelId ch) const {
     return it == channels_.end() ? 0 : it->second.kernel_estimate;
 }
 
+Duration Accounting::kernel_spread(ChannelId ch) const {
+    auto it = channels_.find(ch);
+    return it == channels_.end() ? 0 : it->second.kernel_spread;
+}
+
 void Accounting::arm_read() {
     if (current_) {
         if (engine_.preemptive && engine_.timeslice > 0) {

@@ -91,6 +91,9 @@ public:
     std::optional<ChannelId> running() const { return current_; }
     // Mean length of `ch`'s kernels seen whole; 0 if none yet.
     Duration kernel_estimate(ChannelId ch) const;
+    // Mean deviation of those lengths from the estimate (TCP's RTTVAR to
+    // its SRTT): how far one kernel may run past the mean.  0 if none yet.
+    Duration kernel_spread(ChannelId ch) const;
     // The host preempted the engine now (GpuDevice::preempt_to): `next`
     // runs after the engine's preemption dead time, which nobody is charged.
     void preempted(ChannelId next);
@@ -106,6 +109,7 @@ private:
     struct Channel {
         EntityId leaf = kNoEntity;
         Duration kernel_estimate = 0;  // learned from whole kernels seen start to end; 0: none yet
+        Duration kernel_spread = 0;    // mean deviation of those from the estimate
         Time kernel_start = -1;        // exact start of its current kernel, if seen
         std::uint32_t start_get = 0;   // GET then (that kernel's entry fetched)
         std::uint32_t fence_get = 0;   // GET at its last completion interrupt
@@ -129,9 +133,17 @@ private:
         std::int32_t kernels_since_charged(std::uint32_t completed) const {
             return charged_known ? std::max<std::int32_t>(1, static_cast<std::int32_t>(completed - charged_done)) : 1;
         }
-        // One more sample of its kernel length, whole kernels only.
+        // One more sample of its kernel length, whole kernels only.  The
+        // first sample's spread is half of it, as TCP starts RTTVAR.
         void learn_length(Duration whole) {
-            kernel_estimate = kernel_estimate == 0 ? whole : kernel_estimate + (whole - kernel_estimate) / 8;
+            if (kernel_estimate == 0) {
+                kernel_estimate = whole;
+                kernel_spread = whole / 2;
+                return;
+            }
+            const Duration dev = whole > kernel_estimate ? whole - kernel_estimate : kernel_estimate - whole;
+            kernel_spread += (dev - kernel_spread) / 4;
+            kernel_estimate += (whole - kernel_estimate) / 8;
         }
     };
     struct Totals {

@@ -69,9 +69,11 @@ public:
     virtual std::optional<ChannelId> engine_status() = 0;
     // The scheduler's own accounting (scheduler/core/accounting.hpp), the same
     // under every policy: the channel it last saw on the engine (no read), and
-    // the mean length of a channel's kernels seen whole (0: none yet).
+    // the mean length of a channel's kernels seen whole (0: none yet) and
+    // their mean deviation from it.
     virtual std::optional<ChannelId> running_seen() const = 0;
     virtual Duration kernel_estimate(ChannelId ch) const = 0;
+    virtual Duration kernel_spread(ChannelId ch) const = 0;
     // Host-only preemption of the engine in favour of `next` (see
     // GpuDevice::preempt_to; gpu().arbitration().preempt is its dead time).
     // False where the engine cannot do it.

@@ -98,6 +98,7 @@ public:
     std::optional<ChannelId> engine_status() override;
     std::optional<ChannelId> running_seen() const override { return accounting_.running(); }
     Duration kernel_estimate(ChannelId ch) const override { return accounting_.kernel_estimate(ch); }
+    Duration kernel_spread(ChannelId ch) const override { return accounting_.kernel_spread(ch); }
     bool preempt(ChannelId next) override;
 
 private:

@@ -246,16 +246,18 @@ TEST_CASE("hfq preempts for a bursty leaf on the timeslice GPU: low-demand", "[s
 }
 
 TEST_CASE("hfq holds the round-robin GPU for low-demand's monitor no longer than it pays", "[scenario][bursty]") {
-    // The 0.03 target is out of reach on a non-preemptive GPU (bound 0.031,
-    // results.md section 7; the targets suite keeps it as a failing test).
-    // What hfq must not do is idle the GPU for the monitor's whole 850 us
-    // think to protect 150 us bursts: that cost 19.5% idle and error 0.056
-    // before holds were bounded by the learned burst.  Measured now: 0.0408
-    // at 3.3% idle (deterministic).
+    // The 0.03 target is not met on a non-preemptive GPU (the bound is
+    // 0.026, results.md section 7; the targets suite keeps it as a failing
+    // test).  A kernel fed into the monitor's think is fed only if the wait
+    // it adds on the monitor's return (by its learned length plus twice its
+    // spread) is less than the engine would idle until then: 0.0408 at 3.3%
+    // idle before, 0.0303 at 8.8% now (deterministic).  What hfq must not
+    // do is idle the GPU for the monitor's whole 850 us think: that cost
+    // 19.5% idle and error 0.056 before holds were bounded.
     SimResult r = run(bundled("low-demand"), "hfq", Arbitration::RoundRobin);
     INFO(describe(r));
-    CHECK(r.fairness.max_share_error <= 0.042);
-    CHECK(r.idle_with_demand_fraction <= 0.035);
+    CHECK(r.fairness.max_share_error <= 0.031);
+    CHECK(r.idle_with_demand_fraction <= 0.09);
 }
 
 TEST_CASE("hfq on every other bundled scenario: error <= 0.01, idle with work <= 1%", "[scenario][hfq]") {

@@ -240,6 +240,32 @@ TEST_CASE("accounting: completions handled late after a host stall are charged t
     CHECK(acc.kernel_estimate(cc) == ms(1));
 }
 
+// hfq asks how long a kernel may run, not only how long it runs on
+// average: a mean is outlasted by half of a varying tenant's kernels.  The
+// spread is the mean deviation of the lengths seen from the estimate.
+TEST_CASE("accounting: a channel's kernel spread is learned with its length", "[accounting]") {
+    auto policy = GENERATE(std::string("none"), std::string("hfq"));
+    Rig rig(policy);
+    const EntityId a = rig.task("a"), b = rig.task("b");
+    const ChannelId fixed = rig.submit_loop(a, ms(1));
+    const ChannelId varying = rig.submit_loop(b, ms(0.5));
+    // 0.2 and 0.8 ms in turn: mean 0.5 ms, every kernel 0.3 ms from it.
+    rig.subs.at(varying).pattern = {ms(0.2), ms(0.8)};
+    rig.run_until(ms(500));
+    const Accounting& acc = rig.sched.accounting();
+    INFO(policy << ": fixed " << to_ms(acc.kernel_estimate(fixed)) << " +- " << to_ms(acc.kernel_spread(fixed))
+                << " ms; varying " << to_ms(acc.kernel_estimate(varying)) << " +- "
+                << to_ms(acc.kernel_spread(varying)) << " ms");
+    CHECK(acc.kernel_estimate(fixed) == ms(1));
+    CHECK(acc.kernel_spread(fixed) < ms(0.001));
+    // The estimate moves an eighth of the way per sample, so it swings
+    // between 0.48 and 0.52 ms (a difference of 0.6 / 15); each kernel is
+    // then 0.32 ms from the estimate before it, which the spread learns.
+    CHECK(acc.kernel_estimate(varying) == Approx(double(ms(0.5))).margin(double(ms(0.021))));
+    CHECK(acc.kernel_spread(varying) == Approx(double(ms(0.32))).margin(double(ms(0.002))));
+    CHECK(acc.kernel_spread(rig.sched.open_channel(a)) == 0);  // nothing seen yet
+}
+
 namespace {
 
 // qemu-modes in unit form: a guest that asks for one interrupt per batch of

@@ -891,10 +891,13 @@ private:
         if (leaf == kNoEntity) return 0;
         return feed_estimate(leaf);
     }
-    Duration feed_estimate(EntityId leaf) const {
+    // `pessimistic`: the learned length plus twice its spread, which few
+    // of the leaf's kernels outlast (a mean alone is outlasted by half).
+    Duration feed_estimate(EntityId leaf, bool pessimistic = false) const {
         Duration est = std::numeric_limits<Duration>::max();
         for (ChannelId ch : ctx_->channels_of(leaf))
-            if (Duration k = ctx_->kernel_estimate(ch); k > 0 && ctx_->held(ch) > 0) est = std::min(est, k);
+            if (Duration k = ctx_->kernel_estimate(ch); k > 0 && ctx_->held(ch) > 0)
+                est = std::min(est, pessimistic ? k + 2 * ctx_->kernel_spread(ch) : k);
         return est;
     }
 
@@ -1013,16 +1016,17 @@ private:
         // Fed past the cap, the kernel is the returning leaf's to take back
         // on a preemptive engine (preempt_for).
         if (best != kNoEntity && best_lead > static_cast<double>(p_.feed_lead)) {
-            if (delays_return(feed_estimate(best))) return kNoEntity;
+            if (delays_return(feed_estimate(best), feed_estimate(best, true))) return kNoEntity;
             if (beyond_cap) *beyond_cap = true;
         }
         return best;
     }
 
-    // Would a kernel of length `est` fed now make an unblocked leaf between
-    // bursts wait longer on its return than the engine would idle until
-    // then (an unknown think: it may return at any moment)?
-    bool delays_return(Duration est) const {
+    // Would a kernel of length `est` (`longest`: the length few of its
+    // kernels outlast) fed now make an unblocked leaf between bursts wait
+    // longer on its return than the engine would idle until then (an
+    // unknown think: it may return at any moment)?
+    bool delays_return(Duration est, Duration longest) const {
         Time now = ctx_->now();
         for (EntityId leaf : idle_candidates_) {
             const Node& n = nodes_[leaf];
@@ -1034,6 +1038,16 @@ private:
                 continue;
             if (n.think < 0) return true;
             Duration until_back = std::max<Duration>(0, n.idle_since + n.think - now);
+            // On a non-preemptive engine a kernel that may outlast the
+            // leaf's return makes it wait.  Fed at the start of the leaf's
+            // next think instead, it would make it wait only what it is
+            // longer than that think: feed it now only if the wait it adds
+            // is less than the engine would idle until the return.
+            if (!can_preempt_) {
+                const Duration added = std::max<Duration>(0, longest - until_back) -
+                                       std::max<Duration>(0, longest - n.think);
+                if (added > until_back) return true;
+            }
             // Idling longer than the burst it would protect costs the others
             // more GPU time than the returning leaf gets back.
             if (until_back > n.burst) continue;
