@@ -43,6 +43,7 @@ Options for run and compare:
   --warmup-ms N            time before shares are measured
   --series FILE.csv        write per-entity shares over time (run)
   --series-interval-ms N   interval of the series (default 100)
+  --trace FILE.csv         write every kernel run and every submission (run)
 
 General:
   -h, --help               show this help
@@ -52,7 +53,7 @@ Exit status: 0 success, 1 the simulation failed, 2 bad usage or scenario.
 )";
 
 struct Args {
-    std::string command, scenario, policy, series;
+    std::string command, scenario, policy, series, trace;
     std::vector<std::string> policies{"none", "hfq"};
     bool policies_given = false;
     PolicyParams params;
@@ -129,6 +130,8 @@ Args parse_args(int argc, char** argv) {
             a.warmup_ms = number(s, value());
         } else if (s == "--series") {
             a.series = value();
+        } else if (s == "--trace") {
+            a.trace = value();
         } else if (s == "--series-interval-ms") {
             a.series_interval_ms = number(s, value());
         } else if (s.size() > 1 && s[0] == '-') {
@@ -140,8 +143,8 @@ Args parse_args(int argc, char** argv) {
     if (pos.empty()) throw UsageError("no command given");
     a.command = pos[0];
     // Options that belong to the other command are mistakes, not no-ops.
-    if (a.command == "compare" && (!a.policy.empty() || !a.series.empty() || a.series_interval_ms))
-        throw UsageError("compare takes --policies, not --policy, --series or --series-interval-ms");
+    if (a.command == "compare" && (!a.policy.empty() || !a.series.empty() || a.series_interval_ms || !a.trace.empty()))
+        throw UsageError("compare takes --policies, not --policy, --series, --series-interval-ms or --trace");
     if (a.command != "compare" && a.policies_given)
         throw UsageError("--policies belongs to compare; run takes --policy");
     if (a.command == "policies") {
@@ -216,12 +219,19 @@ int run(const Args& a) {
         if (!series) throw std::runtime_error("cannot write " + a.series + ": " + std::strerror(errno));
         opt.series = &series;
     }
+    std::ofstream trace;
+    if (!a.trace.empty()) {
+        trace.open(a.trace);
+        if (!trace) throw std::runtime_error("cannot write " + a.trace + ": " + std::strerror(errno));
+        opt.trace = &trace;
+    }
     SimResult r = run_simulation(sc, opt);
     if (a.json)
         std::cout << to_json(r).dump(2) << '\n';
     else
         std::cout << to_table(r);
     if (series.is_open() && !series.good()) throw std::runtime_error("writing " + a.series + " failed");
+    if (trace.is_open() && !trace.good()) throw std::runtime_error("writing " + a.trace + " failed");
     return kExitOk;
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <memory>
 
 #include "event_loop.hpp"
@@ -32,6 +33,7 @@ public:
             window_.resize(ch + 1, 0);
             buckets_.resize(ch + 1);
         }
+        if (on_run) on_run(ch, start, stop);
         total_[ch] += stop - start;
         Time a = std::max(start, warmup_), b = std::min(stop, end_);
         if (b > a) window_[ch] += b - a;
@@ -58,6 +60,7 @@ public:
         return ch < buckets_.size() && i < buckets_[ch].size() ? buckets_[ch][i] : 0;
     }
     const std::vector<std::pair<Time, Time>>& busy() const { return busy_; }
+    std::function<void(ChannelId, Time, Time)> on_run;  // --trace
 
 private:
     Time warmup_, end_;
@@ -155,6 +158,25 @@ SimResult run_simulation(const Scenario& sc, const SimOptions& opt) {
         ++leaf_errors[loop_leaf[i]];
         loops[i]->abandon();  // its dead channel's work will never complete
     });
+    if (opt.trace) {
+        std::map<ChannelId, std::string> path_of;
+        for (std::size_t i = 0; i < loops.size(); ++i) path_of[loops[i]->channel()] = tree.path(leaves[loop_leaf[i]].id);
+        std::ostream& os = *opt.trace;
+        os << "event,start_us,end_us,entity,channel\n";
+        auto us = [](Time t) {
+            char b[32];
+            std::snprintf(b, sizeof b, "%.3f", to_us(t));
+            return std::string(b);
+        };
+        meas.on_run = [&os, us, path_of](ChannelId ch, Time a, Time b) {
+            auto it = path_of.find(ch);
+            os << "run," << us(a) << ',' << us(b) << ',' << (it == path_of.end() ? "" : it->second) << ',' << ch << '\n';
+        };
+        for (auto& l : loops)
+            l->set_submit_listener([&os, &loop, us, path = path_of.at(l->channel())](ChannelId ch) {
+                os << "submit," << us(loop.now()) << ",," << path << ',' << ch << '\n';
+            });
+    }
     for (auto& l : loops) l->start();
 
     loop.run_until(end);

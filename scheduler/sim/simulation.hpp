@@ -52,6 +52,9 @@ struct SimOptions {
     // Per-entity shares over time, one row per interval, written as CSV.
     std::ostream* series = nullptr;
     double series_interval_ms = 100;
+    // Every kernel run and every submission, as CSV: event,start_us,end_us,entity,channel
+    // (a run is one stint of a channel on the engine; a submission has no end).
+    std::ostream* trace = nullptr;
 };
 
 SimResult run_simulation(const Scenario& sc, const SimOptions& opt = {});

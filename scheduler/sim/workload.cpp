@@ -83,6 +83,7 @@ void SubmitLoop::submit_next() {
     ++put_;
     ++submitted_;
     --batch_left_;
+    if (on_submit_) on_submit_(ch_);
     if (batch_left_ == 0) batch_fence_ = put_;
     set_outstanding(true);
     std::uint32_t put = put_;

@@ -44,6 +44,10 @@ public:
         failed_ = true;
         set_outstanding(false);
     }
+    // Told of every entry the loop submits, when its client submits it (a
+    // trapped store lands a trap's cost later).
+    using SubmitListener = std::function<void(ChannelId)>;
+    void set_submit_listener(SubmitListener l) { on_submit_ = std::move(l); }
     ChannelId channel() const { return ch_; }
     std::uint64_t completed() const { return completed_; }
     std::uint64_t submitted() const { return submitted_; }
@@ -67,6 +71,7 @@ private:
     ChannelId ch_;
     Workload w_;
     Rng rng_;
+    SubmitListener on_submit_;
     DemandListener on_demand_;
     Time start_;
     std::uint32_t put_ = 0;

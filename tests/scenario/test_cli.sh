@@ -1,6 +1,6 @@
 #!/bin/sh
 # The pvgpu-sim command-line contract: exit codes, error messages naming the
-# problem, --json and --series output.  Usage: test_cli.sh PVGPU_SIM SCENARIO_DIR
+# problem, --json, --series and --trace output.  Usage: test_cli.sh PVGPU_SIM SCENARIO_DIR
 set -u
 sim=$1
 dir=$2
@@ -62,6 +62,28 @@ if python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); [r[k] for k in (
 "$sim" run "$dir/flat.json" --series "$tmp/s.csv" --series-interval-ms 100 --duration-ms 1000 --warmup-ms 100 > /dev/null
 rows=$(wc -l < "$tmp/s.csv")
 if [ "$(head -1 "$tmp/s.csv")" = "time_ms,k100us,k500us,k2ms,k8ms" ] && [ "$rows" -eq 11 ]; then ok; else bad "series: $rows rows, header $(head -1 "$tmp/s.csv")"; fi
+
+# --trace: every run and submission; the runs add up to each entity's GPU
+# time in the report, and docs/waits.py reads the file.
+"$sim" run "$dir/flat.json" --json --trace "$tmp/t.csv" --duration-ms 1000 --warmup-ms 100 > "$tmp/t.json"
+if python3 - "$tmp/t.csv" "$tmp/t.json" <<'PY'
+import csv, json, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+rep = json.load(open(sys.argv[2]))
+ran, subs = {}, {}
+for r in rows:
+    if r["event"] == "run":
+        ran[r["entity"]] = ran.get(r["entity"], 0) + float(r["end_us"]) - float(r["start_us"])
+    else:
+        subs[r["entity"]] = subs.get(r["entity"], 0) + 1
+for e in rep["entities"]:
+    assert abs(ran[e["path"]] / 1000 - e["gpu_time_total_ms"]) < 1e-3 * len(rows), e["path"]
+    assert subs[e["path"]] >= e["kernels_completed"], e["path"]
+PY
+then ok; else bad "--trace does not add up to the report"; fi
+waits=$(python3 "$(dirname "$0")/../../docs/waits.py" "$tmp/t.csv" k100us --from-ms 100 2>&1)
+if printf '%s' "$waits" | grep -q "^| k8ms |"; then ok; else bad "docs/waits.py on a trace: $waits"; fi
+expect 2 "not --policy, --series, --series-interval-ms or --trace" -- compare "$dir/flat.json" --trace "$tmp/never.csv"
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
