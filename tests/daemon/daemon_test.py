@@ -505,13 +505,15 @@ def case_closed_loop(bins, tmp):
                  Load(bins, d, "throttle", "--kernel-us", 150, "--gap-us", 850, "--duration-s", 30,
                       "--report-interval-s", "0.1", name="monitor")]
         try:
-            shares, util = measure_window(loads, kernels, warmup=1.0, window=4.0)
+            shares, util = measure_window(loads, kernels, warmup=1.0, window=6.0)
             split = shares[0] / (shares[0] + shares[1])
             result("closed_loop.hfq.long_part", f"{split:.3f}")
             result("closed_loop.hfq.monitor_share", f"{shares[2]:.3f}")
             result("closed_loop.hfq.gpu_utilisation", f"{util:.3f}")
             # Tolerance as in case_fairness (real-time jitter and the 6 ms
-            # kernel's granularity at the window edges); 0.50 measured.
+            # kernel's granularity at the window edges).  Measured: 0.500
+            # in four runs in a row, 0.49..0.57 while a jittery turnaround
+            # above half the short client's burst skipped the wait.
             check(abs(split - 0.5) <= 0.08, f"hfq: the 6 ms client got {split:.3f} of the two, expected 0.5 +- 0.08")
 
             ctl(bins, d, "set-policy", "none")

@@ -17,7 +17,10 @@
 //
 // Work conservation: if the engine stays idle for a short grace period while
 // shadowed channels hold work, the least-ahead of them gets one entry released
-// from its shadow page (a partial release: no remap, it stays blocked).
+// from its shadow page (a partial release: no remap, it stays blocked).  A
+// less-ahead blocked leaf whose kernel just completed first gets its learned
+// turnaround to submit again (resubmit_wait): a client with one kernel in
+// flight has nothing held at that moment.
 // A shadowed leaf's new work is seen from the device's report of its
 // doorbell (work_held), a direct leaf's from its completions and the
 // accounting's reads.  When nothing has had work for `idle_us`, every
@@ -83,6 +86,12 @@ constexpr double kBehind = 0.9;
 // A bursty leaf stays in the run queue through a think of at most this many
 // times `idle_us`: a longer think is not a burst pattern worth holding for.
 constexpr int kMaxStay = 4;
+// On a non-preemptive engine the engine idles for a thinking leaf at most
+// this many of its bursts before its return, for a kernel that would make
+// it wait (delays_return).  Swept in docs/results.md section 7: 1 and 2
+// give back most of what the hold buys on low-demand, 4 and more idle a
+// long-think leaf's neighbours for nothing.
+constexpr Duration kHoldBursts = 3;
 
 struct Key {
     double vtime;
@@ -187,6 +196,7 @@ public:
         runs_.erase(ch);
         forget_kernel(ch);
         if (left_engine_ == ch) left_engine_ = 0;
+        if (last_left_ == ch) last_left_ = 0;
         // The scheduler drops the channel after this call.
         bool others = false;
         for (ChannelId c : ctx_->channels_of(leaf)) others = others || (c != ch && has_work(c));
@@ -264,6 +274,7 @@ public:
         // its queue is past the cap (a leaf without interrupts has no
         // completions to look at it otherwise).
         if (auto it = chans_.find(left_engine_); left_engine_ != 0 && it != chans_.end()) meter(it->second);
+        if (left_engine_ != 0 && left_engine_ != running.value_or(0)) last_left_ = left_engine_;
         left_engine_ = running.value_or(0);
         if (running && *running == cut_ch_) cut_back_at_ = ctx_->now();
         // On the engine, it has work: no register read to ask.
@@ -459,10 +470,15 @@ private:
     void learn_turnaround(EntityId leaf, ChannelId ch) {
         Node& n = nodes_[leaf];
         if (!n.shadowed || n.idle_since < 0 || ctx_->held(ch) != 1) return;
-        const std::optional<Time> done = ctx_->gpu().completion_time(ch);
+        std::optional<Time> done;
+        for (ChannelId c : ctx_->channels_of(leaf))
+            if (const std::optional<Time> t = ctx_->gpu().completion_time(c); t && (!done || *t > *done)) done = t;
         if (!done) return;
-        const Duration t = ctx_->now() - *done;
-        if (t < 0 || t >= p_.idle) return;
+        const Duration t = std::max<Duration>(0, ctx_->now() - *done);
+        if (t >= p_.idle) {
+            n.turnaround = -1;  // a think: nothing to wait for
+            return;
+        }
         n.turnaround = n.turnaround < 0 ? t : n.turnaround + (t - n.turnaround) / 4;
     }
 
@@ -847,7 +863,9 @@ private:
             // Already feeding the GPU from shadow pages and the unblocked
             // entities still have nothing: next entry now, no grace.
             release_if_idle();
-        } else if (!grace_timer_.armed()) {
+        } else if (!grace_timer_.armed() || grace_at_ > now + p_.grace) {
+            // New work during a longer wait (resubmit_wait's) is looked at
+            // within `grace`, not at the wait's end.
             grace_at_ = now + p_.grace;
             grace_timer_.arm(grace_at_, [this] { release_if_idle(); });
         }
@@ -918,16 +936,16 @@ private:
         // leaves are between bursts: watch for their returns from now on.
         for (EntityId leaf : idle_candidates_)
             if (!nodes_[leaf].shadowed) set_bursty(leaf, true);
-        if (const Time until = resubmit_wait(); until > ctx_->now()) {
+        bool beyond_cap = false;
+        EntityId best = feed_candidate(&beyond_cap);
+        if (best == kNoEntity) return;
+        if (const Time until = resubmit_wait(best); until > ctx_->now()) {
             if (!grace_timer_.armed() || grace_at_ > until) {
                 grace_at_ = until;
                 grace_timer_.arm(until, [this] { release_if_idle(); });
             }
             return;
         }
-        bool beyond_cap = false;
-        EntityId best = feed_candidate(&beyond_cap);
-        if (best == kNoEntity) return;
         // Hand the GPU one held entry straight from the shadow page: no remap,
         // the leaf stays blocked, and the engine is busy again at once.
         for (ChannelId ch : ctx_->channels_of(best)) {
@@ -949,33 +967,37 @@ private:
     // win every time: two such clients alternate kernel for kernel, and one
     // with 6 ms kernels got 0.96 of the two's GPU time against one with
     // 250 us kernels, both blocked behind a bursty third (as under `none`).
-    // So a blocked leaf less ahead than every leaf with held work, whose
-    // work ended just now, is given its learned turnaround twice over (at
-    // least `grace`) to submit again, unless the kernel that would be fed
-    // instead is shorter than the wait left.  Until when; or -1.
-    Time resubmit_wait() {
+    // So a blocked leaf less ahead than `best` (the leaf about to be fed),
+    // whose work ended just now, is given its learned turnaround twice over
+    // (at least `grace`, at most its own burst: an engine idle longer than
+    // the work it lets in costs the others more than the leaf gets back) to
+    // submit again, unless `best`'s kernel is shorter than the wait left.
+    // A leaf whose turnaround is longer than its burst is not turning
+    // around but thinking: a bursty leaf, not waited for here.  Until when;
+    // or -1.
+    Time resubmit_wait(EntityId best) const {
         const Time now = ctx_->now();
-        double held_lead = INFINITY;
-        EntityId held_best = kNoEntity;
-        for (EntityId leaf : shadowed_leaves_)
-            for (ChannelId ch : ctx_->channels_of(leaf))
-                if (ctx_->held(ch) > 0) {
-                    if (const double lead = lead_of(leaf); lead < held_lead) {
-                        held_lead = lead;
-                        held_best = leaf;
-                    }
-                    break;
-                }
+        const double best_lead = lead_of(best);
         Time until = -1;
-        for (EntityId leaf : shadowed_leaves_) {
+        auto consider = [&](EntityId leaf) {
             const Node& n = nodes_[leaf];
-            if (!n.active || lead_of(leaf) >= held_lead) continue;
-            const Duration window = std::max(p_.grace, 2 * n.turnaround);
-            for (ChannelId ch : ctx_->channels_of(leaf))
-                if (const std::optional<Time> done = ctx_->gpu().completion_time(ch); done && now - *done < window)
-                    until = std::max(until, *done + window);
-        }
-        if (until > now && held_best != kNoEntity && feed_estimate(held_best) <= until - now) return -1;
+            if (!n.shadowed || !n.active) return;
+            const Duration burst = std::max<Duration>(0, n.burst);
+            if (n.turnaround > burst || lead_of(leaf) >= best_lead) return;
+            const Duration window = std::max(p_.grace, std::min(2 * n.turnaround, burst));
+            for (ChannelId ch : ctx_->channels_of(leaf)) {
+                if (!live(ch)) continue;
+                if (const std::optional<Time> done = ctx_->gpu().completion_time(ch)) {
+                    const Time at = std::min(*done, now);
+                    if (now - at < window) until = std::max(until, at + window);
+                }
+            }
+        };
+        // Leaves seen without work, and the one whose channel has just left
+        // the engine (its completion may not have been handled yet).
+        for (EntityId leaf : idle_candidates_) consider(leaf);
+        if (auto it = chans_.find(last_left_); last_left_ != 0 && it != chans_.end()) consider(it->second);
+        if (until > now && feed_estimate(best) <= until - now) return -1;
         return until;
     }
 
@@ -1042,8 +1064,10 @@ private:
             // leaf's return makes it wait.  Fed at the start of the leaf's
             // next think instead, it would make it wait only what it is
             // longer than that think: feed it now only if the wait it adds
-            // is less than the engine would idle until the return.
-            if (!can_preempt_) {
+            // is less than the engine would idle until the return.  Held
+            // for at most kHoldBursts of the leaf's bursts: in a longer
+            // think the idle costs the others more than the leaf gains.
+            if (!can_preempt_ && until_back <= kHoldBursts * n.burst) {
                 const Duration added = std::max<Duration>(0, longest - until_back) -
                                        std::max<Duration>(0, longest - n.think);
                 if (added > until_back) return true;
@@ -1078,6 +1102,7 @@ private:
     std::set<EntityId> metered_;
     Time scanned_at_ = -1;      // last look for metered leaves left without work on the GPU
     ChannelId left_engine_ = 0; // the channel last seen on the engine (0: idle)
+    ChannelId last_left_ = 0;   // the channel last seen leaving it
     std::size_t active_leaves_ = 0;
     Timer idle_timer_;
     Time idle_check_at_ = 0;
