@@ -470,16 +470,25 @@ private:
     void learn_turnaround(EntityId leaf, ChannelId ch) {
         Node& n = nodes_[leaf];
         if (!n.shadowed || n.idle_since < 0 || ctx_->held(ch) != 1) return;
-        std::optional<Time> done;
-        for (ChannelId c : ctx_->channels_of(leaf))
-            if (const std::optional<Time> t = ctx_->gpu().completion_time(c); t && (!done || *t > *done)) done = t;
+        const std::optional<Time> done = last_completion(leaf);
         if (!done) return;
-        const Duration t = std::max<Duration>(0, ctx_->now() - *done);
+        const Duration t = ctx_->now() - *done;
         if (t >= p_.idle) {
             n.turnaround = -1;  // a think: nothing to wait for
             return;
         }
         n.turnaround = n.turnaround < 0 ? t : n.turnaround + (t - n.turnaround) / 4;
+    }
+
+    // The latest completion timestamp of the leaf's live channels (their
+    // own memory), at most now; none if nothing completed.
+    std::optional<Time> last_completion(EntityId leaf) const {
+        std::optional<Time> done;
+        for (ChannelId ch : ctx_->channels_of(leaf))
+            if (const std::optional<Time> t = ctx_->gpu().completion_time(ch); live(ch) && t && (!done || *t > *done))
+                done = t;
+        if (done) done = std::min(*done, ctx_->now());
+        return done;
     }
 
     // `exact`: seen by its trapped doorbell, at the moment it happened.
@@ -863,12 +872,18 @@ private:
             // Already feeding the GPU from shadow pages and the unblocked
             // entities still have nothing: next entry now, no grace.
             release_if_idle();
-        } else if (!grace_timer_.armed() || grace_at_ > now + p_.grace) {
+        } else {
             // New work during a longer wait (resubmit_wait's) is looked at
             // within `grace`, not at the wait's end.
-            grace_at_ = now + p_.grace;
-            grace_timer_.arm(grace_at_, [this] { release_if_idle(); });
+            release_by(now + p_.grace);
         }
+    }
+
+    // Look at the idle engine again (release_if_idle) no later than `at`.
+    void release_by(Time at) {
+        if (grace_timer_.armed() && grace_at_ <= at) return;
+        grace_at_ = at;
+        grace_timer_.arm(at, [this] { release_if_idle(); });
     }
 
     // Until when to keep the engine idle for an unblocked leaf between
@@ -940,10 +955,7 @@ private:
         EntityId best = feed_candidate(&beyond_cap);
         if (best == kNoEntity) return;
         if (const Time until = resubmit_wait(best); until > ctx_->now()) {
-            if (!grace_timer_.armed() || grace_at_ > until) {
-                grace_at_ = until;
-                grace_timer_.arm(until, [this] { release_if_idle(); });
-            }
+            release_by(until);
             return;
         }
         // Hand the GPU one held entry straight from the shadow page: no remap,
@@ -985,13 +997,8 @@ private:
             const Duration burst = std::max<Duration>(0, n.burst);
             if (n.turnaround > burst || lead_of(leaf) >= best_lead) return;
             const Duration window = std::max(p_.grace, std::min(2 * n.turnaround, burst));
-            for (ChannelId ch : ctx_->channels_of(leaf)) {
-                if (!live(ch)) continue;
-                if (const std::optional<Time> done = ctx_->gpu().completion_time(ch)) {
-                    const Time at = std::min(*done, now);
-                    if (now - at < window) until = std::max(until, at + window);
-                }
-            }
+            if (const std::optional<Time> done = last_completion(leaf); done && now - *done < window)
+                until = std::max(until, *done + window);
         };
         // Leaves seen without work, and the one whose channel has just left
         // the engine (its completion may not have been handled yet).
