@@ -202,7 +202,9 @@ void SimGpu::catch_up() {
     run_overdue();
     // A host call is no place to run the host's interrupt handlers: they
     // are pending, as on hardware, until the host's loop gets to them.
-    if (!raised_.empty() && !deliver_timer_.armed())
+    // From a handler, deliver() is already under way and takes them in
+    // turn: another delivery would be a wasted host wakeup per interrupt.
+    if (!delivering_ && !raised_.empty() && !deliver_timer_.armed())
         deliver_timer_.arm(clock_.now(), [this] { deliver(); });
 }
 
@@ -215,9 +217,24 @@ void SimGpu::raise(Raised r) {
 
 void SimGpu::deliver() {
     deliver_timer_.cancel();
-    // A handler's host call may catch up and raise more: they go last.
-    for (std::size_t i = 0; i < raised_.size(); ++i) dispatch(raised_[i]);
-    raised_.clear();
+    if (delivering_) return;  // a handler's call: the outer delivery goes on
+    delivering_ = true;
+    std::size_t i = 0;
+    // A handler that throws leaves the rest pending, not lost or repeated.
+    struct Done {
+        SimGpu& g;
+        const std::size_t& delivered;
+        ~Done() {
+            g.raised_.erase(g.raised_.begin(), g.raised_.begin() + static_cast<std::ptrdiff_t>(delivered));
+            g.delivering_ = false;
+        }
+    } done{*this, i};
+    // A handler's host call may catch up and raise more: they go last (a
+    // copy, as the push may move the vector under a reference).
+    while (i < raised_.size()) {
+        const Raised r = raised_[i++];
+        dispatch(r);
+    }
 }
 
 void SimGpu::dispatch(const Raised& r) {

@@ -158,6 +158,7 @@ private:
     // Raised, not yet delivered, in the order the engine raised them.
     std::vector<Raised> raised_;
     bool catching_up_ = false;         // raise() queues instead of delivering
+    bool delivering_ = false;          // deliver() is handing raised_ to the host
     Timer deliver_timer_{timers_};     // delivers what a host call's catch-up raised
     Duration busy_ = 0;
     std::uint64_t switches_ = 0;

@@ -100,7 +100,7 @@ def run_policy(ns, bins, policy, ks):
         # GPU register reads per completion interrupt: each an MMIO read on
         # real hardware (the simulated GPU's cost little and are inside `core`).
         fences = max(1, stats1["fences"] - stats0["fences"])
-        reads = {k: (stats1[k] - stats0[k]) / fences for k in ("accounting_reads", "register_reads", "polls")}
+        reads = {k: (stats1[k] - stats0[k]) / fences for k in ("accounting_reads", "register_reads", "polls", "timer_wakeups", "doorbells")}
         return {"reads_per_fence": reads, "jain": jain, "unfairness": u, "gpu_busy": busy, "core": core, "kernels_per_s": rate,
                 "us_per_kernel": core * 1e6 / rate if rate > 0 else float("inf"), "extremes": extremes,
                 "acc_jain": acc_jain, "acc_unfairness": acc_u}

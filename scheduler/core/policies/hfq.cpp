@@ -716,7 +716,17 @@ private:
         // held work is in the host's own shadow pages, and a channel is read
         // only where known_pending() cannot tell.  At 128 clients this scan
         // read 83000 registers a second before; 1900 now.
-        for (EntityId leaf : std::set<EntityId>(metered_)) {
+        // The copy is a member vector (a set copied per scan was 128
+        // allocations each 2 ms at 128 clients); a scan from inside one
+        // (a release's synchronous channel error) leaves it to the outer.
+        if (scanning_) return;
+        scanning_ = true;
+        struct Done {
+            bool& flag;
+            ~Done() { flag = false; }
+        } done{scanning_};
+        scan_.assign(metered_.begin(), metered_.end());
+        for (EntityId leaf : scan_) {
             if (nodes_[leaf].shadowed || idle_armed_) continue;  // meter() would not feed it
             const auto& chs = ctx_->channels_of(leaf);
             const bool held = std::any_of(chs.begin(), chs.end(), [&](ChannelId ch) { return ctx_->held(ch) > 0; });
@@ -1107,6 +1117,8 @@ private:
     std::set<EntityId> shadowed_leaves_;
     std::set<EntityId> idle_candidates_;  // active leaves seen without work
     std::set<EntityId> metered_;
+    std::vector<EntityId> scan_;  // feed_unheard's copy of metered_
+    bool scanning_ = false;       // feed_unheard is walking scan_
     Time scanned_at_ = -1;      // last look for metered leaves left without work on the GPU
     ChannelId left_engine_ = 0; // the channel last seen on the engine (0: idle)
     ChannelId last_left_ = 0;   // the channel last seen leaving it
