@@ -220,21 +220,24 @@ void SimGpu::deliver() {
     if (delivering_) return;  // a handler's call: the outer delivery goes on
     delivering_ = true;
     std::size_t i = 0;
-    // A handler that throws leaves the rest pending, not lost or repeated.
-    struct Done {
-        SimGpu& g;
-        const std::size_t& delivered;
-        ~Done() {
-            g.raised_.erase(g.raised_.begin(), g.raised_.begin() + static_cast<std::ptrdiff_t>(delivered));
-            g.delivering_ = false;
+    try {
+        // A handler's host call may catch up and raise more: they go last
+        // (a copy, as the push may move the vector under a reference).
+        while (i < raised_.size()) {
+            const Raised r = raised_[i++];
+            dispatch(r);
         }
-    } done{*this, i};
-    // A handler's host call may catch up and raise more: they go last (a
-    // copy, as the push may move the vector under a reference).
-    while (i < raised_.size()) {
-        const Raised r = raised_[i++];
-        dispatch(r);
+    } catch (...) {
+        // The rest stay pending, neither lost nor repeated, and go out on
+        // the next turn of the host's loop.
+        raised_.erase(raised_.begin(), raised_.begin() + static_cast<std::ptrdiff_t>(i));
+        delivering_ = false;
+        if (!raised_.empty() && !deliver_timer_.armed())
+            deliver_timer_.arm(clock_.now(), [this] { deliver(); });
+        throw;
     }
+    raised_.clear();
+    delivering_ = false;
 }
 
 void SimGpu::dispatch(const Raised& r) {

@@ -810,3 +810,31 @@ TEST_CASE("sim gpu: interrupts handled on a late timer cost no second wakeup", "
     CHECK(h.fences == std::vector<std::uint32_t>{1, 2, 3, 4, 5});
     CHECK(timers.fired == 5);  // one per kernel: its segment's end
 }
+
+// A handler that throws (pvgpud logs it and goes on) takes neither the
+// interrupts after it in the same delivery nor repeats the ones before.
+TEST_CASE("sim gpu: a throwing interrupt handler loses and repeats nothing", "[sim_gpu]") {
+    sim::EventLoop loop;
+    LateTimers timers(loop, ms(0.5), ms(3.5));  // fences 1..3 reach the host together at 3.5 ms
+    sim::SimGpu gpu(loop, timers, {});
+    struct Handler final : GpuInterrupts {
+        std::vector<std::uint32_t> fences;
+        bool thrown = false;
+        void on_fence(ChannelId, std::uint32_t fence) override {
+            fences.push_back(fence);
+            if (fence == 2 && !thrown) {
+                thrown = true;
+                throw std::runtime_error("handler failed");
+            }
+        }
+        void on_channel_error(ChannelId, std::uint32_t) override {}
+    } h;
+    gpu.set_interrupt_handler(&h);
+    const ChannelId ch = gpu.create_channel();
+    for (std::uint32_t i = 0; i < 5; ++i)
+        gpu.ring(ch)->entries[i] = {static_cast<std::uint64_t>(ms(1)), i + 1, PVGPU_ENTRY_IRQ};
+    gpu.write_ib_put(ch, 5);
+    CHECK_THROWS_AS(loop.run_until(ms(10)), std::runtime_error);
+    loop.run_until(ms(10));
+    CHECK(h.fences == std::vector<std::uint32_t>{1, 2, 3, 4, 5});
+}
