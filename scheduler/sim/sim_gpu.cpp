@@ -204,8 +204,11 @@ void SimGpu::catch_up() {
     // are pending, as on hardware, until the host's loop gets to them.
     // From a handler, deliver() is already under way and takes them in
     // turn: another delivery would be a wasted host wakeup per interrupt.
-    if (!delivering_ && !raised_.empty() && !deliver_timer_.armed())
-        deliver_timer_.arm(clock_.now(), [this] { deliver(); });
+    if (!delivering_) deliver_later();
+}
+
+void SimGpu::deliver_later() {
+    if (!raised_.empty() && !deliver_timer_.armed()) deliver_timer_.arm(clock_.now(), [this] { deliver(); });
 }
 
 void SimGpu::raise(Raised r) {
@@ -232,8 +235,7 @@ void SimGpu::deliver() {
         // the next turn of the host's loop.
         raised_.erase(raised_.begin(), raised_.begin() + static_cast<std::ptrdiff_t>(i));
         delivering_ = false;
-        if (!raised_.empty() && !deliver_timer_.armed())
-            deliver_timer_.arm(clock_.now(), [this] { deliver(); });
+        deliver_later();
         throw;
     }
     raised_.clear();

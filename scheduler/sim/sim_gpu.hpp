@@ -133,6 +133,7 @@ private:
     void raise(Raised r);
     void dispatch(const Raised& r);
     void deliver();
+    void deliver_later();              // what raised_ holds, on the host loop's next turn
     void fail(ChannelId ch, std::uint32_t error);
     std::optional<ChannelId> next_after(ChannelId ch) const;
 
