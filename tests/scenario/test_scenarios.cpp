@@ -245,19 +245,39 @@ TEST_CASE("hfq preempts for a bursty leaf on the timeslice GPU: low-demand", "[s
     CHECK(r.policy_counters.at("preemptions") == double(r.stats.preemptions));
 }
 
-TEST_CASE("hfq holds the round-robin GPU for low-demand's monitor no longer than it pays", "[scenario][bursty]") {
-    // The 0.03 target is not met on a non-preemptive GPU (the bound is
-    // 0.026, results.md section 7; the targets suite keeps it as a failing
-    // test).  A kernel fed into the monitor's think is fed only if the wait
-    // it adds on the monitor's return (by its learned length plus twice its
-    // spread) is less than the engine would idle until then: 0.0408 at 3.3%
-    // idle before, 0.0303 at 8.8% now (deterministic).  What hfq must not
-    // do is idle the GPU for the monitor's whole 850 us think: that cost
-    // 19.5% idle and error 0.056 before holds were bounded.
+TEST_CASE("hfq holds the round-robin GPU for low-demand's monitor: error <= 0.03", "[scenario][bursty]") {
+    // Issue 12's target on a non-preemptive GPU (the bound is 0.026,
+    // results.md section 7).  In the last three of the monitor's bursts
+    // before its return, a kernel that would make it wait is held while the
+    // monitor is further below its share than the fed leaf (over a second).
+    // 0.0408 at 3.3% idle before any hold; 0.0303 at 8.8% when the wait was
+    // traded one for one against the idle; 0.0295 at 10.3% now
+    // (deterministic).  What hfq must not do is idle the GPU for the
+    // monitor's whole 850 us think: that cost 19.5% idle and error 0.056
+    // before holds were bounded.
     SimResult r = run(bundled("low-demand"), "hfq", Arbitration::RoundRobin);
     INFO(describe(r));
-    CHECK(r.fairness.max_share_error <= 0.031);
-    CHECK(r.idle_with_demand_fraction <= 0.09);
+    CHECK(r.fairness.max_share_error <= 0.03);
+    CHECK(r.idle_with_demand_fraction <= 0.104);
+}
+
+TEST_CASE("hfq holds for a returning monitor only while it is further behind than the fed leaf",
+          "[scenario][bursty]") {
+    // low-demand with a 200 us / 800 us monitor: its three bursts cover 600
+    // us of its think.  Holding for every added wait in them starved the
+    // others below the monitor (0.0164 at 5.6% idle); judged by who is
+    // further below its share, 0.0117 at 4.1% (0.0120 at 4.1% with the one
+    // for one trade before).
+    Scenario sc = bundled("low-demand");
+    for (auto& e : sc.tree)
+        if (e.name == "host-monitor") {
+            e.workload->kernel_us.a = 200;
+            e.workload->gap_us = 800;
+        }
+    SimResult r = run(sc, "hfq", Arbitration::RoundRobin);
+    INFO(describe(r));
+    CHECK(r.fairness.max_share_error <= 0.012);
+    CHECK(r.idle_with_demand_fraction <= 0.042);
 }
 
 // Found by a review of the holds and waits above, in scenarios no bundled

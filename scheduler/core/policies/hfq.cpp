@@ -30,9 +30,10 @@
 // left the engine idle with held work is thinking between bursts.  Its
 // doorbells are trapped from then on, so its think time is learned exactly.
 // Feeding stops once the least-ahead blocked leaf is `feed_lead` ahead,
-// unless its learned kernel would delay the thinking leaf less than the
-// engine would idle until its learned return: the fed leaf cannot run away
-// from a leaf that is owed the GPU when it comes back.  A returning leaf
+// unless its learned kernel would not delay the thinking leaf (or, while the
+// fed leaf is further below its share over the last second, would delay it
+// less than the engine would idle until its learned return): the fed leaf
+// cannot run away from a leaf that is owed the GPU when it comes back.  A returning leaf
 // keeps up to `lag` of credit, more than `threshold`, so its siblings stay
 // blocked while it bursts.  On a preemptive engine a returning bursty leaf
 // below its fair share takes the engine from a blocked leaf's kernel (host
@@ -83,6 +84,11 @@ constexpr double kUnitWeight = 100.0;
 // over about this long is below its fair share.
 constexpr Duration kRateWindow = 50 * kMillisecond;
 constexpr double kBehind = 0.9;
+// Which of two leaves is further below its share is judged over this long:
+// the shortest that holds low-demand's error within 0.0297 at every hold
+// bound from 3 to 8 bursts (results.md section 7; 0.2 s reads a leaf just
+// fed as well served and lets holds starve the others: 0.0330 at 8).
+constexpr Duration kBalanceWindow = 1000 * kMillisecond;
 // A bursty leaf stays in the run queue through a think of at most this many
 // times `idle_us`: a longer think is not a burst pattern worth holding for.
 constexpr int kMaxStay = 4;
@@ -114,6 +120,33 @@ struct RunQueue {
     }
 };
 
+// A leaf's GPU time per wall time, averaged exponentially over about
+// `window` and brought up to date when read.  Divided by the weight the
+// average has gathered since the first read, so a leaf watched for less
+// than a window is not read as idle for the rest of it.
+struct RateMeter {
+    double rate = 0;   // average so far, not yet divided
+    double gathered = 0;
+    Time at = -1;
+    Duration used = 0;
+
+    double read(Duration accounted, Time now, Duration window) {
+        if (at < 0) {
+            at = now;
+            used = accounted;
+            return 0;
+        }
+        if (now > at) {
+            const double w = 1 - std::exp(-static_cast<double>(now - at) / static_cast<double>(window));
+            rate += w * (static_cast<double>(accounted - used) / static_cast<double>(now - at) - rate);
+            gathered += w * (1 - gathered);
+            at = now;
+            used = accounted;
+        }
+        return gathered > 0 ? rate / gathered : 0;
+    }
+};
+
 struct Node {
     double vtime = 0;
     bool active = false;
@@ -129,10 +162,9 @@ struct Node {
     Duration burst = -1;    // leaves: mean GPU time charged between a return and going idle
     Duration burst_from = -1;  // leaves: `accounted` at the last return
     Duration turnaround = -1;  // leaves, while blocked: mean time from a completion that left no work to the next store
-    // Leaves: recent GPU rate (EWMA over kRateWindow), sampled at decisions.
-    double rate = 0;
-    Time rate_at = -1;
-    Duration rate_used = 0;
+    // Leaves: GPU rate over kRateWindow (is it behind now?) and over
+    // kBalanceWindow (who is further below its share?), read at decisions.
+    mutable RateMeter recent, sustained;
     RunQueue rq;
 };
 
@@ -395,22 +427,21 @@ private:
     // Is the leaf's recent GPU rate below its fair share?  A leaf that gets
     // its share anyway is not worth an idle or preempted engine.
     bool behind(EntityId leaf) {
-        Node& n = nodes_[leaf];
-        Time now = ctx_->now();
-        if (n.rate_at < 0) {
-            n.rate_at = now;
-            n.rate_used = n.accounted;
-            return true;
-        }
-        Duration dt = now - n.rate_at;
-        if (dt > 0) {
-            double w = 1 - std::exp(-static_cast<double>(dt) / static_cast<double>(kRateWindow));
-            double r = static_cast<double>(n.accounted - n.rate_used) / static_cast<double>(dt);
-            n.rate += w * (r - n.rate);
-            n.rate_at = now;
-            n.rate_used = n.accounted;
-        }
-        return n.rate < kBehind * fair_share(leaf);
+        const Node& n = nodes_[leaf];
+        const bool first = n.recent.at < 0;
+        const double rate = n.recent.read(n.accounted, ctx_->now(), kRateWindow);
+        return first || rate < kBehind * fair_share(leaf);
+    }
+
+    // Max-min between two leaves: is `a` further below its fair share than
+    // `b`, over a window long against their kernels and thinks (a leaf just
+    // fed always looks well served over a short one)?
+    bool further_behind(EntityId a, EntityId b) const {
+        const Time now = ctx_->now();
+        const Node& na = nodes_[a];
+        const Node& nb = nodes_[b];
+        return fair_share(a) - na.sustained.read(na.accounted, now, kBalanceWindow) >
+               fair_share(b) - nb.sustained.read(nb.accounted, now, kBalanceWindow);
     }
 
     ChannelMode mode_of(EntityId leaf) const {
@@ -1055,7 +1086,7 @@ private:
         // Fed past the cap, the kernel is the returning leaf's to take back
         // on a preemptive engine (preempt_for).
         if (best != kNoEntity && best_lead > static_cast<double>(p_.feed_lead)) {
-            if (delays_return(feed_estimate(best), feed_estimate(best, true))) return kNoEntity;
+            if (delays_return(best, feed_estimate(best), feed_estimate(best, true))) return kNoEntity;
             if (beyond_cap) *beyond_cap = true;
         }
         return best;
@@ -1065,7 +1096,7 @@ private:
     // kernels outlast) fed now make an unblocked leaf between bursts wait
     // longer on its return than the engine would idle until then (an
     // unknown think: it may return at any moment)?
-    bool delays_return(Duration est, Duration longest) const {
+    bool delays_return(EntityId fed, Duration est, Duration longest) const {
         Time now = ctx_->now();
         for (EntityId leaf : idle_candidates_) {
             const Node& n = nodes_[leaf];
@@ -1080,13 +1111,17 @@ private:
             // On a non-preemptive engine a kernel that may outlast the
             // leaf's return makes it wait.  Fed at the start of the leaf's
             // next think instead, it would make it wait only what it is
-            // longer than that think: feed it now only if the wait it adds
-            // is less than the engine would idle until the return.  Held
-            // for at most kHoldBursts of the leaf's bursts: in a longer
-            // think the idle costs the others more than the leaf gains.
+            // longer than that think.  Max-min between the two: while the
+            // returning leaf is further below its share than the fed one,
+            // any wait added is its loss and the idle the fed leaf's, so
+            // hold; otherwise feed it now only if the wait it adds is less
+            // than the engine would idle until the return.  Held for at
+            // most kHoldBursts of the leaf's bursts: in a longer think the
+            // idle costs the others more than the leaf gains.
             if (!can_preempt_ && until_back <= kHoldBursts * n.burst) {
                 const Duration added = std::max<Duration>(0, longest - until_back) -
                                        std::max<Duration>(0, longest - n.think);
+                if (added > 0 && further_behind(leaf, fed)) return true;
                 if (added > until_back) return true;
             }
             // Idling longer than the burst it would protect costs the others
