@@ -247,26 +247,27 @@ TEST_CASE("hfq preempts for a bursty leaf on the timeslice GPU: low-demand", "[s
 
 TEST_CASE("hfq holds the round-robin GPU for low-demand's monitor: error <= 0.03", "[scenario][bursty]") {
     // Issue 12's target on a non-preemptive GPU (the bound is 0.026,
-    // results.md section 7).  In the last three of the monitor's bursts
-    // before its return, a kernel that would make it wait is held while the
-    // monitor is further below its share than the fed leaf (over a second).
-    // 0.0408 at 3.3% idle before any hold; 0.0303 at 8.8% when the wait was
-    // traded one for one against the idle; 0.0295 at 10.3% now
-    // (deterministic).  What hfq must not do is idle the GPU for the
-    // monitor's whole 850 us think: that cost 19.5% idle and error 0.056
-    // before holds were bounded.
+    // results.md section 7).  A kernel that would make the thinking monitor
+    // wait is held while the monitor is further below its max-min share
+    // than the fed leaf (over a second).  0.0408 at 3.3% idle before any
+    // hold; 0.0303 at 8.8% when the wait was traded one for one against the
+    // idle in the last three bursts before the return; 0.0297 at 11.8% now,
+    // the monitor (0.0288) and the others (0.0297) equalised (deterministic).
+    // An unguarded hold for the monitor's whole think cost 19.5% idle and
+    // error 0.056: the guard stops holding once the others are worse off.
     SimResult r = run(bundled("low-demand"), "hfq", Arbitration::RoundRobin);
     INFO(describe(r));
     CHECK(r.fairness.max_share_error <= 0.03);
-    CHECK(r.idle_with_demand_fraction <= 0.104);
+    CHECK(r.idle_with_demand_fraction <= 0.118);
 }
 
 TEST_CASE("hfq holds for a returning monitor only while it is further behind than the fed leaf",
           "[scenario][bursty]") {
-    // low-demand with a 200 us / 800 us monitor: its three bursts cover 600
-    // us of its think.  Holding for every added wait in them starved the
-    // others below the monitor (0.0164 at 5.6% idle); judged by who is
-    // further below its share, 0.0117 at 4.1% (0.0120 at 4.1% with the one
+    // low-demand with a 200 us / 800 us monitor: its last three bursts
+    // before a return cover 600 us of its think.  Holding for every added
+    // wait in them, without asking who is worse off, starved the others
+    // below the monitor (0.0164 at 5.6% idle); judged by who is further
+    // below its max-min share, 0.0117 at 4.1% (0.0120 at 4.1% with the one
     // for one trade before).
     Scenario sc = bundled("low-demand");
     for (auto& e : sc.tree)
@@ -282,13 +283,15 @@ TEST_CASE("hfq holds for a returning monitor only while it is further behind tha
 
 // Found by a review of the holds and waits above, in scenarios no bundled
 // one covers (round-robin GPU, deterministic).
-TEST_CASE("hfq idles no more for a long-think monitor or a client that thinks between kernels",
+TEST_CASE("hfq holds for a long-think monitor and for clients that think between kernels only what it pays",
           "[scenario][bursty]") {
     // A monitor with a 2.5 ms think beside varying and 6 ms kernels: an
     // unbounded hold for kernels that may outlast its return idled 7.6%
     // and raised the error from 0.0082 to 0.0241; held for at most three
     // of its bursts (kHoldBursts), 0.0080 at 2.95% idle (0.5% before the
-    // hold existed: on this load it buys little).
+    // hold existed: on this load it buys little); 0.0083 at 3.06% since the
+    // max-min hold, which is not bounded by bursts but stops once the fed
+    // leaf is the worse off.
     SimResult th = run(parse_scenario(R"({"name": "long-think", "seed": 3, "duration_ms": 10000, "warmup_ms": 1000,
         "tree": [{"task": "mon", "weight": 15, "workload": {"kernel_us": 150, "gap_us": 2500}},
                  {"task": "pre", "workload": {"kernel_us": {"uniform": [100, 900]}}},
@@ -297,10 +300,16 @@ TEST_CASE("hfq idles no more for a long-think monitor or a client that thinks be
                        "hfq", Arbitration::RoundRobin);
     INFO(describe(th));
     CHECK(th.fairness.max_share_error <= 0.0085);
-    CHECK(th.idle_with_demand_fraction <= 0.03);
+    CHECK(th.idle_with_demand_fraction <= 0.031);
     // A client with 500 us kernels and 1.5 ms of CPU between them is not
     // turning around: waited for like one, it held a greedy 6 ms neighbour
-    // to its own share and the GPU busy 0.38 of the time.  Busy 0.9991 now.
+    // to its own share and the GPU busy 0.38 of the time (error 0.468).
+    // Not waited for, busy 0.9991 but error 0.301: the two thinking clients
+    // got 0.023 and 0.075 of their demands 0.15 and 0.25, as B's kernels ran
+    // into every think.  Held for while they are further below their
+    // max-min shares than B: 0.1147 at busy 0.749.  The least on a
+    // non-preemptive engine is 0.095 (each 6 ms kernel of B costs A at least
+    // 4.5 ms and the monitor 5.15 ms: B's error 0.6 - x against A's 0.1875 x).
     SimResult lt = run(parse_scenario(R"({"name": "think-not-turnaround", "seed": 3, "duration_ms": 10000,
         "warmup_ms": 1000,
         "tree": [{"task": "monitor", "workload": {"kernel_us": 150, "gap_us": 850}},
@@ -308,7 +317,8 @@ TEST_CASE("hfq idles no more for a long-think monitor or a client that thinks be
                  {"task": "B", "workload": {"kernel_us": 6000}}]})"),
                        "hfq", Arbitration::RoundRobin);
     INFO(describe(lt));
-    CHECK(lt.busy_fraction >= 0.99);
+    CHECK(lt.fairness.max_share_error <= 0.115);
+    CHECK(lt.busy_fraction >= 0.749);
 }
 
 TEST_CASE("hfq on every other bundled scenario: error <= 0.01, idle with work <= 1%", "[scenario][hfq]") {

@@ -307,14 +307,20 @@ TEST_CASE("hfq: on the timeslice GPU a returning bursty leaf preempts a blocked 
     // b: 150 us kernels, 850 us think (demand 0.15); a: greedy 6 ms kernels.
     // Each return of b finds a's kernel on the engine.  With a host
     // preemption (75 us of dead engine time) per return, b gets at most
-    // 150 / (150 + 850 + 75) = 0.1395; without one (round-robin GPU) it
-    // waits for a's kernel to end.
+    // 150 / (150 + 850 + 75) = 0.1395.  Without one (round-robin GPU) each
+    // of a's kernels makes b wait at least 6 - 0.85 = 5.15 ms, so with a
+    // share x, b gets at most 0.15 (1 - 5.15 x / 6); the max-min split
+    // equalises a's error (0.85 - x) and b's (0.129 x): x = 0.7530, b =
+    // 0.0530.  hfq used to feed a whenever b thought (b 0.02); it now holds
+    // the engine while b is further below its max-min share than a.
     Split ts = run_pair(Arbitration::Timeslice, 6000, 150, 850, 1);
     Split rr = run_pair(Arbitration::RoundRobin, 6000, 150, 850, 1);
     INFO("timeslice: a " << ts.a << " b " << ts.b << "; round-robin: a " << rr.a << " b " << rr.b);
     CHECK(ts.b == Approx(150.0 / 1075.0).margin(0.002));
     CHECK(ts.a >= 0.78);  // the rest, less the preemptions' dead time
-    CHECK(rr.b < 0.03);
+    const double x = 0.85 / (1 + 0.15 * 5.15 / 6);
+    CHECK(rr.a == Approx(x).margin(0.002));
+    CHECK(rr.b == Approx(0.15 * (1 - 5.15 * x / 6)).margin(0.002));
 }
 
 // A bursty leaf far behind keeps its two greedy siblings blocked, and the

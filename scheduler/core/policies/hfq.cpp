@@ -30,10 +30,13 @@
 // left the engine idle with held work is thinking between bursts.  Its
 // doorbells are trapped from then on, so its think time is learned exactly.
 // Feeding stops once the least-ahead blocked leaf is `feed_lead` ahead,
-// unless its learned kernel would not delay the thinking leaf (or, while the
-// fed leaf is further below its share over the last second, would delay it
-// less than the engine would idle until its learned return): the fed leaf
-// cannot run away from a leaf that is owed the GPU when it comes back.  A returning leaf
+// if its learned kernel would delay the thinking leaf's learned return and
+// either the thinking leaf is further below its max-min share (demands
+// water-filled by weight, GPU rates over the last second) than the fed
+// one, or, within a few of its bursts of the return, the delay is longer
+// than the engine would idle until then.  The fed leaf cannot run away
+// from a leaf that is owed the GPU when it comes back, and the engine
+// idles only while the leaf it idles for is the worse off.  A returning leaf
 // keeps up to `lag` of credit, more than `threshold`, so its siblings stay
 // blocked while it bursts.  On a preemptive engine a returning bursty leaf
 // below its fair share takes the engine from a blocked leaf's kernel (host
@@ -84,19 +87,20 @@ constexpr double kUnitWeight = 100.0;
 // over about this long is below its fair share.
 constexpr Duration kRateWindow = 50 * kMillisecond;
 constexpr double kBehind = 0.9;
-// Which of two leaves is further below its share is judged over this long:
-// the shortest that holds low-demand's error within 0.0297 at every hold
-// bound from 3 to 8 bursts (results.md section 7; 0.2 s reads a leaf just
-// fed as well served and lets holds starve the others: 0.0330 at 8).
+// Which of two leaves is further below its max-min share is judged over
+// this long (results.md section 7 sweeps it: 0.2 s reads a leaf just fed as
+// well served and lets holds starve the others, low-demand 0.0330; from 1 s
+// on within 0.0297, 5 s 0.0290, at the cost of a slower response).
 constexpr Duration kBalanceWindow = 1000 * kMillisecond;
 // A bursty leaf stays in the run queue through a think of at most this many
 // times `idle_us`: a longer think is not a burst pattern worth holding for.
 constexpr int kMaxStay = 4;
-// On a non-preemptive engine the engine idles for a thinking leaf at most
-// this many of its bursts before its return, for a kernel that would make
-// it wait (delays_return).  Swept in docs/results.md section 7: 1 and 2
-// give back most of what the hold buys on low-demand, 4 and more idle a
-// long-think leaf's neighbours for nothing.
+// On a non-preemptive engine the engine idles for a thinking leaf that is
+// not the worse off at most this many of its bursts before its return, for
+// a kernel that would make it wait more than the idle (delays_return).
+// Swept in docs/results.md section 7: 2 gives back part of what the hold
+// buys on low-demand, 4 and more idle a long-think leaf's neighbours for
+// nothing.
 constexpr Duration kHoldBursts = 3;
 
 struct Key {
@@ -433,15 +437,58 @@ private:
         return first || rate < kBehind * fair_share(leaf);
     }
 
-    // Max-min between two leaves: is `a` further below its fair share than
-    // `b`, over a window long against their kernels and thinks (a leaf just
-    // fed always looks well served over a short one)?
+    // What a leaf asks for: burst / (burst + think) of the GPU once both
+    // are learned, else all of it.
+    double demand(EntityId id) const {
+        const Node& n = nodes_[id];
+        if (!ctx_->tree().is_leaf(id) || n.think < 0 || n.burst <= 0) return INFINITY;
+        return static_cast<double>(n.burst) / static_cast<double>(n.burst + n.think);
+    }
+
+    // The leaf's max-min fair share: at every level the parent's share is
+    // water-filled over the backlogged children by weight, a child that
+    // asks for less than its part getting what it asks for and the rest
+    // going to the others (an inner entity counts as asking for all).
+    // fair_share() is the same without demands.
+    double maxmin_share(EntityId leaf) const {
+        ancestors_.clear();
+        for (EntityId a = leaf; a != kRootEntity; a = parent_of(a)) ancestors_.push_back(a);
+        double share = 1;
+        for (auto it = ancestors_.rbegin(); it != ancestors_.rend(); ++it) {
+            const EntityId child = *it;
+            const RunQueue& rq = nodes_[parent_of(child)].rq;
+            fill_.clear();  // (demand per unit weight, weight), relative to `share`
+            bool listed = false;
+            for (const auto* set : {&rq.open, &rq.blocked})
+                for (const Key& k : *set) {
+                    fill_.push_back({demand(k.id) / share / weight_of(k.id), double(weight_of(k.id))});
+                    listed = listed || k.id == child;
+                }
+            if (!listed) fill_.push_back({demand(child) / share / weight_of(child), double(weight_of(child))});
+            std::sort(fill_.begin(), fill_.end());
+            double left = 1, weights = 0;
+            for (const auto& f : fill_) weights += f.second;
+            double level = 0;  // share per unit weight of those asking for more
+            for (const auto& f : fill_) {
+                level = left / weights;
+                if (f.first >= level) break;
+                left -= f.first * f.second;
+                weights -= f.second;
+            }
+            share *= std::min(demand(child) / share, level * weight_of(child));
+        }
+        return share;
+    }
+
+    // Max-min between two leaves: is `a` further below its max-min share
+    // than `b`, over a window long against their kernels and thinks (a
+    // leaf just fed always looks well served over a short one)?
     bool further_behind(EntityId a, EntityId b) const {
         const Time now = ctx_->now();
         const Node& na = nodes_[a];
         const Node& nb = nodes_[b];
-        return fair_share(a) - na.sustained.read(na.accounted, now, kBalanceWindow) >
-               fair_share(b) - nb.sustained.read(nb.accounted, now, kBalanceWindow);
+        return maxmin_share(a) - na.sustained.read(na.accounted, now, kBalanceWindow) >
+               maxmin_share(b) - nb.sustained.read(nb.accounted, now, kBalanceWindow);
     }
 
     ChannelMode mode_of(EntityId leaf) const {
@@ -1101,29 +1148,30 @@ private:
         for (EntityId leaf : idle_candidates_) {
             const Node& n = nodes_[leaf];
             if (n.shadowed || n.idle_since < 0) continue;
-            // Demand (burst / (burst + think)) below its fair share: max-min
-            // fairness owes it its demand, not a GPU held at everyone's cost.
-            if (n.think >= 0 && n.burst > 0 &&
-                static_cast<double>(n.burst) < fair_share(leaf) * static_cast<double>(n.burst + n.think))
-                continue;
             if (n.think < 0) return true;
             Duration until_back = std::max<Duration>(0, n.idle_since + n.think - now);
             // On a non-preemptive engine a kernel that may outlast the
             // leaf's return makes it wait.  Fed at the start of the leaf's
             // next think instead, it would make it wait only what it is
             // longer than that think.  Max-min between the two: while the
-            // returning leaf is further below its share than the fed one,
-            // any wait added is its loss and the idle the fed leaf's, so
-            // hold; otherwise feed it now only if the wait it adds is less
-            // than the engine would idle until the return.  Held for at
-            // most kHoldBursts of the leaf's bursts: in a longer think the
-            // idle costs the others more than the leaf gains.
-            if (!can_preempt_ && until_back <= kHoldBursts * n.burst) {
+            // returning leaf is further below its max-min share than the
+            // fed one, any wait added is its loss and the idle the fed
+            // leaf's, so hold, however long the think.  Otherwise, in the
+            // last kHoldBursts of the leaf's bursts before its return, feed
+            // it now only if the wait it adds is less than the engine would
+            // idle until the return (in a longer think the idle costs the
+            // others more than the leaf gains).
+            if (!can_preempt_) {
                 const Duration added = std::max<Duration>(0, longest - until_back) -
                                        std::max<Duration>(0, longest - n.think);
                 if (added > 0 && further_behind(leaf, fed)) return true;
-                if (added > until_back) return true;
+                if (until_back <= kHoldBursts * n.burst && added > until_back) return true;
             }
+            // Demand (burst / (burst + think)) below its fair share: max-min
+            // fairness owes it its demand, not a GPU held at everyone's cost.
+            if (n.think >= 0 && n.burst > 0 &&
+                static_cast<double>(n.burst) < fair_share(leaf) * static_cast<double>(n.burst + n.think))
+                continue;
             // Idling longer than the burst it would protect costs the others
             // more GPU time than the returning leaf gets back.
             if (until_back > n.burst) continue;
@@ -1153,6 +1201,8 @@ private:
     std::set<EntityId> idle_candidates_;  // active leaves seen without work
     std::set<EntityId> metered_;
     std::vector<EntityId> scan_;  // feed_unheard's copy of metered_
+    mutable std::vector<EntityId> ancestors_;               // maxmin_share's scratch
+    mutable std::vector<std::pair<double, double>> fill_;   // ... and its water-filling
     bool scanning_ = false;       // feed_unheard is walking scan_
     Time scanned_at_ = -1;      // last look for metered leaves left without work on the GPU
     ChannelId left_engine_ = 0; // the channel last seen on the engine (0: idle)
