@@ -660,6 +660,7 @@ private:
     void rebalance(EntityId parent) {
         RunQueue& rq = nodes_[parent].rq;
         if (rq.empty()) return;
+        lift_thinking(rq);
         double m = rq.min_vtime();
         rq.floor = std::max(rq.floor, m);
         // One factor for both bounds, so unblock stays within threshold.
@@ -674,6 +675,38 @@ private:
         }
         while (!rq.blocked.empty() && rq.blocked.begin()->vtime - m <= scale * static_cast<double>(p_.unblock)) {
             unblock(rq, *rq.blocked.begin());
+        }
+    }
+
+    // A leaf thinking between bursts stays in the run queue, where its vtime
+    // banks credit.  One that asks for less than its fair share would bank
+    // it without bound and pin every sibling to its own pace (a sibling
+    // asking more than it, but less than its share, was held to it: 0.139
+    // of 0.25 on the timeslice GPU).  Max-min owes it its demand, not a
+    // pace: it is kept at most `lag` behind the least-served sibling with
+    // work, as it would be on returning to the queue.
+    void lift_thinking(RunQueue& rq) {
+        double busy_min = INFINITY;
+        for (const auto* set : {&rq.open, &rq.blocked})
+            for (const Key& k : *set)
+                if (nodes_[k.id].idle_since < 0 || !ctx_->tree().is_leaf(k.id)) {
+                    busy_min = std::min(busy_min, k.vtime);
+                    break;
+                }
+        if (!std::isfinite(busy_min)) return;
+        const double low = busy_min - static_cast<double>(p_.lag);
+        lifted_.clear();
+        for (const auto* set : {&rq.open, &rq.blocked})
+            for (const Key& k : *set) {
+                if (k.vtime >= low) break;
+                if (nodes_[k.id].idle_since >= 0 && ctx_->tree().is_leaf(k.id) && demand(k.id) < fair_share(k.id))
+                    lifted_.push_back(k);
+            }
+        for (const Key& k : lifted_) {
+            auto& set = nodes_[k.id].blocked ? rq.blocked : rq.open;
+            set.erase(k);
+            nodes_[k.id].vtime = low;
+            set.insert({low, k.id});
         }
     }
 
@@ -1213,6 +1246,7 @@ private:
     Timer grace_timer_;
     Time grace_at_ = 0;
     Timer preempt_timer_;
+    std::vector<Key> lifted_;  // lift_thinking's scratch
     ChannelId fed_ch_ = 0;  // channel of the fed kernel on the engine since fed_at_, if any
     Time fed_at_ = 0;
     std::optional<Time> fed_done_;  // the fed channel's completion timestamp when fed
