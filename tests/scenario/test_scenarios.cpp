@@ -307,7 +307,8 @@ TEST_CASE("hfq holds for a long-think monitor and for clients that think between
     // Not waited for, busy 0.9991 but error 0.301: the two thinking clients
     // got 0.023 and 0.075 of their demands 0.15 and 0.25, as B's kernels ran
     // into every think.  Held for while they are further below their
-    // max-min shares than B: 0.1147 at busy 0.749.  The least on a
+    // max-min shares than B: 0.1147 at busy 0.749; 0.1065 at busy 0.724
+    // once A counts while blocked behind the returning monitor.  The least on a
     // non-preemptive engine is 0.095 (each 6 ms kernel of B costs A at least
     // 4.5 ms and the monitor 5.15 ms: B's error 0.6 - x against A's 0.1875 x).
     const Scenario think = parse_scenario(R"({"name": "think-not-turnaround", "seed": 3, "duration_ms": 10000,
@@ -317,8 +318,8 @@ TEST_CASE("hfq holds for a long-think monitor and for clients that think between
                  {"task": "B", "workload": {"kernel_us": 6000}}]})");
     SimResult lt = run(think, "hfq", Arbitration::RoundRobin);
     INFO(describe(lt));
-    CHECK(lt.fairness.max_share_error <= 0.115);
-    CHECK(lt.busy_fraction >= 0.749);
+    CHECK(lt.fairness.max_share_error <= 0.107);
+    CHECK(lt.busy_fraction >= 0.724);
     // On the timeslice GPU both return by preempting B, but the monitor,
     // thinking in the run queue below its share, banked vtime without
     // bound and A was blocked at its pace: 0.139 each, error 0.111.  Kept

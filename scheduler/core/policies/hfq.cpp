@@ -1180,7 +1180,7 @@ private:
         Time now = ctx_->now();
         for (EntityId leaf : idle_candidates_) {
             const Node& n = nodes_[leaf];
-            if (n.shadowed || n.idle_since < 0) continue;
+            if (n.idle_since < 0 || (n.shadowed && n.think < 0)) continue;
             if (n.think < 0) return true;
             Duration until_back = std::max<Duration>(0, n.idle_since + n.think - now);
             // On a non-preemptive engine a kernel that may outlast the
@@ -1193,13 +1193,17 @@ private:
             // last kHoldBursts of the leaf's bursts before its return, feed
             // it now only if the wait it adds is less than the engine would
             // idle until the return (in a longer think the idle costs the
-            // others more than the leaf gains).
+            // others more than the leaf gains).  A leaf blocked behind a
+            // sibling (one returning with credit) is held for only on the
+            // first count: it may still be further below its max-min share
+            // than the fed leaf, but it is not owed the engine's idle.
             if (!can_preempt_) {
                 const Duration added = std::max<Duration>(0, longest - until_back) -
                                        std::max<Duration>(0, longest - n.think);
                 if (added > 0 && further_behind(leaf, fed)) return true;
-                if (until_back <= kHoldBursts * n.burst && added > until_back) return true;
+                if (!n.shadowed && until_back <= kHoldBursts * n.burst && added > until_back) return true;
             }
+            if (n.shadowed) continue;
             // Demand (burst / (burst + think)) below its fair share: max-min
             // fairness owes it its demand, not a GPU held at everyone's cost.
             if (n.think >= 0 && n.burst > 0 &&
