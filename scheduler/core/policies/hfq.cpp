@@ -480,15 +480,12 @@ private:
         return share;
     }
 
-    // Max-min between two leaves: is `a` further below its max-min share
-    // than `b`, over a window long against their kernels and thinks (a
-    // leaf just fed always looks well served over a short one)?
-    bool further_behind(EntityId a, EntityId b) const {
-        const Time now = ctx_->now();
-        const Node& na = nodes_[a];
-        const Node& nb = nodes_[b];
-        return maxmin_share(a) - na.sustained.read(na.accounted, now, kBalanceWindow) >
-               maxmin_share(b) - nb.sustained.read(nb.accounted, now, kBalanceWindow);
+    // How far the leaf is below its max-min share, over a window long
+    // against its kernels and thinks (a leaf just fed always looks well
+    // served over a short one).  Max-min serves the larger first.
+    double shortfall(EntityId leaf) const {
+        const Node& n = nodes_[leaf];
+        return maxmin_share(leaf) - n.sustained.read(n.accounted, ctx_->now(), kBalanceWindow);
     }
 
     ChannelMode mode_of(EntityId leaf) const {
@@ -1178,6 +1175,7 @@ private:
     // unknown think: it may return at any moment)?
     bool delays_return(EntityId fed, Duration est, Duration longest) const {
         Time now = ctx_->now();
+        std::optional<double> fed_shortfall;  // the same for every thinking leaf: once
         for (EntityId leaf : idle_candidates_) {
             const Node& n = nodes_[leaf];
             if (n.idle_since < 0 || (n.shadowed && n.think < 0)) continue;
@@ -1200,15 +1198,16 @@ private:
             if (!can_preempt_) {
                 const Duration added = std::max<Duration>(0, longest - until_back) -
                                        std::max<Duration>(0, longest - n.think);
-                if (added > 0 && further_behind(leaf, fed)) return true;
+                if (added > 0) {
+                    if (!fed_shortfall) fed_shortfall = shortfall(fed);
+                    if (shortfall(leaf) > *fed_shortfall) return true;
+                }
                 if (!n.shadowed && until_back <= kHoldBursts * n.burst && added > until_back) return true;
             }
             if (n.shadowed) continue;
             // Demand (burst / (burst + think)) below its fair share: max-min
             // fairness owes it its demand, not a GPU held at everyone's cost.
-            if (n.think >= 0 && n.burst > 0 &&
-                static_cast<double>(n.burst) < fair_share(leaf) * static_cast<double>(n.burst + n.think))
-                continue;
+            if (demand(leaf) < fair_share(leaf)) continue;
             // Idling longer than the burst it would protect costs the others
             // more GPU time than the returning leaf gets back.
             if (until_back > n.burst) continue;
@@ -1240,6 +1239,7 @@ private:
     std::vector<EntityId> scan_;  // feed_unheard's copy of metered_
     mutable std::vector<EntityId> ancestors_;               // maxmin_share's scratch
     mutable std::vector<std::pair<double, double>> fill_;   // ... and its water-filling
+    std::vector<Key> lifted_;                                // lift_thinking's scratch
     bool scanning_ = false;       // feed_unheard is walking scan_
     Time scanned_at_ = -1;      // last look for metered leaves left without work on the GPU
     ChannelId left_engine_ = 0; // the channel last seen on the engine (0: idle)
@@ -1250,7 +1250,6 @@ private:
     Timer grace_timer_;
     Time grace_at_ = 0;
     Timer preempt_timer_;
-    std::vector<Key> lifted_;  // lift_thinking's scratch
     ChannelId fed_ch_ = 0;  // channel of the fed kernel on the engine since fed_at_, if any
     Time fed_at_ = 0;
     std::optional<Time> fed_done_;  // the fed channel's completion timestamp when fed
