@@ -993,7 +993,7 @@ private:
         } else {
             // New work during a longer wait (resubmit_wait's) is looked at
             // within `grace`, not at the wait's end.
-            release_by(now + p_.grace);
+            if (!shadowed_leaves_.empty()) release_by(now + p_.grace);
         }
     }
 
@@ -1063,8 +1063,8 @@ private:
                 if (n.think < 0 && n.idle_since >= 0 && ctx_->now() - n.idle_since >= p_.anticipate)
                     n.think = p_.anticipate;
             }
-        if (ctx_->engine_status()) return;
         if (shadowed_leaves_.empty()) return;
+        if (ctx_->engine_status()) return;
         // The engine idles with work held back because these unblocked
         // leaves are between bursts: watch for their returns from now on.
         for (EntityId leaf : idle_candidates_)
