@@ -353,6 +353,18 @@ private:
             if (has_work(c)) return true;
         return false;
     }
+    // At an interrupt the accounting has just read the engine.  The channel
+    // on it has work, and an idle engine has nothing pending anywhere (the
+    // GPU serves any channel with work): only held entries can be left.
+    // Saves a register read per kernel of a leaf that waits on each fence.
+    bool has_work_at_fence(ChannelId ch, EntityId leaf) const {
+        const std::optional<ChannelId> running = ctx_->running_seen();
+        if (running == ch) return true;
+        if (running) return leaf_has_work(leaf);
+        for (ChannelId c : ctx_->channels_of(leaf))
+            if (ctx_->held(c) > 0) return true;
+        return false;
+    }
 
     // ---- accounting ----
 
@@ -388,7 +400,7 @@ private:
         auto it = chans_.find(ch);
         if (it == chans_.end()) return;
         EntityId leaf = it->second;
-        if (leaf_has_work(leaf)) {
+        if (has_work_at_fence(ch, leaf)) {
             mark_busy(leaf);
         } else if (nodes_[leaf].idle_since < 0) {
             Node& n = nodes_[leaf];
