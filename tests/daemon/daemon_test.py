@@ -9,7 +9,7 @@ lines so they can go into docs/results.md.
 usage: daemon_test.py --pvgpud PATH --pvgpuctl PATH --load PATH [--libtest PATH] CASE
 CASE: client | library | fairness | weights | admin | restart | protocol |
       permissions | monitoring | ctl-compat | metrics | identity | migrate |
-      limits | queue-fds | admin-slots | all
+      limits | queue-fds | admin-slots | completion | cheat | all
 Exit status: 0 pass, 1 fail, 77 skipped (meson's convention).
 """
 
@@ -156,9 +156,11 @@ def ctl_json(bins, daemon, *args):
 class Load:
     """A pvgpu-load process; collects its periodic reports from stderr."""
 
-    def __init__(self, bins, daemon, mode, *args, name, prefix=()):
+    def __init__(self, bins, daemon, mode, *args, name, prefix=(), cmd=None):
+        """cmd: another program reporting as pvgpu-load does (the cheater)."""
         self.name = name
-        cmd = list(prefix) + [bins.load, mode, "--socket", daemon.socket, "--name", name] + [str(a) for a in args]
+        if cmd is None:
+            cmd = list(prefix) + [bins.load, mode, "--socket", daemon.socket, "--name", name] + [str(a) for a in args]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
         self.reports = []  # (CLOCK_MONOTONIC seconds, completed kernels)
@@ -1235,6 +1237,195 @@ def case_monitoring(bins, tmp):
         d.stop()
 
 
+# ---- a host client forging its control page (issue 12 item 3) ----------------------
+
+CTRL_IB_GET, CTRL_FENCE, CTRL_STATUS = 0x04, 0x08, 0x0C  # PVGPU_CTRL_*
+CHAN_STATUS_ERROR = 1
+FORGE_PERIOD_S = float(os.environ.get("PVGPU_FORGE_PERIOD_S", "0.0005"))
+
+
+def cheat_client(socket_path, name, kernel_us, depth):
+    """Runs as its own process (daemon_test.py --cheat-client ...): a raw
+    host client whose ring is always full of long kernels and whose control
+    page always says the GPU fetched nothing (IB_GET 0) and completed
+    everything (FENCE at its newest submission), as Workload::forge_progress
+    does in the simulator (tests/unit/test_forged_progress.cpp).  A pvgpud
+    that took GPU progress from that page would charge it nothing.
+
+    It cannot trust FENCE, which it overwrites itself, yet must know how far
+    the GPU got: to stay backlogged and never to have more than the ring's
+    PVGPU_RING_ENTRIES outstanding (the GPU fails such a channel).  So, every
+    ~0.5 ms: read FENCE; a value other than the one it last forged was stored
+    by the GPU at a completion since then (the true FENCE, monotonic and
+    never past IB_PUT); top the ring up to `depth` entries past the newest
+    true FENCE seen; then forge IB_GET and FENCE again.  A completion stored
+    between its read and its forge is lost to it, so its count lags the GPU's
+    by at most a kernel or two: it over-estimates what is outstanding, which
+    keeps it below the ring's size, and with `depth` (64 x 2 ms = 128 ms of
+    work) far above a loop's lag it never runs dry.  The true FENCE it reads
+    is what the GPU ran; it reports it like pvgpu-load's reports on stderr
+    ("t=... completed=..."), the test's ground truth for its GPU time.
+    PVGPU_CHEAT_NO_FORGE=1 makes it an honest twin (for comparisons);
+    PVGPU_FORGE_PERIOD_S sets its loop period (default 0.5 ms; forging every
+    20 us changed nothing either way)."""
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    c = RawClient(socket_path)
+    # Version 2: no completion notifier, which it would not use.
+    c.hello(name, version=2)
+    status, _, fds = c.alloc()
+    check(status == E_OK, f"cheater: CHAN_ALLOC status {status}")
+    ch = RawChannel(fds)
+    mem = ch.mem
+    kernel_ns = kernel_us * 1000
+    real = 0  # newest true FENCE seen
+    forged = 0  # the FENCE it last stored
+    forges = 0
+    last_report = 0.0
+    while not stop:
+        f = struct.unpack_from("<I", mem, CTRL_FENCE)[0]
+        if f != forged and 0 < (f - real) % 2**32 < 2**31:
+            real = f
+        if struct.unpack_from("<I", mem, CTRL_STATUS)[0] == CHAN_STATUS_ERROR:
+            err = struct.unpack_from("<I", mem, 0x10)[0]
+            print(f"cheat t={time.monotonic():.6f} channel failed: error {err}", file=sys.stderr, flush=True)
+            return 3
+        added = 0
+        while (ch.put - real) % 2**32 < depth:
+            struct.pack_into("<QII", mem, PAGE + (ch.put % RING_ENTRIES) * 16, kernel_ns,
+                             (ch.put + 1) % 2**32, ENTRY_IRQ)
+            ch.put = (ch.put + 1) % 2**32
+            added += 1
+        if added:
+            struct.pack_into("<I", mem, 0, ch.put)
+            os.write(ch.doorbell, struct.pack("<Q", 1))
+        # The forgery: nothing fetched, everything completed.
+        if not os.environ.get("PVGPU_CHEAT_NO_FORGE"):
+            struct.pack_into("<II", mem, CTRL_IB_GET, 0, ch.put)
+            forged = ch.put
+        forges += 1
+        now = time.monotonic()
+        if now - last_report >= 0.1:
+            print(f"cheat t={now:.6f} completed={real} submitted={ch.put}", file=sys.stderr, flush=True)
+            last_report = now
+        time.sleep(FORGE_PERIOD_S)
+    print(f"completed={real}\nsubmitted={ch.put}\nforges={forges}", flush=True)
+    ch.close()
+    c.close()
+    return 0
+
+
+def cheater(bins, daemon, name, kernel_us, depth=64):
+    cmd = [sys.executable, os.path.abspath(__file__), "--cheat-client", daemon.socket, name,
+           str(kernel_us), str(depth)]
+    return Load(bins, daemon, "cheat", name=name, cmd=cmd)
+
+
+# GPU time error allowed per client, as a fraction of the interval's GPU
+# time, and the cheater's share allowed over 0.5 under the fair policies.
+# Measured in 5 runs on the shared 2-core machine: |pvgpuctl - ran| at most
+# 0.0004 (hfq), 0.0010 (none), 0.0055 (timeslice), 0.0096 (dfq) of the GPU
+# time; cheater share 0.7999..0.8001 (none), 0.495..0.497 (timeslice),
+# 0.528..0.532 (dfq), 0.4999..0.5002 (hfq).  The GPU time tolerance is three
+# times the worst error; the share's is case_fairness's (real-time jitter).
+CHEAT_GPU_TIME_TOL = 0.03
+CHEAT_SHARE_TOL = 0.08
+
+
+def case_cheat(bins, tmp):
+    """Issue 12 item 3: a host client that pins IB_GET at 0 and FENCE at its
+    newest submission in its control page (2 ms kernels, ring kept full)
+    against an honest throttle (500 us kernels, same weight), under none,
+    timeslice, dfq and hfq in one daemon.  pvgpud must read progress from the
+    GPU: `pvgpuctl list` shows the cheater's GPU time as what the GPU ran for
+    it (its true FENCE x 2 ms) and the honest one's as its own count; the fair
+    policies hold the cheater to half.  Under none the GPU's round-robin
+    gives the long kernels about 2000 / 2500 = 0.8; only the accounting is
+    checked there.  Reverting the fix (SimGpu::read_ib_get/read_fence
+    returning the control page's values) fails it under hfq: the cheater
+    is starved (0 s of GPU) and pvgpuctl shows 0 for it."""
+    d = Daemon(bins, tmp)
+    d.start()
+    kernel_us = [2000, 500]
+    loads = []
+    try:
+        # The honest throttle keeps up to 64 entries queued (batches of 16,
+        # four in flight), as many as the cheater: dfq lets a denied leaf in
+        # for the rest of a freerun whenever the allowed ones leave the GPU
+        # idle, and with the default 4 x 2 throttle the honest client's
+        # wake-up gaps gave the long-kernel client 0.68 under dfq, forging
+        # or not (0.681 forged, 0.678 with PVGPU_CHEAT_NO_FORGE=1): dfq's
+        # work conservation, not the forgery.  8 x 4 gave 0.61, 16 x 4 0.53.
+        loads = [cheater(bins, d, "cheater", kernel_us[0]),
+                 throttle(bins, d, "honest", kernel_us[1], duration=60, batch=16, depth=4)]
+        paths = [f"{HOST}/cheater", f"{HOST}/honest"]
+        for load in loads:
+            load.wait_until(lambda l: len(l.reports) >= 1, 10, "its first report")
+        for policy in ("none", "timeslice", "dfq", "hfq"):
+            ctl(bins, d, "set-policy", policy)
+            check(ctl_json(bins, d, "policy")["policy"] == policy, f"set-policy {policy} did not stick")
+            # Let the daemon's window (2 s) fill with this policy only.
+            settle_until = time.monotonic() + 2.3
+            for load in loads:
+                load.wait_until(lambda l, t=settle_until: l.reports and l.reports[-1][0] >= t, 12,
+                                "the window to fill")
+            ta, before, _ = list_at(bins, d)
+            for load in loads:
+                load.wait_until(lambda l, t=ta + 3.0: l.reports and l.reports[-1][0] >= t, 15, "3 s of reports")
+            tb, after, _ = list_at(bins, d)
+            for load in loads:  # reports past tb, to interpolate at tb
+                load.wait_until(lambda l, t=tb: l.reports and l.reports[-1][0] >= t + 0.05, 10, "a report past tb")
+            for load in loads:
+                check(load.proc.poll() is None, f"{policy}: {load.name} exited ({load.proc.poll()})")
+                load_gone = [p for p in paths if p not in after]
+                check(not load_gone, f"{policy}: {load_gone} missing from pvgpuctl list")
+
+            span = tb - ta
+            real = [(l.completed_at(tb) - l.completed_at(ta)) * k / 1e6 for l, k in zip(loads, kernel_us)]
+            daemon_gpu = [(after[p]["gpu_time_ms"] - before[p]["gpu_time_ms"]) / 1e3 for p in paths]
+            total = sum(real)
+            check(total > 0, f"{policy}: no kernel completed")
+            share = real[0] / total
+            kernels = [l.completed_at(tb) - l.completed_at(ta) for l in loads]
+            result(f"cheat.{policy}.cheater_share", f"{share:.4f}")
+            result(f"cheat.{policy}.cheater_daemon_share", f"{daemon_gpu[0] / max(sum(daemon_gpu), 1e-9):.4f}")
+            result(f"cheat.{policy}.gpu_utilisation", f"{total / span:.3f}")
+            for i, p in enumerate(paths):
+                name = p.split("/")[-1]
+                result(f"cheat.{policy}.{name}.real_gpu_s", f"{real[i]:.4f}")
+                result(f"cheat.{policy}.{name}.daemon_gpu_s", f"{daemon_gpu[i]:.4f}")
+                result(f"cheat.{policy}.{name}.gpu_time_error", f"{(daemon_gpu[i] - real[i]) / total:+.4f}")
+                result(f"cheat.{policy}.{name}.kernels_delta", after[p]["kernels"] - before[p]["kernels"])
+            # The cheater's true count is bounded by what the GPU had left
+            # after the honest client (window x busy - honest, busy <= 1).
+            check(real[0] <= span - real[1] + CHEAT_GPU_TIME_TOL * span,
+                  f"{policy}: the cheater counted {real[0]:.3f} s, more than the {span - real[1]:.3f} s "
+                  f"the honest client left of the {span:.3f} s window")
+            check(real[0] > 0.1 * span, f"{policy}: the cheater ran only {real[0]:.3f} s of {span:.3f} s: "
+                                        f"starved (a daemon that believes its forged FENCE sees no backlog)")
+            check(daemon_gpu[0] > 0.1 * span, f"{policy}: pvgpuctl list shows the cheater's GPU time as "
+                                              f"{daemon_gpu[0]:.3f} s, it ran {real[0]:.3f} s")
+            for i, p in enumerate(paths):
+                err = abs(daemon_gpu[i] - real[i]) / total
+                check(err <= CHEAT_GPU_TIME_TOL,
+                      f"{policy}: {p} GPU time {daemon_gpu[i]:.3f} s by pvgpuctl, {real[i]:.3f} s ran "
+                      f"(error {err:.3f} of the interval's GPU time > {CHEAT_GPU_TIME_TOL})")
+                dk = after[p]["kernels"] - before[p]["kernels"]
+                check(abs(dk - kernels[i]) <= 0.02 * kernels[i] + 16,
+                      f"{policy}: {p} kernels {dk} by pvgpuctl, {kernels[i]:.0f} ran")
+            if policy != "none":
+                check(share <= 0.5 + CHEAT_SHARE_TOL,
+                      f"{policy}: the cheater got {share:.3f} of the GPU, expected <= 0.5 + {CHEAT_SHARE_TOL}")
+        check(d.alive(), "pvgpud died")
+    finally:
+        for load in loads:
+            rc, values = load.finish(sig=signal.SIGTERM)
+            if rc != 0:
+                load.dump()
+            check(rc == 0, f"{load.name}: exit status {rc}")
+        d.stop()
+
+
 class FakeAdmin:
     """An admin socket answering `version`, `list` and `stats` with canned
     replies, one connection at a time: an older (or newer) pvgpud."""
@@ -1868,10 +2059,13 @@ CASES = {
     "ctl-compat": case_ctl_compat,
     "metrics": case_metrics,
     "completion": case_completion,
+    "cheat": case_cheat,
 }
 
 
 def main():
+    if len(sys.argv) == 6 and sys.argv[1] == "--cheat-client":
+        return cheat_client(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pvgpud", required=True)
     ap.add_argument("--pvgpuctl", required=True)
