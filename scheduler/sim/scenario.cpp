@@ -255,10 +255,11 @@ SimGpuConfig parse_gpu(const json& v, const std::string& path) {
     return cfg;
 }
 
-// Host-side costs go to the scheduler; `preempt_us` is engine dead time.
+// Host-side costs go to the scheduler; `preempt_us` is engine dead time and
+// `irq_latency_us` the GPU's interrupts' way to the host.
 MechanismCosts parse_costs(const json& v, const std::string& path, SimGpuConfig& gpu) {
-    static constexpr std::array<std::string_view, 4> kFields = {"trap_us", "remap_us", "poll_us",
-                                                                "preempt_us"};
+    static constexpr std::array<std::string_view, 5> kFields = {"trap_us", "remap_us", "poll_us",
+                                                                "preempt_us", "irq_latency_us"};
     expect_object(v, path);
     reject_unknown(v, path, kFields);
     MechanismCosts costs;
@@ -269,6 +270,7 @@ MechanismCosts parse_costs(const json& v, const std::string& path, SimGpuConfig&
     read("remap_us", costs.remap);
     read("poll_us", costs.poll);
     read("preempt_us", gpu.preempt);
+    read("irq_latency_us", gpu.irq_latency);
     return costs;
 }
 

@@ -212,6 +212,11 @@ void SimGpu::deliver_later() {
 }
 
 void SimGpu::raise(Raised r) {
+    if (cfg_.irq_latency > 0) {
+        in_transit_.emplace_back(engine_now() + cfg_.irq_latency, r);
+        if (!transit_timer_.armed()) transit_timer_.arm(in_transit_.front().first, [this] { deliver_late(); });
+        return;
+    }
     if (catching_up_)
         raised_.push_back(r);
     else
@@ -240,6 +245,25 @@ void SimGpu::deliver() {
     }
     raised_.clear();
     delivering_ = false;
+}
+
+void SimGpu::deliver_late() {
+    auto rearm = [this] {
+        if (!in_transit_.empty() && !transit_timer_.armed())
+            transit_timer_.arm(in_transit_.front().first, [this] { deliver_late(); });
+    };
+    try {
+        // A handler's host call may raise more (due later): they queue behind.
+        while (!in_transit_.empty() && in_transit_.front().first <= clock_.now()) {
+            const Raised r = in_transit_.front().second;
+            in_transit_.pop_front();
+            dispatch(r);
+        }
+    } catch (...) {
+        rearm();  // the rest are neither lost nor repeated
+        throw;
+    }
+    rearm();
 }
 
 void SimGpu::dispatch(const Raised& r) {

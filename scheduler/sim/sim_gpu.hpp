@@ -6,6 +6,7 @@
 // ExecutionObserver, the ground truth a scheduler never gets.
 #pragma once
 
+#include <deque>
 #include <functional>
 #include <memory>
 #include <set>
@@ -28,6 +29,10 @@ struct SimGpuConfig {
     Duration ctxsw = 0;                     // Timeslice only: engine dead time per switch
     Duration watchdog = 2 * kSecond;        // 0 disables
     Duration preempt = 75 * kMicrosecond;   // Timeslice only: engine dead time per host preemption
+    // From a completion or a channel error to the host's handler and the
+    // submitter's wake-up (MSI, the host's IRQ path, a thread's wake-up).
+    // 0: at once.  For the simulator's cost model; pvgpud's is real.
+    Duration irq_latency = 0;
 };
 
 // Ground truth for the simulator's reports, never for schedulers.
@@ -134,6 +139,7 @@ private:
     void dispatch(const Raised& r);
     void deliver();
     void deliver_later();              // what raised_ holds, on the host loop's next turn
+    void deliver_late();               // what in_transit_ holds that is due by now
     void fail(ChannelId ch, std::uint32_t error);
     std::optional<ChannelId> next_after(ChannelId ch) const;
 
@@ -161,6 +167,10 @@ private:
     bool catching_up_ = false;         // raise() queues instead of delivering
     bool delivering_ = false;          // deliver() is handing raised_ to the host
     Timer deliver_timer_{timers_};     // delivers what a host call's catch-up raised
+    // Raised and still on their way to the host (irq_latency), due in order:
+    // the engine's time only moves forward and the latency is one constant.
+    std::deque<std::pair<Time, Raised>> in_transit_;
+    Timer transit_timer_{timers_};
     Duration busy_ = 0;
     std::uint64_t switches_ = 0;
     std::uint64_t preemptions_ = 0;
