@@ -31,8 +31,8 @@ struct Rig {
     std::vector<std::unique_ptr<SubmitLoop>> loops;
 
     explicit Rig(Arbitration arb = Arbitration::RoundRobin, std::string policy = "hfq",
-                 const PolicyParams& params = {})
-        : gpu(loop, loop, SimGpuConfig{arb, 2 * kMillisecond, 0, 2 * kSecond}),
+                 const PolicyParams& params = {}, Duration irq_latency = 0)
+        : gpu(loop, loop, SimGpuConfig{arb, 2 * kMillisecond, 0, 2 * kSecond, 75 * kMicrosecond, irq_latency}),
           sched(gpu, loop, loop, make_policy(policy, params)) {
         gpu.set_observer(&truth);
     }
@@ -142,6 +142,29 @@ TEST_CASE("hfq reads no engine status while idle or serving a lone task, and wak
     // lone task costs the policy no register read.
     CHECK(rig.sched.stats().polls == polls);
     CHECK(rig.sched.policy().counters().at("idle_arms") == 2);
+}
+
+TEST_CASE("hfq keeps a lone task with short thinks in the run queue: no idle arming, no traps", "[hfq]") {
+    // 100 us kernels, 100 us of CPU after each completion, one in flight,
+    // and interrupts that reach the host `latency` late: the task never
+    // thinks for `idle_us` (2 ms), and its doorbells are direct, so hfq
+    // hears only its completions.  Each completion finds it without work;
+    // its stay must start over at each one, or the idle check, landing in a
+    // gap, takes it out of the run queue and every doorbell traps (plus two
+    // remaps) until it is seen again: 4541 idle arms in 20 s at 20 us before.
+    const Duration latency = GENERATE(20 * kMicrosecond, 50 * kMicrosecond);
+    CAPTURE(latency);
+    Rig rig(Arbitration::RoundRobin, "hfq", {}, latency);
+    EntityId a = rig.sched.entities().add(kRootEntity, "gapped", EntityKind::Task);
+    auto& l = rig.add_loop(a, 100, 100);
+    rig.run_ms(1000);
+    // One kernel per 200 us plus the latency (the task waits on its fence).
+    const auto cycle_us = 200 + static_cast<double>(latency) / kMicrosecond;
+    CHECK(l.completed() >= static_cast<std::uint64_t>(1e6 / cycle_us) - 1);
+    CHECK(rig.sched.policy().counters().at("idle_arms") == 0);
+    CHECK(rig.sched.stats().traps == 0);
+    CHECK(rig.sched.stats().remaps == 0);
+    CHECK(rig.sched.stats().polls == 0);
 }
 
 TEST_CASE("a VM without pid hints is held to its share across all its channels", "[hfq]") {

@@ -413,6 +413,14 @@ private:
                 n.burst = n.burst < 0 ? b : n.burst + (b - n.burst) / 4;
                 n.burst_from = -1;
             }
+        } else {
+            // Already idle, yet a kernel of it completed: it came back unseen
+            // (a direct doorbell) and thinks again.  Its stay in the run queue
+            // starts over, or a task whose every think is short would leave
+            // it whenever the idle check lands in one.
+            Node& n = nodes_[leaf];
+            n.idle_since = ctx_->now();
+            n.went_idle = n.idle_since;
         }
     }
 
