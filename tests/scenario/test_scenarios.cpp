@@ -202,7 +202,8 @@ TEST_CASE("the scheduler's accounting tracks true GPU time under every policy", 
     auto arb = GENERATE(Arbitration::RoundRobin, Arbitration::Timeslice);
     auto policy = GENERATE(as<std::string>{}, "none", "timeslice", "dfq", "hfq");
     auto name = GENERATE(as<std::string>{}, "flat", "weighted", "hierarchical", "uncooperative", "mixed",
-                         "loga-accuracy", "low-demand", "design-example", "gdev-fig14", "demo");
+                         "loga-accuracy", "low-demand", "design-example", "gdev-fig14", "demo",
+                         "thesis-5.4.2.1", "thesis-5.4.2.2");
     SimResult r = run(bundled(name), policy, arb);
     INFO(name << " under " << policy << " on " << r.arbitration);
     for (const auto& e : r.entities) {
@@ -333,7 +334,8 @@ TEST_CASE("hfq holds for a long-think monitor and for clients that think between
 TEST_CASE("hfq on every other bundled scenario: error <= 0.01, idle with work <= 1%", "[scenario][hfq]") {
     // Issue 12's bound for the scenarios without a bursty target.
     auto name = GENERATE(as<std::string>{}, "flat", "weighted", "hierarchical", "uncooperative", "mixed",
-                         "demo", "gdev-fig14", "overhead");
+                         "demo", "gdev-fig14", "overhead", "loga-accuracy", "thesis-5.4.2.1",
+                         "thesis-5.4.2.2");
     auto arb = GENERATE(Arbitration::RoundRobin, Arbitration::Timeslice);
     SimResult r = run(bundled(name), "hfq", arb);
     INFO(describe(r));
