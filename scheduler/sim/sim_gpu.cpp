@@ -214,7 +214,7 @@ void SimGpu::deliver_later() {
 void SimGpu::raise(Raised r) {
     if (cfg_.irq_latency > 0) {
         in_transit_.emplace_back(engine_now() + cfg_.irq_latency, r);
-        if (!transit_timer_.armed()) transit_timer_.arm(in_transit_.front().first, [this] { deliver_late(); });
+        arm_transit();
         return;
     }
     if (catching_up_)
@@ -247,11 +247,12 @@ void SimGpu::deliver() {
     delivering_ = false;
 }
 
+void SimGpu::arm_transit() {
+    if (!in_transit_.empty() && !transit_timer_.armed())
+        transit_timer_.arm(in_transit_.front().first, [this] { deliver_late(); });
+}
+
 void SimGpu::deliver_late() {
-    auto rearm = [this] {
-        if (!in_transit_.empty() && !transit_timer_.armed())
-            transit_timer_.arm(in_transit_.front().first, [this] { deliver_late(); });
-    };
     try {
         // A handler's host call may raise more (due later): they queue behind.
         while (!in_transit_.empty() && in_transit_.front().first <= clock_.now()) {
@@ -260,10 +261,10 @@ void SimGpu::deliver_late() {
             dispatch(r);
         }
     } catch (...) {
-        rearm();  // the rest are neither lost nor repeated
+        arm_transit();  // the rest are neither lost nor repeated
         throw;
     }
-    rearm();
+    arm_transit();
 }
 
 void SimGpu::dispatch(const Raised& r) {

@@ -140,6 +140,7 @@ private:
     void deliver();
     void deliver_later();              // what raised_ holds, on the host loop's next turn
     void deliver_late();               // what in_transit_ holds that is due by now
+    void arm_transit();                // deliver_late() when in_transit_'s first is due
     void fail(ChannelId ch, std::uint32_t error);
     std::optional<ChannelId> next_after(ChannelId ch) const;
 
