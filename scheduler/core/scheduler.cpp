@@ -6,6 +6,25 @@
 
 namespace pvgpu {
 
+SchedulerStats operator-(const SchedulerStats& later, const SchedulerStats& earlier) {
+    static_assert(sizeof(SchedulerStats) == 13 * sizeof(std::uint64_t), "a new counter: subtract it here");
+    SchedulerStats d;
+    d.traps = later.traps - earlier.traps;
+    d.remaps = later.remaps - earlier.remaps;
+    d.polls = later.polls - earlier.polls;
+    d.accounting_reads = later.accounting_reads - earlier.accounting_reads;
+    d.register_reads = later.register_reads - earlier.register_reads;
+    d.fences = later.fences - earlier.fences;
+    d.channel_errors = later.channel_errors - earlier.channel_errors;
+    d.released_entries = later.released_entries - earlier.released_entries;
+    d.held_reports = later.held_reports - earlier.held_reports;
+    d.preemptions = later.preemptions - earlier.preemptions;
+    d.mechanism_cpu = later.mechanism_cpu - earlier.mechanism_cpu;
+    d.policy_calls = later.policy_calls - earlier.policy_calls;
+    d.policy_cpu = later.policy_cpu - earlier.policy_cpu;
+    return d;
+}
+
 const std::vector<ChannelId> Scheduler::kNoChannels;
 
 Scheduler::Scheduler(GpuDevice& gpu, const Clock& clock, Timers& timers,

@@ -50,6 +50,9 @@ struct SchedulerStats {
     Duration policy_cpu = 0;
 };
 
+// What was counted between two snapshots (`later` - `earlier`).
+SchedulerStats operator-(const SchedulerStats& later, const SchedulerStats& earlier);
+
 class Scheduler final : public PolicyContext, private GpuInterrupts {
 public:
     Scheduler(GpuDevice& gpu, const Clock& clock, Timers& timers, std::unique_ptr<Policy> policy,

@@ -179,6 +179,16 @@ SimResult run_simulation(const Scenario& sc, const SimOptions& opt) {
     }
     for (auto& l : loops) l->start();
 
+    // What the scheduler had counted, and each loop completed, by the end
+    // of the warm-up: a read, nothing the simulation depends on.
+    SchedulerStats stats_at_warmup;
+    std::vector<std::uint64_t> completed_at_warmup(loops.size(), 0);
+    if (warmup > 0 && warmup < end)
+        loop.arm(warmup, [&] {
+            stats_at_warmup = sched.stats();
+            for (std::size_t i = 0; i < loops.size(); ++i) completed_at_warmup[i] = loops[i]->completed();
+        });
+
     loop.run_until(end);
 
     // ---- results ----
@@ -253,6 +263,7 @@ SimResult run_simulation(const Scenario& sc, const SimOptions& opt) {
             e.gpu_time += meas.window(ch);
             e.gpu_time_total += meas.total(ch);
             e.kernels_completed += loops[i]->completed();
+            e.kernels_in_window += loops[i]->completed() - completed_at_warmup[i];
             d += loops[i]->demand();
             if (loops[i]->finished())
                 fin = std::max(fin, *loops[i]->finished());
@@ -275,6 +286,7 @@ SimResult run_simulation(const Scenario& sc, const SimOptions& opt) {
 
     const double secs = sc.duration_ms / 1000.0;
     r.stats = sched.stats();
+    r.window_stats = r.stats - stats_at_warmup;
     r.scheduler_cpu_us_per_s = to_us(r.stats.mechanism_cpu) / secs;
     r.policy_cpu_us_per_s = to_us(r.stats.policy_cpu) / secs;
     r.policy_counters = sched.policy().counters();

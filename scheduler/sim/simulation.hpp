@@ -25,7 +25,8 @@ struct EntityResult {
     Duration gpu_time_total = 0;   // whole run (for accounting accuracy)
     std::optional<Duration> accounted;  // what the policy believes (whole run)
     Duration measured = 0;              // the scheduler's own accounting, any policy (whole run)
-    std::uint64_t kernels_completed = 0;
+    std::uint64_t kernels_completed = 0;  // whole run
+    std::uint64_t kernels_in_window = 0;  // completed after the warm-up
     std::optional<double> finished_ms;
     std::uint32_t channel_errors = 0;
 };
@@ -42,7 +43,8 @@ struct SimResult {
     FairnessMetrics fairness;
     double scheduler_cpu_us_per_s = 0;  // modeled mechanism cost (traps, remaps, polls)
     double policy_cpu_us_per_s = 0;     // measured, not deterministic
-    SchedulerStats stats;
+    SchedulerStats stats;         // whole run
+    SchedulerStats window_stats;  // after the warm-up: a steady state's counts and costs
     std::map<std::string, double> policy_counters;
     std::uint64_t context_switches = 0;
     std::uint64_t events = 0;

@@ -342,3 +342,25 @@ TEST_CASE("hfq on every other bundled scenario: error <= 0.01, idle with work <=
     CHECK(r.fairness.max_share_error <= 0.01);
     CHECK(r.idle_with_demand_fraction <= 0.01);
 }
+
+TEST_CASE("the counts after the warm-up leave the warm-up out", "[scenario][warmup]") {
+    // A lone task of 500 us kernels, each with its interrupt: 20000 in 10 s,
+    // and 18001 from the end of the 1 s warm-up on (one at 1000 ms, the
+    // window's first instant, one at 10000 ms, its last).
+    // pvgpu-bench-decision's steady state is these counts.
+    Scenario sc = bundled("overhead");
+    SimResult r = run(sc, "hfq", Arbitration::RoundRobin);
+    const EntityResult& e = entity(r, "vm1/saturate");
+    CHECK(e.kernels_completed == 20000);
+    CHECK(e.kernels_in_window == 18001);
+    CHECK(r.stats.fences == 20000);
+    CHECK(r.window_stats.fences == 18001);
+    CHECK(r.window_stats.accounting_reads < r.stats.accounting_reads);
+    CHECK(r.window_stats.policy_calls < r.stats.policy_calls);
+    // Without a warm-up the window is the whole run.
+    sc.warmup_ms = 0;
+    SimResult whole = run(sc, "hfq", Arbitration::RoundRobin);
+    CHECK(entity(whole, "vm1/saturate").kernels_in_window == 20000);
+    CHECK(whole.window_stats.fences == whole.stats.fences);
+    CHECK(whole.window_stats.policy_calls == whole.stats.policy_calls);
+}
