@@ -42,7 +42,7 @@ std::uint32_t completed_kernels(std::uint32_t get, ChannelId ch, std::optional<C
 }  // namespace
 
 Accounting::Accounting(const Clock& clock, Timers& timers, StatusRead read, EngineArbitration engine)
-    : clock_(clock), read_(std::move(read)), engine_(engine), read_timer_(timers) {
+    : clock_(clock), read_(std::move(read)), engine_(engine), read_timer_(timers), kick_timer_(timers) {
     since_ = last_seen_ = clock_.now();
 }
 
@@ -453,6 +453,20 @@ std::optional<Time> Accounting::stint_end(Time t) const {
     return std::nullopt;
 }
 
+std::optional<Time> Accounting::ended_unheard(Time t) const {
+    if (!current_ || !completion_time_) return std::nullopt;
+    const std::optional<Time> done = completion_time_(*current_);
+    // Longer ago than an interrupt's latency: a stalled host, whose late
+    // interrupts the replays sort out.
+    if (!done || *done <= since_ || *done > t || t - *done > kLateInterrupt) return std::nullopt;
+    // Another channel completed since: the engine did not idle from then on.
+    for (const auto& [id, c] : channels_)
+        if (id != *current_)
+            if (const std::optional<Time> other = completion_time_(id); other && *other > *done && *other <= t)
+                return std::nullopt;
+    return done;
+}
+
 void Accounting::preempted(ChannelId next) {
     Entry entry(*this);
     const Time t = clock_.now();
@@ -504,9 +518,28 @@ void Accounting::now_running(std::optional<ChannelId> running, Time lo, Time hi)
     arm_read();
 }
 
-void Accounting::host_kicked(ChannelId ch) {
+void Accounting::host_kicked(ChannelId ch, std::uint32_t first) {
     Entry entry(*this);
     const Time t = clock_.now();
+    if (current_ && fetched_ && channels_.count(ch))
+        if (const std::optional<Time> ended = ended_unheard(t)) {
+            // The believed kernel ended at `ended` and its interrupt has not
+            // reached the host (latency).  The engine names the released
+            // channel, GET at its first released entry: the release started
+            // it now, from an engine idle since `ended`.  Dated back to that
+            // end by the late interrupt's read, it was charged the latency.
+            const std::optional<ChannelId> running = read();
+            if (running == ch && fetched_(ch) == first + 1) {
+                charge(*current_, *ended - since_);
+                settle_count(*current_, running);
+                now_running(std::nullopt, *ended, *ended);
+                now_running(running, t, t);
+                last_seen_ = t;
+                return;
+            }
+            observed(running);
+            return;
+        }
     if (current_) {
         // Busy: the kicked work queues behind what runs.  Unless the GPU
         // says the believed kernel ended unseen (no interrupt) and nothing
@@ -551,7 +584,20 @@ void Accounting::host_kicked(ChannelId ch) {
 
 void Accounting::doorbell_forwarded(ChannelId ch) {
     Entry entry(*this);
-    if (current_) return;
+    if (current_) {
+        // Busy as last seen, and the kicked work queues behind it.  Unless
+        // the GPU's timestamp says the believed kernel ended and its
+        // interrupt has not reached the host yet (interrupt latency): then
+        // the engine may be idle and the forward start `ch` now, which the
+        // late interrupt's read would date back to that end.  GET before
+        // the forward and a read right after it tell which.
+        if (!fetched_ || !ended_unheard(clock_.now()) || channels_.find(ch) == channels_.end()) return;
+        kicked_ = ch;
+        kicked_at_ = clock_.now();
+        kicked_get_ = fetched_(ch);
+        kick_timer_.arm(kicked_at_, [this] { kick_read(); });
+        return;
+    }
     kicked_ = ch;
     kicked_at_ = clock_.now();
     settle_step_ = 0;
@@ -604,6 +650,27 @@ void Accounting::settle_read() {
         arm_read();
     }
     last_seen_ = t;
+}
+
+void Accounting::kick_read() {
+    Entry entry(*this);
+    const std::optional<ChannelId> kicked = std::exchange(kicked_, std::nullopt);
+    const std::optional<Time> ended = ended_unheard(clock_.now());
+    if (!kicked || !current_ || !ended) return;  // the interrupt came first and settled it
+    const Time t = clock_.now();
+    const std::optional<ChannelId> running = read();
+    // The entry the forward announced is on the engine, fetched after the
+    // forward (GET moved by one): the engine was idle from the believed
+    // kernel's end until the forward.  Anything else: as any sighting.
+    if (running == kicked && fetched_(*kicked) == kicked_get_ + 1 && t - kicked_at_ <= kExactStart) {
+        charge(*current_, *ended - since_);
+        settle_count(*current_, running);
+        now_running(std::nullopt, *ended, *ended);
+        now_running(running, kicked_at_, kicked_at_);
+        last_seen_ = t;
+        return;
+    }
+    observed(running);
 }
 
 void Accounting::busy_read() {

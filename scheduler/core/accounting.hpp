@@ -71,9 +71,10 @@ public:
     void channel_error(ChannelId ch);
     // Someone else read the engine status now: an observation for free.
     void observed(std::optional<ChannelId> running);
-    // The host itself just wrote `ch`'s doorbell (released held work): if the
-    // engine was idle, whatever starts now starts now.  Reads the engine.
-    void host_kicked(ChannelId ch);
+    // The host itself just wrote `ch`'s doorbell (released held work from
+    // ring position `first` on): if the engine was idle, whatever starts now
+    // starts now.  Reads the engine.
+    void host_kicked(ChannelId ch, std::uint32_t first);
     // A trapped doorbell of `ch`, forwarded to the GPU right after this call:
     // read the engine once that happened.
     void doorbell_forwarded(ChannelId ch);
@@ -233,6 +234,16 @@ private:
     std::size_t settle_step_ = 0;       // settle reads made since the engine went idle
     std::optional<ChannelId> kicked_;   // a doorbell the host forwarded, read after it
     Time kicked_at_ = -1;
+    // A doorbell forwarded while current_ is believed on the engine, though
+    // the GPU's timestamp says its kernel ended (its interrupt is on its
+    // way): the channel's GET before the forward, and a read right after it.
+    std::uint32_t kicked_get_ = 0;
+    Timer kick_timer_;
+    void kick_read();
+    // current_ completed a kernel at this timestamp, after it was believed
+    // on the engine (on either engine; stint_end() only where a completion
+    // ends the stint), and no other channel completed one since.
+    std::optional<Time> ended_unheard(Time t) const;
 
     // Events reach the listener only once the entry point that made them is
     // done, so a listener may call back into the accounting (a policy that

@@ -210,7 +210,7 @@ void Scheduler::apply_mode(ChannelId ch) {
     if (mode_listener_ && sc.mode() != before) mode_listener_(ch, sc.mode());
     if (std::uint32_t n = sc.take_released()) {
         stats_.released_entries += n;
-        accounting_.host_kicked(ch);
+        accounting_.host_kicked(ch, sc.put_given() - n);
         call_policy([&] { policy_->released(ch, n); });
     }
 }
@@ -227,7 +227,7 @@ std::uint32_t Scheduler::release(ChannelId ch, std::uint32_t max) {
     std::uint32_t n = sc.release(max);
     sc.take_released();
     stats_.released_entries += n;
-    if (n > 0) accounting_.host_kicked(ch);
+    if (n > 0) accounting_.host_kicked(ch, sc.put_given() - n);
     return n;
 }
 

@@ -63,6 +63,9 @@ public:
         if (mode_ == ChannelMode::Direct) return std::nullopt;
         return gpu_put_;
     }
+    // IB_PUT as last given to the GPU.  Right after a release or an
+    // unshadow it is the host's own store, whatever the mode is now.
+    std::uint32_t put_given() const { return gpu_put_; }
     // Entries handed to the GPU by release()/unshadow since the last call.
     std::uint32_t take_released() {
         auto r = released_;
