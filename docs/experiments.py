@@ -6,7 +6,7 @@ Usage: python3 docs/experiments.py PVGPU_SIM OUT_DIR [--bench PVGPU_BENCH_DECISI
 
 NAME is one of: fairness, thesis_5421, thesis_5422, nested, gdev, accuracy,
 accounting_all, grace, anticipation, feed_cap, preempt_cost, scale_spread, fair_floor, overhead,
-bench (default: all; bench only with --bench).
+irq_latency, bench (default: all; bench only with --bench).
 
 Runs every experiment of DESIGN.md section 8 on the bundled scenarios (variants
 are made by editing the JSON, never by hand), prints markdown tables on stdout
@@ -477,6 +477,125 @@ def fair_floor(out):
                      "executed p95"], rows) + "\n")
 
 
+def latency_bound(kernels_us, latency_us):
+    # Equal weights, every leaf one kernel after another on the
+    # round-robin GPU (a non-preemptive engine).  A leaf that waits on its
+    # fence is ready again `latency_us` after each of its kernels ends (the
+    # interrupt's way to it): two of its kernels in a row leave the engine
+    # idle that long, a kernel of another leaf between them covers it.
+    # Equal shares x give leaf i x / k_i kernels a second; at best every
+    # other kernel separates two of the shortest leaf's, so at least
+    # n_short - sum(n_others) of them follow one another.  Returns the
+    # share x and the busy fraction of the fairest schedule with the least
+    # idle (a model, not a simulation).  `kernels_us`: (length, waits on
+    # each fence) per leaf; a leaf that keeps work queued has no turnaround.
+    rate = [1.0 / k for k, _ in kernels_us]
+    uncovered = 0.0
+    for i, (k, waits) in enumerate(kernels_us):
+        if waits:
+            uncovered = max(uncovered, rate[i] - (sum(rate) - rate[i]))
+    x = 1.0 / (len(kernels_us) + latency_us * uncovered)
+    return x, len(kernels_us) * x
+
+
+def irq_latency(r, out):
+    out.write("## Interrupt latency (costs.irq_latency_us)\n\n")
+    # A lone task: what the latency costs each policy.
+    base = load("overhead")
+    rows = []
+    for us, gap, lat in [(100, 100, 0), (100, 100, 10), (100, 100, 20), (100, 100, 50), (100, 150, 50),
+                         (500, 500, 50)]:
+        sc = json.loads(json.dumps(base))
+        sc["costs"] = {"trap_us": 2, "remap_us": 50, "poll_us": 1, "irq_latency_us": lat}
+        sc["tree"][0]["children"][0]["workload"].update({"kernel_us": us, "gap_us": gap})
+        none = r.run(sc, "none", "round-robin")
+        hfq = r.run(sc, "hfq", "round-robin")
+        rows.append(["%d / %d" % (us, gap), lat, ent(none, "vm1/saturate")["kernels_completed"],
+                     ent(hfq, "vm1/saturate")["kernels_completed"],
+                     "%.0f" % none["metrics"]["scheduler_cpu_us_per_s"],
+                     "%.0f" % hfq["metrics"]["scheduler_cpu_us_per_s"], hfq["mechanisms"]["traps"]])
+    out.write("One task (round-robin GPU; costs: trap 2 us, remap 50 us, register read 1 us):\n\n")
+    out.write(table(["kernel / gap (us)", "latency (us)", "none kernels", "hfq kernels", "none us/s",
+                     "hfq us/s", "hfq traps"], rows) + "\n")
+
+    # Shared GPUs: max share error and GPU busy, hfq against none.
+    lats = [0, 20, 50, 100]
+    rows = []
+    for name in ["flat", "weighted", "hierarchical", "uncooperative", "mixed", "demo", "design-example",
+                 "low-demand", "gdev-fig14", "loga-accuracy", "thesis-5.4.2.1", "thesis-5.4.2.2"]:
+        for arb in ARBS:
+            err, busy, nbusy = [], [], []
+            for lat in lats:
+                sc = load(name)
+                sc.setdefault("costs", {})["irq_latency_us"] = lat
+                hfq = r.run(sc, "hfq", arb)
+                none = r.run(sc, "none", arb)
+                err.append("%.4f" % hfq["metrics"]["max_share_error"])
+                busy.append("%.3f" % hfq["gpu"]["busy_fraction"])
+                nbusy.append("%.3f" % none["gpu"]["busy_fraction"])
+            rows.append([name, arb, " / ".join(err), " / ".join(busy), " / ".join(nbusy)])
+    out.write("The bundled scenarios at a latency of %s us (each cell lists them in that order):\n\n"
+              % " / ".join(str(x) for x in lats))
+    out.write(table(["scenario", "gpu", "hfq max error", "hfq busy", "none busy"], rows) + "\n")
+
+    # The scheduler's accounting (section 6's measure) when every
+    # interrupt comes late: the host reads the engine as it is then.
+    rows = []
+    for name in ["flat", "weighted", "hierarchical", "uncooperative", "mixed", "loga-accuracy", "low-demand",
+                 "design-example", "gdev-fig14", "demo"]:
+        row = [name]
+        for policy in ["none", "hfq"]:
+            for arb in ARBS:
+                cell = []
+                for lat in [0, 20, 50]:
+                    sc = load(name)
+                    sc.setdefault("costs", {})["irq_latency_us"] = lat
+                    rep = r.run(sc, policy, arb)
+                    worst = max((abs(e["measured_ms"] - e["gpu_time_total_ms"]) / e["gpu_time_total_ms"]
+                                 for e in rep["entities"] if e["gpu_time_total_ms"] >= 100), default=0.0)
+                    cell.append("%.2f" % (100 * worst))
+                row.append(" / ".join(cell))
+        rows.append(row)
+    out.write("Worst accounting error (%) of the scheduler at a latency of 0 / 20 / 50 us:\n\n")
+    out.write(table(["scenario", "none, round-robin", "none, timeslice", "hfq, round-robin", "hfq, timeslice"],
+                    rows) + "\n")
+
+    # Against the fairest schedule's least idle (latency_bound).  flat: four
+    # leaves waiting on each fence; queued-sync: two leaves that keep work
+    # queued (metered) beside one that waits on each fence (a variant of
+    # flat); queued: the two alone; queued-batches: the third in batches of
+    # four on two channels, so it keeps work queued too.
+    sync = load("flat")
+    sync["name"] = "queued-sync"
+    sync["tree"] = [{"task": "deep", "workload": {"kernel_us": 500, "batch": 16, "channels": 2}},
+                    {"task": "deep2", "workload": {"kernel_us": 1000, "batch": 8}},
+                    {"task": "sync", "workload": {"kernel_us": 300}}]
+    queued = json.loads(json.dumps(sync))
+    queued["name"] = "queued"
+    queued["tree"] = queued["tree"][:2]
+    batches = json.loads(json.dumps(sync))
+    batches["name"] = "queued-batches"
+    batches["tree"][2]["workload"].update({"batch": 4, "channels": 2})
+    cases = [(load("flat"), [(100, True), (500, True), (2000, True), (8000, True)]),
+             (sync, [(500, False), (1000, False), (300, True)]),
+             (queued, [(500, False), (1000, False)]),
+             (batches, [(500, False), (1000, False), (300, False)])]
+    rows = []
+    for sc0, model in cases:
+        for lat in [0, 20, 50, 90]:
+            sc = json.loads(json.dumps(sc0))
+            sc.setdefault("costs", {})["irq_latency_us"] = lat
+            hfq = r.run(sc, "hfq", "round-robin")
+            x, b = latency_bound(model, lat)
+            shares = [e["achieved_share"] for e in hfq["entities"]]
+            rows.append([sc0["name"], lat, "%.4f" % x, "%.4f..%.4f" % (min(shares), max(shares)), "%.4f" % b,
+                         "%.4f" % hfq["gpu"]["busy_fraction"]])
+    out.write("Equal shares on the round-robin GPU against the fairest schedule with the least idle "
+              "(`latency_bound`, a model):\n\n")
+    out.write(table(["scenario", "latency (us)", "bound: share", "hfq: shares", "bound: busy", "hfq: busy"],
+                    rows) + "\n")
+
+
 def overhead(r, out):
     out.write("## Overhead on a lone saturating task\n\n")
     base = load("overhead")
@@ -534,7 +653,8 @@ def main():
                  ("preempt_cost", lambda: preempt_cost(r, out)),
                  ("scale_spread", lambda: scale_spread(r, out)),
                  ("fair_floor", lambda: fair_floor(out)),
-                 ("overhead", lambda: (overhead(r, out), overhead_gapped(r, out)))]
+                 ("overhead", lambda: (overhead(r, out), overhead_gapped(r, out))),
+                 ("irq_latency", lambda: irq_latency(r, out))]
         if bench_path:
             parts.append(("bench", lambda: bench(bench_path, out)))
         names = {n for n, _ in parts} | {"bench"}
