@@ -71,6 +71,7 @@
 // default: the feed cap does the same where it matters, without probing
 // (docs/results.md section 7).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <set>
@@ -289,6 +290,7 @@ public:
 
     void fence(ChannelId ch, std::uint32_t) override {
         forget_kernel(ch);
+        learn_latency(ch);
         touch(ch);
         // A channel that stays on the engine shows no engine change: its
         // leaf is fed (or found past the cap) here.
@@ -328,6 +330,7 @@ public:
         return {{"blocks", static_cast<double>(blocks_)},
                 {"unblocks", static_cast<double>(unblocks_)},
                 {"work_conserving_releases", static_cast<double>(wc_releases_)},
+                {"covers", static_cast<double>(covers_)},
                 {"idle_arms", static_cast<double>(idle_arms_)},
                 {"anticipations", static_cast<double>(anticipations_)},
                 {"preemptions", static_cast<double>(preemptions_)},
@@ -992,7 +995,10 @@ private:
         if (const std::optional<ChannelId> running = ctx_->running_seen()) {
             // Unblocked work is running again: work conservation can rest.
             auto it = chans_.find(*running);
-            if (it == chans_.end() || !nodes_[it->second].shadowed) feeding_ = false;
+            if (it == chans_.end() || !nodes_[it->second].shadowed) {
+                feeding_ = false;
+                if (it != chans_.end()) cover(*running, it->second);
+            }
             return;
         }
         Time now = ctx_->now();
@@ -1015,6 +1021,55 @@ private:
             // within `grace`, not at the wait's end.
             if (!shadowed_leaves_.empty()) release_by(now + p_.grace);
         }
+    }
+
+    // How late every interrupt reaches the host: the handler's time against
+    // the completion timestamp the GPU wrote with the fence, the least of
+    // the last few.  A stalled host makes some late, not all.
+    void learn_latency(ChannelId ch) {
+        const std::optional<Time> done = ctx_->gpu().completion_time(ch);
+        if (!done) return;
+        latencies_[latency_next_++ % latencies_.size()] = std::max<Duration>(0, ctx_->now() - *done);
+        irq_latency_ = *std::min_element(latencies_.begin(), latencies_.end());
+    }
+
+    // A leaf that waits on each fence hears of its kernel's end an
+    // interrupt's latency late, and the engine idles until it stores the
+    // next one.  When it runs alone (every other leaf with work blocked)
+    // and nothing of its own waits behind its kernel, one held entry of the
+    // least-ahead blocked leaf, if that is within `feed_lead`, is queued
+    // behind it: the engine runs that across the turnaround instead of
+    // idling, and the leaf's next kernel follows it.  Virtual time keeps the
+    // shares (the covering leaf is charged and stays blocked); an engine
+    // that idles only where two of the waiting leaf's kernels must follow
+    // one another is the least idle a fair schedule has (results.md
+    // section 8).  A latency shorter than `grace` is not worth it.
+    void cover(ChannelId ch, EntityId runner) {
+        if (irq_latency_ < p_.grace || shadowed_leaves_.empty()) return;
+        for (const auto& [c, leaf] : chans_)
+            if (leaf != runner && nodes_[leaf].active && !nodes_[leaf].shadowed && nodes_[leaf].idle_since < 0)
+                return;  // its work may follow: the engine will not idle
+        if (cover_pending()) return;
+        const EntityId best = feed_candidate();
+        if (best == kNoEntity || lead_of(best) > static_cast<double>(p_.feed_lead)) return;
+        if (ctx_->gpu_put(ch) != ctx_->gpu().read_ib_get(ch)) return;  // its own work follows
+        for (ChannelId c : ctx_->channels_of(best)) {
+            if (ctx_->release(c, 1) != 0) {
+                ++covers_;
+                cover_ch_ = c;
+                cover_put_ = ctx_->gpu_put(c);
+                return;
+            }
+        }
+    }
+    // The last cover entry has not started yet.
+    bool cover_pending() {
+        if (cover_ch_ == 0 || !live(cover_ch_)) return false;
+        if (static_cast<std::int32_t>(ctx_->gpu().read_ib_get(cover_ch_) - cover_put_) >= 0) {
+            cover_ch_ = 0;
+            return false;
+        }
+        return true;
     }
 
     // Look at the idle engine again (release_if_idle) no later than `at`.
@@ -1283,8 +1338,13 @@ private:
     Time held_until_ = -1;  // end of the last anticipation hold
     bool idle_armed_ = false;
     bool feeding_ = false;  // work conservation is handing out held entries
+    std::array<Duration, 16> latencies_{};  // the last interrupts' latencies (0 until seen)
+    std::size_t latency_next_ = 0;
+    Duration irq_latency_ = 0;   // the least of them
+    ChannelId cover_ch_ = 0;     // the channel of the last cover entry
+    std::uint32_t cover_put_ = 0;  // ... its IB_PUT after that release
     std::uint64_t blocks_ = 0, unblocks_ = 0, wc_releases_ = 0, idle_arms_ = 0, anticipations_ = 0,
-                  preemptions_ = 0, meters_ = 0, metered_releases_ = 0;
+                  preemptions_ = 0, meters_ = 0, metered_releases_ = 0, covers_ = 0;
 };
 
 }  // namespace
