@@ -1147,6 +1147,9 @@ json Daemon::admin_stats() {
           {"released_entries", st.released_entries},
           {"clients_total", counters_.clients_total},
           {"timer_wakeups", timers_.wakeups()}}},
+        // The active policy's own counters since it started (hfq: blocks,
+        // covers, ...; docs/scenarios.md lists them per policy).
+        {"policy_counters", sched_->policy().counters()},
     };
 }
 

@@ -1348,6 +1348,11 @@ TEST_CASE("daemon: a VMM is told about mode switches and degraded when it ignore
     REQUIRE(eventfd_write(reply->fds[1].get(), 1) == 0);
     REQUIRE(c.run_until([&] { return ctrl->fence == 2u; }));
     munmap(p, PVGPU_CHAN_MEM_SIZE);
+    // The trap mode came from hfq's idle arming, which its own counters show.
+    auto stats = admin_request(c, rig.dir / "admin.sock", R"({"cmd":"stats"})");
+    REQUIRE(stats["policy_counters"].is_object());
+    CHECK(stats["policy_counters"]["idle_arms"].get<double>() >= 1);
+    CHECK(stats["policy_counters"].contains("covers"));
 }
 
 TEST_CASE("daemon: allocation floods hit the per-client limit", "[daemon][e2e]") {
