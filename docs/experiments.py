@@ -238,6 +238,13 @@ plot for [i=2:3] '%s' using 1:i with linespoints title columnheader(i)
 """ % (os.path.join(plots, "loga-accuracy.png"), csv))
 
 
+def worst_accounting_error(rep):
+    # The scheduler's accounting against the engine's ground truth, over the
+    # entities with at least 100 ms of GPU time.
+    return max((abs(e["measured_ms"] - e["gpu_time_total_ms"]) / e["gpu_time_total_ms"]
+                for e in rep["entities"] if e["gpu_time_total_ms"] >= 100), default=0.0)
+
+
 def accounting_all(r, out):
     out.write("Worst accounting error of the scheduler (what pvgpuctl shows, the same "
               "under every policy) over the entities of each scenario with at least "
@@ -251,10 +258,7 @@ def accounting_all(r, out):
         for policy in policies:
             cell = []
             for arb in ARBS:
-                rep = r.run(sc, policy, arb)
-                worst = max((abs(e["measured_ms"] - e["gpu_time_total_ms"]) / e["gpu_time_total_ms"]
-                             for e in rep["entities"] if e["gpu_time_total_ms"] >= 100), default=0.0)
-                cell.append("%.2f%%" % (100 * worst))
+                cell.append("%.2f%%" % (100 * worst_accounting_error(r.run(sc, policy, arb))))
             row.append(" / ".join(cell))
         rows.append(row)
     out.write(table(["scenario"] + policies, rows) + "\n")
@@ -550,10 +554,7 @@ def irq_latency(r, out):
                 for lat in [0, 20, 50]:
                     sc = load(name)
                     sc.setdefault("costs", {})["irq_latency_us"] = lat
-                    rep = r.run(sc, policy, arb)
-                    worst = max((abs(e["measured_ms"] - e["gpu_time_total_ms"]) / e["gpu_time_total_ms"]
-                                 for e in rep["entities"] if e["gpu_time_total_ms"] >= 100), default=0.0)
-                    cell.append("%.2f" % (100 * worst))
+                    cell.append("%.2f" % (100 * worst_accounting_error(r.run(sc, policy, arb))))
                 row.append(" / ".join(cell))
         rows.append(row)
     out.write("Worst accounting error (%) of the scheduler at a latency of 0 / 20 / 50 us:\n\n")

@@ -467,6 +467,14 @@ std::optional<Time> Accounting::ended_unheard(Time t) const {
     return done;
 }
 
+void Accounting::started_after_idle(Time ended, std::optional<ChannelId> running, Time start, Time seen) {
+    charge(*current_, ended - since_);
+    settle_count(*current_, running);
+    now_running(std::nullopt, ended, ended);
+    now_running(running, start, start);
+    last_seen_ = seen;
+}
+
 void Accounting::preempted(ChannelId next) {
     Entry entry(*this);
     const Time t = clock_.now();
@@ -530,11 +538,7 @@ void Accounting::host_kicked(ChannelId ch, std::uint32_t first) {
             // end by the late interrupt's read, it was charged the latency.
             const std::optional<ChannelId> running = read();
             if (running == ch && fetched_(ch) == first + 1) {
-                charge(*current_, *ended - since_);
-                settle_count(*current_, running);
-                now_running(std::nullopt, *ended, *ended);
-                now_running(running, t, t);
-                last_seen_ = t;
+                started_after_idle(*ended, running, t, t);
                 return;
             }
             observed(running);
@@ -663,11 +667,7 @@ void Accounting::kick_read() {
     // forward (GET moved by one): the engine was idle from the believed
     // kernel's end until the forward.  Anything else: as any sighting.
     if (running == kicked && fetched_(*kicked) == kicked_get_ + 1 && t - kicked_at_ <= kExactStart) {
-        charge(*current_, *ended - since_);
-        settle_count(*current_, running);
-        now_running(std::nullopt, *ended, *ended);
-        now_running(running, kicked_at_, kicked_at_);
-        last_seen_ = t;
+        started_after_idle(*ended, running, kicked_at_, t);
         return;
     }
     observed(running);

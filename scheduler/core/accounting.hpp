@@ -244,6 +244,9 @@ private:
     // on the engine (on either engine; stint_end() only where a completion
     // ends the stint), and no other channel completed one since.
     std::optional<Time> ended_unheard(Time t) const;
+    // current_ ran until `ended`, the engine idled, and `running` started at
+    // `start` (the host's own doorbell); the engine was read at `seen`.
+    void started_after_idle(Time ended, std::optional<ChannelId> running, Time start, Time seen);
 
     // Events reach the listener only once the entry point that made them is
     // done, so a listener may call back into the accounting (a policy that
