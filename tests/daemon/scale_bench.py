@@ -77,13 +77,13 @@ def run_policy(ns, bins, policy, ks):
         # pvgpud's accounting at both ends, outside the CPU window (an admin
         # request costs pvgpud CPU too).
         _, before, _ = t.list_at(bins, d)
-        stats0 = t.ctl_json(bins, d, "stats")["counters"]
+        stats0 = t.ctl_json(bins, d, "stats")
         c0, w0 = cpu_seconds(d.proc.pid), time.monotonic()
         t1 = t0 + ns.seconds
         while time.monotonic() < t1:
             time.sleep(t1 - time.monotonic())
         c1, w1 = cpu_seconds(d.proc.pid), time.monotonic()
-        stats1 = t.ctl_json(bins, d, "stats")["counters"]
+        stats1 = t.ctl_json(bins, d, "stats")
         _, after, _ = t.list_at(bins, d)
         # The same window by pvgpud's accounting (per-kernel, no batch
         # granularity at the window's edges).
@@ -99,9 +99,14 @@ def run_policy(ns, bins, policy, ks):
         rate = kernels / (t1 - t0)
         # GPU register reads per completion interrupt: each an MMIO read on
         # real hardware (the simulated GPU's cost little and are inside `core`).
-        fences = max(1, stats1["fences"] - stats0["fences"])
-        reads = {k: (stats1[k] - stats0[k]) / fences for k in ("accounting_reads", "register_reads", "polls", "timer_wakeups", "doorbells")}
-        return {"reads_per_fence": reads, "jain": jain, "unfairness": u, "gpu_busy": busy, "core": core, "kernels_per_s": rate,
+        c0s, c1s = stats0["counters"], stats1["counters"]
+        fences = max(1, c1s["fences"] - c0s["fences"])
+        reads = {k: (c1s[k] - c0s[k]) / fences for k in ("accounting_reads", "register_reads", "polls", "timer_wakeups", "doorbells")}
+        # The policy's own counters (hfq's blocks, covers, ...) per second of
+        # the window: which of its mechanisms acted on this load.
+        pc0, pc1 = stats0.get("policy_counters", {}), stats1.get("policy_counters", {})
+        policy_rates = {k: (pc1[k] - pc0.get(k, 0)) / (t1 - t0) for k in sorted(pc1)}
+        return {"reads_per_fence": reads, "policy_per_s": policy_rates, "jain": jain, "unfairness": u, "gpu_busy": busy, "core": core, "kernels_per_s": rate,
                 "us_per_kernel": core * 1e6 / rate if rate > 0 else float("inf"), "extremes": extremes,
                 "acc_jain": acc_jain, "acc_unfairness": acc_u}
     finally:
@@ -173,6 +178,8 @@ def main():
             print(f"RESULT {tag}.pvgpud_us_per_kernel={r['us_per_kernel']:.1f}")
             for k, v in r["reads_per_fence"].items():
                 print(f"RESULT {tag}.{k}_per_fence={v:.2f}")
+            for k, v in r["policy_per_s"].items():
+                print(f"RESULT {tag}.policy.{k}_per_s={v:.1f}")
             print(f"RESULT {tag}.loadavg_1m={os.getloadavg()[0]:.2f}")
             for which, share, k in r["extremes"]:
                 print(f"# {which} share {share:.3f} of fair, kernel {k} us", flush=True)
