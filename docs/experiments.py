@@ -548,7 +548,7 @@ def irq_latency(r, out):
     for name in ["flat", "weighted", "hierarchical", "uncooperative", "mixed", "loga-accuracy", "low-demand",
                  "design-example", "gdev-fig14", "demo"]:
         row = [name]
-        for policy in ["none", "hfq"]:
+        for policy in ["none", "timeslice", "dfq", "hfq"]:
             for arb in ARBS:
                 cell = []
                 for lat in [0, 20, 50]:
@@ -558,7 +558,7 @@ def irq_latency(r, out):
                 row.append(" / ".join(cell))
         rows.append(row)
     out.write("Worst accounting error (%) of the scheduler at a latency of 0 / 20 / 50 us:\n\n")
-    out.write(table(["scenario", "none, round-robin", "none, timeslice", "hfq, round-robin", "hfq, timeslice"],
+    out.write(table(["scenario"] + ["%s, %s" % (p, a) for p in ["none", "timeslice", "dfq", "hfq"] for a in ARBS],
                     rows) + "\n")
 
     # Against the fairest schedule's least idle (latency_bound).  flat: four

@@ -90,7 +90,10 @@ void Accounting::channel_removed(ChannelId ch) {
             observed(running);
         }
     }
-    if (auto it = channels_.find(ch); it != channels_.end()) set_batches(it->second, false);
+    if (auto it = channels_.find(ch); it != channels_.end()) {
+        set_batches(it->second, false);
+        set_preempted(it->second, false);
+    }
     channels_.erase(ch);
 }
 
@@ -171,12 +174,7 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
     const Time now = clock_.now();
     const Time earliest = std::min(current_ ? since_ : last_seen_, now);
     if (current_ == ch) {
-        Duration d = t - since_;
-        // Its start was seen only between two reads: a kernel of its usual
-        // length, if that fits the window, is the better guess.
-        if (start_slack_ > 0 && c.kernel_estimate > 0 && c.fresh)
-            d = std::clamp(c.kernel_estimate, d - start_slack_, d + start_slack_);
-        charge(ch, d);
+        charge(ch, one_kernel_guess(c, t - since_));
         // Kernels seen from the first one's start to the last one's end in
         // one stint: learn their length.  GET counts them (the next one's
         // entry is fetched already if the engine runs it now).
@@ -211,10 +209,40 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
         charge(ch, mine);
     }
     c.kernel_start = -1;
-    c.preempted = false;
+    set_preempted(c, false);
     current_ = ch;  // it was on the engine until now, whatever was believed
-    now_running(running, t, t);
+    // A late interrupt on a preemptive engine: a channel preempted earlier
+    // may have resumed at `t` and finished its kernel before the read.
+    const Time next = engine_.preemptive && running != ch && t < now ? resumed_unseen(ch, t, now, running) : t;
+    now_running(running, next, next);
     last_seen_ = now;  // the read above
+}
+
+Time Accounting::resumed_unseen(ChannelId fenced, Time from, Time now, std::optional<ChannelId> running) {
+    if (preempted_ == 0) return from;
+    // The engine resumes a preempted channel's kernel where it stopped, with
+    // no doorbell and no start the host sees; its completion timestamp in
+    // (from, now] says it ran from `from` (or from the one before it) to
+    // then.  Only the kernel's rest: its interrupt, when it comes, finds its
+    // time charged (the stint that follows starts at that timestamp).
+    std::vector<std::pair<Time, ChannelId>> done;
+    for (const auto& [id, c] : channels_) {
+        if (!c.preempted || id == fenced || id == running) continue;
+        if (const std::optional<Time> ts = completion_time_ ? completion_time_(id) : std::nullopt;
+            ts && *ts > from && *ts <= now)
+            done.emplace_back(*ts, id);
+    }
+    std::sort(done.begin(), done.end());
+    Time prev = from;
+    for (const auto& [ts, id] : done) {
+        Channel& c = channels_.at(id);
+        charge(id, ts - prev);
+        set_preempted(c, false);
+        c.kernel_start = -1;
+        loaded_ = id;  // the engine's context now: what starts next switches
+        prev = ts;
+    }
+    return prev;
 }
 
 void Accounting::channel_error(ChannelId ch) {
@@ -259,8 +287,7 @@ void Accounting::observed(std::optional<ChannelId> running) {
         // engine (a completion at the very moment of that look included: the
         // register named it, so the switch came at or after the look); else
         // somewhere after the completion.
-        charge(*current_, *ended - since_);
-        settle_count(*current_, running);
+        charge_stint(*current_, *ended, running);
         now_running(running, *ended, *ended >= last_seen_ ? *ended : t);
         last_seen_ = t;
         return;
@@ -268,9 +295,13 @@ void Accounting::observed(std::optional<ChannelId> running) {
     Time lo = last_seen_, hi = t;
     std::optional<Time> done;
     if (engine_.preemptive && current_ && completion_time_) done = completion_time_(*current_);
-    if (done && *done > last_seen_ && *done <= t && !running) {
-        lo = hi = *done;  // a preemptive engine gone idle: at the completion
-    } else if (engine_.preemptive && current_ && running && slice_end_ > last_seen_ && slice_end_ <= t) {
+    const bool slice_ended = engine_.preemptive && slice_end_ > last_seen_ && slice_end_ <= t;
+    if (done && *done > last_seen_ && *done <= t && (!running || !slice_ended || slice_end_ < *done)) {
+        // A preemptive engine gone idle, or on to another channel with no
+        // slice end after the completion: the channel ran out of work then
+        // (with more, it would have run on to a slice end).
+        lo = hi = *done;
+    } else if (engine_.preemptive && current_ && running && slice_ended) {
         lo = hi = slice_end_;
     }
     if (current_) charge(*current_, lo + (hi - lo) / 2 - since_);
@@ -278,6 +309,12 @@ void Accounting::observed(std::optional<ChannelId> running) {
     if (engine_.preemptive && current_ && running && lo != done) mark_preempted(*current_);
     now_running(running, lo, hi);
     last_seen_ = t;
+}
+
+void Accounting::set_preempted(Channel& c, bool preempted) {
+    if (preempted == c.preempted) return;
+    c.preempted = preempted;
+    preempted_ = preempted ? preempted_ + 1 : preempted_ - 1;
 }
 
 void Accounting::set_batches(Channel& c, bool batches) {
@@ -321,11 +358,30 @@ std::optional<Time> Accounting::replay(std::optional<ChannelId> fenced, std::opt
     for (const Completed& d : done) {
         Channel& c = channels_.at(d.id);
         c.kernel_start = -1;  // nothing seen whole: learn no length
-        c.preempted = false;
+        set_preempted(c, false);
         if (fetched_) c.charged_to(completed_kernels(d.get, d.id, running));
     }
     current_ = done.back().id;
     return done.back().ts;
+}
+
+Duration Accounting::one_kernel_guess(const Channel& c, Duration d) const {
+    if (start_slack_ > 0 && c.kernel_estimate > 0 && c.fresh)
+        return std::clamp(c.kernel_estimate, d - start_slack_, d + start_slack_);
+    return d;
+}
+
+void Accounting::charge_stint(ChannelId ch, Time end, std::optional<ChannelId> running) {
+    auto it = channels_.find(ch);
+    if (it == channels_.end() || !fetched_) {
+        charge(ch, end - since_);
+        return;
+    }
+    Channel& c = it->second;
+    const std::uint32_t completed = completed_kernels(fetched_(ch), ch, running);
+    const bool one = c.charged_known && completed - c.charged_done == 1;
+    charge(ch, one ? one_kernel_guess(c, end - since_) : end - since_);
+    c.charged_to(completed);
 }
 
 void Accounting::settle_count(ChannelId ch, std::optional<ChannelId> running) {
@@ -468,8 +524,7 @@ std::optional<Time> Accounting::ended_unheard(Time t) const {
 }
 
 void Accounting::started_after_idle(Time ended, std::optional<ChannelId> running, Time start, Time seen) {
-    charge(*current_, ended - since_);
-    settle_count(*current_, running);
+    charge_stint(*current_, ended, running);
     now_running(std::nullopt, ended, ended);
     now_running(running, start, start);
     last_seen_ = seen;
@@ -720,7 +775,7 @@ void Accounting::slice_read() {
 }
 
 void Accounting::mark_preempted(ChannelId ch) {
-    if (auto it = channels_.find(ch); it != channels_.end()) it->second.preempted = true;
+    if (auto it = channels_.find(ch); it != channels_.end()) set_preempted(it->second, true);
 }
 
 Duration Accounting::gpu_time(EntityId leaf) const {

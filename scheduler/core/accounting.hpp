@@ -176,6 +176,12 @@ private:
     std::optional<Time> replay(std::optional<ChannelId> fenced, std::optional<ChannelId> running, Time now,
                                Time late_before);
     void set_batches(Channel& c, bool batches);
+    void set_preempted(Channel& c, bool preempted);
+    // After `fenced`'s completion at `from`, handled late (at `now`) on a
+    // preemptive engine: preempted channels that resumed and completed
+    // unseen meanwhile are charged their kernels' rest.  Returns the last
+    // such completion (`from` if none): the engine moved on from there.
+    Time resumed_unseen(ChannelId fenced, Time from, Time now, std::optional<ChannelId> running);
     // A look at the engine (a read, or the host releasing work) that may
     // follow such turns: replay() without a fenced channel.
     std::optional<Time> replay_look(std::optional<ChannelId> running, Time t);
@@ -191,6 +197,14 @@ private:
     // `ch`'s stint was charged up to its last completion: its kernels so far
     // are charged (one GET read).
     void settle_count(ChannelId ch, std::optional<ChannelId> running);
+    // `c`'s stint of `d` (by the middle of the window its start was seen
+    // in) held one kernel of its own, started fresh: one of its usual
+    // length, if that fits the window, is the better guess.
+    Duration one_kernel_guess(const Channel& c, Duration d) const;
+    // `ch`'s stint ended at `end` (a completion timestamp): charged, with
+    // the guess above when GET says it held one kernel, and its kernels
+    // counted as charged (settle_count's one GET read).
+    void charge_stint(ChannelId ch, Time end, std::optional<ChannelId> running);
     // Kernels `d`'s channel completed in the replayed window, by GET since
     // its time was last charged (1 when that is not known).
     std::int32_t kernels_in(const Completed& d, std::optional<ChannelId> running) const;
@@ -226,6 +240,7 @@ private:
     std::optional<ChannelId> current_;  // on the engine as last seen
     std::optional<ChannelId> loaded_;   // last context on the engine (preemptive: keeps its slice)
     Time since_ = 0;                    // current_ is charged from here
+    std::size_t preempted_ = 0;         // channels whose kernel was taken off the engine unfinished
     std::size_t batching_ = 0;          // channels whose last interrupt in time came after several kernels
     Time stint_start_ = 0;              // current_ came on the engine then (since_ less what a watch read charged)
     Duration start_slack_ = 0;          // since_ is its start +- this
