@@ -332,7 +332,7 @@ std::optional<Time> Accounting::replay(std::optional<ChannelId> fenced, std::opt
         // The completion that began the believed stint is not in it.
         if (!ts || *ts > now || *ts < since_ || (*ts == since_ && id != current_)) continue;
         done.push_back({*ts, id, 0});
-        others |= id != fenced && id != current_ && *ts < late_before;
+        others |= id != fenced && id != current_ && *ts <= late_before;
     }
     if (!others) return std::nullopt;
     std::sort(done.begin(), done.end(), [](const Completed& a, const Completed& b) {
@@ -382,6 +382,19 @@ void Accounting::charge_stint(ChannelId ch, Time end, std::optional<ChannelId> r
     const bool one = c.charged_known && completed - c.charged_done == 1;
     charge(ch, one ? one_kernel_guess(c, end - since_) : end - since_);
     c.charged_to(completed);
+    // Seen from a kernel's start to its last completion: learn the length,
+    // as at an interrupt (a look at the engine may come first, and its
+    // interrupt then finds the stint closed).  Only from a channel whose
+    // interrupts come one per kernel: a stint closed by a look need not end
+    // at an interrupt, and a tenant that chose which kernels interrupt could
+    // have it end at its short one.
+    if (c.kernel_start >= 0 && !c.preempted && c.every_kernel) {
+        const std::int32_t n = static_cast<std::int32_t>(completed - c.start_get) + 1;
+        const bool whole_period =
+            c.fence_get_known && static_cast<std::int32_t>(completed - c.fence_done) == n;
+        if (n > 0 && whole_period && end > c.kernel_start) c.learn_length((end - c.kernel_start) / n);
+    }
+    c.kernel_start = -1;
 }
 
 void Accounting::settle_count(ChannelId ch, std::optional<ChannelId> running) {
