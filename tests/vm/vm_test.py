@@ -222,6 +222,15 @@ def host_beside_guest(bins, tmp, host_kernel_us, name, command, extra=()):
         d.stop()
 
 
+# Largest |share - target| the share cases (vms, nohints, tasks, busy)
+# accept.  Measured in every recorded run (docs/results.md sections 10 and
+# 13, and the clean-clone CI runs): at most 0.002 from the target (0.124..
+# 0.126 of 0.125, 0.499..0.502 of 0.5, 0.249..0.251 of 0.25, 0.667 of 2/3).
+# Ten times that leaves room for a loaded CI host's TCG guests and still
+# fails a task that gets 0.105 of a 0.125 share.
+SHARE_TOL = 0.02
+
+
 def wait_first_reports(series, timeout=150):
     for s in series:
         s.wait_until(lambda x: len(x.reports) >= 1, timeout, "its first report")
@@ -344,7 +353,7 @@ def case_vms(bins, tmp):
             result(f"vm.vms.{name}_share", f"{got:.3f}")
         result("vm.vms.gpu_busy", f"{busy:.3f}")
         for name, got, want in zip(("vmA", "vmB"), shares, (2 / 3, 1 / 3)):
-            check(abs(got - want) <= 0.05, f"{name} got {got:.3f}, target {want:.3f}")
+            check(abs(got - want) <= SHARE_TOL, f"{name} got {got:.3f}, target {want:.3f}")
         for g in guests:
             g.expect_ok(timeout=120)
     finally:
@@ -368,7 +377,7 @@ def case_nohints(bins, tmp):
         result("vm.nohints.vm_share", f"{vm_share:.3f}")
         result("vm.nohints.gpu_busy", f"{busy:.3f}")
         # Measured 0.499 and 0.501 (0.449 to 0.63 while shadowed work went unseen).
-        check(abs(vm_share - 0.5) <= 0.05, f"the VM without hints got {vm_share:.3f}, its share is 0.5")
+        check(abs(vm_share - 0.5) <= SHARE_TOL, f"the VM without hints got {vm_share:.3f}, its share is 0.5")
         g.expect_ok(timeout=120)
 
 
@@ -391,7 +400,7 @@ def case_tasks(bins, tmp):
             result(f"vm.tasks.{name}_share", f"{got:.3f}")
         result("vm.tasks.gpu_busy", f"{busy:.3f}")
         for name, got, want in zip(("host", "t1", "t2", "t4"), shares, wanted):
-            check(abs(got - want) <= 0.04, f"{name} got {got:.3f}, target {want}")
+            check(abs(got - want) <= SHARE_TOL, f"{name} got {got:.3f}, target {want}")
         g.expect_ok(timeout=120)
 
 
@@ -408,7 +417,7 @@ def case_busy(bins, tmp):
         # Shares of the GPU time that ran; busy is measured separately.
         total = sum(shares)
         for name, got, want in zip(("host", "b1", "b2", "b3", "b4"), shares, (0.5,) + (0.125,) * 4):
-            check(abs(got / total - want) <= 0.04, f"{name} got {got / total:.3f} of the busy time, target {want}")
+            check(abs(got / total - want) <= SHARE_TOL, f"{name} got {got / total:.3f} of the busy time, target {want}")
         # Before: 0.86 (issue 12).  The GPU may idle only while a guest
         # thinks, which two kernels in flight cover.
         check(busy >= 0.99, f"GPU busy {busy:.3f} with work waiting (target >= 0.99)")
