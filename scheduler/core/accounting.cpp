@@ -92,7 +92,7 @@ void Accounting::channel_removed(ChannelId ch) {
     }
     if (auto it = channels_.find(ch); it != channels_.end()) {
         set_batches(it->second, false);
-        set_preempted(it->second, false);
+        set_preempted(ch, it->second, false);
     }
     channels_.erase(ch);
 }
@@ -209,7 +209,7 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
         charge(ch, mine);
     }
     c.kernel_start = -1;
-    set_preempted(c, false);
+    set_preempted(ch, c, false);
     current_ = ch;  // it was on the engine until now, whatever was believed
     // A late interrupt on a preemptive engine: a channel preempted earlier
     // may have resumed at `t` and finished its kernel before the read.
@@ -219,15 +219,15 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
 }
 
 Time Accounting::resumed_unseen(ChannelId fenced, Time from, Time now, std::optional<ChannelId> running) {
-    if (preempted_ == 0) return from;
+    if (preempted_.empty()) return from;
     // The engine resumes a preempted channel's kernel where it stopped, with
     // no doorbell and no start the host sees; its completion timestamp in
     // (from, now] says it ran from `from` (or from the one before it) to
     // then.  Only the kernel's rest: its interrupt, when it comes, finds its
     // time charged (the stint that follows starts at that timestamp).
     std::vector<std::pair<Time, ChannelId>> done;
-    for (const auto& [id, c] : channels_) {
-        if (!c.preempted || id == fenced || id == running) continue;
+    for (ChannelId id : preempted_) {
+        if (id == fenced || id == running) continue;
         if (const std::optional<Time> ts = completion_time_ ? completion_time_(id) : std::nullopt;
             ts && *ts > from && *ts <= now)
             done.emplace_back(*ts, id);
@@ -237,7 +237,7 @@ Time Accounting::resumed_unseen(ChannelId fenced, Time from, Time now, std::opti
     for (const auto& [ts, id] : done) {
         Channel& c = channels_.at(id);
         charge(id, ts - prev);
-        set_preempted(c, false);
+        set_preempted(id, c, false);
         c.kernel_start = -1;
         loaded_ = id;  // the engine's context now: what starts next switches
         prev = ts;
@@ -311,10 +311,13 @@ void Accounting::observed(std::optional<ChannelId> running) {
     last_seen_ = t;
 }
 
-void Accounting::set_preempted(Channel& c, bool preempted) {
+void Accounting::set_preempted(ChannelId id, Channel& c, bool preempted) {
     if (preempted == c.preempted) return;
     c.preempted = preempted;
-    preempted_ = preempted ? preempted_ + 1 : preempted_ - 1;
+    if (preempted)
+        preempted_.push_back(id);
+    else
+        preempted_.erase(std::find(preempted_.begin(), preempted_.end(), id));
 }
 
 void Accounting::set_batches(Channel& c, bool batches) {
@@ -358,7 +361,7 @@ std::optional<Time> Accounting::replay(std::optional<ChannelId> fenced, std::opt
     for (const Completed& d : done) {
         Channel& c = channels_.at(d.id);
         c.kernel_start = -1;  // nothing seen whole: learn no length
-        set_preempted(c, false);
+        set_preempted(d.id, c, false);
         if (fetched_) c.charged_to(completed_kernels(d.get, d.id, running));
     }
     current_ = done.back().id;
@@ -788,7 +791,7 @@ void Accounting::slice_read() {
 }
 
 void Accounting::mark_preempted(ChannelId ch) {
-    if (auto it = channels_.find(ch); it != channels_.end()) set_preempted(it->second, true);
+    if (auto it = channels_.find(ch); it != channels_.end()) set_preempted(ch, it->second, true);
 }
 
 Duration Accounting::gpu_time(EntityId leaf) const {

@@ -176,7 +176,7 @@ private:
     std::optional<Time> replay(std::optional<ChannelId> fenced, std::optional<ChannelId> running, Time now,
                                Time late_before);
     void set_batches(Channel& c, bool batches);
-    void set_preempted(Channel& c, bool preempted);
+    void set_preempted(ChannelId id, Channel& c, bool preempted);
     // After `fenced`'s completion at `from`, handled late (at `now`) on a
     // preemptive engine: preempted channels that resumed and completed
     // unseen meanwhile are charged their kernels' rest.  Returns the last
@@ -240,7 +240,9 @@ private:
     std::optional<ChannelId> current_;  // on the engine as last seen
     std::optional<ChannelId> loaded_;   // last context on the engine (preemptive: keeps its slice)
     Time since_ = 0;                    // current_ is charged from here
-    std::size_t preempted_ = 0;         // channels whose kernel was taken off the engine unfinished
+    // Channels whose kernel was taken off the engine unfinished (few: a
+    // late interrupt looks at these, not at every channel).
+    std::vector<ChannelId> preempted_;
     std::size_t batching_ = 0;          // channels whose last interrupt in time came after several kernels
     Time stint_start_ = 0;              // current_ came on the engine then (since_ less what a watch read charged)
     Duration start_slack_ = 0;          // since_ is its start +- this
