@@ -175,18 +175,7 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
     const Time earliest = std::min(current_ ? since_ : last_seen_, now);
     if (current_ == ch) {
         charge(ch, one_kernel_guess(c, t - since_));
-        // Kernels seen from the first one's start to the last one's end in
-        // one stint: learn their length.  GET counts them (the next one's
-        // entry is fetched already if the engine runs it now).
-        const std::int32_t n = c.kernel_start < 0 || clamped ? 0
-                               : fetched_ ? static_cast<std::int32_t>(get - c.start_get) + (running == ch ? 0 : 1)
-                                          : 1;
-        // Only a stint that holds every kernel since its previous interrupt:
-        // the tenant chose which kernels interrupt, and the last one alone
-        // may be its short one.
-        const bool whole_period = !fetched_ || !c.fence_get_known ||
-                                  static_cast<std::int32_t>(completed_kernels(get, ch, running) - c.fence_done) == n;
-        if (n > 0 && whole_period) c.learn_length((t - c.kernel_start) / n);
+        if (!clamped) learn_stint(c, t, fetched_ ? completed_kernels(get, ch, running) : 0);
     } else {
         // It started unseen after the last observation: from an idle engine
         // (a direct doorbell), or after a kernel whose completion raised no
@@ -391,13 +380,20 @@ void Accounting::charge_stint(ChannelId ch, Time end, std::optional<ChannelId> r
     // interrupts come one per kernel: a stint closed by a look need not end
     // at an interrupt, and a tenant that chose which kernels interrupt could
     // have it end at its short one.
-    if (c.kernel_start >= 0 && !c.preempted && c.every_kernel) {
-        const std::int32_t n = static_cast<std::int32_t>(completed - c.start_get) + 1;
-        const bool whole_period =
-            c.fence_get_known && static_cast<std::int32_t>(completed - c.fence_done) == n;
-        if (n > 0 && whole_period && end > c.kernel_start) c.learn_length((end - c.kernel_start) / n);
-    }
+    if (!c.preempted && c.every_kernel) learn_stint(c, end, completed);
     c.kernel_start = -1;
+}
+
+void Accounting::learn_stint(Channel& c, Time end, std::uint32_t completed) {
+    if (c.kernel_start < 0 || end <= c.kernel_start) return;
+    // GET counts the stint's kernels (the next one's entry is fetched
+    // already if the engine runs it now); without GET, one kernel.
+    const std::int32_t n = fetched_ ? static_cast<std::int32_t>(completed - c.start_get) + 1 : 1;
+    // Only a stint that holds every kernel since its previous interrupt:
+    // the tenant chose which kernels interrupt, and the last one alone may
+    // be its short one.
+    const bool whole_period = !fetched_ || !c.fence_get_known || static_cast<std::int32_t>(completed - c.fence_done) == n;
+    if (n > 0 && whole_period) c.learn_length((end - c.kernel_start) / n);
 }
 
 void Accounting::settle_count(ChannelId ch, std::optional<ChannelId> running) {

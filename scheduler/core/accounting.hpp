@@ -205,6 +205,9 @@ private:
     // the guess above when GET says it held one kernel, and its kernels
     // counted as charged (settle_count's one GET read).
     void charge_stint(ChannelId ch, Time end, std::optional<ChannelId> running);
+    // `c` was seen from its stint's first kernel's start to `end` (the last
+    // one's completion; `completed` kernels by GET then): learn their length.
+    void learn_stint(Channel& c, Time end, std::uint32_t completed);
     // Kernels `d`'s channel completed in the replayed window, by GET since
     // its time was last charged (1 when that is not known).
     std::int32_t kernels_in(const Completed& d, std::optional<ChannelId> running) const;
