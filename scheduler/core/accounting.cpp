@@ -176,6 +176,16 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
     if (current_ == ch) {
         charge(ch, one_kernel_guess(c, t - since_));
         if (!clamped) learn_stint(c, t, fetched_ ? completed_kernels(get, ch, running) : 0);
+    } else if (fetched_ && c.charged_known && completed_kernels(get, ch, running) == c.charged_done) {
+        // Every kernel GET counts was charged already: a look at the engine
+        // (a slice end's read) closed its stint at this completion before
+        // the interrupt came.  The engine is as that look left it; charging
+        // the kernel again, and dating what runs now from this late
+        // moment, would charge the switch's dead time twice over.
+        c.kernel_start = -1;
+        set_preempted(ch, c, false);
+        observed(running);
+        return;
     } else {
         // It started unseen after the last observation: from an idle engine
         // (a direct doorbell), or after a kernel whose completion raised no
@@ -775,11 +785,23 @@ void Accounting::slice_read() {
         last_seen_ = t;
         arm_read();
     } else if (running) {
-        // Switched at the slice end, as programmed.
         const Time at = std::min(slice_end_, t);
-        charge(*current_, at - since_);
-        mark_preempted(*current_);
-        now_running(running, at, at);
+        auto it = channels_.find(*current_);
+        const Time done = completion_time_ ? completion_time_(*current_).value_or(-1) : -1;
+        if (it != channels_.end() && fetched_ && it->second.charged_known && done > since_ && done <= at &&
+            fetched_(*current_) - it->second.charged_done == 1) {
+            // Its one kernel fetched since it was last charged completed by
+            // the slice end (its interrupt is on the way): it ran out of
+            // work then, or its kernel ended with the slice.  Not
+            // preempted; the next one started after the switch from there.
+            charge_stint(*current_, done, running);
+            now_running(running, done, done);
+        } else {
+            // Switched at the slice end, as programmed.
+            charge(*current_, at - since_);
+            mark_preempted(*current_);
+            now_running(running, at, at);
+        }
         last_seen_ = t;
     } else {
         observed(running);
