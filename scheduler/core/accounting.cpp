@@ -295,15 +295,22 @@ void Accounting::observed(std::optional<ChannelId> running) {
     std::optional<Time> done;
     if (engine_.preemptive && current_ && completion_time_) done = completion_time_(*current_);
     const bool slice_ended = engine_.preemptive && slice_end_ > last_seen_ && slice_end_ <= t;
+    bool ran_out = false;
     if (done && *done > last_seen_ && *done <= t && (!running || !slice_ended || slice_end_ < *done)) {
         // A preemptive engine gone idle, or on to another channel with no
         // slice end after the completion: the channel ran out of work then
         // (with more, it would have run on to a slice end).
         lo = hi = *done;
+        ran_out = true;
     } else if (engine_.preemptive && current_ && running && slice_ended) {
         lo = hi = slice_end_;
     }
-    if (current_) charge(*current_, lo + (hi - lo) / 2 - since_);
+    // A stint that ended at a completion is charged as one the interrupt
+    // closes: its usual length when it held one kernel begun in a window.
+    if (current_ && ran_out)
+        charge_stint(*current_, lo, running);
+    else if (current_)
+        charge(*current_, lo + (hi - lo) / 2 - since_);
     // Taken off a preemptive engine without a completion: preempted.
     if (engine_.preemptive && current_ && running && lo != done) mark_preempted(*current_);
     now_running(running, lo, hi);
