@@ -46,9 +46,10 @@ def new_uuid():
 class Series:
     """One guest task's completed-kernel counts over host time (arrival of its reports)."""
 
-    def __init__(self, name, cond):
+    def __init__(self, name, cond, source=None):
         self.name = name
         self.cond = cond
+        self.source = source  # the GuestReports the lines come from
         self.reports = []
         self.lines = []
 
@@ -57,9 +58,13 @@ class Series:
         with self.cond:
             while not pred(self):
                 left = deadline - time.monotonic()
-                if left <= 0:
+                ended = self.source is not None and self.source.ended()
+                if left <= 0 or ended:
                     self.dump()
-                    raise TestFailure(f"{self.name}: timed out waiting for {what}")
+                    if self.source is not None:
+                        self.source.dump()
+                    why = "its guest ended" if ended and left > 0 else "timed out"
+                    raise TestFailure(f"{self.name}: {why} waiting for {what}")
                 self.cond.wait(min(left, 0.5))
 
     def completed_at(self, t):
@@ -94,8 +99,15 @@ class GuestReports:
     def get(self, tag):
         with self.cond:
             if tag not in self.series:
-                self.series[tag] = Series(f"{self.name}/{tag}", self.cond)
+                self.series[tag] = Series(f"{self.name}/{tag}", self.cond, self)
             return self.series[tag]
+
+    def ended(self):
+        """True once no more lines can arrive (subclasses that run a process say when)."""
+        return False
+
+    def dump(self, last=40):
+        pass
 
 
 class Guest(GuestReports):
@@ -106,8 +118,11 @@ class Guest(GuestReports):
         self.uuid = new_uuid()
         self.out_lines = []
         self.err_lines = []
+        # The guest's kernel log, kept with the test's files and shown on failure.
+        self.console = os.path.join(daemon.workdir, f"{name}.console")
         cmd = [sys.executable, bins.vm, "--socket", daemon.socket, "--name", name,
-               "--uuid", self.uuid, "--timeout", str(timeout)] + list(extra) + ["--", command]
+               "--uuid", self.uuid, "--timeout", str(timeout), "--console-log", self.console] \
+            + list(extra) + ["--", command]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, errors="replace")
         self.threads = [threading.Thread(target=self._read, args=(self.proc.stdout, self.out_lines),
@@ -123,6 +138,9 @@ class Guest(GuestReports):
         with self.cond:
             self.cond.notify_all()
 
+    def ended(self):
+        return self.proc.poll() is not None and not any(t.is_alive() for t in self.threads)
+
     def wait_line(self, pattern, timeout, stream="out"):
         """Waits for a line matching `pattern`; returns (arrival time, match)."""
         rx = re.compile(pattern)
@@ -137,8 +155,7 @@ class Guest(GuestReports):
                         return t, m
                 seen = len(sink)
                 left = deadline - time.monotonic()
-                if left <= 0 or (self.proc.poll() is not None and
-                                 not any(t.is_alive() for t in self.threads)):
+                if left <= 0 or self.ended():
                     self.dump()
                     raise TestFailure(f"guest {self.name}: no line matching {pattern!r}")
                 self.cond.wait(min(left, 0.5))
@@ -182,6 +199,9 @@ class Guest(GuestReports):
             lines = sorted(self.out_lines + [(t, "! " + l) for t, l in self.err_lines])
         for _, line in lines[-last:]:
             print(f"#   [{self.name}] {line}")
+        if os.path.exists(self.console):
+            for line in open(self.console, errors="replace").read().splitlines()[-15:]:
+                print(f"#   [{self.name} console] {line}")
 
 
 def tagged(tag, command):
