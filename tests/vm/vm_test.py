@@ -313,7 +313,7 @@ def case_wedge(bins, tmp):
     guest that sleeps quietly runs to its end; one that stops every process
     but its shell (the init's heartbeat among them) and sleeps ends with
     exit 126 and QEMU's view of its vCPU, soon after --wedge-timeout, long
-    before --timeout."""
+    before --timeout; one that does so and spins ends with 125."""
     d = Daemon(bins, tmp)
     d.start()
     try:
@@ -337,6 +337,14 @@ def case_wedge(bins, tmp):
         check("dumping local APIC state" in p.stderr, f"no HMP 'info lapic' in: {p.stderr[-800:]}")
         check(took < 150, f"the stopped guest was told after {took:.0f} s (--timeout 200)")
         result("vm.wedge.detected_after_s", f"{took:.1f}")
+        # Silent but busy (as a driver spinning would be): not the TCG
+        # fault, a failure of the guest's own (125), never run again.
+        p = subprocess.run([sys.executable, bins.vm, "--socket", d.socket, "--name", "spin",
+                            "--uuid", new_uuid(), "--timeout", "200", "--wedge-timeout", "5",
+                            "--", "kill -STOP -1; while :; do :; done"],
+                           capture_output=True, text=True, timeout=260)
+        check(p.returncode == 125 and "vCPU is running" in p.stderr,
+              f"a spinning guest: pvgpu-vm exit status {p.returncode}, want 125: {p.stderr[-800:]}")
     finally:
         d.stop()
 
