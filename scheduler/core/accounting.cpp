@@ -176,7 +176,7 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
     if (current_ == ch) {
         charge(ch, one_kernel_guess(c, t - since_));
         if (!clamped) learn_stint(c, t, fetched_ ? completed_kernels(get, ch, running) : 0);
-    } else if (fetched_ && c.charged_known && completed_kernels(get, ch, running) == c.charged_done) {
+    } else if (fetched_ && c.uncharged(completed_kernels(get, ch, running), 0)) {
         // Every kernel GET counts was charged already: a look at the engine
         // (a slice end's read) closed its stint at this completion before
         // the interrupt came.  The engine is as that look left it; charging
@@ -388,7 +388,7 @@ void Accounting::charge_stint(ChannelId ch, Time end, std::optional<ChannelId> r
     }
     Channel& c = it->second;
     const std::uint32_t completed = completed_kernels(fetched_(ch), ch, running);
-    const bool one = c.charged_known && completed - c.charged_done == 1;
+    const bool one = c.uncharged(completed, 1);
     charge(ch, one ? one_kernel_guess(c, end - since_) : end - since_);
     c.charged_to(completed);
     // Seen from a kernel's start to its last completion: learn the length,
@@ -795,8 +795,9 @@ void Accounting::slice_read() {
         const Time at = std::min(slice_end_, t);
         auto it = channels_.find(*current_);
         const Time done = completion_time_ ? completion_time_(*current_).value_or(-1) : -1;
+        // (GET is read only when that can matter: each read costs.)
         if (it != channels_.end() && fetched_ && it->second.charged_known && done > since_ && done <= at &&
-            fetched_(*current_) - it->second.charged_done == 1) {
+            it->second.uncharged(fetched_(*current_), 1)) {
             // Its one kernel fetched since it was last charged completed by
             // the slice end (its interrupt is on the way): it ran out of
             // work then, or its kernel ended with the slice.  Not

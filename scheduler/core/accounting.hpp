@@ -129,6 +129,10 @@ private:
             charged_done = done;
             charged_known = true;
         }
+        // Known to have exactly `n` of `completed` kernels not charged yet.
+        bool uncharged(std::uint32_t completed, std::uint32_t n) const {
+            return charged_known && completed - charged_done == n;
+        }
         // Of `completed` kernels, those whose time is not charged yet (1
         // when that is not known).
         std::int32_t kernels_since_charged(std::uint32_t completed) const {
