@@ -544,38 +544,31 @@ def irq_latency(r, out):
 
     # The scheduler's accounting (section 6's measure) when every
     # interrupt comes late: the host reads the engine as it is then.
-    rows = []
-    for name in ["flat", "weighted", "hierarchical", "uncooperative", "mixed", "loga-accuracy", "low-demand",
-                 "design-example", "gdev-fig14", "demo"]:
-        row = [name]
-        for policy in ["none", "timeslice", "dfq", "hfq"]:
-            for arb in ARBS:
-                cell = []
-                for lat in [0, 20, 50]:
-                    sc = load(name)
-                    sc.setdefault("costs", {})["irq_latency_us"] = lat
-                    cell.append("%.2f" % (100 * worst_accounting_error(r.run(sc, policy, arb))))
-                row.append(" / ".join(cell))
-        rows.append(row)
+    acc_names = ["flat", "weighted", "hierarchical", "uncooperative", "mixed", "loga-accuracy", "low-demand",
+                 "design-example", "gdev-fig14", "demo"]
+
+    def late_errors(name, policy, arb, ctxsw_us=None):
+        cell = []
+        for lat in [0, 20, 50]:
+            sc = load(name)
+            sc.setdefault("costs", {})["irq_latency_us"] = lat
+            if ctxsw_us is not None:
+                sc.setdefault("gpu", {})["ctxsw_us"] = ctxsw_us
+            cell.append("%.2f" % (100 * worst_accounting_error(r.run(sc, policy, arb))))
+        return " / ".join(cell)
+
+    rows = [[name] + [late_errors(name, policy, arb) for policy in ["none", "timeslice", "dfq", "hfq"]
+                      for arb in ARBS]
+            for name in acc_names]
     out.write("Worst accounting error (%) of the scheduler at a latency of 0 / 20 / 50 us:\n\n")
     out.write(table(["scenario"] + ["%s, %s" % (p, a) for p in ["none", "timeslice", "dfq", "hfq"] for a in ARBS],
                     rows) + "\n")
 
     # The same on a timeslice GPU whose context switches cost dead time
     # (gpu.ctxsw_us), which nobody should be charged.
-    rows = []
-    for name in ["flat", "weighted", "hierarchical", "uncooperative", "mixed", "loga-accuracy", "low-demand",
-                 "design-example", "gdev-fig14", "demo"]:
-        row = [name]
-        for policy in ["none", "timeslice", "dfq", "hfq"]:
-            cell = []
-            for lat in [0, 20, 50]:
-                sc = load(name)
-                sc.setdefault("costs", {})["irq_latency_us"] = lat
-                sc.setdefault("gpu", {})["ctxsw_us"] = 30
-                cell.append("%.2f" % (100 * worst_accounting_error(r.run(sc, policy, "timeslice"))))
-            row.append(" / ".join(cell))
-        rows.append(row)
+    rows = [[name] + [late_errors(name, policy, "timeslice", ctxsw_us=30)
+                      for policy in ["none", "timeslice", "dfq", "hfq"]]
+            for name in acc_names]
     out.write("Worst accounting error (%) on the timeslice GPU with 30 us of dead time per context switch, "
               "at a latency of 0 / 20 / 50 us:\n\n")
     out.write(table(["scenario", "none", "timeslice", "dfq", "hfq"], rows) + "\n")

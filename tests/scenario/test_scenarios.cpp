@@ -39,6 +39,17 @@ std::string describe(const SimResult& r) { return to_table(r); }
 // (measured at most 0.27%: docs/results.md section 6).  Deterministic.
 constexpr double kMeasuredAccuracy = 0.01;
 
+// The accounting of every entity with at least `min_truth` of GPU time
+// against the engine's ground truth, to kMeasuredAccuracy.
+void check_accounting(const SimResult& r, Duration min_truth) {
+    for (const auto& e : r.entities) {
+        if (e.gpu_time_total < min_truth) continue;
+        double err = std::abs(double(e.measured - e.gpu_time_total)) / double(e.gpu_time_total);
+        INFO(e.path << ": measured " << to_ms(e.measured) << " ms, true " << to_ms(e.gpu_time_total) << " ms");
+        CHECK(err <= kMeasuredAccuracy);
+    }
+}
+
 }  // namespace
 
 TEST_CASE("hfq meets its share targets on the standard scenarios", "[scenario][hfq]") {
@@ -206,12 +217,7 @@ TEST_CASE("the scheduler's accounting tracks true GPU time under every policy", 
                          "thesis-5.4.2.1", "thesis-5.4.2.2");
     SimResult r = run(bundled(name), policy, arb);
     INFO(name << " under " << policy << " on " << r.arbitration);
-    for (const auto& e : r.entities) {
-        if (e.gpu_time_total < 100 * kMillisecond) continue;  // too little to weigh
-        double err = std::abs(double(e.measured - e.gpu_time_total)) / double(e.gpu_time_total);
-        INFO(e.path << ": measured " << to_ms(e.measured) << " ms, true " << to_ms(e.gpu_time_total) << " ms");
-        CHECK(err <= kMeasuredAccuracy);
-    }
+    check_accounting(r, 100 * kMillisecond);  // below that, too little to weigh
     // No periodic poll on the non-preemptive GPU: one read per completion,
     // plus at most six settle reads each time the engine goes idle.
     INFO("accounting reads " << r.stats.accounting_reads << ", fences " << r.stats.fences);
@@ -240,12 +246,7 @@ TEST_CASE("the scheduler's accounting tracks true GPU time when interrupts arriv
     sc.gpu.irq_latency = latency_us * kMicrosecond;
     SimResult r = run(sc, policy, arb);
     INFO(name << " under " << policy << " on " << r.arbitration << ", interrupts " << latency_us << " us late");
-    for (const auto& e : r.entities) {
-        if (e.gpu_time_total < 100 * kMillisecond) continue;
-        double err = std::abs(double(e.measured - e.gpu_time_total)) / double(e.gpu_time_total);
-        INFO(e.path << ": measured " << to_ms(e.measured) << " ms, true " << to_ms(e.gpu_time_total) << " ms");
-        CHECK(err <= kMeasuredAccuracy);
-    }
+    check_accounting(r, 100 * kMillisecond);
 }
 
 TEST_CASE("the accounting charges nobody a context switch's dead time when interrupts arrive late",
@@ -264,12 +265,7 @@ TEST_CASE("the accounting charges nobody a context switch's dead time when inter
     sc.gpu.ctxsw = 30 * kMicrosecond;
     SimResult r = run(sc, policy, Arbitration::Timeslice);
     INFO(name << " under " << policy << ", ctxsw 30 us, interrupts " << latency_us << " us late");
-    for (const auto& e : r.entities) {
-        if (e.gpu_time_total < 100 * kMillisecond) continue;
-        double err = std::abs(double(e.measured - e.gpu_time_total)) / double(e.gpu_time_total);
-        INFO(e.path << ": measured " << to_ms(e.measured) << " ms, true " << to_ms(e.gpu_time_total) << " ms");
-        CHECK(err <= kMeasuredAccuracy);
-    }
+    check_accounting(r, 100 * kMillisecond);
 }
 
 TEST_CASE("the accounting charges a task with CPU gaps its kernels' length on a late timeslice GPU",
@@ -291,11 +287,7 @@ TEST_CASE("the accounting charges a task with CPU gaps its kernels' length on a 
     sc.gpu.ctxsw = ctxsw_us * kMicrosecond;
     SimResult r = run(sc, policy, Arbitration::Timeslice);
     INFO(policy << ", ctxsw " << ctxsw_us << " us, interrupts " << latency_us << " us late");
-    for (const auto& e : r.entities) {
-        double err = std::abs(double(e.measured - e.gpu_time_total)) / double(e.gpu_time_total);
-        INFO(e.path << ": measured " << to_ms(e.measured) << " ms, true " << to_ms(e.gpu_time_total) << " ms");
-        CHECK(err <= kMeasuredAccuracy);
-    }
+    check_accounting(r, 0);
 }
 
 TEST_CASE("hfq's feed cap buys design-example's bursty leaf its share", "[scenario][bursty]") {
