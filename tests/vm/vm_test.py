@@ -142,10 +142,13 @@ class Guest(GuestReports):
         with self.cond:
             self.cond.notify_all()
 
-    def ended(self):
-        if self.proc.poll() == EXIT_WEDGED and self not in WEDGED:
+    def _exited(self, rc):
+        if rc == EXIT_WEDGED and self not in WEDGED:
             WEDGED.append(self)
-        return self.proc.poll() is not None and not any(t.is_alive() for t in self.threads)
+        return rc
+
+    def ended(self):
+        return self._exited(self.proc.poll()) is not None and not any(t.is_alive() for t in self.threads)
 
     def wait_line(self, pattern, timeout, stream="out"):
         """Waits for a line matching `pattern`; returns (arrival time, match)."""
@@ -168,9 +171,7 @@ class Guest(GuestReports):
 
     def finish(self, timeout=300):
         try:
-            rc = self.proc.wait(timeout)
-            if rc == EXIT_WEDGED and self not in WEDGED:
-                WEDGED.append(self)
+            rc = self._exited(self.proc.wait(timeout))
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
@@ -314,22 +315,22 @@ def case_wedge(bins, tmp):
     but its shell (the init's heartbeat among them) and sleeps ends with
     exit 126 and QEMU's view of its vCPU, soon after --wedge-timeout, long
     before --timeout; one that does so and spins ends with 125."""
+    def run_guest(name, wedge_timeout, command):
+        return subprocess.run([sys.executable, bins.vm, "--socket", d.socket, "--name", name,
+                               "--uuid", new_uuid(), "--timeout", "200", "--wedge-timeout", str(wedge_timeout),
+                               "--", command],
+                              capture_output=True, text=True, timeout=260)
+
     d = Daemon(bins, tmp)
     d.start()
     try:
         # A guest silent for longer than --wedge-timeout but alive: its
         # heartbeat (every 5 s) keeps it from counting as stopped.
-        p = subprocess.run([sys.executable, bins.vm, "--socket", d.socket, "--name", "quiet",
-                            "--uuid", new_uuid(), "--timeout", "200", "--wedge-timeout", "12",
-                            "--", "sleep 30"],
-                           capture_output=True, text=True, timeout=260)
+        p = run_guest("quiet", 12, "sleep 30")
         check(p.returncode == 0, f"a guest quiet for 30 s: pvgpu-vm exit status {p.returncode}: "
               f"{p.stderr[-800:]}")
         t0 = time.monotonic()
-        p = subprocess.run([sys.executable, bins.vm, "--socket", d.socket, "--name", "wedge",
-                            "--uuid", new_uuid(), "--timeout", "200", "--wedge-timeout", "5",
-                            "--", "kill -STOP -1; sleep 300"],
-                           capture_output=True, text=True, timeout=260)
+        p = run_guest("wedge", 5, "kill -STOP -1; sleep 300")
         took = time.monotonic() - t0
         check(p.returncode == EXIT_WEDGED, f"pvgpu-vm exit status {p.returncode}, want {EXIT_WEDGED}: "
               f"{p.stderr[-1500:]}")
@@ -339,10 +340,7 @@ def case_wedge(bins, tmp):
         result("vm.wedge.detected_after_s", f"{took:.1f}")
         # Silent but busy (as a driver spinning would be): not the TCG
         # fault, a failure of the guest's own (125), never run again.
-        p = subprocess.run([sys.executable, bins.vm, "--socket", d.socket, "--name", "spin",
-                            "--uuid", new_uuid(), "--timeout", "200", "--wedge-timeout", "5",
-                            "--", "kill -STOP -1; while :; do :; done"],
-                           capture_output=True, text=True, timeout=260)
+        p = run_guest("spin", 5, "kill -STOP -1; while :; do :; done")
         check(p.returncode == 125 and "vCPU is running" in p.stderr,
               f"a spinning guest: pvgpu-vm exit status {p.returncode}, want 125: {p.stderr[-800:]}")
     finally:
