@@ -296,10 +296,11 @@ void Accounting::observed(std::optional<ChannelId> running) {
     if (engine_.preemptive && current_ && completion_time_) done = completion_time_(*current_);
     const bool slice_ended = engine_.preemptive && slice_end_ > last_seen_ && slice_end_ <= t;
     bool ran_out = false;
-    if (done && *done > last_seen_ && *done <= t && (!running || !slice_ended || slice_end_ < *done)) {
+    if (done && *done > last_seen_ && *done <= t &&
+        (!running || !slice_ended || slice_end_ < *done || ran_out_at(*current_, *done))) {
         // A preemptive engine gone idle, or on to another channel with no
-        // slice end after the completion: the channel ran out of work then
-        // (with more, it would have run on to a slice end).
+        // slice end after the completion, or GET says so (a kernel that
+        // ended with its slice): the channel ran out of work then.
         lo = hi = *done;
         ran_out = true;
     } else if (engine_.preemptive && current_ && running && slice_ended) {
@@ -793,15 +794,10 @@ void Accounting::slice_read() {
         arm_read();
     } else if (running) {
         const Time at = std::min(slice_end_, t);
-        auto it = channels_.find(*current_);
         const Time done = completion_time_ ? completion_time_(*current_).value_or(-1) : -1;
-        // (GET is read only when that can matter: each read costs.)
-        if (it != channels_.end() && fetched_ && it->second.charged_known && done > since_ && done <= at &&
-            it->second.uncharged(fetched_(*current_), 1)) {
-            // Its one kernel fetched since it was last charged completed by
-            // the slice end (its interrupt is on the way): it ran out of
-            // work then, or its kernel ended with the slice.  Not
-            // preempted; the next one started after the switch from there.
+        if (done <= at && ran_out_at(*current_, done)) {
+            // Its interrupt is on the way.  The next one started after the
+            // switch from there.
             charge_stint(*current_, done, running);
             now_running(running, done, done);
         } else {
@@ -814,6 +810,13 @@ void Accounting::slice_read() {
     } else {
         observed(running);
     }
+}
+
+bool Accounting::ran_out_at(ChannelId ch, Time done) const {
+    auto it = channels_.find(ch);
+    // (GET is read only when that can matter: each read costs.)
+    return it != channels_.end() && fetched_ && it->second.charged_known && done > since_ &&
+           it->second.uncharged(fetched_(ch), 1);
 }
 
 void Accounting::mark_preempted(ChannelId ch) {

@@ -449,3 +449,36 @@ TEST_CASE("accounting: a tenant that asks for interrupts after its short kernels
     CHECK(rel_error(charged, rig.gpu_time(cheat)) < 0.005);
     if (policy == "hfq") CHECK(rig.share(cheat) == Approx(1.0 / 3).margin(0.002));
 }
+
+TEST_CASE("accounting: a kernel that ends with its slice, seen first by another look than the slice end's",
+          "[accounting]") {
+    // A 2 ms kernel in a 2 ms slice ends exactly at the slice end.  When a
+    // policy's own engine read sees the switch before the slice end's read
+    // does (here: one every 7 us), that look must also tell a channel that
+    // ran out of work from one preempted, or its late interrupt charges it
+    // again.
+    auto ctxsw_us = GENERATE(0, 30);
+    auto latency_us = GENERATE(0, 20, 50);
+    sim::SimGpuConfig cfg = timeslice_gpu(ms(2), ctxsw_us * kMicrosecond);
+    cfg.irq_latency = latency_us * kMicrosecond;
+    Rig rig("none", {}, cfg);
+    EntityId a = rig.task("slice-long");
+    EntityId b = rig.task("short");
+    rig.submit_loop(a, ms(2));
+    rig.submit_loop(b, ms(0.5));
+    std::function<void()> look = [&] {
+        rig.sched.engine_status();
+        rig.loop.arm(rig.loop.now() + 7 * kMicrosecond, look);
+    };
+    rig.loop.arm(1, look);
+    rig.run_until(ms(1000));
+    // Let the engine drain: the truth counts a kernel when it ends.
+    for (auto& [ch, sub] : rig.subs) sub.running = false;
+    rig.run_until(ms(1010));
+    const Accounting& acc = rig.sched.accounting();
+    INFO("ctxsw " << ctxsw_us << " us, interrupts " << latency_us << " us late: slice-long "
+                  << to_ms(acc.gpu_time(a)) << " / " << to_ms(rig.gpu_time(a)) << "; short "
+                  << to_ms(acc.gpu_time(b)) << " / " << to_ms(rig.gpu_time(b)));
+    CHECK(rel_error(acc.gpu_time(a), rig.gpu_time(a)) < 0.001);
+    CHECK(rel_error(acc.gpu_time(b), rig.gpu_time(b)) < 0.001);
+}
