@@ -482,3 +482,35 @@ TEST_CASE("accounting: a kernel that ends with its slice, seen first by another 
     CHECK(rel_error(acc.gpu_time(a), rig.gpu_time(a)) < 0.001);
     CHECK(rel_error(acc.gpu_time(b), rig.gpu_time(b)) < 0.001);
 }
+
+TEST_CASE("accounting: a channel closed while preempted keeps its time and leaves nothing behind", "[accounting]") {
+    // A 5 ms kernel taken off the engine at its 2 ms slice end, then closed
+    // before it resumes.  The accounting keeps a list of preempted channels
+    // whose late completions it looks for; a closed one must leave it, or a
+    // later late interrupt would look up a channel that is gone.
+    auto latency_us = GENERATE(0, 50);
+    sim::SimGpuConfig cfg = timeslice_gpu(ms(2));
+    cfg.irq_latency = latency_us * kMicrosecond;
+    Rig rig("none", {}, cfg);
+    const EntityId a = rig.task("long");
+    const EntityId b = rig.task("short");
+    const EntityId c = rig.task("other");
+    const ChannelId ca = rig.submit_loop(a, ms(5));
+    rig.submit_loop(b, ms(0.3));
+    rig.run_until(ms(2.15));  // a preempted at 2 ms, b's 0.3 ms kernel on the engine
+    rig.sched.close_channel(ca);
+    // A new channel may get the closed one's id.
+    rig.submit_loop(c, ms(0.7), 0, 0, ms(3));
+    rig.run_until(ms(500));
+    for (auto& [ch, sub] : rig.subs) sub.running = false;
+    rig.run_until(ms(510));
+    const Accounting& acc = rig.sched.accounting();
+    INFO("interrupts " << latency_us << " us late: long " << to_ms(acc.gpu_time(a)) << " / "
+                       << to_ms(rig.gpu_time(a)) << "; short " << to_ms(acc.gpu_time(b)) << " / "
+                       << to_ms(rig.gpu_time(b)) << "; other " << to_ms(acc.gpu_time(c)) << " / "
+                       << to_ms(rig.gpu_time(c)));
+    REQUIRE(rig.gpu_time(a) == ms(2));
+    CHECK(acc.gpu_time(a) == ms(2));
+    CHECK(rel_error(acc.gpu_time(b), rig.gpu_time(b)) < 0.001);
+    CHECK(rel_error(acc.gpu_time(c), rig.gpu_time(c)) < 0.001);
+}
