@@ -994,81 +994,137 @@ static int pvgpu_arm(struct pvgpu_dev *dev, struct pvgpu_slot *s, u32 handle,
 	return st < 0 ? st : 0;
 }
 
-static long pvgpu_ioc_wait(struct pvgpu_file *pf, void __user *arg)
+/*
+ * One target of a wait: a waiter on its slot's list (pvgpu_arm() arms for
+ * the lowest fence on it) and an entry on its slot's wait queue.
+ *
+ * A wait on several slots sleeps poll-style, with one wait queue entry on
+ * each target's s->wq, rather than on a queue of the open file: the places
+ * that wake a slot's waiters (the IRQ handler, pvgpu_arm(), disown, link
+ * loss, remove) stay as they are and need not find the slot's owner file
+ * (disown clears it), and an event on one channel wakes only the threads
+ * waiting on that channel, not every waiting thread of the file.
+ */
+struct pvgpu_wait_one {
+	struct pvgpu_waiter waiter;	/* on s->waiters; .fence: the target */
+	wait_queue_entry_t wqe;		/* on s->wq */
+	struct pvgpu_slot *s;
+	u32 handle;
+	u32 alloc_seq;
+	u32 seq;			/* s->event_seq at the last look */
+	int state;			/* the last look: PVGPU_WAIT_*, -EBADF, or -1 */
+	u32 error;			/* with PVGPU_WAIT_DEAD */
+	bool need_arm;
+};
+
+/* Whether anything a waiter must see happened on a target's slot. */
+static bool pvgpu_wait_changed(const struct pvgpu_wait_one *t, u32 count)
+{
+	u32 i;
+
+	for (i = 0; i < count; i++)
+		if (READ_ONCE(t[i].s->event_seq) != t[i].seq)
+			return true;
+	return false;
+}
+
+/*
+ * Sleep until any of the `count` targets (handle and fence filled in by the
+ * caller) reaches its fence or dies, as PVGPU_IOC_WAIT and
+ * PVGPU_IOC_WAIT_ANY describe.  On success *index, *status and *error say
+ * which target ended the wait and how (the lowest index when several did).
+ * Every target is taken off its slot's lists before this returns.
+ */
+static long pvgpu_wait(struct pvgpu_file *pf, struct pvgpu_wait_one *t, u32 count,
+		       s64 timeout_ns, u32 *index, u32 *status, u32 *error)
 {
 	struct pvgpu_dev *dev = pf->dev;
-	struct pvgpu_waiter waiter;
-	struct pvgpu_ioc_wait req;
-	void __iomem *ctrl;
 	unsigned long flags, deadline = 0;
-	struct pvgpu_slot *s;
-	u32 alloc_seq, seq, status, fence, error = 0;
+	u32 i, j, hit = 0, st, fence, err = 0;
 	long left = 0, ret = 0;
-	bool forever, need_arm;
+	bool forever = timeout_ns < 0, tried_arm;
 	int done = -1;		/* PVGPU_WAIT_* when known */
 
-	if (copy_from_user(&req, arg, sizeof(req)))
-		return -EFAULT;
-	if (req.size != sizeof(req) || req.flags || req.reserved)
-		return -EINVAL;
+	if (timeout_ns > 0) {
+		u64 jf = nsecs_to_jiffies(timeout_ns);
 
-	forever = req.timeout_ns < 0;
-	if (req.timeout_ns > 0) {
-		u64 j = nsecs_to_jiffies(req.timeout_ns);
-
-		j = clamp_t(u64, j, 1, MAX_SCHEDULE_TIMEOUT / 2);
-		deadline = jiffies + j;
+		jf = clamp_t(u64, jf, 1, MAX_SCHEDULE_TIMEOUT / 2);
+		deadline = jiffies + jf;
 	}
 
+	/* All targets the caller's, or none is waited on. */
 	spin_lock_irqsave(&dev->lock, flags);
-	s = pvgpu_own_slot(pf, req.handle);
-	if (!s) {
-		spin_unlock_irqrestore(&dev->lock, flags);
-		return -EBADF;
+	for (i = 0; i < count; i++) {
+		t[i].s = pvgpu_own_slot(pf, t[i].handle);
+		if (!t[i].s) {
+			spin_unlock_irqrestore(&dev->lock, flags);
+			return -EBADF;
+		}
 	}
-	alloc_seq = s->alloc_seq;
-	waiter.fence = req.fence;
-	list_add_tail(&waiter.node, &s->waiters);
+	for (i = 0; i < count; i++) {
+		t[i].alloc_seq = t[i].s->alloc_seq;
+		list_add_tail(&t[i].waiter.node, &t[i].s->waiters);
+		init_waitqueue_entry(&t[i].wqe, current);
+		add_wait_queue(&t[i].s->wq, &t[i].wqe);
+	}
 	spin_unlock_irqrestore(&dev->lock, flags);
-	ctrl = dev->chan_bar + req.handle * PVGPU_BAR2_STRIDE;
 
 	for (;;) {
 		spin_lock_irqsave(&dev->lock, flags);
-		if (dev->dying) {
+		if (dev->dying)
 			ret = -ENODEV;
-		} else if (s->use != PVGPU_USE_OWNED || s->alloc_seq != alloc_seq) {
-			ret = -EBADF;	/* freed meanwhile by another thread */
-		} else if (s->reached_valid && fence_reached(s->reached, req.fence)) {
-			done = PVGPU_WAIT_OK;
-		} else if (s->dead) {
-			done = PVGPU_WAIT_DEAD;
-			error = s->dead_error;
+		for (i = 0; i < count; i++) {
+			struct pvgpu_slot *s = t[i].s;
+
+			t[i].state = -1;
+			if (s->use != PVGPU_USE_OWNED || s->alloc_seq != t[i].alloc_seq) {
+				t[i].state = -EBADF;	/* freed meanwhile by another thread */
+			} else if (s->reached_valid && fence_reached(s->reached, t[i].waiter.fence)) {
+				t[i].state = PVGPU_WAIT_OK;
+			} else if (s->dead) {
+				t[i].state = PVGPU_WAIT_DEAD;
+				t[i].error = s->dead_error;
+			}
+			t[i].seq = s->event_seq;
+			t[i].need_arm = !s->armed;
 		}
-		seq = s->event_seq;
-		need_arm = !s->armed;
 		spin_unlock_irqrestore(&dev->lock, flags);
+		if (ret)
+			break;
+
+		for (i = 0; i < count && done < 0 && !ret; i++) {
+			void __iomem *ctrl = dev->chan_bar + t[i].handle * PVGPU_BAR2_STRIDE;
+
+			hit = i;
+			if (t[i].state == -EBADF) {
+				ret = -EBADF;
+				break;
+			}
+			if (t[i].state >= 0) {
+				done = t[i].state;
+				err = t[i].error;
+				break;
+			}
+			/*
+			 * The control page is the owner's own memory: what it
+			 * says can only mislead the owner's own wait.  STATUS
+			 * before FENCE so a fence reached before the channel
+			 * died counts as reached.
+			 */
+			st = readl(ctrl + PVGPU_CTRL_STATUS);
+			fence = readl(ctrl + PVGPU_CTRL_FENCE);
+			if (fence_reached(fence, t[i].waiter.fence)) {
+				done = PVGPU_WAIT_OK;
+			} else if (st != PVGPU_CHAN_STATUS_OK) {
+				done = PVGPU_WAIT_DEAD;
+				err = readl(ctrl + PVGPU_CTRL_ERROR);
+			}
+		}
 		if (ret || done >= 0)
 			break;
 
-		/*
-		 * The control page is the owner's own memory: what it says can
-		 * only mislead the owner's own wait.  STATUS before FENCE so a
-		 * fence reached before the channel died counts as reached.
-		 */
-		status = readl(ctrl + PVGPU_CTRL_STATUS);
-		fence = readl(ctrl + PVGPU_CTRL_FENCE);
-		if (fence_reached(fence, req.fence)) {
-			done = PVGPU_WAIT_OK;
-			break;
-		}
-		if (status != PVGPU_CHAN_STATUS_OK) {
-			done = PVGPU_WAIT_DEAD;
-			error = readl(ctrl + PVGPU_CTRL_ERROR);
-			break;
-		}
-
 		if (!forever) {
-			if (req.timeout_ns == 0 || time_after_eq(jiffies, deadline)) {
+			if (timeout_ns == 0 || time_after_eq(jiffies, deadline)) {
 				ret = -ETIME;
 				break;
 			}
@@ -1076,33 +1132,116 @@ static long pvgpu_ioc_wait(struct pvgpu_file *pf, void __user *arg)
 		} else {
 			left = MAX_SCHEDULE_TIMEOUT;
 		}
-		if (need_arm) {
-			ret = pvgpu_arm(dev, s, req.handle, alloc_seq,
+
+		/* Arm every slot that is not armed (once per slot), then look again. */
+		tried_arm = false;
+		for (i = 0; i < count && !ret; i++) {
+			if (!t[i].need_arm)
+				continue;
+			for (j = 0; j < i && t[j].s != t[i].s; j++)
+				;
+			if (j < i)
+				continue;	/* the same slot as an earlier target */
+			ret = pvgpu_arm(dev, t[i].s, t[i].handle, t[i].alloc_seq,
 					forever ? pvgpu_cmd_jiffies() : left);
 			if (ret == -ETIME && forever)
 				ret = 0;	/* mailbox busy: try again */
-			if (ret)
-				break;
-			continue;
+			tried_arm = true;
 		}
-		left = wait_event_interruptible_timeout(s->wq,
-							READ_ONCE(s->event_seq) != seq ||
-							READ_ONCE(dev->dying),
-							left);
-		if (left < 0) {
-			ret = -EINTR;
+		if (ret)
 			break;
+		if (tried_arm)
+			continue;
+
+		/* Sleep on all the targets' slots at once (see pvgpu_wait_one). */
+		for (;;) {
+			set_current_state(TASK_INTERRUPTIBLE);
+			if (READ_ONCE(dev->dying) || pvgpu_wait_changed(t, count))
+				break;
+			if (signal_pending(current)) {
+				ret = -EINTR;
+				break;
+			}
+			if (!left)
+				break;	/* timed out: the next look says ETIME */
+			left = schedule_timeout(left);
 		}
+		__set_current_state(TASK_RUNNING);
+		if (ret)
+			break;
 	}
 
 	spin_lock_irqsave(&dev->lock, flags);
-	list_del(&waiter.node);
+	for (i = 0; i < count; i++) {
+		list_del(&t[i].waiter.node);
+		remove_wait_queue(&t[i].s->wq, &t[i].wqe);
+	}
 	spin_unlock_irqrestore(&dev->lock, flags);
 	if (ret)
 		return ret == -ETIMEDOUT ? -ETIME : ret;
 
-	req.status = done;
-	req.error = done == PVGPU_WAIT_DEAD ? error : 0;
+	*index = hit;
+	*status = done;
+	*error = done == PVGPU_WAIT_DEAD ? err : 0;
+	return 0;
+}
+
+static long pvgpu_ioc_wait(struct pvgpu_file *pf, void __user *arg)
+{
+	struct pvgpu_ioc_wait req;
+	struct pvgpu_wait_one one;
+	u32 index;
+	long ret;
+
+	if (copy_from_user(&req, arg, sizeof(req)))
+		return -EFAULT;
+	if (req.size != sizeof(req) || req.flags || req.reserved)
+		return -EINVAL;
+
+	one.handle = req.handle;
+	one.waiter.fence = req.fence;
+	ret = pvgpu_wait(pf, &one, 1, req.timeout_ns, &index, &req.status, &req.error);
+	if (ret)
+		return ret;
+	return copy_to_user(arg, &req, sizeof(req)) ? -EFAULT : 0;
+}
+
+static long pvgpu_ioc_wait_any(struct pvgpu_file *pf, void __user *arg)
+{
+	struct pvgpu_ioc_wait_any req;
+	struct pvgpu_wait_target *targets;
+	struct pvgpu_wait_one *t;
+	u32 i;
+	long ret;
+
+	if (copy_from_user(&req, arg, sizeof(req)))
+		return -EFAULT;
+	if (req.size != sizeof(req) || req.flags || req.reserved0 || req.reserved1 ||
+	    req.reserved[0] || req.reserved[1])
+		return -EINVAL;
+	if (req.count == 0 || req.count > PVGPU_WAIT_ANY_MAX)
+		return -EINVAL;
+
+	targets = memdup_user(u64_to_user_ptr(req.targets),
+			      req.count * sizeof(*targets));
+	if (IS_ERR(targets))
+		return PTR_ERR(targets);
+	t = kcalloc(req.count, sizeof(*t), GFP_KERNEL);
+	if (!t) {
+		kfree(targets);
+		return -ENOMEM;
+	}
+	for (i = 0; i < req.count; i++) {
+		t[i].handle = targets[i].handle;
+		t[i].waiter.fence = targets[i].fence;
+	}
+	kfree(targets);
+
+	ret = pvgpu_wait(pf, t, req.count, req.timeout_ns, &req.index, &req.status,
+			 &req.error);
+	kfree(t);
+	if (ret)
+		return ret;
 	return copy_to_user(arg, &req, sizeof(req)) ? -EFAULT : 0;
 }
 
@@ -1170,6 +1309,7 @@ static long pvgpu_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 	case PVGPU_IOC_FREE:
 	case PVGPU_IOC_WAIT:
 	case PVGPU_IOC_SET_WEIGHT:
+	case PVGPU_IOC_WAIT_ANY:
 		break;
 	default:
 		return -ENOTTY;
@@ -1192,6 +1332,9 @@ static long pvgpu_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 		break;
 	case PVGPU_IOC_WAIT:
 		ret = pvgpu_ioc_wait(pf, uarg);
+		break;
+	case PVGPU_IOC_WAIT_ANY:
+		ret = pvgpu_ioc_wait_any(pf, uarg);
 		break;
 	default:
 		ret = pvgpu_ioc_set_weight(pf, uarg);

@@ -113,6 +113,35 @@ struct pvgpu_ioc_wait {
 #define PVGPU_WAIT_OK 0u     /* FENCE reached */
 #define PVGPU_WAIT_DEAD 1u   /* the channel died first; `error` says why (0x80: link lost) */
 
+/* PVGPU_IOC_WAIT_ANY: PVGPU_IOC_WAIT over several channels at once: sleeps
+ * until any target's channel reaches its fence or dies, the timeout passes
+ * (ETIME) or a signal arrives (EINTR, restartable).  `index` says which
+ * target ended the wait (the lowest such index when several did); `status`
+ * and `error` are as PVGPU_IOC_WAIT's for that target.  Targets may name one
+ * channel more than once.  Every handle must be the caller's (EBADF, also
+ * when another thread frees one during the wait).  Interrupt-driven.
+ * Added within ABI version 1: a module without it answers ENOTTY. */
+struct pvgpu_wait_target {
+	pvgpu_u32 handle;          /* in */
+	pvgpu_u32 fence;           /* in */
+};
+
+#define PVGPU_WAIT_ANY_MAX 64u  /* targets per call: as many as a device has slots */
+
+struct pvgpu_ioc_wait_any {
+	pvgpu_u32 size;
+	pvgpu_u32 flags;           /* in: 0 */
+	pvgpu_u32 count;           /* in: 1..PVGPU_WAIT_ANY_MAX */
+	pvgpu_u32 reserved0;       /* in: 0 */
+	pvgpu_u64 targets;         /* in: user address of `count` struct pvgpu_wait_target */
+	pvgpu_s64 timeout_ns;      /* in: < 0 waits forever, 0 only checks */
+	pvgpu_u32 index;           /* out: the target that ended the wait */
+	pvgpu_u32 status;          /* out: PVGPU_WAIT_* of that target */
+	pvgpu_u32 error;           /* out: with PVGPU_WAIT_DEAD, its channel's PVGPU_CHAN_ERR_* */
+	pvgpu_u32 reserved1;       /* in: 0 */
+	pvgpu_u64 reserved[2];     /* in: 0 */
+};
+
 /* PVGPU_IOC_SET_WEIGHT: the weight of a guest task inside its VM's share,
  * like nice: 1..10000, default 100.  `pid` 0 (or the caller's own tgid) sets
  * the caller's weight; another task's weight needs CAP_SYS_ADMIN.  The host
@@ -131,6 +160,7 @@ struct pvgpu_ioc_set_weight {
 #define PVGPU_IOC_FREE _IOWR(PVGPU_IOC_MAGIC, 0x02, struct pvgpu_ioc_free)
 #define PVGPU_IOC_WAIT _IOWR(PVGPU_IOC_MAGIC, 0x03, struct pvgpu_ioc_wait)
 #define PVGPU_IOC_SET_WEIGHT _IOWR(PVGPU_IOC_MAGIC, 0x04, struct pvgpu_ioc_set_weight)
+#define PVGPU_IOC_WAIT_ANY _IOWR(PVGPU_IOC_MAGIC, 0x05, struct pvgpu_ioc_wait_any)
 
 #ifdef __cplusplus
 #define PVGPU_GUEST_STATIC_ASSERT static_assert
@@ -142,5 +172,7 @@ PVGPU_GUEST_STATIC_ASSERT(sizeof(struct pvgpu_ioc_alloc) == 48, "alloc layout");
 PVGPU_GUEST_STATIC_ASSERT(sizeof(struct pvgpu_ioc_free) == 16, "free layout");
 PVGPU_GUEST_STATIC_ASSERT(sizeof(struct pvgpu_ioc_wait) == 40, "wait layout");
 PVGPU_GUEST_STATIC_ASSERT(sizeof(struct pvgpu_ioc_set_weight) == 24, "set_weight layout");
+PVGPU_GUEST_STATIC_ASSERT(sizeof(struct pvgpu_wait_target) == 8, "wait_target layout");
+PVGPU_GUEST_STATIC_ASSERT(sizeof(struct pvgpu_ioc_wait_any) == 64, "wait_any layout");
 
 #endif /* PVGPU_GUEST_IOCTL_H */
