@@ -476,6 +476,178 @@ static int cmd_abi(int argc, char **argv)
 	return 0;
 }
 
+/* WAIT_ANY over `n` targets: errno, or 0 with *index / *status / *error filled in. */
+static int try_wait_any(int fd, const struct pvgpu_wait_target *t, uint32_t n,
+			int64_t timeout_ns, uint32_t *index, uint32_t *status, uint32_t *error)
+{
+	struct pvgpu_ioc_wait_any w = {
+		.size = sizeof(w), .count = n, .targets = (uintptr_t)t, .timeout_ns = timeout_ns,
+		.index = 0xdead, .status = 0xdead, .error = 0xdead,
+	};
+	int e = xioctl(fd, PVGPU_IOC_WAIT_ANY, &w);
+
+	if (!e) {
+		*index = w.index;
+		*status = w.status;
+		*error = w.error;
+	}
+	return e;
+}
+
+static struct pvgpu_ioc_wait_any wait_any_arg(const struct pvgpu_wait_target *t, uint32_t n)
+{
+	return (struct pvgpu_ioc_wait_any){ .size = sizeof(struct pvgpu_ioc_wait_any), .count = n,
+					    .targets = (uintptr_t)t };
+}
+
+/* A WAIT_ANY that must end OK on target `want` within max_s; returns the time taken. */
+static double expect_wait_any(const char *what, int fd, const struct pvgpu_wait_target *t,
+			      uint32_t n, int64_t timeout_ns, uint32_t want, double max_s)
+{
+	uint32_t index, status, error;
+	double t0 = now_s(), dt;
+	int e = try_wait_any(fd, t, n, timeout_ns, &index, &status, &error);
+
+	dt = now_s() - t0;
+	if (e)
+		fail("%s: %s after %.3f s", what, strerror(e), dt);
+	if (index != want || status != PVGPU_WAIT_OK || error)
+		fail("%s: index %u status %u error %#x, want index %u OK", what, index, status,
+		     error, want);
+	if (dt > max_s)
+		fail("%s: took %.3f s, want at most %.1f s", what, dt, max_s);
+	return dt;
+}
+
+static int cmd_wait_any(int argc, char **argv)
+{
+	int fd = dev_open(), fd2 = dev_open();
+	struct pvgpu_wait_target t[PVGPU_WAIT_ANY_MAX + 1];
+	struct pvgpu_ioc_wait_any w;
+	struct chan a, b;
+	uint32_t other, index, status, error, i;
+	struct sigaction sa = { .sa_handler = on_alarm };
+	struct itimerval it = { .it_value = { 0, 200000 } };
+	double dt;
+
+	(void)argc;
+	(void)argv;
+	chan_open(&a, fd);
+	chan_open(&b, fd);
+	other = alloc_chan(fd2);
+	t[0] = (struct pvgpu_wait_target){ .handle = a.handle, .fence = 1 };
+	t[1] = (struct pvgpu_wait_target){ .handle = b.handle, .fence = 1 };
+
+	/* The argument as the driver checks it. */
+	w = wait_any_arg(t, 2);
+	w.size = sizeof(w) - 8;
+	expect_errno("WAIT_ANY with a bad size", xioctl(fd, PVGPU_IOC_WAIT_ANY, &w), EINVAL);
+	w = wait_any_arg(t, 2);
+	w.flags = 1;
+	expect_errno("WAIT_ANY with a flag", xioctl(fd, PVGPU_IOC_WAIT_ANY, &w), EINVAL);
+	w = wait_any_arg(t, 2);
+	w.reserved0 = 1;
+	expect_errno("WAIT_ANY with reserved0 set", xioctl(fd, PVGPU_IOC_WAIT_ANY, &w), EINVAL);
+	w = wait_any_arg(t, 2);
+	w.reserved1 = 1;
+	expect_errno("WAIT_ANY with reserved1 set", xioctl(fd, PVGPU_IOC_WAIT_ANY, &w), EINVAL);
+	w = wait_any_arg(t, 2);
+	w.reserved[1] = 1;
+	expect_errno("WAIT_ANY with reserved[1] set", xioctl(fd, PVGPU_IOC_WAIT_ANY, &w), EINVAL);
+	w = wait_any_arg(t, 0);
+	expect_errno("WAIT_ANY with count 0", xioctl(fd, PVGPU_IOC_WAIT_ANY, &w), EINVAL);
+	for (i = 0; i <= PVGPU_WAIT_ANY_MAX; i++)
+		t[i] = (struct pvgpu_wait_target){ .handle = a.handle, .fence = 1 };
+	w = wait_any_arg(t, PVGPU_WAIT_ANY_MAX + 1);
+	expect_errno("WAIT_ANY with count PVGPU_WAIT_ANY_MAX + 1",
+		     xioctl(fd, PVGPU_IOC_WAIT_ANY, &w), EINVAL);
+	w = wait_any_arg(t, 1000000);
+	expect_errno("WAIT_ANY with count 1000000", xioctl(fd, PVGPU_IOC_WAIT_ANY, &w), EINVAL);
+	w = wait_any_arg(NULL, 2);
+	expect_errno("WAIT_ANY with targets at address 0", xioctl(fd, PVGPU_IOC_WAIT_ANY, &w),
+		     EFAULT);
+	expect_errno("WAIT_ANY at address 0", xioctl(fd, PVGPU_IOC_WAIT_ANY, NULL), EFAULT);
+	w = wait_any_arg(t, PVGPU_WAIT_ANY_MAX);
+	expect_errno("WAIT_ANY over PVGPU_WAIT_ANY_MAX targets, timeout 0",
+		     xioctl(fd, PVGPU_IOC_WAIT_ANY, &w), ETIME);
+	t[1] = (struct pvgpu_wait_target){ .handle = 99999, .fence = 0 };
+	w = wait_any_arg(t, 2);
+	expect_errno("WAIT_ANY naming handle 99999", xioctl(fd, PVGPU_IOC_WAIT_ANY, &w), EBADF);
+	t[1] = (struct pvgpu_wait_target){ .handle = other, .fence = 0 };
+	expect_errno("WAIT_ANY naming another file's channel",
+		     xioctl(fd, PVGPU_IOC_WAIT_ANY, &w), EBADF);
+	t[1] = (struct pvgpu_wait_target){ .handle = a.handle, .fence = 0 };
+	expect_errno("WAIT_ANY through another open file",
+		     xioctl(fd2, PVGPU_IOC_WAIT_ANY, &w), EBADF);
+
+	/* Nothing reached: timeout 0 only looks, a timeout passes. */
+	t[0] = (struct pvgpu_wait_target){ .handle = a.handle, .fence = 1 };
+	t[1] = (struct pvgpu_wait_target){ .handle = b.handle, .fence = 1 };
+	expect_errno("WAIT_ANY on unreached fences, timeout 0",
+		     try_wait_any(fd, t, 2, 0, &index, &status, &error), ETIME);
+	dt = now_s();
+	expect_errno("WAIT_ANY on unreached fences, timeout 100 ms",
+		     try_wait_any(fd, t, 2, 100000000, &index, &status, &error), ETIME);
+	dt = now_s() - dt;
+	if (dt < 0.099 || dt > 2.0)
+		fail("WAIT_ANY with a 100 ms timeout returned after %.3f s", dt);
+	/* A reached fence of the second target ends even a zero timeout. */
+	t[1].fence = 0;
+	expect_wait_any("WAIT_ANY with the second target reached, timeout 0", fd, t, 2, 0, 1, 1.0);
+
+	/* Work on the second channel only: it ends the wait, promptly. */
+	chan_push(&b, 50000000, true);	/* 50 ms */
+	t[1].fence = b.put;
+	dt = expect_wait_any("WAIT_ANY, only the second channel busy, timeout 30 s", fd, t, 2,
+			     30000000000LL, 1, 10.0);
+	note("WAIT_ANY over two channels woke on the second after %.1f ms (a 50 ms kernel)",
+	     dt * 1e3);
+	chan_push(&b, 20000000, true);
+	t[1].fence = b.put;
+	expect_wait_any("WAIT_ANY forever, only the second channel busy", fd, t, 2, -1, 1, 10.0);
+
+	/* One channel named twice (the later, lower fence is the one reached). */
+	t[1] = (struct pvgpu_wait_target){ .handle = b.handle, .fence = b.put + 5 };
+	t[2] = (struct pvgpu_wait_target){ .handle = b.handle, .fence = b.put + 1 };
+	chan_push(&b, 10000000, true);
+	expect_wait_any("WAIT_ANY naming one channel twice", fd, t, 3, -1, 2, 10.0);
+
+	/* Both reached: the lowest index is reported. */
+	chan_push(&a, 1000000, true);
+	chan_wait(&a, a.put, 30);
+	t[1].fence = b.put;
+	expect_wait_any("WAIT_ANY with both reached", fd, t, 2, 0, 0, 1.0);
+
+	/* One target is WAIT. */
+	chan_push(&b, 1000000, true);
+	t[0] = (struct pvgpu_wait_target){ .handle = b.handle, .fence = b.put };
+	expect_wait_any("WAIT_ANY over one target", fd, t, 1, 30000000000LL, 0, 10.0);
+
+	/*
+	 * A signal ends a wait with no deadline.  Last: the device cannot
+	 * lower the waits armed for these far fences, so a later wait for a
+	 * nearer one would sleep until its own timeout (docs/guest.md).
+	 */
+	t[0] = (struct pvgpu_wait_target){ .handle = a.handle, .fence = a.put + 1000 };
+	t[1] = (struct pvgpu_wait_target){ .handle = b.handle, .fence = b.put + 1000 };
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGALRM, &sa, NULL);
+	setitimer(ITIMER_REAL, &it, NULL);
+	expect_errno("WAIT_ANY forever interrupted by SIGALRM",
+		     try_wait_any(fd, t, 2, -1, &index, &status, &error), EINTR);
+
+	/* A freed channel among the targets. */
+	chan_close(&a);
+	expect_errno("WAIT_ANY naming a freed handle",
+		     try_wait_any(fd, t, 2, 0, &index, &status, &error), EBADF);
+	chan_close(&b);
+	free_chan(fd2, other);
+	close(fd2);
+	close(fd);
+	note("all checks passed");
+	return 0;
+}
+
 static int cmd_mmap(int argc, char **argv)
 {
 	int fd = dev_open(), fd2 = dev_open();
@@ -994,6 +1166,8 @@ static const struct {
 	{ "info", "", cmd_info, "print PVGPU_IOC_INFO" },
 	{ "abi", "", cmd_abi, "bad ioctl numbers, sizes, flags, reserved fields, handles; INFO" },
 	{ "mmap", "", cmd_mmap, "own channel mappable; foreign, oversize, private mappings refused" },
+	{ "wait-any", "", cmd_wait_any,
+	  "WAIT_ANY: argument checks, the second of two channels ends the wait, ETIME" },
 	{ "submit", "N KERNEL_US", cmd_submit, "submit N kernels, WAIT for the last one" },
 	{ "cycles", "N", cmd_cycles, "N alloc/map/free cycles; slots_used back where it was" },
 	{ "fork", "", cmd_fork, "a child with the inherited fd cannot use the parent's channels" },

@@ -353,7 +353,7 @@ def case_abuse(bins, tmp):
     d.start()
     host = throttle(bins, d, "host", 1000, duration=120)
     try:
-        steps = ["abi", "mmap", "kill-submit", "kill-wait", "fork", "fill-ring", "cycles 1000"]
+        steps = ["abi", "wait-any", "mmap", "kill-submit", "kill-wait", "fork", "fill-ring", "cycles 1000"]
         script = " && ".join(f"pvgpu-guest-check {s}" for s in steps)
         # rmmod while a process holds the device must be refused (the module is in use).
         script += (" && { pvgpu-load throttle --kernel-us 500 --duration-s 30 & p=$!; "
