@@ -23,6 +23,8 @@ public:
     virtual int alloc(pvgpu_ioc_alloc& arg) = 0;
     virtual int free(pvgpu_ioc_free& arg) = 0;
     virtual int wait(pvgpu_ioc_wait& arg) = 0;
+    // PVGPU_IOC_WAIT_ANY; ENOTTY from a module that predates it.
+    virtual int wait_any(pvgpu_ioc_wait_any& arg) = 0;
     virtual int set_weight(pvgpu_ioc_set_weight& arg) = 0;
     // Maps a channel's three pages (PVGPU_MMAP_CHANNEL_SIZE at `offset`);
     // throws ClientError.

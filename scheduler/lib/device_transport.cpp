@@ -3,13 +3,15 @@
 // channels on the VM's pvgpu PCI device and maps a channel's control page,
 // doorbell page and ring into the process; submission is stores only (ring
 // entries, IB_PUT, a 32-bit doorbell store: docs/pvgpu-device.md section 6).
-// Waits sleep in PVGPU_IOC_WAIT, which the device ends with an interrupt.
+// Waits sleep in PVGPU_IOC_WAIT (one channel) or PVGPU_IOC_WAIT_ANY (several),
+// which the device ends with an interrupt.
 #include <fcntl.h>
 #include <sys/ioctl.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "device_ops.hpp"
 #include "proto/unique_fd.hpp"
@@ -46,6 +48,7 @@ public:
     int alloc(pvgpu_ioc_alloc& arg) override { return call(PVGPU_IOC_ALLOC, &arg); }
     int free(pvgpu_ioc_free& arg) override { return call(PVGPU_IOC_FREE, &arg); }
     int wait(pvgpu_ioc_wait& arg) override { return call(PVGPU_IOC_WAIT, &arg); }
+    int wait_any(pvgpu_ioc_wait_any& arg) override { return call(PVGPU_IOC_WAIT_ANY, &arg); }
     int set_weight(pvgpu_ioc_set_weight& arg) override { return call(PVGPU_IOC_SET_WEIGHT, &arg); }
     Mapping map_channel(std::uint64_t offset) override {
         return Mapping(fd_.get(), PVGPU_MMAP_CHANNEL_SIZE, offset);
@@ -144,43 +147,26 @@ public:
     }
 
     void service() override {}
-    CompletionWake completion_wake() const override { return CompletionWake::First; }
+    // Any, unless the module turned out to lack PVGPU_IOC_WAIT_ANY (an older
+    // one answers ENOTTY): then one channel at a time, as before it.
+    CompletionWake completion_wake() const override {
+        return wait_any_missing_ ? CompletionWake::First : CompletionWake::Any;
+    }
 
     SleepResult sleep(std::span<const WaitTarget> targets, TimePoint wake) override {
         if (targets.empty()) return sleep_until(wake);
-        const WaitTarget* target = &targets.front();
-        pvgpu_ioc_wait w{};
-        w.size = sizeof w;
-        w.handle = target->link->handle;
-        w.fence = target->dev_fence;
-        w.timeout_ns = -1;
-        if (wake != TimePoint::max())
-            w.timeout_ns = std::max<std::int64_t>(0, nanoseconds(wake - SteadyClock::now()).count());
-        const int err = ops_->wait(w);
-        if (err == EINTR) return SleepResult::Interrupted;
-        if (err == ETIME || err == ETIMEDOUT) return SleepResult::Woke;
-        if (err != 0)
-            throw ClientError("PVGPU_IOC_WAIT on " + ops_->path() + " (channel " +
-                              std::to_string(target->link->chan_id) + ", handle " + std::to_string(w.handle) +
-                              ", fence " + std::to_string(w.fence) + ") failed: " + errno_text(err));
-        if (w.status == PVGPU_WAIT_DEAD) {
-            if (w.error == PVGPU_CHAN_ERR_LOST)
-                throw LinkLost{"channel " + std::to_string(target->link->chan_id) +
-                               ": the device lost its link to pvgpud (error 0x80)"};
-            if (w.error == PVGPU_CHAN_ERR_NONE)
-                throw ClientError(ops_->path() + " reported channel " + std::to_string(target->link->chan_id) +
-                                  " dead without an error code");
-            // The control page says the same; this saves relying on it.
-            target->link->error = w.error;
-        } else if (w.status == PVGPU_WAIT_OK) {
-            ChannelLink& l = *target->link;
-            if (!l.reached_valid || static_cast<std::int32_t>(w.fence - l.reached) > 0) l.reached = w.fence;
-            l.reached_valid = true;
-        } else {
-            throw ClientError("PVGPU_IOC_WAIT on " + ops_->path() + " returned unknown status " +
-                              std::to_string(w.status));
+        // Per channel only its lowest fence matters: it is reached first.
+        unique_.clear();
+        for (const WaitTarget& t : targets) {
+            auto it = std::find_if(unique_.begin(), unique_.end(),
+                                   [&](const WaitTarget& u) { return u.link == t.link; });
+            if (it == unique_.end())
+                unique_.push_back(t);
+            else if (static_cast<std::int32_t>(t.dev_fence - it->dev_fence) < 0)
+                it->dev_fence = t.dev_fence;
         }
-        return SleepResult::Woke;
+        if (unique_.size() == 1 || wait_any_missing_) return sleep_one(unique_.front(), wake);
+        return sleep_any(wake);
     }
 
     TransportInfo info() override {
@@ -242,6 +228,88 @@ private:
                 " failed: " + errno_text(err));
     }
 
+    static std::int64_t timeout_ns(TimePoint wake) {
+        if (wake == TimePoint::max()) return -1;
+        return std::max<std::int64_t>(0, nanoseconds(wake - SteadyClock::now()).count());
+    }
+
+    // PVGPU_IOC_WAIT on one channel.
+    SleepResult sleep_one(const WaitTarget& target, TimePoint wake) {
+        pvgpu_ioc_wait w{};
+        w.size = sizeof w;
+        w.handle = target.link->handle;
+        w.fence = target.dev_fence;
+        w.timeout_ns = timeout_ns(wake);
+        const int err = ops_->wait(w);
+        if (err == EINTR) return SleepResult::Interrupted;
+        if (err == ETIME || err == ETIMEDOUT) return SleepResult::Woke;
+        if (err != 0)
+            throw ClientError("PVGPU_IOC_WAIT on " + ops_->path() + " (channel " +
+                              std::to_string(target.link->chan_id) + ", handle " + std::to_string(w.handle) +
+                              ", fence " + std::to_string(w.fence) + ") failed: " + errno_text(err));
+        wait_ended("PVGPU_IOC_WAIT", target, w.status, w.error);
+        return SleepResult::Woke;
+    }
+
+    // PVGPU_IOC_WAIT_ANY on unique_ (one target per channel).
+    SleepResult sleep_any(TimePoint wake) {
+        if (unique_.size() > PVGPU_WAIT_ANY_MAX)
+            throw ClientError("internal: a wait on " + std::to_string(unique_.size()) +
+                              " channels, PVGPU_IOC_WAIT_ANY takes at most " + std::to_string(PVGPU_WAIT_ANY_MAX));
+        wait_targets_.clear();
+        for (const WaitTarget& t : unique_) wait_targets_.push_back(pvgpu_wait_target{t.link->handle, t.dev_fence});
+        pvgpu_ioc_wait_any w{};
+        w.size = sizeof w;
+        w.count = static_cast<std::uint32_t>(wait_targets_.size());
+        w.targets = reinterpret_cast<std::uintptr_t>(wait_targets_.data());
+        w.timeout_ns = timeout_ns(wake);
+        const int err = ops_->wait_any(w);
+        if (err == ENOTTY) {
+            // Decided once: an older module.  The caller looks again and,
+            // told First now, sleeps on one channel with timed looks.
+            wait_any_missing_ = true;
+            log(ops_->path() + ": the pvgpu module has no PVGPU_IOC_WAIT_ANY (an older version); waits on "
+                               "several channels sleep on one and look at the others");
+            return SleepResult::Woke;
+        }
+        if (err == EINTR) return SleepResult::Interrupted;
+        if (err == ETIME || err == ETIMEDOUT) return SleepResult::Woke;
+        if (err != 0) {
+            std::string chans;
+            for (const WaitTarget& t : unique_)
+                chans += (chans.empty() ? "" : ", ") + std::to_string(t.link->chan_id);
+            throw ClientError("PVGPU_IOC_WAIT_ANY on " + ops_->path() + " (channels " + chans +
+                              ") failed: " + errno_text(err));
+        }
+        if (w.index >= unique_.size())
+            throw ClientError("PVGPU_IOC_WAIT_ANY on " + ops_->path() + " returned index " + std::to_string(w.index) +
+                              " of " + std::to_string(unique_.size()) + " targets");
+        wait_ended("PVGPU_IOC_WAIT_ANY", unique_[w.index], w.status, w.error);
+        return SleepResult::Woke;
+    }
+
+    // What a wait reported for `target`: reached, or its channel died.
+    void wait_ended(const char* call, const WaitTarget& target, std::uint32_t status, std::uint32_t error) {
+        ChannelLink& l = *target.link;
+        if (status == PVGPU_WAIT_DEAD) {
+            if (error == PVGPU_CHAN_ERR_LOST)
+                throw LinkLost{"channel " + std::to_string(l.chan_id) +
+                               ": the device lost its link to pvgpud (error 0x80)"};
+            if (error == PVGPU_CHAN_ERR_NONE)
+                throw ClientError(ops_->path() + " reported channel " + std::to_string(l.chan_id) +
+                                  " dead without an error code");
+            // The control page says the same; this saves relying on it.
+            l.error = error;
+        } else if (status == PVGPU_WAIT_OK) {
+            if (!l.reached_valid || static_cast<std::int32_t>(target.dev_fence - l.reached) > 0)
+                l.reached = target.dev_fence;
+            l.reached_valid = true;
+        } else {
+            throw ClientError(std::string(call) + " on " + ops_->path() + " returned unknown status " +
+                              std::to_string(status));
+        }
+    }
+
     // Sleeps without a channel to wait for (an application's own pacing).
     static SleepResult sleep_until(TimePoint wake) {
         if (wake == TimePoint::max()) {
@@ -261,6 +329,10 @@ private:
     const ClientOptions& options_;
     pvgpu_ioc_info info_{};
     bool weight_applied_ = false;
+    bool wait_any_missing_ = false;  // PVGPU_IOC_WAIT_ANY answered ENOTTY
+    // sleep()'s, kept to spare allocations per wait.
+    std::vector<WaitTarget> unique_;
+    std::vector<pvgpu_wait_target> wait_targets_;
 };
 
 }  // namespace

@@ -119,8 +119,9 @@ struct ClientOptions {
     // (IB_GET), plus a learned per-kernel overhead), then re-checks at a
     // fraction of the head kernel's length, backing off; these re-checks are
     // spaced `min_poll` .. `max_poll` apart.  The device transport sleeps
-    // in PVGPU_IOC_WAIT instead (when waiting for several channels at once:
-    // on the one expected to finish first, until the next one is expected).
+    // in PVGPU_IOC_WAIT instead, or PVGPU_IOC_WAIT_ANY for several channels
+    // at once (with a guest driver that lacks it: on the one expected to
+    // finish first, until the next one is expected).
     std::chrono::microseconds min_poll{20};
     std::chrono::microseconds max_poll{2'000};
 

@@ -159,11 +159,12 @@ public:
     // Handles control traffic without blocking; cheap enough to call per submit.
     virtual void service() = 0;
     // How sleep() learns of completions now (it may change with a
-    // reconnect to another daemon):
+    // reconnect to another daemon, or once after a sleep that found the
+    // device's driver older than it thought; ask again after every sleep):
     enum class CompletionWake {
         None,   // it does not: sleep until the work could be done, look again
-        First,  // when the first target's fence is reached (device: one wait)
-        Any,    // when any target's fence is reached (socket, version 3)
+        First,  // when the first target's fence is reached (device without PVGPU_IOC_WAIT_ANY)
+        Any,    // when any target's fence is reached (socket, version 3; device)
     };
     virtual CompletionWake completion_wake() const = 0;
     // Before a look at the channel's FENCE for `dev_fence`: asks to be woken

@@ -3,8 +3,9 @@
 // maps exactly as it maps /dev/pvgpu, and a fake GPU runs what the doorbell
 // announced when the library waits.  Covers transport selection, the ioctl
 // ABI as the driver checks it, fence widening across the 32-bit wrap, wait
-// results (OK, DEAD, LOST, timeout, EINTR), and re-allocation plus
-// resubmission after the device lost pvgpud.
+// results (OK, DEAD, LOST, timeout, EINTR), waits over several channels
+// (PVGPU_IOC_WAIT_ANY, and the fallback for a module without it), and
+// re-allocation plus resubmission after the device lost pvgpud.
 #include <catch2/catch.hpp>
 
 #include <fcntl.h>
@@ -44,6 +45,7 @@ struct FakeDevice {
         Mapping gpu;                 // the device's view of the three pages
         std::uint32_t last_doorbell = 0;
         bool kicked = false;         // the doorbell changed since the GPU last looked
+        bool stalled = false;        // the GPU runs nothing of this channel
         std::vector<std::uint64_t> executed;  // payloads run, in order
         std::vector<std::uint32_t> fences;    // their ring fences
 
@@ -72,11 +74,17 @@ struct FakeDevice {
     bool realloc_in_place = false;
     // Called before each wait is decided; may script events.
     std::function<void(FakeDevice&, const pvgpu_ioc_wait&)> on_wait;
+    std::function<void(FakeDevice&, const pvgpu_ioc_wait_any&)> on_wait_any;
+    // The module has PVGPU_IOC_WAIT_ANY (else it answers ENOTTY).
+    bool has_wait_any = true;
     int eintr_waits = 0;         // the next N waits end with EINTR
 
     // Records.
     std::vector<pvgpu_ioc_set_weight> weights;
-    std::vector<std::int64_t> wait_timeouts;
+    std::vector<std::int64_t> wait_timeouts;      // WAIT and WAIT_ANY alike
+    int waits = 0;                                // WAIT calls
+    int wait_any_calls = 0;                       // WAIT_ANY calls (ENOTTY ones included)
+    std::vector<pvgpu_wait_target> wait_any_targets;  // the last WAIT_ANY's
     int allocs = 0;
     int frees = 0;
     std::uint32_t weight = PVGPU_WEIGHT_DEFAULT;
@@ -100,7 +108,7 @@ struct FakeDevice {
             s.last_doorbell = s.doorbell();
             s.kicked = true;
         }
-        if (!s.kicked || s.lost || s.ctrl().status != PVGPU_CHAN_STATUS_OK) return;
+        if (!s.kicked || s.stalled || s.lost || s.ctrl().status != PVGPU_CHAN_STATUS_OK) return;
         for (std::size_t n = 0; n < gpu_budget && s.ctrl().ib_get != s.ctrl().ib_put; ++n) {
             const pvgpu_ring_entry& e = s.ring().entries[s.ctrl().ib_get & PVGPU_RING_MASK];
             if (e.flags != PVGPU_ENTRY_IRQ) throw std::logic_error("ring entry without the IRQ flag");
@@ -209,6 +217,7 @@ public:
         if (a.size != sizeof a || a.flags != 0 || a.reserved != 0) return EINVAL;
         if (a.handle >= dev_->slots.size() || !dev_->slots[a.handle].used) return EBADF;
         dev_->wait_timeouts.push_back(a.timeout_ns);
+        ++dev_->waits;
         // Each round is a stretch of sleep in which the GPU runs up to
         // gpu_budget entries; a wait without timeout sleeps until it ends.
         FakeDevice::Slot& s = dev_->slots[a.handle];
@@ -233,6 +242,51 @@ public:
             if (a.timeout_ns >= 0) return ETIME;
             if (s.executed.size() == ran)
                 throw std::logic_error("wait for fence " + std::to_string(a.fence) + " would sleep forever");
+        }
+    }
+
+    int wait_any(pvgpu_ioc_wait_any& a) override {
+        ++dev_->wait_any_calls;
+        if (!dev_->has_wait_any) return ENOTTY;
+        if (a.size != sizeof a || a.flags != 0 || a.reserved0 != 0 || a.reserved1 != 0 || a.reserved[0] != 0 ||
+            a.reserved[1] != 0)
+            return EINVAL;
+        if (a.count == 0 || a.count > PVGPU_WAIT_ANY_MAX) return EINVAL;
+        if (a.targets == 0) return EFAULT;
+        const auto* t = reinterpret_cast<const pvgpu_wait_target*>(a.targets);
+        dev_->wait_any_targets.assign(t, t + a.count);
+        for (const pvgpu_wait_target& w : dev_->wait_any_targets)
+            if (w.handle >= dev_->slots.size() || !dev_->slots[w.handle].used) return EBADF;
+        dev_->wait_timeouts.push_back(a.timeout_ns);
+        // As wait(), over every target: the lowest index that ended it.
+        for (;;) {
+            if (dev_->on_wait_any) dev_->on_wait_any(*dev_, a);
+            if (dev_->eintr_waits > 0) {
+                --dev_->eintr_waits;
+                return EINTR;
+            }
+            std::size_t ran = 0;
+            for (FakeDevice::Slot& s : dev_->slots) ran += s.executed.size();
+            for (const pvgpu_wait_target& w : dev_->wait_any_targets) dev_->run_gpu(dev_->slots[w.handle]);
+            for (std::uint32_t i = 0; i < a.count; ++i) {
+                const FakeDevice::Slot& s = dev_->slots[t[i].handle];
+                if (static_cast<std::int32_t>(s.ctrl().fence - t[i].fence) >= 0) {
+                    a.index = i;
+                    a.status = PVGPU_WAIT_OK;
+                    a.error = 0;
+                    return 0;
+                }
+                if (s.ctrl().status == PVGPU_CHAN_STATUS_ERROR) {
+                    a.index = i;
+                    a.status = PVGPU_WAIT_DEAD;
+                    a.error = s.ctrl().error;
+                    return 0;
+                }
+            }
+            if (a.timeout_ns >= 0) return ETIME;
+            std::size_t now_ran = 0;
+            for (FakeDevice::Slot& s : dev_->slots) now_ran += s.executed.size();
+            if (now_ran == ran) throw std::logic_error("wait_any would sleep forever");
         }
     }
 
@@ -436,17 +490,93 @@ TEST_CASE("device waits: timeout, EINTR, wait_any") {
     CHECK(client.wait_any(goals, std::chrono::steady_clock::now() + 1s));
     CHECK(b.completed() == fb);
 
-    SECTION("with several goals, sleeps on one and wakes when any completes") {
+    SECTION("with several goals, one PVGPU_IOC_WAIT_ANY over all, no timed look") {
+        // a is expected first but its work never starts; b's ends the wait.
+        dev->wait_timeouts.clear();
+        dev->slot(0).stalled = true;
+        const std::uint64_t fa2 = a.submit(1'000);       // 1 us
+        const std::uint64_t fb2 = b.submit(50'000'000);  // 50 ms
+        const std::uint64_t polls = client.stats().polls;
+        const int waits = dev->waits;
+        const pvgpu::Client::WaitGoal both[] = {{&a, fa2}, {&b, fb2}};
+        CHECK(client.wait_any(both, std::chrono::steady_clock::time_point::max()));
+        CHECK(b.completed() == fb2);
+        CHECK(a.completed() < fa2);
+        // One sleep, over both channels, without a deadline; no single WAIT.
+        CHECK(client.stats().polls == polls + 1);
+        CHECK(dev->wait_any_calls == 1);
+        CHECK(dev->waits == waits);
+        REQUIRE(dev->wait_timeouts.size() == 1);
+        CHECK(dev->wait_timeouts[0] == -1);
+        REQUIRE(dev->wait_any_targets.size() == 2);
+        CHECK(dev->wait_any_targets[0].handle == 0);  // ordered by expected completion
+        CHECK(dev->wait_any_targets[1].handle == 1);
+        CHECK(dev->wait_any_targets[1].fence == dev->slot(1).fences.back());
+    }
+    SECTION("a module without PVGPU_IOC_WAIT_ANY: sleeps on one, decided once") {
+        dev->has_wait_any = false;
         dev->wait_timeouts.clear();
         const std::uint64_t fa2 = a.submit(50'000'000);  // 50 ms
         const std::uint64_t fb2 = b.submit(1'000);       // 1 us
         const pvgpu::Client::WaitGoal both[] = {{&a, fa2}, {&b, fb2}};
         CHECK(client.wait_any(both, std::chrono::steady_clock::time_point::max()));
         CHECK(b.completed() == fb2);
+        CHECK(dev->wait_any_calls == 1);
         // It slept on b, the one expected first, bounded by when a is expected.
         REQUIRE(dev->wait_timeouts.size() == 1);
         CHECK(dev->wait_timeouts[0] > 0);
         CHECK(dev->wait_timeouts[0] <= 50'000'000);
+        // Not asked again.
+        const std::uint64_t fb3 = b.submit(1'000);
+        const pvgpu::Client::WaitGoal again[] = {{&a, fa2}, {&b, fb3}};
+        CHECK(client.wait_any(again, std::chrono::steady_clock::time_point::max()));
+        CHECK(dev->wait_any_calls == 1);
+        CHECK(dev->waits >= 2);
+    }
+    SECTION("several goals on one channel are one WAIT on its lowest fence") {
+        const std::uint64_t f1 = a.submit(1'000);
+        const std::uint64_t f2 = a.submit(1'000);
+        const int waits = dev->waits;
+        const pvgpu::Client::WaitGoal same[] = {{&a, f2}, {&a, f1}};
+        CHECK(client.wait_any(same, std::chrono::steady_clock::time_point::max()));
+        CHECK(dev->wait_any_calls == 0);
+        CHECK(dev->waits == waits + 1);
+    }
+}
+
+TEST_CASE("device wait_any: a dead or lost channel that is not the first target") {
+    auto dev = std::make_shared<FakeDevice>();
+    pvgpu::ClientOptions o = fast_options();
+    o.reconnect = false;
+    pvgpu::Client client = fake_client(dev, o);
+    pvgpu::Channel a = client.alloc_channel();
+    pvgpu::Channel b = client.alloc_channel();
+    dev->slot(0).stalled = true;
+    const std::uint64_t fa = a.submit(1'000);       // expected first: target 0
+    const std::uint64_t fb = b.submit(50'000'000);  // target 1
+    const pvgpu::Client::WaitGoal both[] = {{&a, fa}, {&b, fb}};
+    dev->slot(1).stalled = true;
+    const std::string b_name = "channel " + std::to_string(b.id());  // before the session goes
+
+    SECTION("dead: an error of that channel, not a reconnect") {
+        dev->on_wait_any = [](FakeDevice& d, const pvgpu_ioc_wait_any&) { d.kill(1, PVGPU_CHAN_ERR_WATCHDOG); };
+        CHECK_THROWS_WITH(client.wait_any(both, std::chrono::steady_clock::time_point::max()),
+                          Contains(b_name) && Contains("watchdog"));
+        CHECK(dev->wait_any_calls == 1);
+        CHECK(client.stats().reconnects == 0);
+        // a is fine.
+        dev->slot(0).stalled = false;
+        CHECK(a.wait(fa));
+    }
+    SECTION("lost: the link") {
+        dev->on_wait_any = [](FakeDevice& d, const pvgpu_ioc_wait_any&) {
+            d.slot(1).lost = true;
+            d.kill(1, PVGPU_CHAN_ERR_LOST);
+        };
+        CHECK_THROWS_WITH(client.wait_any(both, std::chrono::steady_clock::time_point::max()),
+                          Contains("lost the link of /dev/fake-pvgpu") &&
+                              Contains(b_name + ": the device lost its link"));
+        CHECK(dev->wait_any_calls == 1);
     }
 }
 
