@@ -119,11 +119,11 @@ void Accounting::fence(ChannelId ch) {
     // A kernel of another channel started after the one seen ran from
     // since_; an idle engine seen at last_seen_ started nothing before it.
     const Time now = clock_.now();
-    const Time earliest = std::min(current_ ? since_ : last_seen_, now);
     Time t = now;
     bool clamped = false;  // the GPU's timestamp lay before what was believed: learn nothing from it
     if (completion_time_)
         if (const std::optional<Time> done = completion_time_(ch)) {
+            const Time earliest = std::min(unseen_start(*done), now);
             t = std::clamp(*done, earliest, now);
             clamped = *done < earliest;
         }
@@ -172,7 +172,6 @@ void Accounting::fence(ChannelId ch) {
 void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, std::optional<ChannelId> running,
                               std::uint32_t get) {
     const Time now = clock_.now();
-    const Time earliest = std::min(current_ ? since_ : last_seen_, now);
     if (current_ == ch) {
         charge(ch, one_kernel_guess(c, t - since_));
         if (!clamped) learn_stint(c, t, fetched_ ? completed_kernels(get, ch, running) : 0);
@@ -195,7 +194,7 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
         // The channel believed on the engine may be known to have ended
         // earlier (stint_end): this one started after that.
         const std::optional<Time> ended = stint_end(t);
-        const Time from = ended ? *ended : last_seen_ <= t ? last_seen_ : earliest;
+        const Time from = ended ? *ended : std::min(unseen_start(t), now);
         // GET counts its kernels since last charged: with another channel
         // between its interrupts, the two took turns on the engine.
         const Duration gap = std::max<Duration>(0, t - from);
@@ -215,6 +214,19 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
     const Time next = engine_.preemptive && running != ch && t < now ? resumed_unseen(ch, t, now, running) : t;
     now_running(running, next, next);
     last_seen_ = now;  // the read above
+}
+
+Time Accounting::unseen_start(Time done) const {
+    // After current_'s believed start.  With the engine idle: after the
+    // last look if that came before the completion; else after the first
+    // look that saw the engine idle if the completion came later (some look
+    // in between saw it idle); else the kernel ran before the engine was
+    // first seen idle, from when it was believed to go idle: a short kernel
+    // started unseen after another, ended before the read at the other's
+    // interrupt, and its own interrupt came after later looks.
+    if (current_) return since_;
+    if (last_seen_ <= done) return last_seen_;
+    return done > idle_seen_ ? idle_seen_ : since_;
 }
 
 Time Accounting::resumed_unseen(ChannelId fenced, Time from, Time now, std::optional<ChannelId> running) {
@@ -606,7 +618,10 @@ void Accounting::now_running(std::optional<ChannelId> running, Time lo, Time hi)
             }
         }
     }
-    if (!running && before) settle_step_ = 0;  // just went idle: watch for the next start
+    if (!running && before) {
+        settle_step_ = 0;  // just went idle: watch for the next start
+        idle_seen_ = clock_.now();
+    }
     if (running != before) events_.push_back({false, 0, 0, running});
     arm_read();
 }

@@ -260,6 +260,10 @@ private:
     Time stint_start_ = 0;              // current_ came on the engine then (since_ less what a watch read charged)
     Duration start_slack_ = 0;          // since_ is its start +- this
     Time last_seen_ = 0;                // last observation of the engine
+    Time idle_seen_ = 0;                // idle: the first look that saw it so
+    // The earliest a kernel completed at `done` can have started, the host
+    // not having seen it on the engine (idle, or current_ believed there).
+    Time unseen_start(Time done) const;
     Time slice_end_ = 0;                // preemptive: when current_'s slice ends
     std::size_t settle_step_ = 0;       // settle reads made since the engine went idle
     std::optional<ChannelId> kicked_;   // a doorbell the host forwarded, read after it

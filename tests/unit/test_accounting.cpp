@@ -514,3 +514,30 @@ TEST_CASE("accounting: a channel closed while preempted keeps its time and leave
     CHECK(rel_error(acc.gpu_time(b), rig.gpu_time(b)) < 0.001);
     CHECK(rel_error(acc.gpu_time(c), rig.gpu_time(c)) < 0.001);
 }
+
+TEST_CASE("accounting: a short kernel that ends unseen before the read at another's late interrupt",
+          "[accounting]") {
+    // 50 us kernels resubmitted at their interrupt, 50 us late, beside 2 ms
+    // kernels with 0.5 ms gaps on the round-robin GPU.  A short kernel
+    // queued behind a long one starts at the long one's end and ends just
+    // as the long one's interrupt reads the engine: idle.  Its own
+    // interrupt comes after the settle reads that saw the engine idle, and
+    // was charged from the last of them: nothing (16.6% of the short task's
+    // time lost, before).  It ran from when the engine was believed idle.
+    auto policy = GENERATE(as<std::string>{}, "none", "hfq");
+    sim::SimGpuConfig cfg;
+    cfg.irq_latency = 50 * kMicrosecond;
+    Rig rig(policy, {}, cfg);
+    const EntityId a = rig.task("long-gapped");
+    const EntityId b = rig.task("short");
+    rig.submit_loop(a, ms(2), ms(0.5));
+    rig.submit_loop(b, ms(0.05));
+    rig.run_until(ms(2000));
+    for (auto& [ch, sub] : rig.subs) sub.running = false;
+    rig.run_until(ms(2100));
+    const Accounting& acc = rig.sched.accounting();
+    INFO(policy << ": long " << to_ms(acc.gpu_time(a)) << " / " << to_ms(rig.gpu_time(a)) << "; short "
+                << to_ms(acc.gpu_time(b)) << " / " << to_ms(rig.gpu_time(b)));
+    CHECK(rel_error(acc.gpu_time(a), rig.gpu_time(a)) < 0.001);
+    CHECK(rel_error(acc.gpu_time(b), rig.gpu_time(b)) < 0.001);
+}
