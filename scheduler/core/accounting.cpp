@@ -43,7 +43,7 @@ std::uint32_t completed_kernels(std::uint32_t get, ChannelId ch, std::optional<C
 
 Accounting::Accounting(const Clock& clock, Timers& timers, StatusRead read, EngineArbitration engine)
     : clock_(clock), read_(std::move(read)), engine_(engine), read_timer_(timers), kick_timer_(timers) {
-    since_ = last_seen_ = clock_.now();
+    since_ = last_seen_ = idle_seen_ = clock_.now();
 }
 
 Accounting::Entry::~Entry() {

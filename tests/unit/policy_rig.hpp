@@ -89,10 +89,14 @@ public:
         std::vector<Duration> pattern{};  // if set: kernel lengths in turn, instead of `kernel`
     };
 
+    // `start`: the clock's time when the GPU and the scheduler come up (a
+    // host's monotonic clock is far from 0 then).
     explicit Rig(const std::string& policy, const PolicyParams& params = {},
-                 sim::SimGpuConfig cfg = {})
-        : gpu_(loop, host_timers.device(), cfg), sched(gpu_, loop, host_timers, make_policy(policy, params)) {
+                 sim::SimGpuConfig cfg = {}, Time start = 0)
+        : gpu_(started(loop, start), host_timers.device(), cfg),
+          sched(gpu_, loop, host_timers, make_policy(policy, params)) {
         gpu_.set_observer(this);
+        measure_from_ = start;
     }
 
     EntityId vm(const std::string& name, std::uint32_t weight = 100) {
@@ -184,6 +188,10 @@ public:
     std::map<ChannelId, Submitter> subs;
 
 private:
+    static sim::EventLoop& started(sim::EventLoop& l, Time start) {
+        l.run_until(start);
+        return l;
+    }
     std::map<ChannelId, Duration> busy_;
     Time measure_from_ = 0;
 };

@@ -541,3 +541,25 @@ TEST_CASE("accounting: a short kernel that ends unseen before the read at anothe
     CHECK(rel_error(acc.gpu_time(a), rig.gpu_time(a)) < 0.001);
     CHECK(rel_error(acc.gpu_time(b), rig.gpu_time(b)) < 0.001);
 }
+
+TEST_CASE("accounting: a host whose clock is far from 0 at start charges nothing from before it", "[accounting]") {
+    // pvgpud's clock is the host's monotonic clock: hours at start.  A
+    // 50 us kernel starts unseen between the settle reads that follow the
+    // channel's creation (at +51 us and +201 us), ends before the second,
+    // and its interrupt comes 100 us late, after it.  Its start is bounded
+    // by when the engine was first seen idle: the accounting's start, not
+    // time 0 (which charged it half an hour).
+    sim::SimGpuConfig cfg;
+    cfg.irq_latency = 100 * kMicrosecond;
+    const Time start = 3600 * kSecond;
+    Rig rig("none", {}, cfg, start);
+    const EntityId a = rig.task("once");
+    rig.submit_loop(a, ms(0.05), 0, 1, start + ms(0.06));
+    rig.run_until(start + ms(10));
+    const Duration charged = rig.sched.accounting().gpu_time(a);
+    INFO("charged " << to_ms(charged) << " ms for " << to_ms(rig.gpu_time(a)));
+    REQUIRE(rig.gpu_time(a) == ms(0.05));
+    // Without a learned length: half the window from the idle engine's
+    // last sighting before it (+51 us) to its end.
+    CHECK(charged <= ms(0.06));
+}
