@@ -1142,6 +1142,12 @@ static long pvgpu_wait(struct pvgpu_file *pf, struct pvgpu_wait_one *t, u32 coun
 				;
 			if (j < i)
 				continue;	/* the same slot as an earlier target */
+			/* Each arm may wait for the mailbox: within what is left. */
+			if (!forever) {
+				if (time_after_eq(jiffies, deadline))
+					break;
+				left = deadline - jiffies;
+			}
 			ret = pvgpu_arm(dev, t[i].s, t[i].handle, t[i].alloc_seq,
 					forever ? pvgpu_cmd_jiffies() : left);
 			if (ret == -ETIME && forever)
@@ -1150,7 +1156,8 @@ static long pvgpu_wait(struct pvgpu_file *pf, struct pvgpu_wait_one *t, u32 coun
 		}
 		if (ret)
 			break;
-		if (tried_arm)
+		/* Look again; past the deadline, that look says ETIME. */
+		if (tried_arm || (!forever && time_after_eq(jiffies, deadline)))
 			continue;
 
 		/* Sleep on all the targets' slots at once (see pvgpu_wait_one). */

@@ -118,8 +118,10 @@ struct pvgpu_ioc_wait {
  * (ETIME) or a signal arrives (EINTR, restartable).  `index` says which
  * target ended the wait (the lowest such index when several did); `status`
  * and `error` are as PVGPU_IOC_WAIT's for that target.  Targets may name one
- * channel more than once.  Every handle must be the caller's (EBADF, also
- * when another thread frees one during the wait).  Interrupt-driven.
+ * channel more than once.  Every handle must be the caller's when the wait
+ * starts (EBADF).  One that another thread frees during the wait ends it
+ * with EBADF, unless a target before it in the array reached its fence or
+ * died first (the targets are looked at in order).  Interrupt-driven.
  * Added within ABI version 1: a module without it answers ENOTTY. */
 struct pvgpu_wait_target {
 	pvgpu_u32 handle;          /* in */
