@@ -104,6 +104,7 @@ void Accounting::charge(ChannelId ch, Duration d) {
     auto it = channels_.find(ch);
     if (it == channels_.end()) return;
     totals_[it->second.leaf].gpu_time += d;
+    if (ch == current_) stint_charged_ += d;
     events_.push_back({true, ch, d, std::nullopt});
 }
 
@@ -173,8 +174,19 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
                               std::uint32_t get) {
     const Time now = clock_.now();
     if (current_ == ch) {
-        charge(ch, one_kernel_guess(c, t - since_));
-        if (!clamped) learn_stint(c, t, fetched_ ? completed_kernels(get, ch, running) : 0);
+        const Duration d = t - since_;
+        const std::uint32_t completed = fetched_ ? completed_kernels(get, ch, running) : 0;
+        Duration mine = one_kernel_guess(c, d);
+        const Duration slack = c.kernel_slack + start_slack_;
+        if (c.preempted && slack > 0 && c.kernel_estimate > 0 && fetched_ && c.uncharged(completed, 1)) {
+            // The end of one kernel preempted before, whose stints began at
+            // moments known only within `slack`: its usual length puts the
+            // whole right, as one_kernel_guess does for a kernel run whole.
+            mine = std::max<Duration>(0, d + std::clamp(c.kernel_estimate - (c.kernel_charged + d), -slack, slack));
+        }
+        charge(ch, mine);
+        c.kernel_charged = c.kernel_slack = 0;
+        if (!clamped) learn_stint(c, t, completed);
     } else if (fetched_ && c.uncharged(completed_kernels(get, ch, running), 0)) {
         // Every kernel GET counts was charged already: a look at the engine
         // (a slice end's read) closed its stint at this completion before
@@ -592,6 +604,7 @@ void Accounting::now_running(std::optional<ChannelId> running, Time lo, Time hi)
     const Time at = lo + (hi - lo) / 2;
     const std::optional<ChannelId> before = current_;
     current_ = running;
+    stint_charged_ = 0;
     since_ = at;
     stint_start_ = at;
     start_slack_ = (hi - lo) / 2;
@@ -835,7 +848,18 @@ bool Accounting::ran_out_at(ChannelId ch, Time done) const {
 }
 
 void Accounting::mark_preempted(ChannelId ch) {
-    if (auto it = channels_.find(ch); it != channels_.end()) set_preempted(ch, it->second, true);
+    auto it = channels_.find(ch);
+    if (it == channels_.end()) return;
+    Channel& c = it->second;
+    if (ch == current_) {
+        // Its kernel goes on later: what this stint was charged, and how
+        // far off its start may be, let that kernel's completion put it
+        // right (charge_fence).
+        if (!c.preempted) c.kernel_charged = c.kernel_slack = 0;
+        c.kernel_charged += stint_charged_;
+        c.kernel_slack += start_slack_;
+    }
+    set_preempted(ch, c, true);
 }
 
 Duration Accounting::gpu_time(EntityId leaf) const {

@@ -121,6 +121,10 @@ private:
         bool batches = false;          // ... and so did the one before it
         bool fresh = false;            // its stint on the engine began a new kernel
         bool preempted = false;        // its kernel was taken off the engine unfinished
+        // While preempted: what that kernel's stints were charged, and how
+        // far off their starts may have been (the sum of their slacks).
+        Duration kernel_charged = 0;
+        Duration kernel_slack = 0;
         // Kernels it completed (by GET) whose time is charged: a replay
         // counts its kernels from here.
         std::uint32_t charged_done = 0;
@@ -259,6 +263,7 @@ private:
     std::size_t batching_ = 0;          // channels whose last interrupt in time came after several kernels
     Time stint_start_ = 0;              // current_ came on the engine then (since_ less what a watch read charged)
     Duration start_slack_ = 0;          // since_ is its start +- this
+    Duration stint_charged_ = 0;        // charged to current_ since it was last seen to start
     Time last_seen_ = 0;                // last observation of the engine
     Time idle_seen_ = 0;                // idle: the first look that saw it so
     // The earliest a kernel completed at `done` can have started, the host
