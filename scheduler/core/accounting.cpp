@@ -182,7 +182,7 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
             // The end of one kernel preempted before, whose stints began at
             // moments known only within `slack`: its usual length puts the
             // whole right, as one_kernel_guess does for a kernel run whole.
-            mine = std::max<Duration>(0, d + std::clamp(c.kernel_estimate - (c.kernel_charged + d), -slack, slack));
+            mine = std::max<Duration>(0, std::clamp(c.kernel_estimate - c.kernel_charged, d - slack, d + slack));
         }
         charge(ch, mine);
         c.kernel_charged = c.kernel_slack = 0;
