@@ -206,7 +206,7 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
         // The channel believed on the engine may be known to have ended
         // earlier (stint_end): this one started after that.
         const std::optional<Time> ended = stint_end(t);
-        const Time from = ended ? *ended : std::min(unseen_start(t), now);
+        const Time from = std::max(ended ? *ended : std::min(unseen_start(t), now), std::min(c.no_work_before, t));
         // GET counts its kernels since last charged: with another channel
         // between its interrupts, the two took turns on the engine.
         const Duration gap = std::max<Duration>(0, t - from);
@@ -601,6 +601,11 @@ void Accounting::preempted(ChannelId next) {
 }
 
 void Accounting::now_running(std::optional<ChannelId> running, Time lo, Time hi) {
+    if (running)
+        if (auto it = channels_.find(*running); it != channels_.end() && it->second.no_work_before > lo) {
+            lo = it->second.no_work_before;
+            hi = std::max(hi, lo);
+        }
     const Time at = lo + (hi - lo) / 2;
     const std::optional<ChannelId> before = current_;
     current_ = running;
@@ -699,8 +704,14 @@ void Accounting::host_kicked(ChannelId ch, std::uint32_t first) {
     last_seen_ = t;
 }
 
-void Accounting::doorbell_forwarded(ChannelId ch) {
+void Accounting::doorbell_forwarded(ChannelId ch, std::uint32_t given) {
     Entry entry(*this);
+    // Every entry the GPU had of it completed and was charged: whatever of
+    // it runs next starts after this doorbell, however long ago the engine
+    // was last seen (a look that finds it on the engine dates it from here).
+    if (auto it = channels_.find(ch); it != channels_.end() && current_ != ch)
+        if (const Channel& c = it->second; !c.preempted && c.uncharged(given, 0))
+            it->second.no_work_before = clock_.now();
     if (current_) {
         // Busy as last seen, and the kicked work queues behind it.  Unless
         // the GPU's timestamp says the believed kernel ended and its

@@ -76,8 +76,9 @@ public:
     // starts now.  Reads the engine.
     void host_kicked(ChannelId ch, std::uint32_t first);
     // A trapped doorbell of `ch`, forwarded to the GPU right after this call:
-    // read the engine once that happened.
-    void doorbell_forwarded(ChannelId ch);
+    // read the engine once that happened.  `given`: the IB_PUT the host
+    // had given the GPU before it (ShadowChannel keeps it).
+    void doorbell_forwarded(ChannelId ch, std::uint32_t given);
 
     void set_listener(Listener l) { listener_ = std::move(l); }
     // Where the GPU timestamps completions (GpuDevice::completion_time): a
@@ -121,6 +122,9 @@ private:
         bool batches = false;          // ... and so did the one before it
         bool fresh = false;            // its stint on the engine began a new kernel
         bool preempted = false;        // its kernel was taken off the engine unfinished
+        // No kernel of it starts before this: a doorbell the host forwarded
+        // found every entry it had given the GPU completed and charged.
+        Time no_work_before = 0;
         // While preempted: what that kernel's stints were charged, and how
         // far off their starts may have been (the sum of their slacks).
         Duration kernel_charged = 0;

@@ -252,7 +252,7 @@ bool Scheduler::preempt(ChannelId next) {
 void Scheduler::on_trap(ChannelId ch, std::uint32_t put) {
     ++stats_.traps;
     stats_.mechanism_cpu += costs_.trap;
-    accounting_.doorbell_forwarded(ch);
+    accounting_.doorbell_forwarded(ch, state(ch).shadow->put_given());
     call_policy([&] { policy_->doorbell_trapped(ch, put); });
 }
 

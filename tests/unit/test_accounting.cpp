@@ -596,3 +596,29 @@ TEST_CASE("accounting: a kernel whose start was seen late is put right at its en
         CHECK(rel_error(acc.gpu_time(leaf), rig.gpu_time(leaf)) < 0.001);
     }
 }
+
+TEST_CASE("accounting: a trapped doorbell after a kernel that ended unheard starts its channel then",
+          "[accounting]") {
+    // hfq on the timeslice GPU (sweep seed 252): a 2 ms task that asks for
+    // an interrupt on every 4th kernel only beside a 0.5 ms one that thinks
+    // 2 ms between kernels.  The 2 ms task's kernel, preempted, finishes
+    // its rest unheard and the engine idles; the 0.5 ms task's trapped
+    // doorbell comes 2 ms later.  The look after that doorbell used to date
+    // the 0.5 ms kernel from the other's end (a ran-out stint's successor
+    // starts at once), charging it the idle 2 ms: 130% too much.  Every
+    // entry the GPU had of it had completed when the host forwarded that
+    // doorbell, so nothing of it ran before.
+    Rig rig("hfq", {}, timeslice_gpu(ms(2), 10 * kMicrosecond));
+    const EntityId a = rig.task("thinks");
+    const EntityId b = rig.task("batches");
+    rig.submit_loop(a, ms(0.5), ms(2));
+    rig.subs.at(rig.submit_loop(b, ms(2))).irq_every = 4;
+    rig.run_until(ms(2000));
+    for (auto& [ch, sub] : rig.subs) sub.running = false;
+    rig.run_until(ms(2100));
+    const Accounting& acc = rig.sched.accounting();
+    for (EntityId leaf : {a, b}) {
+        INFO("leaf " << leaf << ": " << to_ms(acc.gpu_time(leaf)) << " / " << to_ms(rig.gpu_time(leaf)));
+        CHECK(rel_error(acc.gpu_time(leaf), rig.gpu_time(leaf)) < 0.001);
+    }
+}
