@@ -204,8 +204,13 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
         // A sighting later than its completion was the host reading late
         // (the GPU's timestamp is the truth): the gap is then the stint.
         // The channel believed on the engine may be known to have ended
-        // earlier (stint_end): this one started after that.
-        const std::optional<Time> ended = stint_end(t);
+        // earlier (stint_end; on a preemptive engine, when GET says its
+        // one kernel was all it had): this one started after that.
+        std::optional<Time> ended = stint_end(t);
+        if (engine_.preemptive && current_ && completion_time_)
+            if (const std::optional<Time> done = completion_time_(*current_);
+                done && *done > since_ && *done <= t && ran_out_at(*current_, *done))
+                ended = done;
         const Time from = std::max(ended ? *ended : std::min(unseen_start(t), now), std::min(c.no_work_before, t));
         // GET counts its kernels since last charged: with another channel
         // between its interrupts, the two took turns on the engine.
@@ -221,6 +226,7 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
     c.kernel_start = -1;
     set_preempted(ch, c, false);
     current_ = ch;  // it was on the engine until now, whatever was believed
+    loaded_ = ch;   // its context, too: running on after it is no switch
     // A late interrupt on a preemptive engine: a channel preempted earlier
     // may have resumed at `t` and finished its kernel before the read.
     const Time next = engine_.preemptive && running != ch && t < now ? resumed_unseen(ch, t, now, running) : t;
@@ -854,8 +860,15 @@ void Accounting::slice_read() {
 bool Accounting::ran_out_at(ChannelId ch, Time done) const {
     auto it = channels_.find(ch);
     // (GET is read only when that can matter: each read costs.)
-    return it != channels_.end() && fetched_ && it->second.charged_known && done > since_ &&
-           it->second.uncharged(fetched_(ch), 1);
+    if (it == channels_.end() || !fetched_ || !it->second.charged_known || done <= since_) return false;
+    const Channel& c = it->second;
+    const auto n = static_cast<std::int32_t>(fetched_(ch) - c.charged_done);
+    if (n == 1) return true;
+    // Several fetched: the last of them completed at `done` too if that is
+    // when n kernels of its usual length end, not n - 1 (a channel whose
+    // lengths are steady only: with a wide spread the two look alike).
+    if (n < 2 || c.kernel_estimate == 0 || c.kernel_spread * 4 > c.kernel_estimate) return false;
+    return static_cast<double>(done - since_) > (n - 0.5) * static_cast<double>(c.kernel_estimate);
 }
 
 void Accounting::mark_preempted(ChannelId ch) {

@@ -244,9 +244,10 @@ private:
     void slice_read();
     // Off a preemptive engine, `ch` (believed on it) ran out of work at its
     // completion timestamp `done`: GET says the one kernel it fetched since
-    // it was last charged is the one that completed.  With more fetched it
-    // would have run on to a slice end.  True also for a kernel that ended
-    // exactly with its slice: it was not preempted.  Reads GET.
+    // it was last charged is the one that completed, or the several it
+    // fetched end at `done` by their steady usual length.  With one more
+    // fetched it would have run on to a slice end.  True also for a kernel
+    // that ended exactly with its slice: it was not preempted.  Reads GET.
     bool ran_out_at(ChannelId ch, Time done) const;
     void busy_read();
     void settle_read();

@@ -28,6 +28,36 @@ sim::SimGpuConfig timeslice_gpu(Duration slice = ms(2), Duration ctxsw = 0) {
     return cfg;
 }
 
+// One task per load, each a loop of kernels with CPU gaps between them.
+struct Load {
+    double kernel_ms, gap_ms;
+    std::uint32_t depth = 1;      // kernels kept submitted
+    std::uint32_t irq_every = 1;  // an interrupt on every n-th kernel
+};
+
+// Runs the loads for 2 s, lets the engine drain, and checks that every task
+// is charged what it ran within `tolerance`.
+void check_charged(const std::string& policy, const sim::SimGpuConfig& cfg, std::initializer_list<Load> loads,
+                   double tolerance = 0.001) {
+    Rig rig(policy, {}, cfg);
+    std::vector<EntityId> leaves;
+    for (const Load& l : loads) {
+        const EntityId leaf = rig.task("t" + std::to_string(leaves.size()));
+        Rig::Submitter& s = rig.subs.at(rig.submit_loop(leaf, ms(l.kernel_ms), ms(l.gap_ms)));
+        s.depth = l.depth;
+        s.irq_every = l.irq_every;
+        leaves.push_back(leaf);
+    }
+    rig.run_until(ms(2000));
+    for (auto& [ch, sub] : rig.subs) sub.running = false;
+    rig.run_until(ms(2100));
+    const Accounting& acc = rig.sched.accounting();
+    for (EntityId leaf : leaves) {
+        INFO("leaf " << leaf << ": " << to_ms(acc.gpu_time(leaf)) << " / " << to_ms(rig.gpu_time(leaf)));
+        CHECK(rel_error(acc.gpu_time(leaf), rig.gpu_time(leaf)) < tolerance);
+    }
+}
+
 }  // namespace
 
 TEST_CASE("accounting: none on the round-robin GPU is exact from fences alone", "[accounting]") {
@@ -574,27 +604,7 @@ TEST_CASE("accounting: a kernel whose start was seen late is put right at its en
     // runs later: its completion used to charge the rest as seen, 25 us
     // short on half its kernels (1.24%).  Its learned length now puts the
     // whole kernel right, within that start's uncertainty.
-    sim::SimGpuConfig cfg = timeslice_gpu(ms(2), 30 * kMicrosecond);
-    Rig rig("timeslice", {}, cfg);
-    struct Load {
-        double kernel_ms, gap_ms;
-        std::uint32_t depth;
-    };
-    const Load loads[] = {{1, 0.5, 1}, {2, 0.5, 1}, {0.05, 0, 2}, {2, 2, 1}};
-    std::vector<EntityId> leaves;
-    for (const Load& l : loads) {
-        const EntityId leaf = rig.task("t" + std::to_string(leaves.size()));
-        rig.subs.at(rig.submit_loop(leaf, ms(l.kernel_ms), ms(l.gap_ms))).depth = l.depth;
-        leaves.push_back(leaf);
-    }
-    rig.run_until(ms(2000));
-    for (auto& [ch, sub] : rig.subs) sub.running = false;
-    rig.run_until(ms(2100));
-    const Accounting& acc = rig.sched.accounting();
-    for (EntityId leaf : leaves) {
-        INFO("leaf " << leaf << ": " << to_ms(acc.gpu_time(leaf)) << " / " << to_ms(rig.gpu_time(leaf)));
-        CHECK(rel_error(acc.gpu_time(leaf), rig.gpu_time(leaf)) < 0.001);
-    }
+    check_charged("timeslice", timeslice_gpu(ms(2), 30 * kMicrosecond), {{1, 0.5}, {2, 0.5}, {0.05, 0, 2}, {2, 2}});
 }
 
 TEST_CASE("accounting: a trapped doorbell after a kernel that ended unheard starts its channel then",
@@ -608,17 +618,32 @@ TEST_CASE("accounting: a trapped doorbell after a kernel that ended unheard star
     // starts at once), charging it the idle 2 ms: 130% too much.  Every
     // entry the GPU had of it had completed when the host forwarded that
     // doorbell, so nothing of it ran before.
-    Rig rig("hfq", {}, timeslice_gpu(ms(2), 10 * kMicrosecond));
-    const EntityId a = rig.task("thinks");
-    const EntityId b = rig.task("batches");
-    rig.submit_loop(a, ms(0.5), ms(2));
-    rig.subs.at(rig.submit_loop(b, ms(2))).irq_every = 4;
-    rig.run_until(ms(2000));
-    for (auto& [ch, sub] : rig.subs) sub.running = false;
-    rig.run_until(ms(2100));
-    const Accounting& acc = rig.sched.accounting();
-    for (EntityId leaf : {a, b}) {
-        INFO("leaf " << leaf << ": " << to_ms(acc.gpu_time(leaf)) << " / " << to_ms(rig.gpu_time(leaf)));
-        CHECK(rel_error(acc.gpu_time(leaf), rig.gpu_time(leaf)) < 0.001);
-    }
+    check_charged("hfq", timeslice_gpu(ms(2), 10 * kMicrosecond), {{0.5, 2}, {2, 0, 1, 4}});
+}
+
+TEST_CASE("accounting: on a preemptive GPU, another's interrupt after a kernel that ended unheard",
+          "[accounting]") {
+    // none on the timeslice GPU, 30 us switches (sweep seed 182): a 1 ms
+    // task with an interrupt on every 4th kernel runs out of work (its next
+    // doorbell comes just after the engine moved on) and a 50 us one runs.
+    // Its interrupt found the 1 ms task believed on the engine and charged
+    // it up to its own start, the switch's dead time included, and the
+    // 50 us task's stint then paid a second switch: 2.08% over and 1.04%
+    // under.  GET says the one kernel the 1 ms task fetched is the one
+    // its completion timestamp ended: it ran out then.
+    check_charged("none", timeslice_gpu(ms(2), 30 * kMicrosecond),
+                  {{4, 0, 2}, {1, 0, 1, 4}, {0.05, 0.1, 4}, {0.2, 0.5, 4}});
+}
+
+TEST_CASE("accounting: several kernels that run out before their slice ends", "[accounting]") {
+    // dfq on the timeslice GPU, 4 ms slices (sweep seed 29): a task of 50 us
+    // kernels with an interrupt on every 4th runs two and runs out; a 4 ms
+    // task runs on unseen.  The slice-end read found the other task on the
+    // engine, and GET, two kernels fetched, could not say whether the second
+    // had completed: the 50 us task was charged the whole slice, preempted,
+    // 4.87% over, and the 4 ms task 4.96% under.  The completion timestamp
+    // at two usual lengths says both had.  (The 1 ms task's very first
+    // kernel, started unseen before any length is known, is charged half
+    // its 1 ms window: 0.5 ms of 498, hence 0.2%.)
+    check_charged("dfq", timeslice_gpu(ms(4)), {{4, 0.1}, {2, 0}, {0.05, 0, 1, 4}, {1, 0.1}}, 0.002);
 }
