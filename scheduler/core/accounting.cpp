@@ -42,7 +42,8 @@ std::uint32_t completed_kernels(std::uint32_t get, ChannelId ch, std::optional<C
 }  // namespace
 
 Accounting::Accounting(const Clock& clock, Timers& timers, StatusRead read, EngineArbitration engine)
-    : clock_(clock), read_(std::move(read)), engine_(engine), read_timer_(timers), kick_timer_(timers) {
+    : clock_(clock), read_(std::move(read)), engine_(engine), read_timer_(timers), kick_timer_(timers),
+      probe_timer_(timers) {
     since_ = last_seen_ = idle_seen_ = clock_.now();
 }
 
@@ -614,6 +615,8 @@ void Accounting::now_running(std::optional<ChannelId> running, Time lo, Time hi)
         }
     const Time at = lo + (hi - lo) / 2;
     const std::optional<ChannelId> before = current_;
+    if (running && !before)
+        if (auto it = channels_.find(*running); it != channels_.end()) learn_think(*running, it->second, lo, hi);
     current_ = running;
     stint_charged_ = 0;
     since_ = at;
@@ -645,6 +648,9 @@ void Accounting::now_running(std::optional<ChannelId> running, Time lo, Time hi)
     if (!running && before) {
         settle_step_ = 0;  // just went idle: watch for the next start
         idle_seen_ = clock_.now();
+        arm_probe();
+    } else if (running) {
+        probe_timer_.cancel();
     }
     if (running != before) events_.push_back({false, 0, 0, running});
     arm_read();
@@ -784,6 +790,51 @@ void Accounting::settle_read() {
         arm_read();
     }
     last_seen_ = t;
+}
+
+void Accounting::learn_think(ChannelId ch, Channel& c, Time lo, Time hi) {
+    if (c.kernel_estimate > 0 || !completion_time_) return;
+    // The previous completion: the kernel that starts now has not ended.
+    const std::optional<Time> done = completion_time_(ch);
+    if (!done || *done > lo) return;
+    Duration think_lo = lo - *done, think_hi = hi - *done;
+    // The same think time seen again: keep what both windows allow.
+    if (c.think_hi >= 0 && think_lo <= c.think_hi && think_hi >= c.think_lo) {
+        think_lo = std::max(think_lo, c.think_lo);
+        think_hi = std::min(think_hi, c.think_hi);
+    }
+    c.think_lo = think_lo;
+    c.think_hi = think_hi;
+}
+
+void Accounting::arm_probe() {
+    probe_timer_.cancel();
+    if (current_ || !completion_time_) return;
+    const Time now = clock_.now();
+    std::optional<Time> next;
+    for (auto& [id, c] : channels_) {
+        if (c.kernel_estimate > 0 || c.think_hi < 0) continue;
+        const std::optional<Time> done = completion_time_(id);
+        if (!done) continue;
+        // Wide: the middle.  Narrow: its two ends, in turn.
+        const bool wide = c.think_hi - c.think_lo > kExactStart;
+        const Time looks[] = {wide ? *done + c.think_lo + (c.think_hi - c.think_lo) / 2 : *done + c.think_lo,
+                              *done + c.think_hi};
+        for (std::size_t i = 0; i < (wide ? 1U : 2U); ++i)
+            if (looks[i] > now && (!next || looks[i] < *next)) next = looks[i];
+    }
+    if (next) probe_timer_.arm(*next, [this] { probe_read(); });
+}
+
+void Accounting::probe_read() {
+    Entry entry(*this);
+    if (current_) return;  // believed busy: the engine gets its looks anyway
+    const Time t = clock_.now();
+    const std::optional<ChannelId> running = read();
+    if (running)
+        now_running(running, last_seen_, t - last_seen_ <= kExactStart ? last_seen_ : t);
+    last_seen_ = t;
+    if (!running) arm_probe();
 }
 
 void Accounting::kick_read() {

@@ -125,6 +125,12 @@ private:
         // No kernel of it starts before this: a doorbell the host forwarded
         // found every entry it had given the GPU completed and charged.
         Time no_work_before = 0;
+        // While its length is unknown: how long after its own completion
+        // its next kernel started on an idle engine, as far as the looks
+        // placed it ([think_lo, think_hi]; think_hi < 0: not yet), and the
+        // completion timestamp the next start counts from.
+        Duration think_lo = 0, think_hi = -1;
+        Time think_from = -1;
         // While preempted: what that kernel's stints were charged, and how
         // far off their starts may have been (the sum of their slacks).
         Duration kernel_charged = 0;
@@ -284,6 +290,18 @@ private:
     std::uint32_t kicked_get_ = 0;
     Timer kick_timer_;
     void kick_read();
+    // A channel whose length is unknown and whose kernels start on an idle
+    // engine after the settle reads stopped is never seen whole.  If it
+    // restarts a steady time after its own completion, one look placed in
+    // the middle of where its last start was seen halves that window each
+    // time; once the window is within kExactStart, two looks at its ends
+    // see the start exactly and the length is learned.  At most two looks
+    // per idle spell, only while some channel's length is unknown.
+    Timer probe_timer_;
+    void arm_probe();
+    void probe_read();
+    // `ch` started on an idle engine in [lo, hi]: narrows its think window.
+    void learn_think(ChannelId ch, Channel& c, Time lo, Time hi);
     // current_ completed a kernel at this timestamp, after it was believed
     // on the engine (on either engine; stint_end() only where a completion
     // ends the stint), and no other channel completed one since.

@@ -647,3 +647,22 @@ TEST_CASE("accounting: several kernels that run out before their slice ends", "[
     // its 1 ms window: 0.5 ms of 498, hence 0.2%.)
     check_charged("dfq", timeslice_gpu(ms(4)), {{4, 0.1}, {2, 0}, {0.05, 0, 1, 4}, {1, 0.1}}, 0.002);
 }
+
+TEST_CASE("accounting: a task that restarts after the settle reads stopped is seen whole by looks that halve "
+          "its window",
+          "[accounting]") {
+    // none on the timeslice GPU, 1 ms slices, 30 us switches, interrupts
+    // 20 us late (sweep seed 387): a 1 ms task that thinks 2 ms after each
+    // completion beside a 50 us one that thinks 0.5 ms.  The 1 ms task's
+    // kernels always start on an idle engine after its six settle reads,
+    // and the next look is the 50 us task's interrupt, so none is seen
+    // whole and no length is learned: each was charged from the middle of
+    // its 800 us window, 39% under in all.  A look in the middle of where
+    // its last start was seen, counted from the completion before it,
+    // halves that window each time, and two looks at its ends then see a
+    // start exactly.  (The kernels before that, nine halvings of 800 us,
+    // are charged as before: 0.11% of the task's time, hence 0.2%.)
+    sim::SimGpuConfig cfg = timeslice_gpu(ms(1), 30 * kMicrosecond);
+    cfg.irq_latency = 20 * kMicrosecond;
+    check_charged("none", cfg, {{1, 2}, {0.05, 0.5}}, 0.002);
+}
