@@ -24,6 +24,11 @@ constexpr Duration kExactStart = 2 * kMicrosecond;
 // asking for completion interrupts, and its time must still be charged as
 // it runs, not all at once when something else finally interrupts.
 constexpr Duration kBusyWatch = 1 * kMillisecond;
+// The probe looks (arm_probe) bisect think-time windows up to this wide,
+// and give up on a channel after this many looks: a tenant whose think
+// time jitters by more than kExactStart never lets a window close.
+constexpr Duration kProbeWindow = 10 * kMillisecond;
+constexpr int kMaxProbes = 24;
 // A completion interrupt handled this long after the GPU's timestamp: the
 // host stalled, other channels may have run since (replayed, while every
 // channel interrupts on every kernel; with one that batches, always), and
@@ -96,6 +101,7 @@ void Accounting::channel_removed(ChannelId ch) {
         set_preempted(ch, it->second, false);
     }
     channels_.erase(ch);
+    arm_probe();  // not for it any more
 }
 
 void Accounting::entity_removed(EntityId id) { totals_.erase(id); }
@@ -610,8 +616,10 @@ void Accounting::preempted(ChannelId next) {
 void Accounting::now_running(std::optional<ChannelId> running, Time lo, Time hi) {
     if (running)
         if (auto it = channels_.find(*running); it != channels_.end() && it->second.no_work_before > lo) {
+            // Seen before that bound: it started between the doorbell and
+            // this look, not exactly at the doorbell.
             lo = it->second.no_work_before;
-            hi = std::max(hi, lo);
+            if (hi < lo) hi = std::max(lo, clock_.now());
         }
     const Time at = lo + (hi - lo) / 2;
     const std::optional<ChannelId> before = current_;
@@ -718,12 +726,15 @@ void Accounting::host_kicked(ChannelId ch, std::uint32_t first) {
 
 void Accounting::doorbell_forwarded(ChannelId ch, std::uint32_t given) {
     Entry entry(*this);
-    // Every entry the GPU had of it completed and was charged: whatever of
-    // it runs next starts after this doorbell, however long ago the engine
-    // was last seen (a look that finds it on the engine dates it from here).
-    if (auto it = channels_.find(ch); it != channels_.end() && current_ != ch)
-        if (const Channel& c = it->second; !c.preempted && c.uncharged(given, 0))
-            it->second.no_work_before = clock_.now();
+    // Every entry the GPU had of it completed: whatever of it runs next
+    // starts after this doorbell, however long ago the engine was last seen
+    // (a look that finds it on the engine dates it from here).  What was
+    // charged says so first, for free; the GPU's pending register, one
+    // read, confirms it (a kernel preempted or charged by a guess is not
+    // done, and the tenant chooses when to ring).
+    if (auto it = channels_.find(ch); it != channels_.end() && current_ != ch && pending_)
+        if (Channel& c = it->second; !c.preempted && c.uncharged(given, 0) && !pending_(ch))
+            c.no_work_before = clock_.now();
     if (current_) {
         // Busy as last seen, and the kicked work queues behind it.  Unless
         // the GPU's timestamp says the believed kernel ended and its
@@ -813,7 +824,8 @@ void Accounting::arm_probe() {
     const Time now = clock_.now();
     std::optional<Time> next;
     for (auto& [id, c] : channels_) {
-        if (c.kernel_estimate > 0 || c.think_hi < 0) continue;
+        if (c.kernel_estimate > 0 || c.think_hi < 0 || c.probes >= kMaxProbes || c.think_hi - c.think_lo > kProbeWindow)
+            continue;
         const std::optional<Time> done = completion_time_(id);
         if (!done) continue;
         // Wide: the middle.  Narrow: its two ends, in turn.
@@ -823,13 +835,16 @@ void Accounting::arm_probe() {
         for (std::size_t i = 0; i < (wide ? 1U : 2U); ++i)
             if (looks[i] > now && (!next || looks[i] < *next)) next = looks[i];
     }
-    if (next) probe_timer_.arm(*next, [this] { probe_read(); });
+    if (next)
+        probe_timer_.arm(*next, [this] { probe_read(); });
 }
 
 void Accounting::probe_read() {
     Entry entry(*this);
     if (current_) return;  // believed busy: the engine gets its looks anyway
     const Time t = clock_.now();
+    for (auto& [id, c] : channels_)
+        if (c.kernel_estimate == 0 && c.think_hi >= 0) ++c.probes;
     const std::optional<ChannelId> running = read();
     if (running)
         now_running(running, last_seen_, t - last_seen_ <= kExactStart ? last_seen_ : t);
@@ -911,15 +926,8 @@ void Accounting::slice_read() {
 bool Accounting::ran_out_at(ChannelId ch, Time done) const {
     auto it = channels_.find(ch);
     // (GET is read only when that can matter: each read costs.)
-    if (it == channels_.end() || !fetched_ || !it->second.charged_known || done <= since_) return false;
-    const Channel& c = it->second;
-    const auto n = static_cast<std::int32_t>(fetched_(ch) - c.charged_done);
-    if (n == 1) return true;
-    // Several fetched: the last of them completed at `done` too if that is
-    // when n kernels of its usual length end, not n - 1 (a channel whose
-    // lengths are steady only: with a wide spread the two look alike).
-    if (n < 2 || c.kernel_estimate == 0 || c.kernel_spread * 4 > c.kernel_estimate) return false;
-    return static_cast<double>(done - since_) > (n - 0.5) * static_cast<double>(c.kernel_estimate);
+    return it != channels_.end() && fetched_ && it->second.charged_known && done > since_ &&
+           it->second.uncharged(fetched_(ch), 1);
 }
 
 void Accounting::mark_preempted(ChannelId ch) {

@@ -89,6 +89,10 @@ public:
     // a stint of several kernels without interrupts teaches their mean.
     using Fetched = std::function<std::uint32_t(ChannelId)>;
     void set_fetched(Fetched f) { fetched_ = std::move(f); }
+    // The GPU's pending register (GpuDevice::pending: work queued or fetched
+    // and not completed).
+    using Pending = std::function<bool(ChannelId)>;
+    void set_pending(Pending p) { pending_ = std::move(p); }
     // The channel on the engine as last seen (no read).
     std::optional<ChannelId> running() const { return current_; }
     // Mean length of `ch`'s kernels seen whole; 0 if none yet.
@@ -127,10 +131,9 @@ private:
         Time no_work_before = 0;
         // While its length is unknown: how long after its own completion
         // its next kernel started on an idle engine, as far as the looks
-        // placed it ([think_lo, think_hi]; think_hi < 0: not yet), and the
-        // completion timestamp the next start counts from.
+        // placed it ([think_lo, think_hi]; think_hi < 0: not yet).
         Duration think_lo = 0, think_hi = -1;
-        Time think_from = -1;
+        int probes = 0;  // looks made while its length was unknown
         // While preempted: what that kernel's stints were charged, and how
         // far off their starts may have been (the sum of their slacks).
         Duration kernel_charged = 0;
@@ -296,7 +299,8 @@ private:
     // the middle of where its last start was seen halves that window each
     // time; once the window is within kExactStart, two looks at its ends
     // see the start exactly and the length is learned.  At most two looks
-    // per idle spell, only while some channel's length is unknown.
+    // per such channel and idle spell, windows up to kProbeWindow, at most
+    // kMaxProbes looks in all: none on an idle GPU once they are spent.
     Timer probe_timer_;
     void arm_probe();
     void probe_read();
@@ -325,6 +329,7 @@ private:
     Listener listener_;
     CompletionTime completion_time_;
     Fetched fetched_;
+    Pending pending_;
     std::vector<Event> events_;
     int depth_ = 0;
     bool delivering_ = false;

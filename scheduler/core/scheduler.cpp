@@ -47,6 +47,7 @@ Scheduler::Scheduler(GpuDevice& gpu, const Clock& clock, Timers& timers,
     if (!policy_) throw std::invalid_argument("scheduler needs a policy");
     accounting_.set_completion_time([this](ChannelId ch) { return gpu_.completion_time(ch); });
     accounting_.set_fetched([this](ChannelId ch) { return registers_.read_ib_get(ch); });
+    accounting_.set_pending([this](ChannelId ch) { return registers_.pending(ch); });
     accounting_.set_listener([this](const Accounting::Event& e) { on_accounting_event(e); });
     gpu_.set_interrupt_handler(this);
     tree_.set_listener([this](EntityTree::Change c, EntityId id) {
@@ -252,7 +253,9 @@ bool Scheduler::preempt(ChannelId next) {
 void Scheduler::on_trap(ChannelId ch, std::uint32_t put) {
     ++stats_.traps;
     stats_.mechanism_cpu += costs_.trap;
-    accounting_.doorbell_forwarded(ch, state(ch).shadow->put_given());
+    // What the GPU had before this doorbell: the host's own last store, or
+    // a read after a direct spell.
+    accounting_.doorbell_forwarded(ch, gpu_put(ch));
     call_policy([&] { policy_->doorbell_trapped(ch, put); });
 }
 
