@@ -38,6 +38,13 @@ constexpr int kMaxProbes = 24;
 // +1.0% without; at 2 ms, 2 ms stalls went unreplayed.
 constexpr Duration kLateInterrupt = 1 * kMillisecond;
 
+// A kernel already charged `before`, whose current stint of `d` began at a
+// moment known only within `slack`: its learned length puts the whole
+// right, as far as that uncertainty allows.
+Duration whole_kernel(Duration learned, Duration before, Duration d, Duration slack) {
+    return std::max<Duration>(0, std::clamp(learned - before, d - slack, d + slack));
+}
+
 // Kernels `ch` has completed, from its GET: the GPU has fetched the entry
 // of the kernel on the engine too.
 std::uint32_t completed_kernels(std::uint32_t get, ChannelId ch, std::optional<ChannelId> running) {
@@ -187,9 +194,9 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
         const Duration slack = c.kernel_slack + start_slack_;
         if (c.preempted && slack > 0 && c.kernel_estimate > 0 && fetched_ && c.uncharged(completed, 1)) {
             // The end of one kernel preempted before, whose stints began at
-            // moments known only within `slack`: its usual length puts the
-            // whole right, as one_kernel_guess does for a kernel run whole.
-            mine = std::max<Duration>(0, std::clamp(c.kernel_estimate - c.kernel_charged, d - slack, d + slack));
+            // moments known only within `slack`: as one_kernel_guess does
+            // for a kernel run whole.
+            mine = whole_kernel(c.kernel_estimate, c.kernel_charged, d, slack);
         }
         charge(ch, mine);
         c.kernel_charged = c.kernel_slack = 0;
@@ -413,8 +420,7 @@ std::optional<Time> Accounting::replay(std::optional<ChannelId> fenced, std::opt
 }
 
 Duration Accounting::one_kernel_guess(const Channel& c, Duration d) const {
-    if (start_slack_ > 0 && c.kernel_estimate > 0 && c.fresh)
-        return std::clamp(c.kernel_estimate, d - start_slack_, d + start_slack_);
+    if (start_slack_ > 0 && c.kernel_estimate > 0 && c.fresh) return whole_kernel(c.kernel_estimate, 0, d, start_slack_);
     return d;
 }
 
