@@ -76,8 +76,8 @@ public:
     // starts now.  Reads the engine.
     void host_kicked(ChannelId ch, std::uint32_t first);
     // A trapped doorbell of `ch`, forwarded to the GPU right after this call:
-    // read the engine once that happened.  `given`: the IB_PUT the host
-    // had given the GPU before it (ShadowChannel keeps it).
+    // read the engine once that happened.  `given`: the IB_PUT the GPU had
+    // before it (the host's own last store, or a read after a direct spell).
     void doorbell_forwarded(ChannelId ch, std::uint32_t given);
 
     void set_listener(Listener l) { listener_ = std::move(l); }
@@ -127,7 +127,8 @@ private:
         bool fresh = false;            // its stint on the engine began a new kernel
         bool preempted = false;        // its kernel was taken off the engine unfinished
         // No kernel of it starts before this: a doorbell the host forwarded
-        // found every entry it had given the GPU completed and charged.
+        // found every entry the GPU had of it charged, and the GPU's pending
+        // register said none was left.
         Time no_work_before = 0;
         // While its length is unknown: how long after its own completion
         // its next kernel started on an idle engine, as far as the looks
@@ -253,10 +254,11 @@ private:
     void slice_read();
     // Off a preemptive engine, `ch` (believed on it) ran out of work at its
     // completion timestamp `done`: GET says the one kernel it fetched since
-    // it was last charged is the one that completed, or the several it
-    // fetched end at `done` by their steady usual length.  With one more
-    // fetched it would have run on to a slice end.  True also for a kernel
-    // that ended exactly with its slice: it was not preempted.  Reads GET.
+    // it was last charged is the one that completed.  With more fetched it
+    // would have run on to a slice end (or been preempted there: GET and the
+    // timestamp cannot tell which, and a tenant's kernel lengths must not).
+    // True also for a kernel that ended exactly with its slice: it was not
+    // preempted.  Reads GET.
     bool ran_out_at(ChannelId ch, Time done) const;
     void busy_read();
     void settle_read();
