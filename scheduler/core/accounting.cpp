@@ -741,6 +741,28 @@ void Accounting::doorbell_forwarded(ChannelId ch, std::uint32_t given) {
     if (auto it = channels_.find(ch); it != channels_.end() && current_ != ch && pending_)
         if (Channel& c = it->second; !c.preempted && c.uncharged(given, 0) && !pending_(ch))
             c.no_work_before = clock_.now();
+    if (current_ == ch && pending_ && completion_time_ && !ended_unheard(clock_.now()) && !pending_(ch)) {
+        // The channel believed on the engine has nothing left on the GPU
+        // (one read of its pending register): it ran out at its last
+        // completion, one that asked for no interrupt, and the engine has
+        // idled or run others unseen since.  Charged up to that timestamp;
+        // the read right after the forward says what runs.
+        const Time t = clock_.now();
+        const Time done = std::clamp(completion_time_(ch).value_or(since_), since_, t);
+        charge_stint(ch, done, std::nullopt);
+        now_running(std::nullopt, done, done);
+        last_seen_ = done;
+        // A preemptive engine resumes a preempted kernel the moment the
+        // running channel runs out: one read (before the forward) says
+        // whether it did.
+        if (engine_.preemptive && !preempted_.empty()) {
+            const std::optional<ChannelId> running = read();
+            if (running && std::find(preempted_.begin(), preempted_.end(), *running) != preempted_.end()) {
+                now_running(running, done, done);
+                last_seen_ = t;
+            }
+        }
+    }
     if (current_) {
         // Busy as last seen, and the kicked work queues behind it.  Unless
         // the GPU's timestamp says the believed kernel ended and its

@@ -673,3 +673,18 @@ TEST_CASE("accounting: the looks that halve a think window stop with the work", 
     rig.run_until(ms(2000));
     CHECK(rig.sched.stats().accounting_reads == reads);
 }
+
+TEST_CASE("accounting: a trapped doorbell of the channel believed on the engine, after it ran out unheard",
+          "[accounting]") {
+    // hfq on the timeslice GPU, 4 ms slices (batch sweep seed 309): a 1 ms
+    // task that thinks 2 ms and asks for an interrupt on every 4th kernel,
+    // beside an 8 ms and a 2 ms task that hfq holds back.  Its kernel ends
+    // unheard, the engine idles, and its next doorbell (trapped: it is
+    // behind its share) finds it still believed on the engine, so the
+    // slice-end look charged it the idle 2 ms: 49% too much.  The GPU's
+    // pending register at that doorbell says it had nothing left: it ran
+    // out at its completion timestamp.  A preempted kernel the engine
+    // resumed then is read and dated from that moment.  (Measured after:
+    // 0.00%, 0.17% and 0.00%; the 8 ms task's 0.17% is the bound here.)
+    check_charged("hfq", timeslice_gpu(ms(4)), {{1, 2, 1, 4}, {8, 0}, {2, 0, 4}}, 0.002);
+}
