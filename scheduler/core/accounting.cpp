@@ -280,6 +280,7 @@ Time Accounting::resumed_unseen(ChannelId fenced, Time from, Time now, std::opti
     for (const auto& [ts, id] : done) {
         Channel& c = channels_.at(id);
         charge(id, ts - prev);
+        settle_count(id, running);  // its interrupt, when it comes, finds it charged
         set_preempted(id, c, false);
         c.kernel_start = -1;
         loaded_ = id;  // the engine's context now: what starts next switches
@@ -352,9 +353,12 @@ void Accounting::observed(std::optional<ChannelId> running) {
     }
     // A stint that ended at a completion is charged as one the interrupt
     // closes: its usual length when it held one kernel begun in a window.
-    if (current_ && ran_out)
+    if (current_ && ran_out) {
         charge_stint(*current_, lo, running);
-    else if (current_)
+        // The engine resumed preempted kernels the moment it ran out; those
+        // that completed before this look ran from then on.
+        lo = hi = resumed_unseen(*current_, lo, t, running);
+    } else if (current_)
         charge(*current_, lo + (hi - lo) / 2 - since_);
     // Taken off a preemptive engine without a completion: preempted.
     if (engine_.preemptive && current_ && running && lo != done) mark_preempted(*current_);

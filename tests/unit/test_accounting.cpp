@@ -688,3 +688,19 @@ TEST_CASE("accounting: a trapped doorbell of the channel believed on the engine,
     // 0.00%, 0.17% and 0.00%; the 8 ms task's 0.17% is the bound here.)
     check_charged("hfq", timeslice_gpu(ms(4)), {{1, 2, 1, 4}, {8, 0}, {2, 0, 4}}, 0.002);
 }
+
+TEST_CASE("accounting: a preempted kernel resumed when the running channel ran out, seen only by a look",
+          "[accounting]") {
+    // hfq on the timeslice GPU, 1 ms slices, interrupts 50 us late (batch
+    // sweep seed 267): hfq preempts a 2 ms task for a 0.2 ms one that
+    // thinks 2 ms.  The 0.2 ms kernel ends unheard, the engine resumes
+    // the 2 ms kernel and finishes it, and the slice-end look finds the
+    // engine idle.  The host then releases the 2 ms task's next kernel, so
+    // the late interrupt of the one before finds the channel on the engine
+    // again and its rest (0.76 ms) was never charged: 9.4% under.  The
+    // look now charges the preempted kernels that completed since the
+    // running one ran out, from that moment on, as a late interrupt does.
+    sim::SimGpuConfig cfg = timeslice_gpu(ms(1));
+    cfg.irq_latency = 50 * kMicrosecond;
+    check_charged("hfq", cfg, {{0.2, 2, 1, 4}, {2, 0.1, 2}});
+}
