@@ -936,6 +936,19 @@ void Accounting::slice_read() {
         last_seen_ = t;
         arm_read();
     } else if (running) {
+        // Within one slice of the believed stint's start the engine
+        // switched only where a channel ran out (a slice began with each
+        // switch): others that completed kernels meanwhile took turns with
+        // the believed channel unseen, as between interrupts asked for once
+        // per batch on a non-preemptive engine.
+        // (As replay_look: while no channel batches, only a stalled host's.)
+        const Time late_before = batching_ > 0 ? t : t - kLateInterrupt;
+        if (completion_time_ && t - stint_start_ <= engine_.timeslice + kSliceReadDelay)
+            if (const std::optional<Time> end = replay(std::nullopt, running, t, late_before)) {
+                now_running(running, *end, *end);
+                last_seen_ = t;
+                return;
+            }
         const Time at = std::min(slice_end_, t);
         const Time done = completion_time_ ? completion_time_(*current_).value_or(-1) : -1;
         if (done <= at && ran_out_at(*current_, done)) {
