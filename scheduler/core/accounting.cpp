@@ -231,7 +231,11 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
         const Duration gap = std::max<Duration>(0, t - from);
         const std::int32_t n = c.kernels_since_charged(completed_kernels(get, ch, running));
         const Duration mine = c.kernel_estimate > 0 ? std::min(gap, n * c.kernel_estimate) : gap / 2;
-        if (current_) {
+        if (current_ && ended && *ended <= t - mine) {
+            // It ran out at its completion: a stint closed there, with its
+            // usual length when it held one kernel begun in a window.
+            charge_stint(*current_, *ended, running);
+        } else if (current_) {
             charge(*current_, std::min(ended.value_or(t), t - mine) - since_);
             settle_count(*current_, running);
         }

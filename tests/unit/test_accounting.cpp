@@ -721,3 +721,19 @@ TEST_CASE("accounting: two channels that interrupt once per batch take turns wit
     // task's gaps; the batch sweep keeps that target.
     check_charged("none", timeslice_gpu(ms(2), 10 * kMicrosecond), {{0.5, 0.1, 1, 4}, {0.5, 0, 1, 4}}, 0.015);
 }
+
+TEST_CASE("accounting: another's interrupt after a ran-out kernel whose start was seen in a window",
+          "[accounting]") {
+    // dfq on the timeslice GPU, 4 ms slices, interrupts 50 us late (batch
+    // sweep seed 245): a 2 ms task that thinks 2 ms and interrupts on
+    // every 4th kernel starts on an idle engine after the settle reads'
+    // 150 us look, and the 800 us one sees it: its start is placed in the
+    // middle of those 800 us.  It runs out unheard and a 0.2 ms task runs;
+    // that one's interrupt ended the 2 ms task's stint at its completion
+    // timestamp but charged it as seen, 0.3 ms short a time: 6.45% under.
+    // Its stint is now closed as any that ends at a completion, with its
+    // usual length when GET says it held one kernel begun in a window.
+    sim::SimGpuConfig cfg = timeslice_gpu(ms(4));
+    cfg.irq_latency = 50 * kMicrosecond;
+    check_charged("dfq", cfg, {{2, 0.1, 4}, {8, 0, 2}, {0.2, 0.5}, {2, 2, 1, 4}});
+}
