@@ -225,7 +225,10 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
             if (const std::optional<Time> done = completion_time_(*current_);
                 done && *done > since_ && *done <= t && ran_out_at(*current_, *done))
                 ended = done;
-        const Time from = std::max(ended ? *ended : std::min(unseen_start(t), now), std::min(c.no_work_before, t));
+        // On a preemptive engine, preempted kernels resumed where it ran
+        // out; those that completed ran before this one.
+        const Time resumed_end = ended && engine_.preemptive ? resumed_unseen(ch, *ended, t, running) : ended.value_or(0);
+        const Time from = std::max(ended ? resumed_end : std::min(unseen_start(t), now), std::min(c.no_work_before, t));
         // GET counts its kernels since last charged: with another channel
         // between its interrupts, the two took turns on the engine.
         const Duration gap = std::max<Duration>(0, t - from);
@@ -365,7 +368,7 @@ void Accounting::observed(std::optional<ChannelId> running) {
     } else if (current_)
         charge(*current_, lo + (hi - lo) / 2 - since_);
     // Taken off a preemptive engine without a completion: preempted.
-    if (engine_.preemptive && current_ && running && lo != done) mark_preempted(*current_);
+    if (engine_.preemptive && current_ && running && !ran_out) mark_preempted(*current_);
     now_running(running, lo, hi);
     last_seen_ = t;
 }
@@ -753,23 +756,10 @@ void Accounting::doorbell_forwarded(ChannelId ch, std::uint32_t given) {
         // The channel believed on the engine has nothing left on the GPU
         // (one read of its pending register): it ran out at its last
         // completion, one that asked for no interrupt, and the engine has
-        // idled or run others unseen since.  Charged up to that timestamp;
-        // the read right after the forward says what runs.
-        const Time t = clock_.now();
-        const Time done = std::clamp(completion_time_(ch).value_or(since_), since_, t);
-        charge_stint(ch, done, std::nullopt);
-        now_running(std::nullopt, done, done);
-        last_seen_ = done;
-        // A preemptive engine resumes a preempted kernel the moment the
-        // running channel runs out: one read (before the forward) says
-        // whether it did.
-        if (engine_.preemptive && !preempted_.empty()) {
-            const std::optional<ChannelId> running = read();
-            if (running && std::find(preempted_.begin(), preempted_.end(), *running) != preempted_.end()) {
-                now_running(running, done, done);
-                last_seen_ = t;
-            }
-        }
+        // idled or run others unseen since.  A look before the forward
+        // closes its stint there as any look does (preempted kernels that
+        // resumed then included); the read after the forward says what runs.
+        observed(read());
     }
     if (current_) {
         // Busy as last seen, and the kicked work queues behind it.  Unless
@@ -940,26 +930,15 @@ void Accounting::slice_read() {
         last_seen_ = t;
         arm_read();
     } else if (running) {
-        // Within one slice of the believed stint's start the engine
-        // switched only where a channel ran out (a slice began with each
-        // switch): others that completed kernels meanwhile took turns with
-        // the believed channel unseen, as between interrupts asked for once
-        // per batch on a non-preemptive engine.
-        // (As replay_look: while no channel batches, only a stalled host's.)
-        const Time late_before = batching_ > 0 ? t : t - kLateInterrupt;
-        if (completion_time_ && t - stint_start_ <= engine_.timeslice + kSliceReadDelay)
-            if (const std::optional<Time> end = replay(std::nullopt, running, t, late_before)) {
-                now_running(running, *end, *end);
-                last_seen_ = t;
-                return;
-            }
         const Time at = std::min(slice_end_, t);
         const Time done = completion_time_ ? completion_time_(*current_).value_or(-1) : -1;
         if (done <= at && ran_out_at(*current_, done)) {
             // Its interrupt is on the way.  The next one started after the
             // switch from there.
             charge_stint(*current_, done, running);
-            now_running(running, done, done);
+            // Preempted kernels resumed there; those that completed ran first.
+            const Time end = resumed_unseen(*current_, done, t, running);
+            now_running(running, end, end);
         } else {
             // Switched at the slice end, as programmed.
             charge(*current_, at - since_);

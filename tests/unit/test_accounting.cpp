@@ -705,23 +705,6 @@ TEST_CASE("accounting: a preempted kernel resumed when the running channel ran o
     check_charged("hfq", cfg, {{0.2, 2, 1, 4}, {2, 0.1, 2}});
 }
 
-TEST_CASE("accounting: two channels that interrupt once per batch take turns within one slice unseen",
-          "[accounting]") {
-    // none on the timeslice GPU, 2 ms slices, 10 us switches: two 0.5 ms
-    // tasks that ask for an interrupt on every 4th kernel, one thinking
-    // 0.1 ms between kernels.  Each runs out after every kernel and the
-    // engine hands over at once, so they alternate inside what the host
-    // believes is one channel's slice; the slice-end read, seeing the
-    // other, charged the believed one the whole slice: 38.8% over and
-    // 36.3% under.  Within one slice of the believed start the engine
-    // switches only where a channel runs out, so the others' completion
-    // timestamps inside it are replayed as on a non-preemptive engine
-    // (batch sweep seeds 372 and 287).  What stays (1.28% and 0.72%) is
-    // the replay's split by learned lengths, which include the thinking
-    // task's gaps; the batch sweep keeps that target.
-    check_charged("none", timeslice_gpu(ms(2), 10 * kMicrosecond), {{0.5, 0.1, 1, 4}, {0.5, 0, 1, 4}}, 0.015);
-}
-
 TEST_CASE("accounting: another's interrupt after a ran-out kernel whose start was seen in a window",
           "[accounting]") {
     // dfq on the timeslice GPU, 4 ms slices, interrupts 50 us late (batch
