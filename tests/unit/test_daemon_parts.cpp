@@ -389,10 +389,17 @@ TEST_CASE("accounting in pvgpud: a stall across a kernel without an interrupt", 
     for (ChannelId ch : {ca, cb, cc}) r.gpu.set_fence_watcher(ch, [&, ch](std::uint32_t f) { fence[ch] = f; });
     const Accounting& acc = r.sched.accounting();
     // c alone first: its second and third kernels start at a seen completion,
-    // so the accounting learns their length (1 ms).
-    submit(cc, kMillisecond, 3, true);
-    REQUIRE(r.c.run_until([&] { return fence[cc] == 3 && !acc.running(); }));
+    // so the accounting learns their length (1 ms).  A loaded host handles
+    // those completions too late to see a start exactly and learns nothing
+    // from them (measured: 0, never another length, in 12 of 20 runs beside
+    // three busy loops): then c runs three more.
+    for (int round = 0; round < 20 && acc.kernel_estimate(cc) == 0; ++round) {
+        const std::uint32_t want = fence[cc] + 3;
+        submit(cc, kMillisecond, 3, true);
+        REQUIRE(r.c.run_until([&] { return fence[cc] == want && !acc.running(); }));
+    }
     REQUIRE(acc.kernel_estimate(cc) == kMillisecond);
+    const std::uint32_t c_fence = fence[cc];
     const Duration c_before = acc.gpu_time(lc);
     const Time idle_since = *r.gpu.completion_time(cc);  // no engine read after a's start is older
     submit(ca, 3 * kMillisecond, 1, true);
@@ -401,7 +408,7 @@ TEST_CASE("accounting in pvgpud: a stall across a kernel without an interrupt", 
     REQUIRE(r.c.run_until([&] { return acc.running() == ca; }));
     const Time seen = r.clock.now();
     r.stall(seen + 7 * kMillisecond);
-    REQUIRE(r.c.run_until([&] { return fence[cc] == 4; }));
+    REQUIRE(r.c.run_until([&] { return fence[cc] == c_fence + 1; }));
     REQUIRE(r.ran[cb] == 2 * kMillisecond);
     INFO("charged a " << to_ms(acc.gpu_time(la)) << " ms, b " << to_ms(acc.gpu_time(lb)) << " ms, c "
                       << to_ms(acc.gpu_time(lc) - c_before) << " ms");
