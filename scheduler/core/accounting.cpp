@@ -227,8 +227,9 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
                 ended = done;
         // On a preemptive engine, preempted kernels resumed where it ran
         // out; those that completed ran before this one.
-        const Time resumed_end = ended && engine_.preemptive ? resumed_unseen(ch, *ended, t, running) : ended.value_or(0);
-        const Time from = std::max(ended ? resumed_end : std::min(unseen_start(t), now), std::min(c.no_work_before, t));
+        Time after = std::min(unseen_start(t), now);
+        if (ended) after = engine_.preemptive ? resumed_unseen(ch, *ended, t, running) : *ended;
+        const Time from = std::max(after, std::min(c.no_work_before, t));
         // GET counts its kernels since last charged: with another channel
         // between its interrupts, the two took turns on the engine.
         const Duration gap = std::max<Duration>(0, t - from);
@@ -360,12 +361,9 @@ void Accounting::observed(std::optional<ChannelId> running) {
     }
     // A stint that ended at a completion is charged as one the interrupt
     // closes: its usual length when it held one kernel begun in a window.
-    if (current_ && ran_out) {
-        charge_stint(*current_, lo, running);
-        // The engine resumed preempted kernels the moment it ran out; those
-        // that completed before this look ran from then on.
-        lo = hi = resumed_unseen(*current_, lo, t, running);
-    } else if (current_)
+    if (current_ && ran_out)
+        lo = hi = charge_ran_out(*current_, lo, t, running);
+    else if (current_)
         charge(*current_, lo + (hi - lo) / 2 - since_);
     // Taken off a preemptive engine without a completion: preempted.
     if (engine_.preemptive && current_ && running && !ran_out) mark_preempted(*current_);
@@ -433,6 +431,13 @@ std::optional<Time> Accounting::replay(std::optional<ChannelId> fenced, std::opt
 Duration Accounting::one_kernel_guess(const Channel& c, Duration d) const {
     if (start_slack_ > 0 && c.kernel_estimate > 0 && c.fresh) return whole_kernel(c.kernel_estimate, 0, d, start_slack_);
     return d;
+}
+
+Time Accounting::charge_ran_out(ChannelId ch, Time done, Time t, std::optional<ChannelId> running) {
+    charge_stint(ch, done, running);
+    // The engine resumed preempted kernels the moment it ran out; those that
+    // completed before the look ran from then on.
+    return resumed_unseen(ch, done, t, running);
 }
 
 void Accounting::charge_stint(ChannelId ch, Time end, std::optional<ChannelId> running) {
@@ -934,10 +939,9 @@ void Accounting::slice_read() {
         const Time done = completion_time_ ? completion_time_(*current_).value_or(-1) : -1;
         if (done <= at && ran_out_at(*current_, done)) {
             // Its interrupt is on the way.  The next one started after the
-            // switch from there.
-            charge_stint(*current_, done, running);
-            // Preempted kernels resumed there; those that completed ran first.
-            const Time end = resumed_unseen(*current_, done, t, running);
+            // switch from there (or after the preempted kernels that resumed
+            // there and completed).
+            const Time end = charge_ran_out(*current_, done, t, running);
             now_running(running, end, end);
         } else {
             // Switched at the slice end, as programmed.
