@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <charconv>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -249,6 +250,7 @@ Config parse_config(const std::string& text, const std::string& name) {
     r.number<std::uint32_t>("daemon", "admin_socket_mode", cfg.admin_socket_mode, 0, 0777, 8);
     r.string("daemon", "admin_group", cfg.admin_group);
     r.string("daemon", "state_dir", cfg.state_dir);
+    r.number<std::uint32_t>("daemon", "realtime_priority", cfg.realtime_priority, 0, 99);
     if (auto v = r.raw("daemon", "log_level")) {
         auto l = parse_log_level(*v);
         if (!l)
@@ -350,6 +352,15 @@ Config load_config(const CliOptions& cli) {
     if (cli.state_dir) cfg.state_dir = *cli.state_dir;
     if (cli.admin_group) cfg.admin_group = *cli.admin_group;
     if (cli.verbose > 0) cfg.log_level = LogLevel::Debug;
+    if (cli.realtime_priority) {
+        const std::string& v = *cli.realtime_priority;
+        char* end = nullptr;
+        errno = 0;
+        const long n = std::strtol(v.c_str(), &end, 10);
+        if (v.empty() || *end != '\0' || errno != 0 || n < 0 || n > 99)
+            throw ConfigError("--realtime-priority: '" + v + "' is not a whole number from 0 to 99");
+        cfg.realtime_priority = static_cast<std::uint32_t>(n);
+    }
     if (cli.policy) {
         cfg.policy = *cli.policy;
         cfg.policy_overridden = true;
@@ -372,6 +383,8 @@ std::string usage() {
            "  -d, --state-dir DIR      persistent state (default " PVGPU_STATE_DIR ")\n"
            "  -p, --policy NAME        scheduling policy: none, timeslice, dfq, hfq\n"
            "  -g, --admin-group NAME   group allowed to change weights and policy ('' for none)\n"
+           "  -r, --realtime-priority N  run at SCHED_FIFO priority N (1-99; 0 keeps the policy\n"
+           "                           pvgpud was started with)\n"
            "  -f, --foreground         run in the foreground (the default; pvgpud never forks)\n"
            "  -v, --verbose            log debug messages\n"
            "  -h, --help               show this help\n"
@@ -388,6 +401,7 @@ CliOptions parse_cli(int argc, char** argv) {
         {"state-dir", required_argument, nullptr, 'd'},
         {"policy", required_argument, nullptr, 'p'},
         {"admin-group", required_argument, nullptr, 'g'},
+        {"realtime-priority", required_argument, nullptr, 'r'},
         {"foreground", no_argument, nullptr, 'f'},
         {"verbose", no_argument, nullptr, 'v'},
         {"help", no_argument, nullptr, 'h'},
@@ -398,7 +412,7 @@ CliOptions parse_cli(int argc, char** argv) {
     optind = 0;  // full re-initialisation: parse_cli may run more than once (tests)
     opterr = 0;  // errors are ours to word
     for (;;) {
-        int c = getopt_long(argc, argv, ":c:s:a:d:p:g:fvhV", longopts, nullptr);
+        int c = getopt_long(argc, argv, ":c:s:a:d:p:g:r:fvhV", longopts, nullptr);
         if (c == -1) break;
         switch (c) {
         case 'c': o.config = optarg; break;
@@ -407,6 +421,7 @@ CliOptions parse_cli(int argc, char** argv) {
         case 'd': o.state_dir = optarg; break;
         case 'p': o.policy = optarg; break;
         case 'g': o.admin_group = optarg; break;
+        case 'r': o.realtime_priority = optarg; break;
         case 'f': break;
         case 'v': ++o.verbose; break;
         case 'h': o.help = true; break;

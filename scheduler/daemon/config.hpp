@@ -75,6 +75,9 @@ struct Config {
     std::string admin_group = "pvgpu";  // may use mutating admin commands; empty: none
     std::string state_dir = PVGPU_STATE_DIR;
     LogLevel log_level = LogLevel::Info;
+    // SCHED_FIFO priority (1..99) pvgpud gives itself; 0: keep what it was
+    // started with.  Its latency is the GPU's idle time (pvgpud(8)).
+    std::uint32_t realtime_priority = 0;
     // [scheduler] and [policy.NAME]
     std::string policy = "hfq";
     bool policy_overridden = false;  // --policy given: wins over the state file
@@ -93,6 +96,7 @@ struct Config {
 // Command line.  parse_cli throws ConfigError with a usage hint.
 struct CliOptions {
     std::optional<std::string> config, socket, admin_socket, state_dir, policy, admin_group;
+    std::optional<std::string> realtime_priority;
     int verbose = 0;
     bool help = false;
     bool version = false;

@@ -557,6 +557,7 @@ TEST_CASE("config: an empty file gives the defaults", "[daemon][config]") {
     CHECK(c.limits.hello_timeout == 5 * kSecond);
     CHECK(c.limits.mode_ack_timeout == 1 * kSecond);
     CHECK(c.log_level == LogLevel::Info);
+    CHECK(c.realtime_priority == 0u);  // keeps the scheduling policy it was started with
     CHECK(c.costs.remap == d.costs.remap);
 }
 
@@ -663,6 +664,11 @@ TEST_CASE("config: malformed input names the file, line and key", "[daemon][conf
 
     e = config_error("[daemon]\nsocket=\n");
     CHECK(e.find("must not be empty") != std::string::npos);
+
+    e = config_error("[daemon]\nrealtime_priority=100\n");
+    CHECK(e.find("[daemon] realtime_priority") != std::string::npos);
+    CHECK(e.find("0..99") != std::string::npos);
+    CHECK(parse_config("[daemon]\nrealtime_priority = 10\n", "t.conf").realtime_priority == 10u);
 }
 
 TEST_CASE("config: command-line options override the file", "[daemon][config]") {
@@ -671,7 +677,7 @@ TEST_CASE("config: command-line options override the file", "[daemon][config]") 
     write_file(conf, "[daemon]\nsocket=/from/file.sock\nstate_dir=/from/file\n[scheduler]\npolicy=dfq\n");
     std::vector<std::string> args = {"pvgpud",       "--config",        conf,       "--socket",  "/cli.sock",
                                      "-a",           "/cli-admin.sock", "--policy", "timeslice", "-v",
-                                     "--foreground", "--admin-group",   ""};
+                                     "--foreground", "--admin-group",   "", "-r", "20"};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     CliOptions cli = parse_cli(static_cast<int>(argv.size()), argv.data());
@@ -683,6 +689,7 @@ TEST_CASE("config: command-line options override the file", "[daemon][config]") 
     CHECK(c.policy_overridden);
     CHECK(c.log_level == LogLevel::Debug);
     CHECK(c.admin_group.empty());
+    CHECK(c.realtime_priority == 20u);
 
     // /dev/null is an empty configuration, as tests use it.
     std::vector<std::string> args2 = {"pvgpud", "-c", "/dev/null", "-d", dir / "state"};
@@ -712,6 +719,10 @@ TEST_CASE("config: bad command lines and files are errors", "[daemon][config]") 
           std::string::npos);
     CHECK(cli_error({"pvgpud", "-c", "/dev/null", "--policy", "fifo"}).find("--policy") != std::string::npos);
     CHECK(cli_error({"pvgpud", "-c", "/dev/null", "--socket", ""}).find("--socket") != std::string::npos);
+    for (const char* bad : {"100", "-1", "ten", "", "5x"})
+        CHECK(cli_error({"pvgpud", "-c", "/dev/null", "--realtime-priority", bad}).find("--realtime-priority") !=
+              std::string::npos);
+    CHECK(cli_error({"pvgpud", "-c", "/dev/null", "--realtime-priority", "99"}).empty());
 }
 
 // ------------------------------------------------------------ state store

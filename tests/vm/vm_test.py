@@ -33,7 +33,7 @@ from daemon_test import (Daemon, Load, ctl, ctl_json, good_client_throughput,  #
                          measure_between, throttle)
 
 SKIP = 77
-REPORT = re.compile(r"^(?:\[(?P<tag>[\w.-]+)\] )?pvgpu-load: t=\S+ completed=(?P<n>\d+)")
+REPORT = re.compile(r"^(?:\[(?P<tag>[\w.-]+)\] )?pvgpu-load: t=(?P<t>[0-9.]+) completed=(?P<n>\d+)")
 TAGGED = re.compile(r"^\[(?P<tag>[\w.-]+)\] (?P<rest>.*)$")
 VM_SEQ = [0]
 # Guests whose kernel stopped under TCG (pvgpu-vm exit 126) in the case now
@@ -48,14 +48,29 @@ def new_uuid():
 
 
 class Series:
-    """One guest task's completed-kernel counts over host time (arrival of its reports)."""
+    """One guest task's completed-kernel counts over host time.
+
+    A report's time is the guest's own CLOCK_MONOTONIC stamp moved onto the
+    host's clock by its guest's offset (GuestReports.offset), not the line's
+    arrival: lines reach the host through the serial port, QEMU and a pipe,
+    unevenly late (measured in vm-busy: median 1.5 ms, at most 13 ms on an
+    idle 2-core host; median 8 ms, at most 41 ms beside two busy loops).
+    Over the guest's run the offsets of its earliest and latest lines agreed
+    within 0.5 ms: the two clocks run at the same rate."""
 
     def __init__(self, name, cond, source=None):
         self.name = name
         self.cond = cond
         self.source = source  # the GuestReports the lines come from
-        self.reports = []
+        self.stamped = []  # (guest CLOCK_MONOTONIC s, completed kernels)
         self.lines = []
+
+    @property
+    def reports(self):
+        """(host CLOCK_MONOTONIC s, completed kernels), oldest first."""
+        with self.cond:
+            off = self.source.offset if self.source is not None else 0.0
+            return [(t + off, n) for t, n in self.stamped]
 
     def wait_until(self, pred, timeout, what):
         deadline = time.monotonic() + timeout
@@ -88,6 +103,11 @@ class GuestReports:
         self.name = name
         self.cond = threading.Condition()
         self.series = {}
+        # Host time minus guest time, taken from the report that arrived
+        # soonest after its stamp: a line can arrive late, never early, so
+        # the smallest difference is the closest to the clocks' true offset
+        # (both run at the host's rate: TCG's guest clocks follow the host's).
+        self.offset = None
 
     def take(self, sink, line, now):
         """A line that arrived at `now`: kept in `sink`, parsed for a report."""
@@ -95,8 +115,10 @@ class GuestReports:
             sink.append((now, line))
             m = REPORT.match(line)
             if m:
+                stamp = float(m.group("t"))
+                self.offset = now - stamp if self.offset is None else min(self.offset, now - stamp)
                 s = self.get(m.group("tag") or self.name)
-                s.reports.append((now, int(m.group("n"))))
+                s.stamped.append((stamp, int(m.group("n"))))
                 s.lines.append(line)
             self.cond.notify_all()
 
@@ -234,10 +256,10 @@ def guest_throttle(tag, kernel_us, duration, *opts, depth=2, batch=4):
 
 
 @contextlib.contextmanager
-def host_beside_guest(bins, tmp, host_kernel_us, name, command, extra=()):
+def host_beside_guest(bins, tmp, host_kernel_us, name, command, extra=(), daemon_args=()):
     """A daemon, a host throttle and one guest running `command`; all stopped
     on the way out.  Yields (daemon, host throttle, guest)."""
-    d = Daemon(bins, tmp)
+    d = Daemon(bins, tmp, extra_args=daemon_args)
     d.start()
     host = throttle(bins, d, "host", host_kernel_us, duration=90)
     g = None
@@ -258,6 +280,60 @@ def host_beside_guest(bins, tmp, host_kernel_us, name, command, extra=()):
 # Ten times that leaves room for a loaded CI host's TCG guests and still
 # fails a task that gets 0.105 of a 0.125 share.
 SHARE_TOL = 0.02
+
+
+# Whole-machine stalls.  A CI machine that is itself a VM can be stopped by
+# its host's CPU quota: every process, pvgpud's simulated GPU clock aside,
+# stops for ~100 ms at a time (measured: a SCHED_FIFO thread sleeping 1 ms
+# at a time woke 100 ms late, at a 100 ms boundary, once in 6 s beside two
+# busy loops; in vm-busy every long idle period ended at such a boundary).
+# The simulated GPU drains what it has queued and idles through the rest,
+# as a real one would behind a frozen host, but no scheduler can feed a GPU
+# while its host is stopped.  This watcher, a separate SCHED_FIFO process
+# (nothing on the machine delays it but such a stall), prints every 5 ms
+# sleep that overran by more than STALL_MIN; the cases that measure GPU idle time
+# say how much of it fell in a stall.  Without root it runs at normal
+# priority and reports nothing (the check is then on the plain number).
+STALL_MIN = 0.02
+STALL_WATCH = r"""
+import os, sys, time
+try:
+    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
+except OSError:
+    print("unprivileged", flush=True)
+    sys.exit(0)
+print("watching", flush=True)
+while True:
+    a = time.monotonic()
+    time.sleep(0.005)
+    b = time.monotonic()
+    if b - a > 0.005 + float(sys.argv[1]):
+        print(f"{a + 0.005:.6f} {b:.6f}", flush=True)
+"""
+
+
+class StallWatch:
+    """Stalls of the whole machine, as (start, end) CLOCK_MONOTONIC pairs."""
+
+    def __init__(self):
+        self.proc = subprocess.Popen([sys.executable, "-c", STALL_WATCH, str(STALL_MIN)],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+        self.privileged = self.proc.stdout.readline().strip() == "watching"
+        self.stalls = []
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            a, b = (float(x) for x in line.split())
+            self.stalls.append((a, b))
+
+    def within(self, t0, t1):
+        """Seconds of stall inside [t0, t1]."""
+        return sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in list(self.stalls))
+
+    def stop(self):
+        stop_process(self.proc)
 
 
 def wait_first_reports(series, timeout=150):
@@ -475,19 +551,42 @@ def case_busy(bins, tmp):
     """Issue 12's loss: four guest tasks (4 ms kernels, two in flight) against a host
     throttle (1 ms kernels), equal weights: hfq keeps the split and the GPU busy."""
     cmd = " & ".join(guest_throttle(t, 4000, 40, batch=1) for t in ("b1", "b2", "b3", "b4")) + " & wait"
-    with host_beside_guest(bins, tmp, 1000, "vmBusy", cmd, extra=["--cpus", "2"]) as (d, host, g):
+    with host_beside_guest(bins, tmp, 1000, "vmBusy", cmd, extra=["--cpus", "2"],
+                           daemon_args=["--realtime-priority", "10"]) as (d, host, g):
         series = [host] + [g.get(t) for t in ("b1", "b2", "b3", "b4")]
-        shares, busy = shares_of(series, [1000] + [4000] * 4, warmup=2.0, window=8.0)
+        watch = StallWatch()
+        try:
+            wait_first_reports(series)
+            t0 = max(s.reports[0][0] for s in series) + 2.0
+            shares, busy = measure_between(series, [1000] + [4000] * 4, t0, t0 + 8.0, 100)
+            stalled = watch.within(t0, t0 + 8.0)
+        finally:
+            watch.stop()
         for name, got in zip(("host", "b1", "b2", "b3", "b4"), shares):
             result(f"vm.busy.{name}_share", f"{got:.3f}")
         result("vm.busy.gpu_busy", f"{busy:.3f}")
+        result("vm.busy.machine_stalled_s", f"{stalled:.3f}" if watch.privileged else "unknown")
         # Shares of the GPU time that ran; busy is measured separately.
         total = sum(shares)
         for name, got, want in zip(("host", "b1", "b2", "b3", "b4"), shares, (0.5,) + (0.125,) * 4):
             check(abs(got / total - want) <= SHARE_TOL, f"{name} got {got / total:.3f} of the busy time, target {want}")
         # Before: 0.86 (issue 12).  The GPU may idle only while a guest
-        # thinks, which two kernels in flight cover.
-        check(busy >= 0.99, f"GPU busy {busy:.3f} with work waiting (target >= 0.99)")
+        # thinks, which two kernels in flight cover, or while the machine
+        # is stalled (StallWatch): the idle time beyond the stalls is what
+        # the 1% is about.  hfq keeps at most queue_ms of each leaf's work
+        # on the GPU and hands it the next entry at a completion, so
+        # pvgpud's wake-up latency is GPU idle time too: beside two busy
+        # loops, at normal priority, 6 runs in 19 measured 0.979..0.985;
+        # at SCHED_FIFO 3 in 14: 0.988 twice, each in a 98 ms machine
+        # stall, and 0.977 with the clients themselves starved (results.md
+        # section 13).  Hence --realtime-priority (root only: else pvgpud
+        # warns and runs at normal priority).
+        window = 8.0
+        idle_beyond = max(0.0, (1.0 - busy) * window - stalled)
+        result("vm.busy.gpu_idle_beyond_stalls", f"{idle_beyond / window:.4f}")
+        check(idle_beyond / window <= 0.01,
+              f"GPU busy {busy:.3f} with work waiting; {idle_beyond / window:.4f} of the window idle "
+              f"beyond {stalled:.3f} s of machine stalls (target <= 0.01)")
         g.expect_ok(timeout=120)
 
 
