@@ -228,9 +228,10 @@ private:
     // counted as charged (settle_count's one GET read).
     void charge_stint(ChannelId ch, Time end, std::optional<ChannelId> running);
     // `ch` ran out of work at `done` (a completion timestamp), seen by a
-    // look at `t`: its stint is charged as above, and on a preemptive engine
-    // the preempted kernels that resumed there and completed by `t` are
-    // charged their rest (resumed_unseen).  Returns when the engine moved on.
+    // look at `t`: its stint is charged as above, and the preempted kernels
+    // (a preemptive engine's; none elsewhere) that resumed there and
+    // completed by `t` are charged their rest (resumed_unseen).  Returns
+    // when the engine moved on.
     Time charge_ran_out(ChannelId ch, Time done, Time t, std::optional<ChannelId> running);
     // `c` was seen from its stint's first kernel's start to `end` (the last
     // one's completion; `completed` kernels by GET then): learn their length.

@@ -5,7 +5,6 @@
 
 #include <cerrno>
 #include <charconv>
-#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -353,13 +352,13 @@ Config load_config(const CliOptions& cli) {
     if (cli.admin_group) cfg.admin_group = *cli.admin_group;
     if (cli.verbose > 0) cfg.log_level = LogLevel::Debug;
     if (cli.realtime_priority) {
+        // As strict as the file's reader: digits only, no sign or blanks.
         const std::string& v = *cli.realtime_priority;
-        char* end = nullptr;
-        errno = 0;
-        const long n = std::strtol(v.c_str(), &end, 10);
-        if (v.empty() || *end != '\0' || errno != 0 || n < 0 || n > 99)
+        std::uint32_t n = 0;
+        const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+        if (v.empty() || ec != std::errc() || end != v.data() + v.size() || n > 99)
             throw ConfigError("--realtime-priority: '" + v + "' is not a whole number from 0 to 99");
-        cfg.realtime_priority = static_cast<std::uint32_t>(n);
+        cfg.realtime_priority = n;
     }
     if (cli.policy) {
         cfg.policy = *cli.policy;

@@ -41,9 +41,19 @@ void apply_realtime_priority(std::uint32_t priority) {
         return;
     }
     const int err = errno;
-    log_line(LogLevel::Warning, "realtime_priority " + std::to_string(priority) + ": " + std::strerror(err) +
-                                    (err == EPERM ? " (needs CAP_SYS_NICE or RLIMIT_RTPRIO >= the priority)" : "") +
-                                    "; running at normal priority");
+    const int now = sched_getscheduler(0) & ~SCHED_RESET_ON_FORK;
+    sched_param cur{};
+    sched_getparam(0, &cur);
+    const std::string running = now == SCHED_FIFO || now == SCHED_RR
+                                    ? "running at the real-time priority it was started with (" +
+                                          std::to_string(cur.sched_priority) + ")"
+                                    : "running at normal priority";
+    log_line(LogLevel::Warning,
+             "realtime_priority " + std::to_string(priority) + ": " + std::strerror(err) +
+                 (err == EPERM ? " (needs CAP_SYS_NICE or RLIMIT_RTPRIO >= the priority, and no "
+                                 "RestrictRealtime= in a systemd unit)"
+                               : "") +
+                 "; " + running);
 }
 
 }  // namespace

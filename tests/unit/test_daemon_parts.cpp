@@ -719,7 +719,7 @@ TEST_CASE("config: bad command lines and files are errors", "[daemon][config]") 
           std::string::npos);
     CHECK(cli_error({"pvgpud", "-c", "/dev/null", "--policy", "fifo"}).find("--policy") != std::string::npos);
     CHECK(cli_error({"pvgpud", "-c", "/dev/null", "--socket", ""}).find("--socket") != std::string::npos);
-    for (const char* bad : {"100", "-1", "ten", "", "5x"})
+    for (const char* bad : {"100", "-1", "ten", "", "5x", " 10", "+10", "-0"})
         CHECK(cli_error({"pvgpud", "-c", "/dev/null", "--realtime-priority", bad}).find("--realtime-priority") !=
               std::string::npos);
     CHECK(cli_error({"pvgpud", "-c", "/dev/null", "--realtime-priority", "99"}).empty());

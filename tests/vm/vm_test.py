@@ -325,15 +325,21 @@ class StallWatch:
 
     def _read(self):
         for line in self.proc.stdout:
-            a, b = (float(x) for x in line.split())
+            try:
+                a, b = (float(x) for x in line.split())
+            except ValueError:
+                log(f"stall watcher: unexpected line {line.strip()!r}")
+                continue
             self.stalls.append((a, b))
 
     def within(self, t0, t1):
-        """Seconds of stall inside [t0, t1]."""
+        """Seconds of stall inside [t0, t1] (after stop(): every stall read)."""
         return sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in list(self.stalls))
 
     def stop(self):
         stop_process(self.proc)
+        self.thread.join(5)
+        self.proc.stdout.close()
 
 
 def wait_first_reports(series, timeout=150):
@@ -554,14 +560,15 @@ def case_busy(bins, tmp):
     with host_beside_guest(bins, tmp, 1000, "vmBusy", cmd, extra=["--cpus", "2"],
                            daemon_args=["--realtime-priority", "10"]) as (d, host, g):
         series = [host] + [g.get(t) for t in ("b1", "b2", "b3", "b4")]
+        window = 8.0
         watch = StallWatch()
         try:
             wait_first_reports(series)
             t0 = max(s.reports[0][0] for s in series) + 2.0
-            shares, busy = measure_between(series, [1000] + [4000] * 4, t0, t0 + 8.0, 100)
-            stalled = watch.within(t0, t0 + 8.0)
+            shares, busy = measure_between(series, [1000] + [4000] * 4, t0, t0 + window, 100)
         finally:
             watch.stop()
+        stalled = watch.within(t0, t0 + window)
         for name, got in zip(("host", "b1", "b2", "b3", "b4"), shares):
             result(f"vm.busy.{name}_share", f"{got:.3f}")
         result("vm.busy.gpu_busy", f"{busy:.3f}")
@@ -581,12 +588,16 @@ def case_busy(bins, tmp):
         # stall, and 0.977 with the clients themselves starved (results.md
         # section 13).  Hence --realtime-priority (root only: else pvgpud
         # warns and runs at normal priority).
-        window = 8.0
+        # Stalls are credited in full (a stall with work queued on the GPU
+        # is credited a little too much), so the plain number keeps a floor
+        # of its own: the loss this test was written for (0.86) fails it
+        # however long the machine stalled.
         idle_beyond = max(0.0, (1.0 - busy) * window - stalled)
         result("vm.busy.gpu_idle_beyond_stalls", f"{idle_beyond / window:.4f}")
         check(idle_beyond / window <= 0.01,
               f"GPU busy {busy:.3f} with work waiting; {idle_beyond / window:.4f} of the window idle "
               f"beyond {stalled:.3f} s of machine stalls (target <= 0.01)")
+        check(busy >= 0.95, f"GPU busy {busy:.3f} with work waiting (at least 0.95 whatever the stalls)")
         g.expect_ok(timeout=120)
 
 
