@@ -347,9 +347,14 @@ def wait_first_reports(series, timeout=150):
         s.wait_until(lambda x: len(x.reports) >= 1, timeout, "its first report")
 
 
-def shares_of(series, kernel_us, warmup, window, timeout=90):
+def window_start(series, warmup, timeout=90):
+    """When a measurement starts: `warmup` s after every series has reported."""
     wait_first_reports(series, timeout)
-    t0 = max(s.reports[0][0] for s in series) + warmup
+    return max(s.reports[0][0] for s in series) + warmup
+
+
+def shares_of(series, kernel_us, warmup, window, timeout=90):
+    t0 = window_start(series, warmup, timeout)
     return measure_between(series, kernel_us, t0, t0 + window, window + warmup + timeout)
 
 
@@ -563,9 +568,8 @@ def case_busy(bins, tmp):
         window = 8.0
         watch = StallWatch()
         try:
-            wait_first_reports(series)
-            t0 = max(s.reports[0][0] for s in series) + 2.0
-            shares, busy = measure_between(series, [1000] + [4000] * 4, t0, t0 + window, 100)
+            t0 = window_start(series, 2.0)
+            shares, busy = measure_between(series, [1000] + [4000] * 4, t0, t0 + window, window + 2.0 + 90)
         finally:
             watch.stop()
         stalled = watch.within(t0, t0 + window)
