@@ -9,12 +9,17 @@
 // four policies.  Every leaf that ran 50 ms or more must be charged within
 // 1% of what it ran, plus the interrupt latency over its kernel length (a
 // start after an idle engine that the host only learns of at the next
-// interrupt lies anywhere in that latency).  Failing seeds are printed
-// with their configuration; docs/results.md section 6 says what fails.
+// interrupt lies anywhere in that latency); a tenant that asks for one
+// interrupt per batch and thinks inside it may also be charged its own
+// gaps there (run_seed says why), never less.  Failing seeds are printed
+// with their configuration and each leaf beyond its bound;
+// docs/results.md section 6 says what fails.
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <optional>
 #include <random>
 #include <string>
 
@@ -28,6 +33,7 @@ namespace {
 
 struct SweepResult {
     std::string config;
+    std::string leaves;  // each leaf beyond its bound: which, and its signed error
     double worst = 0;  // worst relative error of a leaf
     bool over = false;  // some leaf beyond what it is allowed
 };
@@ -50,8 +56,13 @@ SweepResult run_seed(std::uint32_t seed, bool every_kernel) {
     std::snprintf(buf, sizeof buf, "seed %u: %s on the %s GPU (slice %.0f ms, switch %.0f us), interrupts %.0f us late:",
                   seed, policy.c_str(), timeslice ? "timeslice" : "round-robin", to_ms(cfg.timeslice),
                   double(cfg.ctxsw) / kMicrosecond, double(cfg.irq_latency) / kMicrosecond);
-    SweepResult r{buf};
-    std::vector<std::pair<EntityId, double>> leaves;  // and the error it is allowed
+    SweepResult r{buf, {}};
+    struct Leaf {
+        EntityId id;
+        double allowed;       // either way
+        double allowed_over;  // charged more than it ran
+    };
+    std::vector<Leaf> leaves;
     const int channels = 2 + static_cast<int>(rng() % 3);
     for (int i = 0; i < channels; ++i) {
         const EntityId leaf = rig.task("t" + std::to_string(i));
@@ -64,7 +75,16 @@ SweepResult run_seed(std::uint32_t seed, bool every_kernel) {
         // A start the host sees only at the next interrupt after an idle
         // engine (a direct doorbell) lies anywhere in an interrupt's
         // latency: no host can place it closer from what the GPU tells.
-        leaves.emplace_back(leaf, 0.01 + static_cast<double>(cfg.irq_latency) / static_cast<double>(ms(kernel)));
+        const double allowed = 0.01 + static_cast<double>(cfg.irq_latency) / static_cast<double>(ms(kernel));
+        // A tenant that asks for one interrupt per batch and thinks between
+        // the batch's kernels leaves the engine idle where no interrupt and
+        // no look marks it: without polling, the host sees one stint from the
+        // batch's first start to its last completion.  At most its own gaps
+        // (irq_every - 1 of them per batch) are charged to it, never to
+        // another tenant, and it can never be charged less for them: the
+        // error is its own choice's and only against itself.
+        const double own_gaps = s.irq_every > 1 ? (s.irq_every - 1) * gap / (s.irq_every * kernel) : 0;
+        leaves.push_back({leaf, allowed, allowed + own_gaps});
         std::snprintf(buf, sizeof buf, " [%.2f ms, gap %.1f, depth %u, irq every %u]", kernel, gap, s.depth,
                       s.irq_every);
         r.config += buf;
@@ -74,25 +94,35 @@ SweepResult run_seed(std::uint32_t seed, bool every_kernel) {
     for (auto& [ch, sub] : rig.subs) sub.running = false;
     rig.run_until(ms(2100));
     const Accounting& acc = rig.sched.accounting();
-    for (const auto& [leaf, allowed] : leaves) {
-        const double truth = static_cast<double>(rig.gpu_time(leaf));
+    for (std::size_t i = 0; i < leaves.size(); ++i) {
+        const Leaf& l = leaves[i];
+        const double truth = static_cast<double>(rig.gpu_time(l.id));
         if (truth < static_cast<double>(ms(50))) continue;
-        const double error = std::abs(static_cast<double>(acc.gpu_time(leaf)) - truth) / truth;
-        r.worst = std::max(r.worst, error);
-        r.over = r.over || error > allowed;
+        const double signed_error = (static_cast<double>(acc.gpu_time(l.id)) - truth) / truth;
+        const double allowed = signed_error > 0 ? l.allowed_over : l.allowed;
+        r.worst = std::max(r.worst, std::abs(signed_error));
+        if (std::abs(signed_error) > allowed) {
+            r.over = true;
+            std::snprintf(buf, sizeof buf, " t%zu %+.2f%% (allowed %.2f%%)", i, signed_error * 100, allowed * 100);
+            r.leaves += buf;
+        }
     }
     return r;
 }
 
 void sweep(std::uint32_t seeds, bool every_kernel) {
+    // PVGPU_SWEEP_SEED=N runs that seed alone (to trace one failure).
+    std::optional<std::uint32_t> only;
+    if (const char* e = std::getenv("PVGPU_SWEEP_SEED")) only = static_cast<std::uint32_t>(std::strtoul(e, nullptr, 10));
     std::uint32_t over = 0;
     double worst = 0;
     for (std::uint32_t seed = 0; seed < seeds; ++seed) {
+        if (only && seed != *only) continue;
         const SweepResult r = run_seed(seed, every_kernel);
         worst = std::max(worst, r.worst);
         if (r.over) {
             ++over;
-            std::printf("%s worst leaf %.2f%% off\n", r.config.c_str(), r.worst * 100);
+            std::printf("%s worst leaf %.2f%% off; beyond:%s\n", r.config.c_str(), r.worst * 100, r.leaves.c_str());
         }
     }
     std::printf("%u of %u configurations beyond their bound (worst leaf %.2f%% off)\n", over, seeds, worst * 100);
