@@ -79,6 +79,7 @@ std::optional<ChannelId> Accounting::read() {
 void Accounting::channel_added(ChannelId ch, EntityId leaf) {
     Entry entry(*this);
     channels_[ch] = Channel{leaf};
+    count_batching(channels_[ch]);
     totals_.try_emplace(leaf);
     // Its first doorbell is likely close: watch an idle engine again.
     if (!current_) {
@@ -104,7 +105,7 @@ void Accounting::channel_removed(ChannelId ch) {
         }
     }
     if (auto it = channels_.find(ch); it != channels_.end()) {
-        set_batches(it->second, false);
+        if (it->second.counted_batching) --batching_;
         set_preempted(ch, it->second, false);
     }
     channels_.erase(ch);
@@ -170,12 +171,19 @@ void Accounting::fence(ChannelId ch) {
     const std::uint32_t completed = completed_kernels(get, ch, running);
     if (!late && !clamped) {
         c.every_kernel = c.fence_get_known && completed - c.fence_done == 1;
+        if (c.every_kernel && !c.one_per_kernel_seen) {
+            c.one_per_kernel_seen = true;
+            count_batching(c);
+        }
         // Several kernels at two interrupts in a row: one a little late
         // sees the next kernel done too, but the next interrupt then sees
         // none.  Once seen, for good: under hfq's metering the same channel
         // may also complete one kernel per interrupt at times.
         const bool several = c.fence_get_known && static_cast<std::int32_t>(completed - c.fence_done) > 1;
-        if (several && c.several_before) set_batches(c, true);
+        if (several && c.several_before && !c.batches) {
+            c.batches = true;
+            count_batching(c);
+        }
         c.several_before = several;
     }
     c.fence_get = get;
@@ -380,10 +388,11 @@ void Accounting::set_preempted(ChannelId id, Channel& c, bool preempted) {
         preempted_.erase(std::find(preempted_.begin(), preempted_.end(), id));
 }
 
-void Accounting::set_batches(Channel& c, bool batches) {
-    if (batches == c.batches) return;
-    c.batches = batches;
-    batching_ = batches ? batching_ + 1 : batching_ - 1;
+void Accounting::count_batching(Channel& c) {
+    const bool counts = c.batches || !c.one_per_kernel_seen;
+    if (counts == c.counted_batching) return;
+    c.counted_batching = counts;
+    batching_ = counts ? batching_ + 1 : batching_ - 1;
 }
 
 std::optional<Time> Accounting::replay(std::optional<ChannelId> fenced, std::optional<ChannelId> running, Time now,

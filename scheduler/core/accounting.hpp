@@ -124,6 +124,12 @@ private:
         bool every_kernel = false;     // its interrupts in time came one per kernel
         bool several_before = false;   // its last interrupt in time came after several kernels
         bool batches = false;          // ... and so did the one before it
+        // One of its interrupts in time came after exactly one kernel.  Until
+        // then it may be asking for one per batch: the host cannot tell a
+        // new channel's first kernels, which may interrupt only at the
+        // batch's end, from ones that interrupt each.
+        bool one_per_kernel_seen = false;
+        bool counted_batching = false;  // in batching_
         bool fresh = false;            // its stint on the engine began a new kernel
         bool preempted = false;        // its kernel was taken off the engine unfinished
         // No kernel of it starts before this: a doorbell the host forwarded
@@ -194,10 +200,11 @@ private:
     // timestamp: the caller places the next start there).  nullopt (nothing
     // charged) when no third channel completed meanwhile.
     // A third channel's completion counts before `late_before` only; the
-    // caller replays only while some channel batches, or when late.
+    // caller replays only while some channel batches (or may), or when late.
     std::optional<Time> replay(std::optional<ChannelId> fenced, std::optional<ChannelId> running, Time now,
                                Time late_before);
-    void set_batches(Channel& c, bool batches);
+    // batching_ counts `c` while it batches or is not yet seen not to.
+    void count_batching(Channel& c);
     void set_preempted(ChannelId id, Channel& c, bool preempted);
     // After `fenced`'s completion at `from`, handled late (at `now`) on a
     // preemptive engine: preempted channels that resumed and completed
@@ -282,7 +289,10 @@ private:
     // Channels whose kernel was taken off the engine unfinished (few: a
     // late interrupt looks at these, not at every channel).
     std::vector<ChannelId> preempted_;
-    std::size_t batching_ = 0;          // channels whose last interrupt in time came after several kernels
+    // Channels whose last interrupts in time came after several kernels, or
+    // none of whose interrupts came after one: others' looks replay the
+    // completions they may have made unheard.
+    std::size_t batching_ = 0;
     Time stint_start_ = 0;              // current_ came on the engine then (since_ less what a watch read charged)
     Duration start_slack_ = 0;          // since_ is its start +- this
     Duration stint_charged_ = 0;        // charged to current_ since it was last seen to start

@@ -720,3 +720,35 @@ TEST_CASE("accounting: another's interrupt after a ran-out kernel whose start wa
     cfg.irq_latency = 50 * kMicrosecond;
     check_charged("dfq", cfg, {{2, 0.1, 4}, {8, 0, 2}, {0.2, 0.5}, {2, 2, 1, 4}});
 }
+
+TEST_CASE("accounting: a new channel's first batches, before its interrupts show it batches", "[accounting]") {
+    // Random configuration 360 of the batch sweep: `none` on the round-robin
+    // GPU, a 0.5 ms task (two in flight) and a 0.2 ms task that thinks
+    // 0.1 ms, both asking for an interrupt on every 4th kernel, beside a
+    // 4 ms task that asks for one on each.  The 0.2 ms task runs unheard
+    // between the other two; the watch read that finds the 4 ms one on the
+    // engine replays the completions made meanwhile only while some channel
+    // is known to batch, and a channel is known to after its second and
+    // third interrupts (52 ms here).  Until then each of its kernels there
+    // went to the 4 ms task: 1.87% of what it ran in 2 s, and in the first
+    // 50 ms 0.8 ms charged of 2.4 ms run.  A channel counts as batching until
+    // one of its interrupts comes after exactly one kernel: exact since.
+    Rig rig("none");
+    const EntityId batched = rig.task("batched");
+    const EntityId gapped = rig.task("gapped-batched");
+    const EntityId each = rig.task("each");
+    const ChannelId b = rig.submit_loop(batched, ms(0.5));
+    rig.subs.at(b).depth = 2;
+    rig.subs.at(b).irq_every = 4;
+    rig.subs.at(rig.submit_loop(gapped, ms(0.2), ms(0.1))).irq_every = 4;
+    rig.submit_loop(each, ms(4));
+    rig.run_until(ms(50));
+    for (auto& [ch, sub] : rig.subs) sub.running = false;
+    rig.run_until(ms(100));
+    const Accounting& acc = rig.sched.accounting();
+    for (const EntityId leaf : {batched, gapped, each}) {
+        INFO("leaf " << leaf << ": charged " << to_ms(acc.gpu_time(leaf)) << " ms, ran " << to_ms(rig.gpu_time(leaf))
+                     << " ms");
+        CHECK(acc.gpu_time(leaf) == rig.gpu_time(leaf));
+    }
+}
