@@ -78,6 +78,11 @@ std::optional<ChannelId> Accounting::read() {
 
 void Accounting::channel_added(ChannelId ch, EntityId leaf) {
     Entry entry(*this);
+    if (auto it = channels_.find(ch); it != channels_.end()) {
+        // An id the GPU reuses: the old channel's counts go with it.
+        if (it->second.counted_batching) --batching_;
+        set_preempted(ch, it->second, false);
+    }
     channels_[ch] = Channel{leaf};
     count_batching(channels_[ch]);
     totals_.try_emplace(leaf);
@@ -170,8 +175,11 @@ void Accounting::fence(ChannelId ch) {
     // its kernels counted exactly by GET after a stall.
     const std::uint32_t completed = completed_kernels(get, ch, running);
     if (!late && !clamped) {
+        const bool every_before = c.every_kernel;
         c.every_kernel = c.fence_get_known && completed - c.fence_done == 1;
-        if (c.every_kernel && !c.one_per_kernel_seen) {
+        // Two in a row, as for `batches` below: a channel that batches may
+        // see one kernel at an interrupt now and then.
+        if (c.every_kernel && every_before && !c.one_per_kernel_seen) {
             c.one_per_kernel_seen = true;
             count_batching(c);
         }

@@ -124,10 +124,11 @@ private:
         bool every_kernel = false;     // its interrupts in time came one per kernel
         bool several_before = false;   // its last interrupt in time came after several kernels
         bool batches = false;          // ... and so did the one before it
-        // One of its interrupts in time came after exactly one kernel.  Until
-        // then it may be asking for one per batch: the host cannot tell a
-        // new channel's first kernels, which may interrupt only at the
-        // batch's end, from ones that interrupt each.
+        // Two of its interrupts in time in a row came after exactly one
+        // kernel each.  Until then it may be asking for one per batch: the
+        // host cannot tell a new channel's first kernels, which may
+        // interrupt only at the batch's end, from ones that interrupt each.
+        // A channel that never interrupts in time stays unsure for good.
         bool one_per_kernel_seen = false;
         bool counted_batching = false;  // in batching_
         bool fresh = false;            // its stint on the engine began a new kernel
@@ -289,9 +290,10 @@ private:
     // Channels whose kernel was taken off the engine unfinished (few: a
     // late interrupt looks at these, not at every channel).
     std::vector<ChannelId> preempted_;
-    // Channels whose last interrupts in time came after several kernels, or
-    // none of whose interrupts came after one: others' looks replay the
-    // completions they may have made unheard.
+    // Channels seen to batch (two interrupts in time in a row after several
+    // kernels each; for good), or not yet seen not to (one_per_kernel_seen):
+    // while any, interrupts and looks replay the completions they may have
+    // made unheard (each reads every channel's completion timestamp).
     std::size_t batching_ = 0;
     Time stint_start_ = 0;              // current_ came on the engine then (since_ less what a watch read charged)
     Duration start_slack_ = 0;          // since_ is its start +- this

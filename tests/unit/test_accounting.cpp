@@ -732,7 +732,7 @@ TEST_CASE("accounting: a new channel's first batches, before its interrupts show
     // third interrupts (52 ms here).  Until then each of its kernels there
     // went to the 4 ms task: 1.87% of what it ran in 2 s, and in the first
     // 50 ms 0.8 ms charged of 2.4 ms run.  A channel counts as batching until
-    // one of its interrupts comes after exactly one kernel: exact since.
+    // two of its interrupts in a row come after exactly one kernel each.
     Rig rig("none");
     const EntityId batched = rig.task("batched");
     const EntityId gapped = rig.task("gapped-batched");
@@ -749,6 +749,8 @@ TEST_CASE("accounting: a new channel's first batches, before its interrupts show
     for (const EntityId leaf : {batched, gapped, each}) {
         INFO("leaf " << leaf << ": charged " << to_ms(acc.gpu_time(leaf)) << " ms, ran " << to_ms(rig.gpu_time(leaf))
                      << " ms");
-        CHECK(acc.gpu_time(leaf) == rig.gpu_time(leaf));
+        // Exact in this deterministic run; 10 us leaves room for rounding in
+        // unrelated changes, and the bug was 1.6 ms.
+        CHECK(std::abs(acc.gpu_time(leaf) - rig.gpu_time(leaf)) <= 10 * kMicrosecond);
     }
 }
