@@ -334,7 +334,6 @@ void Accounting::channel_error(ChannelId ch) {
 void Accounting::observed(std::optional<ChannelId> running) {
     Entry entry(*this);
     const Time t = clock_.now();
-    if (!current_) ran_between_looks(running, t);
     if (running == current_) {
         last_seen_ = t;
         return;
@@ -704,22 +703,6 @@ void Accounting::now_running(std::optional<ChannelId> running, Time lo, Time hi)
     arm_read();
 }
 
-void Accounting::ran_between_looks(std::optional<ChannelId> running, Time t) {
-    if (!completion_time_ || !fetched_ || batching_ == 0) return;
-    for (auto& [id, c] : channels_) {
-        if (id == running || c.every_kernel || c.preempted || !c.charged_known) continue;
-        const std::optional<Time> done = completion_time_(id);
-        if (!done || *done <= last_seen_ || *done > t) continue;
-        const std::uint32_t completed = fetched_(id);  // not on the engine: GET counts completed kernels
-        const auto n = static_cast<std::int32_t>(completed - c.charged_done);
-        if (n <= 0) continue;
-        const Duration window = *done - last_seen_;
-        charge(id, c.kernel_estimate > 0 ? std::min<Duration>(window, n * c.kernel_estimate) : window / 2);
-        c.charged_to(completed);
-        c.kernel_start = -1;
-    }
-}
-
 void Accounting::host_kicked(ChannelId ch, std::uint32_t first) {
     Entry entry(*this);
     const Time t = clock_.now();
@@ -766,7 +749,6 @@ void Accounting::host_kicked(ChannelId ch, std::uint32_t first) {
         return;
     }
     const std::optional<ChannelId> running = read();
-    ran_between_looks(running, t);
     if (running) {
         // Started by this very doorbell if it is the kicked channel; else it
         // started unseen since the last look.
@@ -851,7 +833,6 @@ void Accounting::settle_read() {
     Entry entry(*this);
     const Time t = clock_.now();
     const std::optional<ChannelId> running = read();
-    if (!current_) ran_between_looks(running, t);
     ++settle_step_;
     const std::optional<ChannelId> kicked = std::exchange(kicked_, std::nullopt);
     if (running) {
@@ -913,7 +894,6 @@ void Accounting::probe_read() {
     for (auto& [id, c] : channels_)
         if (c.kernel_estimate == 0 && c.think_hi >= 0) ++c.probes;
     const std::optional<ChannelId> running = read();
-    ran_between_looks(running, t);
     if (running)
         now_running(running, last_seen_, t - last_seen_ <= kExactStart ? last_seen_ : t);
     last_seen_ = t;

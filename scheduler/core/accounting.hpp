@@ -186,16 +186,6 @@ private:
     // `running` is on the engine from some moment in [lo, hi].
     void now_running(std::optional<ChannelId> running, Time lo, Time hi);
     void arm_read();
-    // A look at `t` at an engine believed idle since the previous one: a
-    // channel (other than `running`) whose completion timestamp lies between
-    // the two, with kernels GET counts that nothing charged, ran them
-    // unseen in between (started after the settle reads stopped, asked for
-    // no interrupt, ended before this look).  Each is charged its usual
-    // length, at most the time between the looks (half of it while its
-    // length is unknown).  Only while some channel may batch (a channel
-    // that interrupts on every kernel is charged by its interrupt); one
-    // GET read per channel whose timestamp moved.
-    void ran_between_looks(std::optional<ChannelId> running, Time t);
     // On a non-preemptive engine the channel believed on it ran until its
     // last completion since its stint began, at or before t, even if it was
     // seen on the engine after that: had it run another kernel, that
