@@ -78,11 +78,8 @@ std::optional<ChannelId> Accounting::read() {
 
 void Accounting::channel_added(ChannelId ch, EntityId leaf) {
     Entry entry(*this);
-    if (auto it = channels_.find(ch); it != channels_.end()) {
-        // An id the GPU reuses: the old channel's counts go with it.
-        if (it->second.counted_batching) --batching_;
-        set_preempted(ch, it->second, false);
-    }
+    // An id the GPU reuses: the old channel's counts go with it.
+    if (auto it = channels_.find(ch); it != channels_.end()) uncount(ch, it->second);
     channels_[ch] = Channel{leaf};
     count_batching(channels_[ch]);
     totals_.try_emplace(leaf);
@@ -109,10 +106,7 @@ void Accounting::channel_removed(ChannelId ch) {
             observed(running);
         }
     }
-    if (auto it = channels_.find(ch); it != channels_.end()) {
-        if (it->second.counted_batching) --batching_;
-        set_preempted(ch, it->second, false);
-    }
+    if (auto it = channels_.find(ch); it != channels_.end()) uncount(ch, it->second);
     channels_.erase(ch);
     arm_probe();  // not for it any more
 }
@@ -394,6 +388,12 @@ void Accounting::set_preempted(ChannelId id, Channel& c, bool preempted) {
         preempted_.push_back(id);
     else
         preempted_.erase(std::find(preempted_.begin(), preempted_.end(), id));
+}
+
+void Accounting::uncount(ChannelId id, Channel& c) {
+    if (c.counted_batching) --batching_;
+    c.counted_batching = false;
+    set_preempted(id, c, false);
 }
 
 void Accounting::count_batching(Channel& c) {

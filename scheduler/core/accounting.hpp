@@ -206,6 +206,8 @@ private:
                                Time late_before);
     // batching_ counts `c` while it batches or is not yet seen not to.
     void count_batching(Channel& c);
+    // `c` leaves batching_ and preempted_ (it is removed, or its id reused).
+    void uncount(ChannelId id, Channel& c);
     void set_preempted(ChannelId id, Channel& c, bool preempted);
     // After `fenced`'s completion at `from`, handled late (at `now`) on a
     // preemptive engine: preempted channels that resumed and completed

@@ -9,8 +9,10 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <sstream>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -33,6 +35,15 @@ std::string trim(std::string_view s) {
     if (b == std::string_view::npos) return {};
     auto e = s.find_last_not_of(" \t\r");
     return std::string(s.substr(b, e - b + 1));
+}
+
+// A whole number in [min, max], all of `v` (no sign, blanks or suffix).
+template <class T>
+std::optional<T> whole_number(std::string_view v, T min, T max, int base = 10) {
+    T value{};
+    const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), value, base);
+    if (ec != std::errc() || p != v.data() + v.size() || value < min || value > max) return std::nullopt;
+    return value;
 }
 
 // Where each key was written, so messages can name the line.  The syntax
@@ -112,13 +123,12 @@ public:
     void number(const char* group, const char* key, T& out, T min, T max, int base = 10) {
         auto v = raw(group, key);
         if (!v) return;
-        T value{};
-        auto [p, ec] = std::from_chars(v->data(), v->data() + v->size(), value, base);
-        if (ec != std::errc() || p != v->data() + v->size() || value < min || value > max)
+        const std::optional<T> value = whole_number(*v, min, max, base);
+        if (!value)
             throw ConfigError(lines_.where(group, key) + ": '" + *v + "' is not " +
                               (base == 8 ? "an octal mode" : "an integer") + " in " + std::to_string(min) +
                               ".." + std::to_string(max));
-        out = value;
+        out = *value;
     }
 
     void duration(const char* group, const char* key, Duration& out, Duration unit, std::int64_t min,
@@ -352,13 +362,12 @@ Config load_config(const CliOptions& cli) {
     if (cli.admin_group) cfg.admin_group = *cli.admin_group;
     if (cli.verbose > 0) cfg.log_level = LogLevel::Debug;
     if (cli.realtime_priority) {
-        // As strict as the file's reader: digits only, no sign or blanks.
-        const std::string& v = *cli.realtime_priority;
-        std::uint32_t n = 0;
-        const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
-        if (v.empty() || ec != std::errc() || end != v.data() + v.size() || n > 99)
-            throw ConfigError("--realtime-priority: '" + v + "' is not a whole number from 0 to 99");
-        cfg.realtime_priority = n;
+        // The file's reader's rule (the file's value is trimmed first).
+        const std::optional<std::uint32_t> n = whole_number<std::uint32_t>(*cli.realtime_priority, 0, 99);
+        if (!n)
+            throw ConfigError("--realtime-priority: '" + *cli.realtime_priority +
+                              "' is not a whole number from 0 to 99");
+        cfg.realtime_priority = *n;
     }
     if (cli.policy) {
         cfg.policy = *cli.policy;
