@@ -328,6 +328,7 @@ void Accounting::channel_error(ChannelId ch) {
 void Accounting::observed(std::optional<ChannelId> running) {
     Entry entry(*this);
     const Time t = clock_.now();
+    ran_between_looks(running, t);
     if (running == current_) {
         last_seen_ = t;
         return;
@@ -703,6 +704,36 @@ void Accounting::now_running(std::optional<ChannelId> running, Time lo, Time hi)
     arm_read();
 }
 
+void Accounting::ran_between_looks(std::optional<ChannelId> running, Time t) {
+    if (current_ || !completion_time_ || !fetched_ || batching_ == 0) return;
+    if (engine_.preemptive && !pending_) return;
+    std::vector<std::pair<Time, ChannelId>> done;
+    for (const auto& [id, c] : channels_) {
+        if (c.preempted || !c.charged_known) continue;
+        const std::optional<Time> ts = completion_time_(id);
+        if (ts && *ts > last_seen_ && *ts <= t) done.emplace_back(*ts, id);
+    }
+    std::sort(done.begin(), done.end());
+    Time prev = last_seen_;
+    for (const auto& [ts, id] : done) {
+        Channel& c = channels_.at(id);
+        // Off a preemptive engine, a fetched kernel may be one taken off
+        // unfinished: GET counts completions only with nothing pending.
+        if (engine_.preemptive && id != running && pending_(id)) continue;
+        const std::uint32_t completed = completed_kernels(fetched_(id), id, running);
+        const auto n = static_cast<std::int32_t>(completed - c.charged_done);
+        if (n <= 0) continue;
+        const Duration window = ts - prev;
+        charge(id, c.kernel_estimate > 0 ? std::min<Duration>(window, n * c.kernel_estimate) : window / 2);
+        c.charged_to(completed);
+        c.kernel_start = -1;
+        prev = ts;
+    }
+    // The engine ran those until the last one's completion: nothing seen
+    // now started before it, and nothing completed before it is unheard.
+    last_seen_ = prev;
+}
+
 void Accounting::host_kicked(ChannelId ch, std::uint32_t first) {
     Entry entry(*this);
     const Time t = clock_.now();
@@ -749,6 +780,7 @@ void Accounting::host_kicked(ChannelId ch, std::uint32_t first) {
         return;
     }
     const std::optional<ChannelId> running = read();
+    ran_between_looks(running, t);
     if (running) {
         // Started by this very doorbell if it is the kicked channel; else it
         // started unseen since the last look.
@@ -833,6 +865,7 @@ void Accounting::settle_read() {
     Entry entry(*this);
     const Time t = clock_.now();
     const std::optional<ChannelId> running = read();
+    ran_between_looks(running, t);
     ++settle_step_;
     const std::optional<ChannelId> kicked = std::exchange(kicked_, std::nullopt);
     if (running) {
@@ -894,6 +927,7 @@ void Accounting::probe_read() {
     for (auto& [id, c] : channels_)
         if (c.kernel_estimate == 0 && c.think_hi >= 0) ++c.probes;
     const std::optional<ChannelId> running = read();
+    ran_between_looks(running, t);
     if (running)
         now_running(running, last_seen_, t - last_seen_ <= kExactStart ? last_seen_ : t);
     last_seen_ = t;

@@ -186,6 +186,19 @@ private:
     // `running` is on the engine from some moment in [lo, hi].
     void now_running(std::optional<ChannelId> running, Time lo, Time hi);
     void arm_read();
+    // A look at `t` at an engine believed idle since last_seen_: channels
+    // whose completion timestamp lies in between and whose GET counts
+    // kernels not charged ran them unseen (started after the settle reads
+    // stopped, asked for no interrupt, ended before this look).  Each is
+    // charged its usual length per kernel, at most the time since the
+    // previous such completion (half of it while its length is unknown),
+    // and counted as charged; the look then dates what runs now from the
+    // last of them, so neither a replay nor that kernel's own late
+    // interrupt charges it again.  On a preemptive engine only a channel
+    // with nothing pending (one read of that register): else GET may count
+    // a kernel taken off the engine unfinished.  Only while some channel
+    // may batch; one GET read per channel whose timestamp moved.
+    void ran_between_looks(std::optional<ChannelId> running, Time t);
     // On a non-preemptive engine the channel believed on it ran until its
     // last completion since its stint began, at or before t, even if it was
     // seen on the engine after that: had it run another kernel, that

@@ -100,6 +100,10 @@ SweepResult run_seed(std::uint32_t seed, bool every_kernel) {
     for (auto& [ch, sub] : rig.subs) sub.running = false;
     rig.run_until(ms(2100));
     const Accounting& acc = rig.sched.accounting();
+    // PVGPU_SWEEP_EVERY_LEAF=1 prints every leaf of 50 ms or more with its
+    // signed error: two builds' outputs, diffed, show what a change moved.
+    const bool every_leaf = std::getenv("PVGPU_SWEEP_EVERY_LEAF") != nullptr;
+    if (every_leaf) std::printf("%s\n", r.config.c_str());
     double net_over = 0;      // charged less ran, all leaves
     double beyond_base = 0;   // what the own-gap allowance covered
     for (std::size_t i = 0; i < leaves.size(); ++i) {
@@ -113,6 +117,9 @@ SweepResult run_seed(std::uint32_t seed, bool every_kernel) {
         r.worst = std::max(r.worst, std::abs(signed_error));
         if (l.allowed_over > l.allowed && signed_error > l.allowed && signed_error <= l.allowed_over)
             beyond_base += charged - truth - l.allowed * truth;
+        if (every_leaf)
+            std::printf("leaf seed %u t%zu %+.4f%% %+.3f ms of %.3f ms\n", seed, i, signed_error * 100,
+                        (charged - truth) / 1e6, truth / 1e6);
         if (std::abs(signed_error) > allowed) {
             r.over = true;
             std::snprintf(buf, sizeof buf, " t%zu %+.2f%% (allowed %.2f%%)", i, signed_error * 100, allowed * 100);
