@@ -1119,6 +1119,7 @@ json Daemon::admin_stats() {
         {"window_s", to_ms(snap.window) / 1000.0},
         {"gpu",
          {{"busy_fraction", snap.busy_fraction},
+          {"busy_s", to_ms(gpu_->busy_time_now()) / 1000.0},
           {"idle_with_demand_fraction", snap.idle_with_demand_fraction},
           {"arbitration", sim::to_string(cfg_.gpu.arbitration)},
           {"context_switches", gpu_->context_switches()}}},

@@ -286,6 +286,13 @@ std::optional<Time> SimGpu::completion_time(ChannelId ch) const {
     return c.completed_at;
 }
 
+Duration SimGpu::busy_time_now() const {
+    run_on();
+    const Time now = clock_.now();
+    // A segment still in its switch's dead time starts in the future.
+    return busy_ + (running_ && now > seg_start_ ? now - seg_start_ : 0);
+}
+
 Time SimGpu::engine_now() const { return engine_time_ >= 0 ? engine_time_ : clock_.now(); }
 
 void SimGpu::segment_end() {

@@ -78,7 +78,12 @@ public:
     // write anything into it.  Not a host path.
     pvgpu_ctrl_page* control_page(ChannelId ch) { return chan(ch).ctrl; }
     const SimGpuConfig& config() const { return cfg_; }
+    // Time the engine executed kernels, up to the last segment's end (the
+    // share monitor's windows close at such ends).
     Duration busy_time() const { return busy_; }
+    // The same with the running segment up to now: what a utilisation
+    // counter read at any moment shows (an admin's `stats`).
+    Duration busy_time_now() const;
     std::uint64_t context_switches() const { return switches_; }
     std::uint64_t preemptions() const { return preemptions_; }
 

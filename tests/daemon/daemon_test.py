@@ -652,6 +652,16 @@ def case_admin(bins, tmp):
         check(ctl(bins, d, "version").stdout.count("pvgpu") == 2, "version output")
         stats = ctl_json(bins, d, "stats")
         result("admin.stats.busy_fraction", stats.get("gpu", {}).get("busy_fraction"))
+        # gpu.busy_s is a counter: over a window of two stats, with both
+        # throttles backlogged, it grows by about the window and never more.
+        time.sleep(0.3)  # a measurement window, not synchronisation
+        later = ctl_json(bins, d, "stats")
+        window = later["uptime_s"] - stats["uptime_s"]
+        busy = later["gpu"]["busy_s"] - stats["gpu"]["busy_s"]
+        # (uptime_s and busy_s are read microseconds apart: 1 ms of slack.)
+        check(0.5 * window < busy <= window + 1e-3,
+              f"gpu.busy_s grew {busy:.4f} s over {window:.4f} s of uptime with two backlogged clients")
+        result("admin.stats.busy_over_window", busy / window)
     finally:
         for load in loads:
             rc, values = load.finish(sig=signal.SIGTERM)

@@ -26,13 +26,16 @@ is learned, so hfq's queue cap settles over a few seconds).
 --compare BASE: run BASE too, alternating R times, and print the median
 extra CPU of the policy over BASE (fraction of a core), the median extra
 CPU per kernel (us) and the ratio of their GPU busy fractions (issue 12:
-hfq over none on the demo load).
+hfq over none on the demo load), by the clients' counts (busy_ratio) and
+by the GPU's own busy counter, `pvgpuctl stats`' gpu.busy_s
+(busy_ratio_by_gpu: no batch granularity at the window's ends).
 --param KEY=VALUE: a parameter of --policy (not of BASE), written to
 pvgpud.conf's [policy.NAME] group; repeatable (e.g. --param queue_ms=0).
 """
 import argparse
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -52,7 +55,8 @@ def run_policy(ns, bins, policy, ks):
     the clients' Jain and U, the GPU's busy fraction and kernel rate (their
     own counts) and pvgpud's CPU per core over the same window."""
     tmp = tempfile.mkdtemp(prefix="pvgpu-scale-")
-    d = t.Daemon(bins, tmp, ["--policy", policy])
+    d = t.Daemon(bins, tmp, ["--policy", policy] +
+                 (["--realtime-priority", str(ns.realtime_priority)] if ns.realtime_priority else []))
     n = len(ks)
     with open(d.config, "w") as f:
         # All clients are this user's: lift the per-user host budgets.
@@ -106,7 +110,11 @@ def run_policy(ns, bins, policy, ks):
         # the window: which of its mechanisms acted on this load.
         pc0, pc1 = stats0.get("policy_counters", {}), stats1.get("policy_counters", {})
         policy_rates = {k: (pc1[k] - pc0.get(k, 0)) / (t1 - t0) for k in sorted(pc1)}
-        return {"reads_per_fence": reads, "policy_per_s": policy_rates, "jain": jain, "unfairness": u, "gpu_busy": busy, "core": core, "kernels_per_s": rate,
+        # The GPU's own busy counter over the window between the two stats
+        # (pvgpud's clock): the clients' counts see a batch of 4 kernels at a
+        # time, up to 16 ms of the 4 ms task's work at each end of the window.
+        gpu_busy = (stats1["gpu"]["busy_s"] - stats0["gpu"]["busy_s"]) / (stats1["uptime_s"] - stats0["uptime_s"])
+        return {"reads_per_fence": reads, "policy_per_s": policy_rates, "jain": jain, "unfairness": u, "gpu_busy": busy, "gpu_busy_by_gpu": gpu_busy, "core": core, "kernels_per_s": rate,
                 "us_per_kernel": core * 1e6 / rate if rate > 0 else float("inf"), "extremes": extremes,
                 "acc_jain": acc_jain, "acc_unfairness": acc_u}
     finally:
@@ -139,6 +147,10 @@ def main():
     ap.add_argument("--depth", type=int, default=2, help="batches in flight per throttle")
     ap.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                     help="a parameter of --policy, written to pvgpud.conf's [policy.NAME] (repeatable)")
+    ap.add_argument("--realtime-priority", type=int, default=0, metavar="N",
+                    help="pvgpud's --realtime-priority under every policy (SCHED_FIFO; needs CAP_SYS_NICE)")
+    ap.add_argument("--cpu-hogs", type=int, default=0, metavar="N",
+                    help="N busy loops at normal priority beside pvgpud and the clients (a loaded host)")
     ns = ap.parse_args()
     if ns.quick:
         ns.clients, ns.seconds = 32, 3.0
@@ -163,6 +175,19 @@ def main():
         label = str(n)
     policies = [ns.policy] + ([ns.compare] if ns.compare else [])
     runs = {p: [] for p in policies}
+    # Busy loops stand for vCPU threads that keep a host's cores busy: pvgpud
+    # then waits for a CPU before it handles a completion.
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(ns.cpu_hogs)]
+    try:
+        results = run_all(ns, bins, policies, ks, label, runs)
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    return results
+
+
+def run_all(ns, bins, policies, ks, label, runs):
     for _ in range(ns.repeat):
         for p in policies:
             r = run_policy(ns, bins, p, ks)
@@ -171,6 +196,7 @@ def main():
             print(f"RESULT {tag}.jain={r['jain']:.4f}")
             print(f"RESULT {tag}.unfairness={r['unfairness']:.3f}")
             print(f"RESULT {tag}.gpu_busy={r['gpu_busy']:.3f}")
+            print(f"RESULT {tag}.gpu_busy_by_gpu={r['gpu_busy_by_gpu']:.4f}")
             print(f"RESULT {tag}.accounted_jain={r['acc_jain']:.4f}")
             print(f"RESULT {tag}.accounted_unfairness={r['acc_unfairness']:.3f}")
             print(f"RESULT {tag}.pvgpud_core_fraction={r['core']:.3f}")
@@ -196,6 +222,8 @@ def main():
         print(f"RESULT scale.{a}_vs_{b}.{label}.extra_us_per_kernel="
               f"{med(a, 'us_per_kernel') - med(b, 'us_per_kernel'):.2f}")
         print(f"RESULT scale.{a}_vs_{b}.{label}.busy_ratio={med(a, 'gpu_busy') / med(b, 'gpu_busy'):.4f}")
+        print(f"RESULT scale.{a}_vs_{b}.{label}.busy_ratio_by_gpu="
+              f"{med(a, 'gpu_busy_by_gpu') / med(b, 'gpu_busy_by_gpu'):.4f}")
     return 0
 
 

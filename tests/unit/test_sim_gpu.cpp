@@ -838,3 +838,27 @@ TEST_CASE("sim gpu: a throwing interrupt handler loses and repeats nothing", "[s
     loop.run_until(ms(10));
     CHECK(h.fences == std::vector<std::uint32_t>{1, 2, 3, 4, 5});
 }
+
+TEST_CASE("sim gpu: busy time now counts the running segment, not a switch's dead time", "[sim_gpu][timeslice]") {
+    // pvgpud's `stats` reads busy_time_now() at any moment: an admin's
+    // window must not lose the kernel still running at either end.
+    GpuRig r(timeslice(ms(2), ms(0.1)));
+    ChannelId a = r.channel();
+    ChannelId b = r.channel();
+    r.submit(a, {ms(1)});
+    r.submit(b, {ms(1)});
+    // Loaded from idle: A's context costs the switch, [0, 0.1) dead.
+    r.loop.run_until(ms(0.05));
+    CHECK(r.gpu.busy_time_now() == 0);
+    r.loop.run_until(ms(0.6));
+    CHECK(r.gpu.busy_time() == 0);  // the segment has not ended
+    CHECK(r.gpu.busy_time_now() == ms(0.5));
+    // A done at 1.1; B's switch [1.1, 1.2), B runs to 2.2.
+    r.loop.run_until(ms(1.15));
+    CHECK(r.gpu.busy_time_now() == ms(1));
+    r.loop.run_until(ms(1.7));
+    CHECK(r.gpu.busy_time_now() == ms(1.5));
+    r.loop.run_until(ms(10));
+    CHECK(r.gpu.busy_time_now() == ms(2));
+    CHECK(r.gpu.busy_time() == ms(2));
+}
