@@ -412,6 +412,8 @@ std::optional<Time> Accounting::replay(std::optional<ChannelId> fenced, std::opt
         const std::optional<Time> ts = completion_time_(id);
         // The completion that began the believed stint is not in it.
         if (!ts || *ts > now || *ts < since_ || (*ts == since_ && id != current_)) continue;
+        // Its kernels up to there were charged by a look at an idle engine.
+        if (*ts <= c.look_charged) continue;
         done.push_back({*ts, id, 0});
         others |= id != fenced && id != current_ && *ts <= late_before;
     }
@@ -431,6 +433,8 @@ std::optional<Time> Accounting::replay(std::optional<ChannelId> fenced, std::opt
             // it was late to release): at most the kernels GET counts since
             // its last interrupt, of its usual length.  The rest is nobody's.
             const Duration cap = after_idle ? c.kernel_estimate * 5 / 4 : fetched_cap(c, d.get);
+            // A look at an idle engine charged it up to there already.
+            prev = std::max(prev, c.look_charged);
             charge(d.id, cap > 0 ? std::min(d.ts - prev, cap) : d.ts - prev);
             after_idle = false;
             prev = d.ts;
@@ -714,24 +718,36 @@ void Accounting::ran_between_looks(std::optional<ChannelId> running, Time t) {
         if (ts && *ts > last_seen_ && *ts <= t) done.emplace_back(*ts, id);
     }
     std::sort(done.begin(), done.end());
-    Time prev = last_seen_;
+    const Time from = last_seen_;
+    Duration charged = 0;
+    Time last = from;
     for (const auto& [ts, id] : done) {
         Channel& c = channels_.at(id);
-        // Off a preemptive engine, a fetched kernel may be one taken off
-        // unfinished: GET counts completions only with nothing pending.
+        // A channel with something pending, not on a preemptive engine, may
+        // hold a kernel taken off unfinished: GET would count it as done.
         if (engine_.preemptive && id != running && pending_(id)) continue;
         const std::uint32_t completed = completed_kernels(fetched_(id), id, running);
         const auto n = static_cast<std::int32_t>(completed - c.charged_done);
         if (n <= 0) continue;
-        const Duration window = ts - prev;
-        charge(id, c.kernel_estimate > 0 ? std::min<Duration>(window, n * c.kernel_estimate) : window / 2);
+        // At most what fits between the previous look and its completion,
+        // less what those before it were charged there: on a preemptive
+        // engine their kernels may have run interleaved with its own.
+        // Without a learned length, half of that, as an interrupt after an
+        // unseen start charges (charge_fence): left uncharged, a tenant
+        // could hide its kernels between the host's looks.
+        const Duration room = ts - from - charged;
+        const Duration d = c.kernel_estimate > 0 ? std::min<Duration>(n * c.kernel_estimate, room) : room / 2;
+        charge(id, d);
+        charged += d;
         c.charged_to(completed);
+        c.look_charged = ts;
         c.kernel_start = -1;
-        prev = ts;
+        last = ts;
     }
-    // The engine ran those until the last one's completion: nothing seen
-    // now started before it, and nothing completed before it is unheard.
-    last_seen_ = prev;
+    // A non-preemptive engine ran them one after another until the last
+    // one's completion: whatever runs now started after it.  (A preemptive
+    // one may have sliced the running channel out for them.)
+    if (!engine_.preemptive) last_seen_ = last;
 }
 
 void Accounting::host_kicked(ChannelId ch, std::uint32_t first) {

@@ -141,6 +141,9 @@ private:
         // its next kernel started on an idle engine, as far as the looks
         // placed it ([think_lo, think_hi]; think_hi < 0: not yet).
         Duration think_lo = 0, think_hi = -1;
+        // Its kernels up to this completion timestamp were charged by a look
+        // at an idle engine (ran_between_looks): replays leave them out.
+        Time look_charged = -1;
         int probes = 0;  // looks made while its length was unknown
         // While preempted: what that kernel's stints were charged, and how
         // far off their starts may have been (the sum of their slacks).
@@ -187,17 +190,20 @@ private:
     void now_running(std::optional<ChannelId> running, Time lo, Time hi);
     void arm_read();
     // A look at `t` at an engine believed idle since last_seen_: channels
-    // whose completion timestamp lies in between and whose GET counts
-    // kernels not charged ran them unseen (started after the settle reads
-    // stopped, asked for no interrupt, ended before this look).  Each is
-    // charged its usual length per kernel, at most the time since the
-    // previous such completion (half of it while its length is unknown),
-    // and counted as charged; the look then dates what runs now from the
-    // last of them, so neither a replay nor that kernel's own late
-    // interrupt charges it again.  On a preemptive engine only a channel
-    // with nothing pending (one read of that register): else GET may count
-    // a kernel taken off the engine unfinished.  Only while some channel
-    // may batch; one GET read per channel whose timestamp moved.
+    // whose completion timestamp lies in between and
+    // whose GET counts kernels not charged ran them unseen (started after
+    // the settle reads stopped, asked for no interrupt, ended before this
+    // look).  Each is charged its usual length per kernel (half the room
+    // while that is unknown), all of them
+    // together at most the time from the previous look to each one's
+    // completion, and they are counted as charged: the kernel's own late
+    // interrupt finds them so, and replays leave out completions up to
+    // look_charged.  On a non-preemptive engine the look dates what runs
+    // now after the last of them.  On a preemptive engine only channels
+    // with nothing pending count, one read of that register each (GET
+    // counts a kernel taken off unfinished as fetched), and the one on the
+    // engine less its running kernel.  Only while some channel may batch;
+    // one GET read per channel whose timestamp moved.
     void ran_between_looks(std::optional<ChannelId> running, Time t);
     // On a non-preemptive engine the channel believed on it ran until its
     // last completion since its stint began, at or before t, even if it was
