@@ -189,21 +189,20 @@ private:
     // `running` is on the engine from some moment in [lo, hi].
     void now_running(std::optional<ChannelId> running, Time lo, Time hi);
     void arm_read();
-    // A look at `t` at an engine believed idle since last_seen_: channels
-    // whose completion timestamp lies in between and
-    // whose GET counts kernels not charged ran them unseen (started after
-    // the settle reads stopped, asked for no interrupt, ended before this
-    // look).  Each is charged its usual length per kernel (half the room
-    // while that is unknown), all of them
+    // A look at `t` at an engine believed idle since last_seen_: channels whose
+    // completion timestamp lies in between and whose GET counts kernels not
+    // charged ran them unseen (started after the settle reads stopped, asked
+    // for no interrupt, ended before this look).  Each is charged its usual
+    // length per kernel (half the room while that is unknown), all of them
     // together at most the time from the previous look to each one's
     // completion, and they are counted as charged: the kernel's own late
     // interrupt finds them so, and replays leave out completions up to
-    // look_charged.  On a non-preemptive engine the look dates what runs
-    // now after the last of them.  On a preemptive engine only channels
-    // with nothing pending count, one read of that register each (GET
-    // counts a kernel taken off unfinished as fetched), and the one on the
-    // engine less its running kernel.  Only while some channel may batch;
-    // one GET read per channel whose timestamp moved.
+    // look_charged.  On a non-preemptive engine the look dates what runs now
+    // after the last of them.  On a preemptive engine only channels with
+    // nothing pending count, one read of that register each (GET counts a
+    // kernel taken off unfinished as fetched), and the one on the engine less
+    // its running kernel.  Only while some channel may batch; one GET read per
+    // channel whose timestamp moved.
     void ran_between_looks(std::optional<ChannelId> running, Time t);
     // On a non-preemptive engine the channel believed on it ran until its
     // last completion since its stint began, at or before t, even if it was
