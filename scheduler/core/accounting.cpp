@@ -723,8 +723,8 @@ void Accounting::ran_between_looks(std::optional<ChannelId> running, Time t) {
     Time last = from;
     for (const auto& [ts, id] : done) {
         Channel& c = channels_.at(id);
-        // A channel with something pending, not on a preemptive engine, may
-        // hold a kernel taken off unfinished: GET would count it as done.
+        // On a preemptive engine, a channel off the engine with something
+        // pending may hold a kernel taken off unfinished, which GET counts.
         if (engine_.preemptive && id != running && pending_(id)) continue;
         const std::uint32_t completed = completed_kernels(fetched_(id), id, running);
         const auto n = static_cast<std::int32_t>(completed - c.charged_done);

@@ -174,12 +174,11 @@ def main():
         ks = [int(250 + (2000 - 250) * i / max(1, n - 1)) for i in range(n)]
         label = str(n)
     policies = [ns.policy] + ([ns.compare] if ns.compare else [])
-    runs = {p: [] for p in policies}
     # Busy loops stand for vCPU threads that keep a host's cores busy: pvgpud
     # then waits for a CPU before it handles a completion.
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(ns.cpu_hogs)]
     try:
-        results = run_all(ns, bins, policies, ks, label, runs)
+        results = run_all(ns, bins, policies, ks, label)
     finally:
         for h in hogs:
             h.kill()
@@ -187,7 +186,8 @@ def main():
     return results
 
 
-def run_all(ns, bins, policies, ks, label, runs):
+def run_all(ns, bins, policies, ks, label):
+    runs = {p: [] for p in policies}
     for _ in range(ns.repeat):
         for p in policies:
             r = run_policy(ns, bins, p, ks)

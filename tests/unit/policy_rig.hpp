@@ -154,6 +154,12 @@ public:
         measure_from_ = t;
     }
     void run_until(Time t) { loop.run_until(t); }
+    // Every submitter stops submitting; what it queued still runs (let the
+    // engine drain before comparing with the truth, which counts a kernel
+    // when it ends).
+    void stop_submitters() {
+        for (auto& [ch, sub] : subs) sub.running = false;
+    }
 
     Duration gpu_time(EntityId leaf) const {
         Duration d = 0;

@@ -49,7 +49,7 @@ void check_charged(const std::string& policy, const sim::SimGpuConfig& cfg, std:
         leaves.push_back(leaf);
     }
     rig.run_until(ms(2000));
-    for (auto& [ch, sub] : rig.subs) sub.running = false;
+    rig.stop_submitters();
     rig.run_until(ms(2100));
     const Accounting& acc = rig.sched.accounting();
     for (const EntityId& leaf : leaves) {
@@ -504,7 +504,7 @@ TEST_CASE("accounting: a kernel that ends with its slice, seen first by another 
     rig.loop.arm(1, look);
     rig.run_until(ms(1000));
     // Let the engine drain: the truth counts a kernel when it ends.
-    for (auto& [ch, sub] : rig.subs) sub.running = false;
+    rig.stop_submitters();
     rig.run_until(ms(1010));
     const Accounting& acc = rig.sched.accounting();
     INFO("ctxsw " << ctxsw_us << " us, interrupts " << latency_us << " us late: slice-long "
@@ -533,7 +533,7 @@ TEST_CASE("accounting: a channel closed while preempted keeps its time and leave
     // A new channel may get the closed one's id.
     rig.submit_loop(c, ms(0.7), 0, 0, ms(3));
     rig.run_until(ms(500));
-    for (auto& [ch, sub] : rig.subs) sub.running = false;
+    rig.stop_submitters();
     rig.run_until(ms(510));
     const Accounting& acc = rig.sched.accounting();
     INFO("interrupts " << latency_us << " us late: long " << to_ms(acc.gpu_time(a)) << " / "
@@ -564,7 +564,7 @@ TEST_CASE("accounting: a short kernel that ends unseen before the read at anothe
     rig.submit_loop(a, ms(2), ms(0.5));
     rig.submit_loop(b, ms(0.05));
     rig.run_until(ms(2000));
-    for (auto& [ch, sub] : rig.subs) sub.running = false;
+    rig.stop_submitters();
     rig.run_until(ms(2100));
     const Accounting& acc = rig.sched.accounting();
     INFO(policy << ": long " << to_ms(acc.gpu_time(a)) << " / " << to_ms(rig.gpu_time(a)) << "; short "
@@ -668,7 +668,7 @@ TEST_CASE("accounting: the looks that halve a think window stop with the work", 
     rig.submit_loop(b, ms(0.05), ms(0.5));
     rig.run_until(ms(12));
     REQUIRE(rig.sched.accounting().kernel_estimate(ch) == 0);  // not learned yet
-    for (auto& [id, sub] : rig.subs) sub.running = false;
+    rig.stop_submitters();
     rig.run_until(ms(100));
     const auto reads = rig.sched.stats().accounting_reads;
     rig.run_until(ms(2000));
@@ -744,7 +744,7 @@ TEST_CASE("accounting: a new channel's first batches, before its interrupts show
     rig.subs.at(rig.submit_loop(gapped, ms(0.2), ms(0.1))).irq_every = 4;
     rig.submit_loop(each, ms(4));
     rig.run_until(ms(50));
-    for (auto& [ch, sub] : rig.subs) sub.running = false;
+    rig.stop_submitters();
     rig.run_until(ms(100));
     const Accounting& acc = rig.sched.accounting();
     for (const EntityId leaf : {batched, gapped, each}) {
@@ -786,7 +786,7 @@ TEST_CASE("accounting: a kernel that ran entirely between two looks at an idle e
             b.depth = 2;
             rig.subs.at(rig.submit_loop(thinker, ms(1), ms(2))).irq_every = 4;
             rig.run_until(ms(2000));
-            for (auto& [ch, sub] : rig.subs) sub.running = false;
+            rig.stop_submitters();
             rig.run_until(ms(2100));
             const Accounting& acc = rig.sched.accounting();
             auto ran = [&](EntityId leaf) { return static_cast<double>(rig.gpu_time(leaf)); };
@@ -832,7 +832,7 @@ TEST_CASE("accounting: two sparse tenants, one asking for an interrupt per batch
         rig.subs.at(rig.submit_loop(x, ms(0.1), ms(1.5))).irq_every = 4;
         rig.submit_loop(y, ms(0.15), ms(1.7), 0, ms(0.7));
         rig.run_until(ms(2000));
-        for (auto& [ch, sub] : rig.subs) sub.running = false;
+        rig.stop_submitters();
         rig.run_until(ms(2100));
         const Accounting& acc = rig.sched.accounting();
         const double ran_x = static_cast<double>(rig.gpu_time(x)), ran_y = static_cast<double>(rig.gpu_time(y));

@@ -97,7 +97,7 @@ SweepResult run_seed(std::uint32_t seed, bool every_kernel) {
     }
     rig.run_until(ms(2000));
     // Let the engine drain: the truth counts a kernel when it ends.
-    for (auto& [ch, sub] : rig.subs) sub.running = false;
+    rig.stop_submitters();
     rig.run_until(ms(2100));
     const Accounting& acc = rig.sched.accounting();
     // PVGPU_SWEEP_EVERY_LEAF=1 prints every leaf of 50 ms or more with its

@@ -243,7 +243,7 @@ TEST_CASE("dfq: stop() puts every channel back to direct and cancels its timers"
 
     rig.sched.policy().stop();
     for (const auto& [ch, s] : rig.subs) CHECK(rig.sched.mode(ch) == ChannelMode::Direct);
-    for (auto& [ch, s] : rig.subs) s.running = false;
+    rig.stop_submitters();
     while (rig.loop.step()) {
     }
     CHECK(rig.loop.pending() == 0);
@@ -353,7 +353,7 @@ TEST_CASE("dfq and timeslice: leaves and channels come and go under load", "[pol
     rig.run_until(ms(6000));
     INFO("a " << rig.share(a) << " b " << rig.share(b));
     CHECK(rig.share(a) == Approx(0.5).margin(0.03));
-    for (auto& [ch, s] : rig.subs) s.running = false;
+    rig.stop_submitters();
     while (rig.loop.step()) {
     }
     for (const auto& [ch, s] : rig.subs) CHECK(s.completed == s.submitted);

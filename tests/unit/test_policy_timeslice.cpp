@@ -232,7 +232,7 @@ TEST_CASE("timeslice: stop() puts every channel back to direct and cancels its t
 
     rig.sched.policy().stop();
     for (const auto& [ch, s] : rig.subs) CHECK(rig.sched.mode(ch) == ChannelMode::Direct);
-    for (auto& [ch, s] : rig.subs) s.running = false;
+    rig.stop_submitters();
     while (rig.loop.step()) {
     }
     CHECK(rig.loop.pending() == 0);
