@@ -29,6 +29,9 @@ constexpr Duration kBusyWatch = 1 * kMillisecond;
 // time jitters by more than kExactStart never lets a window close.
 constexpr Duration kProbeWindow = 10 * kMillisecond;
 constexpr int kMaxProbes = 24;
+// A think window this narrow is closed by two looks just outside it, at most
+// kExactStart apart; wider ones are bisected.
+constexpr Duration kProbeNarrow = kExactStart / 2;
 // A completion interrupt handled this long after the GPU's timestamp: the
 // host stalled, other channels may have run since (replayed, while every
 // channel interrupts on every kernel; with one that batches, always), and
@@ -190,6 +193,7 @@ void Accounting::fence(ChannelId ch) {
     }
     c.fence_get = get;
     c.fence_get_known = static_cast<bool>(fetched_);
+    c.fence_ts = completion_time_ && !clamped ? t : -1;
     c.fence_done = completed;
     if (fetched_) c.charged_to(completed);
 }
@@ -244,6 +248,13 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
         // between its interrupts, the two took turns on the engine.
         const Duration gap = std::max<Duration>(0, t - from);
         const std::int32_t n = c.kernels_since_charged(completed_kernels(get, ch, running));
+        // On an idle engine it started in [from, t], one kernel after its
+        // previous interrupt: that bounds its think time, and the probe
+        // looks narrow it until one sees the start (arm_probe).  A channel
+        // that restarts after the settle reads stop is never seen otherwise.
+        if (!current_ && !clamped && !c.preempted && c.fence_ts >= 0 && fetched_ && c.fence_get_known &&
+            completed_kernels(get, ch, running) - c.fence_done == 1)
+            learn_think(c, c.fence_ts, from, t);
         const Duration mine = c.kernel_estimate > 0 ? std::min(gap, n * c.kernel_estimate) : gap / 2;
         if (current_ && ended && *ended <= t - mine) {
             // It ran out at its completion: a stint closed there, with its
@@ -432,7 +443,10 @@ std::optional<Time> Accounting::replay(std::optional<ChannelId> fenced, std::opt
             // The engine may have idled in between (the host held the work
             // it was late to release): at most the kernels GET counts since
             // its last interrupt, of its usual length.  The rest is nobody's.
-            const Duration cap = after_idle ? c.kernel_estimate * 5 / 4 : fetched_cap(c, d.get);
+            // One that interrupts on every kernel: GET counts them exactly.
+            const Duration cap = c.every_kernel && c.charged_known ? kernels_in(d, running) * c.kernel_estimate
+                                 : after_idle                     ? c.kernel_estimate * 5 / 4
+                                                                  : fetched_cap(c, d.get);
             // A look at an idle engine charged it up to there already.
             prev = std::max(prev, c.look_charged);
             charge(d.id, cap > 0 ? std::min(d.ts - prev, cap) : d.ts - prev);
@@ -665,15 +679,28 @@ void Accounting::now_running(std::optional<ChannelId> running, Time lo, Time hi)
             lo = it->second.no_work_before;
             if (hi < lo) hi = std::max(lo, clock_.now());
         }
-    const Time at = lo + (hi - lo) / 2;
+    Time at = lo + (hi - lo) / 2;
     const std::optional<ChannelId> before = current_;
     if (running && !before)
-        if (auto it = channels_.find(*running); it != channels_.end()) learn_think(*running, it->second, lo, hi);
+        if (auto it = channels_.find(*running); it != channels_.end() && completion_time_) {
+            Channel& c = it->second;
+            const Time done = completion_time_(*running).value_or(-1);
+            learn_think(c, done, lo, hi);
+            // While its length is unknown, a start seen in a wide window is
+            // dated by its think window, where it started before (the
+            // middle of a look that saw the engine idle and a late one
+            // charged its first kernels up to 1.4 times their length).
+            // Neither exact nor a bound: the slack stays the window's.
+            if (c.kernel_estimate == 0 && !c.batches && c.think_hi >= 0 && done >= 0) {
+                const Time think_lo = std::max(lo, done + c.think_lo), think_hi = std::min(hi, done + c.think_hi);
+                if (think_lo <= think_hi) at = think_lo + (think_hi - think_lo) / 2;
+            }
+        }
     current_ = running;
     stint_charged_ = 0;
     since_ = at;
     stint_start_ = at;
-    start_slack_ = (hi - lo) / 2;
+    start_slack_ = std::max(at - lo, hi - at);
     last_seen_ = std::max(last_seen_, at);
     if (running) {
         if (engine_.preemptive) {
@@ -900,12 +927,11 @@ void Accounting::settle_read() {
     last_seen_ = t;
 }
 
-void Accounting::learn_think(ChannelId ch, Channel& c, Time lo, Time hi) {
-    if (c.kernel_estimate > 0 || !completion_time_) return;
-    // The previous completion: the kernel that starts now has not ended.
-    const std::optional<Time> done = completion_time_(ch);
-    if (!done || *done > lo) return;
-    Duration think_lo = lo - *done, think_hi = hi - *done;
+void Accounting::learn_think(Channel& c, Time done, Time lo, Time hi) {
+    // Its previous completion: the kernel that started in [lo, hi] had not
+    // ended before it.
+    if (c.kernel_estimate > 0 || done < 0 || done > lo) return;
+    Duration think_lo = lo - done, think_hi = hi - done;
     // The same think time seen again: keep what both windows allow.
     if (c.think_hi >= 0 && think_lo <= c.think_hi && think_hi >= c.think_lo) {
         think_lo = std::max(think_lo, c.think_lo);
@@ -925,10 +951,12 @@ void Accounting::arm_probe() {
             continue;
         const std::optional<Time> done = completion_time_(id);
         if (!done) continue;
-        // Wide: the middle.  Narrow: its two ends, in turn.
-        const bool wide = c.think_hi - c.think_lo > kExactStart;
-        const Time looks[] = {wide ? *done + c.think_lo + (c.think_hi - c.think_lo) / 2 : *done + c.think_lo,
-                              *done + c.think_hi};
+        // Wide: the middle.  Narrow: just outside its two ends, in turn (a
+        // look at the very moment of a start may come before or after it).
+        const bool wide = c.think_hi - c.think_lo > kProbeNarrow;
+        const Time looks[] = {wide ? *done + c.think_lo + (c.think_hi - c.think_lo) / 2
+                                   : *done + c.think_lo - kProbeNarrow / 2,
+                              *done + c.think_hi + kProbeNarrow / 2};
         for (std::size_t i = 0; i < (wide ? 1U : 2U); ++i)
             if (looks[i] > now && (!next || looks[i] < *next)) next = looks[i];
     }
@@ -944,8 +972,15 @@ void Accounting::probe_read() {
         if (c.kernel_estimate == 0 && c.think_hi >= 0) ++c.probes;
     const std::optional<ChannelId> running = read();
     ran_between_looks(running, t);
-    if (running)
-        now_running(running, last_seen_, t - last_seen_ <= kExactStart ? last_seen_ : t);
+    if (running) {
+        // Two looks this close (a narrow window's two ends): it started
+        // between them, the middle unbiased.
+        const Time mid = last_seen_ + (t - last_seen_) / 2;
+        if (t - last_seen_ <= kExactStart)
+            now_running(running, mid, mid);
+        else
+            now_running(running, last_seen_, t);
+    }
     last_seen_ = t;
     if (!running) arm_probe();
 }
@@ -1004,7 +1039,10 @@ void Accounting::slice_read() {
     } else if (running) {
         const Time at = std::min(slice_end_, t);
         const Time done = completion_time_ ? completion_time_(*current_).value_or(-1) : -1;
-        if (done <= at && ran_out_at(*current_, done)) {
+        // Its start, hence the slice end, is known within start_slack_ (and
+        // kExactStart for one seen exactly): a kernel that ended with its
+        // slice may have completed just after the slice end believed.
+        if (done <= std::min(slice_end_ + start_slack_ + kExactStart, t) && ran_out_at(*current_, done)) {
             // Its interrupt is on the way.  The next one started after the
             // switch from there (or after the preempted kernels that resumed
             // there and completed).

@@ -121,6 +121,7 @@ private:
         std::uint32_t fence_get = 0;   // GET at its last completion interrupt
         bool fence_get_known = false;
         std::uint32_t fence_done = 0;  // kernels it had completed then (with fence_get_known)
+        Time fence_ts = -1;            // the GPU's completion timestamp then (-1: none, or not believed)
         bool every_kernel = false;     // its interrupts in time came one per kernel
         bool several_before = false;   // its last interrupt in time came after several kernels
         bool batches = false;          // ... and so did the one before it
@@ -344,8 +345,9 @@ private:
     Timer probe_timer_;
     void arm_probe();
     void probe_read();
-    // `ch` started on an idle engine in [lo, hi]: narrows its think window.
-    void learn_think(ChannelId ch, Channel& c, Time lo, Time hi);
+    // `c`, whose previous kernel completed at `done`, started on an idle
+    // engine in [lo, hi]: narrows its think window.
+    void learn_think(Channel& c, Time done, Time lo, Time hi);
     // current_ completed a kernel at this timestamp, after it was believed
     // on the engine (on either engine; stint_end() only where a completion
     // ends the stint), and no other channel completed one since.

@@ -648,8 +648,12 @@ TEST_CASE("accounting: a task that restarts after the settle reads stopped is se
     // its 800 us window, 39% under in all.  A look in the middle of where
     // its last start was seen, counted from the completion before it,
     // halves that window each time, and two looks at its ends then see a
-    // start exactly.  (The kernels before that, nine halvings of 800 us,
-    // are charged as before: 0.11% of the task's time, hence 0.2%.)
+    // start exactly.  (The kernels before that, ten halvings of 800 us,
+    // are charged as before: 0.11% of the task's time, hence 0.2%.)  Its
+    // kernel is as long as its slice: with its start known within a
+    // microsecond, the slice-end read must take a completion just after the
+    // slice end believed as the kernel running out, not as a preemption
+    // (taken as one, the length was never learned: 38% under).
     sim::SimGpuConfig cfg = timeslice_gpu(ms(1), 30 * kMicrosecond);
     cfg.irq_latency = 20 * kMicrosecond;
     check_charged("none", cfg, {{1, 2}, {0.05, 0.5}}, 0.002);
@@ -811,19 +815,24 @@ TEST_CASE("accounting: a kernel that ran entirely between two looks at an idle e
 }
 
 TEST_CASE("accounting: two sparse tenants, one asking for an interrupt per batch, within their bounds",
-          "[.targets][accounting-sparse]") {
-    // A target not met yet (tests/meson.build, suite 'targets'; results.md
-    // section 6).  Found by a review of ran_between_looks: a 0.1 ms task
-    // that thinks 1.5 ms and asks for an interrupt on every 4th kernel,
-    // beside a 0.15 ms task that thinks 1.7 ms and asks for one on each;
-    // the GPU idles most of the time.  Interrupts of the second replay the
-    // completions since the engine went idle (the first may batch), and the
-    // replay's fallback charges each channel the span since the previous
-    // completion, idle time included.  At 182402d `none` charged the first
-    // 832 ms of 124 and the second 693 ms of 162; with ran_between_looks
-    // and replays that leave out what a look charged, 628 and 367.  The
-    // bounds are the sweep's: the batching task may be charged its own idle
-    // time inside its batches (+1126% here), the other 1% either way.
+          "[accounting]") {
+    // Found by a review of ran_between_looks: a 0.1 ms task that thinks
+    // 1.5 ms and asks for an interrupt on every 4th kernel, beside a
+    // 0.15 ms task that thinks 1.7 ms and asks for one on each; the GPU
+    // idles most of the time.  The second restarts after the settle reads
+    // stopped and no look ever saw it on the engine, so no think window was
+    // opened for the probe looks and its length stayed unknown: each
+    // interrupt charged half the time since the last look, and replays the
+    // span since the previous completion, idle time included.  `none`
+    // charged it 367 ms of 162 (693 at 182402d).  Its interrupt now bounds
+    // its think time too (it started after the last look), the probes find
+    // its start, and replays charge a channel that interrupts on every
+    // kernel what GET counts of its usual length: +0.02% under `none` and
+    // dfq, +0.24% under hfq (+0.74% before), +0.32% under `timeslice`.
+    // The bounds are the sweep's: the batching task may be charged its own
+    // idle time inside its batches (+1126% here; +403% under `none` and
+    // dfq, +32% under hfq, +541% under `timeslice`), the other 1% either
+    // way.
     for (const char* policy : {"none", "hfq", "dfq", "timeslice"}) {
         INFO(policy);
         Rig rig(policy);
