@@ -839,7 +839,7 @@ TEST_CASE("accounting: two sparse tenants, one asking for an interrupt per batch
         const EntityId x = rig.task("x");
         const EntityId y = rig.task("y");
         rig.subs.at(rig.submit_loop(x, ms(0.1), ms(1.5))).irq_every = 4;
-        rig.submit_loop(y, ms(0.15), ms(1.7), 0, ms(0.7));
+        const ChannelId ych = rig.submit_loop(y, ms(0.15), ms(1.7), 0, ms(0.7));
         rig.run_until(ms(2000));
         rig.stop_submitters();
         rig.run_until(ms(2100));
@@ -852,5 +852,7 @@ TEST_CASE("accounting: two sparse tenants, one asking for an interrupt per batch
         CHECK(off_x > -0.01 * ran_x);
         CHECK(off_x < (0.01 + 0.75 * 1.5 / 0.1) * ran_x);
         CHECK(std::abs(off_y) < 0.01 * ran_y);
+        // Its length is learned (at its 13th kernel, 0.1497 ms).
+        CHECK(std::abs(acc.kernel_estimate(ych) - ms(0.15)) < ms(0.15) / 100);
     }
 }
