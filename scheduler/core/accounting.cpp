@@ -1038,6 +1038,10 @@ std::optional<Time> Accounting::alternated(std::optional<ChannelId> running, Tim
         // A preempted kernel that resumed and completed here ran its rest,
         // not a whole kernel: left to resumed_unseen.
         if (c.preempted) return std::nullopt;
+        // Without a learned length the replay could only split the window
+        // by the order of the last completions, which interleaved turns
+        // defeat.
+        if (c.kernel_estimate == 0) return std::nullopt;
         if (id != *current_) first_other = first_other < 0 ? *ts : std::min(first_other, *ts);
         if (id != running) last_other = std::max(last_other, *ts);
         last = std::max(last, *ts);

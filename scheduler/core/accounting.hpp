@@ -290,9 +290,10 @@ private:
     // A slice-end read on a preemptive engine after other channels completed
     // kernels inside the believed stint: the engine took turns as channels
     // ran out (each new stint with a fresh slice), not at the slice end.
-    // While the window is shorter than a slice nobody was preempted in it:
-    // replayed as on a non-preemptive engine, and what runs now started at
-    // the last completion.  nullopt (nothing done) otherwise.
+    // While the window is shorter than a slice nobody was preempted in it,
+    // and with every length in it learned it is replayed as on a
+    // non-preemptive engine; what runs now started at the last completion.
+    // nullopt (nothing done) otherwise.
     std::optional<Time> alternated(std::optional<ChannelId> running, Time t);
     // Off a preemptive engine, `ch` (believed on it) ran out of work at its
     // completion timestamp `done`: GET says the one kernel it fetched since
