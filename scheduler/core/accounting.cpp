@@ -26,7 +26,7 @@ constexpr Duration kExactStart = 2 * kMicrosecond;
 constexpr Duration kBusyWatch = 1 * kMillisecond;
 // The probe looks (arm_probe) bisect think-time windows up to this wide,
 // and give up on a channel after this many looks: a tenant whose think
-// time jitters by more than kExactStart never lets a window close.
+// time jitters by more than kProbeNarrow never lets a window close.
 constexpr Duration kProbeWindow = 10 * kMillisecond;
 constexpr int kMaxProbes = 24;
 // A think window this narrow is closed by two looks just outside it, at most
@@ -691,7 +691,7 @@ void Accounting::now_running(std::optional<ChannelId> running, Time lo, Time hi)
             // middle of a look that saw the engine idle and a late one
             // charged its first kernels up to 1.4 times their length).
             // Neither exact nor a bound: the slack stays the window's.
-            if (c.kernel_estimate == 0 && !c.batches && c.think_hi >= 0 && done >= 0) {
+            if (probed(c) && done >= 0) {
                 const Time think_lo = std::max(lo, done + c.think_lo), think_hi = std::min(hi, done + c.think_hi);
                 if (think_lo <= think_hi) at = think_lo + (think_hi - think_lo) / 2;
             }
@@ -933,12 +933,18 @@ void Accounting::learn_think(Channel& c, Time done, Time lo, Time hi) {
     if (c.kernel_estimate > 0 || done < 0 || done > lo) return;
     Duration think_lo = lo - done, think_hi = hi - done;
     // The same think time seen again: keep what both windows allow.
-    if (c.think_hi >= 0 && think_lo <= c.think_hi && think_hi >= c.think_lo) {
+    // Windows that only touch are not the same: a start seen at the look
+    // that ended one window and began the next would pin it to a point.
+    if (c.think_hi >= 0 && think_lo < c.think_hi && think_hi > c.think_lo) {
         think_lo = std::max(think_lo, c.think_lo);
         think_hi = std::min(think_hi, c.think_hi);
     }
     c.think_lo = think_lo;
     c.think_hi = think_hi;
+}
+
+bool Accounting::probed(const Channel& c) {
+    return c.kernel_estimate == 0 && c.one_per_kernel_seen && !c.batches && c.think_hi >= 0 && c.probes < kMaxProbes;
 }
 
 void Accounting::arm_probe() {
@@ -947,7 +953,7 @@ void Accounting::arm_probe() {
     const Time now = clock_.now();
     std::optional<Time> next;
     for (auto& [id, c] : channels_) {
-        if (c.kernel_estimate > 0 || c.think_hi < 0 || c.probes >= kMaxProbes || c.think_hi - c.think_lo > kProbeWindow)
+        if (!probed(c) || c.think_hi - c.think_lo > kProbeWindow)
             continue;
         const std::optional<Time> done = completion_time_(id);
         if (!done) continue;
@@ -969,7 +975,7 @@ void Accounting::probe_read() {
     if (current_) return;  // believed busy: the engine gets its looks anyway
     const Time t = clock_.now();
     for (auto& [id, c] : channels_)
-        if (c.kernel_estimate == 0 && c.think_hi >= 0) ++c.probes;
+        if (probed(c)) ++c.probes;
     const std::optional<ChannelId> running = read();
     ran_between_looks(running, t);
     if (running) {

@@ -346,13 +346,19 @@ private:
     // engine after the settle reads stopped is never seen whole.  If it
     // restarts a steady time after its own completion, one look placed in
     // the middle of where its last start was seen halves that window each
-    // time; once the window is within kExactStart, two looks at its ends
-    // see the start exactly and the length is learned.  At most two looks
-    // per such channel and idle spell, windows up to kProbeWindow, at most
-    // kMaxProbes looks in all: none on an idle GPU once they are spent.
+    // time; once the window is within kProbeNarrow, two looks just outside
+    // its ends see the start (dated at their middle) and the length is
+    // learned.  At most two looks per such channel and idle spell, windows
+    // up to kProbeWindow, at most kMaxProbes looks per channel: none on an
+    // idle GPU once they are spent.  Only for a channel whose interrupts
+    // come one per kernel: a stint seen whole teaches no length otherwise.
     Timer probe_timer_;
     void arm_probe();
     void probe_read();
+    // `c` gets probe looks (and its starts are dated by its think window):
+    // its length unknown, its interrupts seen to come one per kernel, a
+    // think window open, looks left.
+    static bool probed(const Channel& c);
     // `c`, whose previous kernel completed at `done`, started on an idle
     // engine in [lo, hi]: narrows its think window.
     void learn_think(Channel& c, Time done, Time lo, Time hi);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <memory>
 #include <stdexcept>
@@ -87,6 +88,8 @@ public:
         std::uint32_t irq_every = 1;  // ... on every irq_every-th kernel only (0: none)
         std::uint32_t depth = 1;      // kernels kept submitted ahead of the GPU
         std::vector<Duration> pattern{};  // if set: kernel lengths in turn, instead of `kernel`
+        // If set: the gap after its n-th completion (1, 2, ...), instead of `gap`.
+        std::function<Duration(std::uint64_t)> gap_after{};
     };
 
     // `start`: the clock's time when the GPU and the scheduler come up (a
@@ -114,8 +117,9 @@ public:
         gpu_.set_fence_watcher(ch, [this, ch](std::uint32_t) {
             Submitter& s = subs.at(ch);
             ++s.completed;
-            if (s.gap > 0)
-                loop.arm(loop.now() + s.gap, [this, ch] { fill(ch); });
+            const Duration next_gap = s.gap_after ? s.gap_after(s.completed) : s.gap;
+            if (next_gap > 0)
+                loop.arm(loop.now() + next_gap, [this, ch] { fill(ch); });
             else
                 fill(ch);
         });
