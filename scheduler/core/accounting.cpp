@@ -1032,51 +1032,10 @@ void Accounting::busy_read() {
     }
 }
 
-std::optional<Time> Accounting::alternated(std::optional<ChannelId> running, Time t) {
-    if (!current_ || !completion_time_ || !engine_.preemptive || engine_.timeslice <= 0) return std::nullopt;
-    // It scans every channel: only when turns may have gone unseen (some
-    // channel may interrupt once per batch, or the read came late).
-    if (batching_ == 0 && t - slice_end_ <= kLateInterrupt) return std::nullopt;
-    Time first_other = -1, last_other = -1, last = since_;
-    for (const auto& [id, c] : channels_) {
-        const std::optional<Time> ts = completion_time_(id);
-        if (!ts || *ts <= since_ || *ts > t) continue;
-        // A preempted kernel that resumed and completed here ran its rest,
-        // not a whole kernel: left to resumed_unseen.
-        if (c.preempted) return std::nullopt;
-        // Without a learned length the replay could only split the window
-        // by the order of the last completions, which interleaved turns
-        // defeat.
-        if (c.kernel_estimate == 0) return std::nullopt;
-        if (id != *current_) first_other = first_other < 0 ? *ts : std::min(first_other, *ts);
-        if (id != running) last_other = std::max(last_other, *ts);
-        last = std::max(last, *ts);
-    }
-    if (first_other < 0) return std::nullopt;
-    // No slice can have expired in the window: the stints in it are all
-    // shorter than a slice, and current_'s stint after the first other
-    // completion began with a fresh slice that cannot have ended by t.
-    if (last - stint_start_ >= engine_.timeslice || t >= first_other + engine_.timeslice) return std::nullopt;
-    const std::optional<Time> end = replay(std::nullopt, running, t, t);
-    if (!end) return std::nullopt;
-    loaded_ = current_;  // the replay's last channel: its context is on the engine
-    now_running(running, *end, *end);
-    // One that runs on after its own completion began its stint, and its
-    // slice, after the last other channel's completion.
-    if (running && running == loaded_ && last_other >= 0)
-        slice_end_ = std::max(slice_end_, last_other + engine_.ctxsw + engine_.timeslice);
-    arm_read();
-    return end;
-}
-
 void Accounting::slice_read() {
     Entry entry(*this);
     const Time t = clock_.now();
     const std::optional<ChannelId> running = read();
-    if (running && alternated(running, t)) {
-        last_seen_ = t;
-        return;
-    }
     if (running && running == current_) {
         // Nobody else waited: the GPU renewed the slice at its end.
         slice_end_ += engine_.timeslice;

@@ -287,14 +287,6 @@ private:
     void charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, std::optional<ChannelId> running,
                       std::uint32_t get);
     void slice_read();
-    // A slice-end read on a preemptive engine after other channels completed
-    // kernels inside the believed stint: the engine took turns as channels
-    // ran out (each new stint with a fresh slice), not at the slice end.
-    // While the window is shorter than a slice nobody was preempted in it,
-    // and with every length in it learned it is replayed as on a
-    // non-preemptive engine; what runs now started at the last completion.
-    // nullopt (nothing done) otherwise.
-    std::optional<Time> alternated(std::optional<ChannelId> running, Time t);
     // Off a preemptive engine, `ch` (believed on it) ran out of work at its
     // completion timestamp `done`: GET says the one kernel it fetched since
     // it was last charged is the one that completed.  With more fetched it
