@@ -689,7 +689,7 @@ void Accounting::now_running(std::optional<ChannelId> running, Time lo, Time hi)
             // While its length is unknown, a start seen in a wide window is
             // dated by its think window, where it started before (the
             // middle of a look that saw the engine idle and a late one
-            // charged its first kernels up to 1.4 times their length).
+            // charged its first kernels up to 3.3 times their length).
             // Neither exact nor a bound: the slack stays the window's.
             if (probed(c) && done >= 0) {
                 const Time think_lo = std::max(lo, done + c.think_lo), think_hi = std::min(hi, done + c.think_hi);

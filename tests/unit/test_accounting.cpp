@@ -38,9 +38,9 @@ struct Load {
 
 // Runs the loads for 2 s, lets the engine drain, and checks that every task
 // is charged what it ran within `tolerance`.
-void check_charged(const std::string& policy, const sim::SimGpuConfig& cfg, std::initializer_list<Load> loads,
-                   double tolerance = 0.001) {
-    Rig rig(policy, {}, cfg);
+// Starts a task t0, t1, ... per load, runs them for 2 s and lets the
+// engine drain (the truth counts a kernel when it ends).
+std::vector<EntityId> run_loads(Rig& rig, std::initializer_list<Load> loads) {
     std::vector<EntityId> leaves;
     for (const Load& l : loads) {
         const EntityId leaf = rig.task("t" + std::to_string(leaves.size()));
@@ -52,6 +52,13 @@ void check_charged(const std::string& policy, const sim::SimGpuConfig& cfg, std:
     rig.run_until(ms(2000));
     rig.stop_submitters();
     rig.run_until(ms(2100));
+    return leaves;
+}
+
+void check_charged(const std::string& policy, const sim::SimGpuConfig& cfg, std::initializer_list<Load> loads,
+                   double tolerance = 0.001) {
+    Rig rig(policy, {}, cfg);
+    const std::vector<EntityId> leaves = run_loads(rig, loads);
     const Accounting& acc = rig.sched.accounting();
     for (const EntityId& leaf : leaves) {
         INFO("t" << (&leaf - leaves.data()) << ": charged " << to_ms(acc.gpu_time(leaf)) << " ms, ran "
@@ -880,18 +887,7 @@ TEST_CASE("accounting: seed 372's tasks under dfq, where a stint's end is ambigu
     sim::SimGpuConfig cfg = timeslice_gpu(ms(2), 10 * kMicrosecond);
     cfg.irq_latency = 50 * kMicrosecond;
     Rig rig("dfq", {}, cfg);
-    const Load loads[] = {{2, 0}, {0.5, 0.1, 1, 4}, {2, 2}, {0.5, 0, 1, 4}};
-    std::vector<EntityId> leaves;
-    for (const Load& l : loads) {
-        const EntityId leaf = rig.task("t" + std::to_string(leaves.size()));
-        Rig::Submitter& s = rig.subs.at(rig.submit_loop(leaf, ms(l.kernel_ms), ms(l.gap_ms)));
-        s.depth = l.depth;
-        s.irq_every = l.irq_every;
-        leaves.push_back(leaf);
-    }
-    rig.run_until(ms(2000));
-    rig.stop_submitters();
-    rig.run_until(ms(2100));
+    const std::vector<EntityId> leaves = run_loads(rig, {{2, 0}, {0.5, 0.1, 1, 4}, {2, 2}, {0.5, 0, 1, 4}});
     const Accounting& acc = rig.sched.accounting();
     auto off = [&](std::size_t i) {
         return (static_cast<double>(acc.gpu_time(leaves[i])) - static_cast<double>(rig.gpu_time(leaves[i]))) /
