@@ -29,9 +29,23 @@ constexpr Duration kBusyWatch = 1 * kMillisecond;
 // time jitters by more than kProbeNarrow never lets a window close.
 constexpr Duration kProbeWindow = 10 * kMillisecond;
 constexpr int kMaxProbes = 24;
+// A length is learned from bounds (learn_bounds) once this many kernels in a
+// row agreed and they narrowed to a 64th of it: kernels of varied lengths
+// whose wide windows happen to overlap for a while teach nothing.
+constexpr int kBoundKernels = 16;
+// A channel whose window never closes (its think time jitters, or it
+// changed) gets one look back per this many of its interrupts: a window
+// the tenant moved after the probes were spent is found again.
+constexpr int kProbeRefill = 8;
 // A think window this narrow is closed by two looks just outside it, at most
 // kExactStart apart; wider ones are bisected.
 constexpr Duration kProbeNarrow = kExactStart / 2;
+// The settle reads end this long after the engine is seen idle.
+constexpr Duration kSettleSpan = [] {
+    Duration sum = 0;
+    for (Duration g : kSettleGaps) sum += g;
+    return sum;
+}();
 // A completion interrupt handled this long after the GPU's timestamp: the
 // host stalled, other channels may have run since (replayed, while every
 // channel interrupts on every kernel; with one that batches, always), and
@@ -172,6 +186,10 @@ void Accounting::fence(ChannelId ch) {
     // its kernels counted exactly by GET after a stall.
     const std::uint32_t completed = completed_kernels(get, ch, running);
     if (!late && !clamped) {
+        if (c.kernel_estimate == 0 && c.probes > 0 && ++c.refill >= kProbeRefill) {
+            --c.probes;
+            c.refill = 0;
+        }
         const bool every_before = c.every_kernel;
         c.every_kernel = c.fence_get_known && completed - c.fence_done == 1;
         // Two in a row, as for `batches` below: a channel that batches may
@@ -193,7 +211,10 @@ void Accounting::fence(ChannelId ch) {
     }
     c.fence_get = get;
     c.fence_get_known = static_cast<bool>(fetched_);
+    c.prev_fence_ts = c.fence_ts;
     c.fence_ts = completion_time_ && !clamped ? t : -1;
+    c.check_at = -1;
+    if (!current_ && !late && checked(c)) arm_check(c, t);
     c.fence_done = completed;
     if (fetched_) c.charged_to(completed);
 }
@@ -204,6 +225,22 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
     if (current_ == ch) {
         const Duration d = t - since_;
         const std::uint32_t completed = fetched_ ? completed_kernels(get, ch, running) : 0;
+        // One kernel, begun fresh in a window (not after a watch read
+        // charged part of it: since_ moved then): a look saw it on the
+        // engine at since_ + start_slack_ at the latest, so it ran at least
+        // from there to now, and at most from the window's start.  Longer
+        // than its learned length allows (four spreads, at most a quarter,
+        // beyond it): that length is stale (check_at's looks), and this
+        // kernel is charged by its window.  Its length unknown: the bounds
+        // teach it (learn_bounds).
+        const bool windowed = c.kernel_start < 0 && start_slack_ > 0 && since_ == stint_start_ && c.fresh &&
+                              !c.preempted && fetched_ && c.uncharged(completed, 1);
+        if (windowed && c.kernel_estimate > 0 &&
+            d - start_slack_ > c.kernel_estimate + std::min(4 * c.kernel_spread, c.kernel_estimate / 4) + kExactStart)
+            relearn(c);
+        c.started_unseen = false;
+        const bool bounded = windowed && c.fence_get_known && completed - c.fence_done == 1;
+        if (bounded) learn_bounds(c, d - start_slack_, d + start_slack_);
         Duration mine = one_kernel_guess(c, d);
         const Duration slack = c.kernel_slack + start_slack_;
         if (c.preempted && slack > 0 && c.kernel_estimate > 0 && fetched_ && c.uncharged(completed, 1)) {
@@ -255,7 +292,19 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
         if (!current_ && !clamped && !c.preempted && c.fence_ts >= 0 && fetched_ && c.fence_get_known &&
             completed_kernels(get, ch, running) - c.fence_done == 1)
             learn_think(c, c.fence_ts, from, t);
-        const Duration mine = c.kernel_estimate > 0 ? std::min(gap, n * c.kernel_estimate) : gap / 2;
+        // It started after the last look: one kernel of it that ran no
+        // longer than that, short of its learned length by four spreads (at
+        // most a quarter), proves that length stale (its kernels shrank).
+        // Its length unknown: an upper bound for learn_bounds.
+        if (!current_ && c.kernel_estimate > 0 && n == 1 && fetched_ &&
+            c.uncharged(completed_kernels(get, ch, running), 1) &&
+            gap + std::min(4 * c.kernel_spread, c.kernel_estimate / 4) + kExactStart < c.kernel_estimate)
+            relearn(c);
+        c.started_unseen = !current_;
+        const bool bounded = !current_ && n == 1 && !clamped && !c.preempted && fetched_ && c.fence_get_known &&
+                             completed_kernels(get, ch, running) - c.fence_done == 1;
+        if (bounded) learn_bounds(c, 0, gap);
+        Duration mine = c.kernel_estimate > 0 ? std::min(gap, n * c.kernel_estimate) : gap / 2;
         if (current_ && ended && *ended <= t - mine) {
             // It ran out at its completion: a stint closed there, with its
             // usual length when it held one kernel begun in a window.
@@ -943,6 +992,51 @@ void Accounting::learn_think(Channel& c, Time done, Time lo, Time hi) {
     c.think_hi = think_hi;
 }
 
+bool Accounting::checked(const Channel& c) {
+    return c.kernel_estimate > 0 && c.every_kernel && !c.batches && c.started_unseen && c.prev_fence_ts >= 0 &&
+           c.fence_ts > c.prev_fence_ts;
+}
+
+void Accounting::arm_check(Channel& c, Time done) {
+    // From the end of the settle reads to where its next completion would
+    // come at its last pace (at least two kernels on).
+    const Time lo = clock_.now() + kSettleSpan + kProbeNarrow;
+    const Time hi = std::max(done + (done - c.prev_fence_ts), lo + 2 * c.kernel_estimate);
+    c.check_at = lo + std::uniform_int_distribution<Duration>(0, hi - lo)(check_rng_);
+    arm_probe();
+}
+
+void Accounting::learn_bounds(Channel& c, Duration lo, Duration hi) {
+    if (c.kernel_estimate > 0 || hi < 0) return;
+    lo = std::max<Duration>(0, lo);
+    // Bounds of the same length seen again: keep what both allow.  Apart:
+    // its kernels changed, start over from these.
+    if (c.len_hi >= 0 && lo <= c.len_hi && hi >= c.len_lo) {
+        lo = std::max(lo, c.len_lo);
+        hi = std::min(hi, c.len_hi);
+        ++c.len_kernels;
+    } else {
+        c.len_kernels = 1;
+    }
+    c.len_lo = lo;
+    c.len_hi = hi;
+    // Narrow enough to charge by (a 64th of the length at most): learned.
+    if (hi > 0 && hi - lo <= std::max(kExactStart, hi / 64) && c.len_kernels >= kBoundKernels) {
+        c.learn_length(lo + (hi - lo) / 2);
+        c.kernel_spread = (hi - lo) / 2;  // every kernel seen fits
+    }
+}
+
+void Accounting::relearn(Channel& c) {
+    c.kernel_estimate = c.kernel_spread = 0;
+    c.think_lo = 0;
+    c.think_hi = -1;
+    c.len_lo = 0;
+    c.len_hi = -1;
+    c.probes = 0;
+    c.check_at = -1;
+}
+
 bool Accounting::probed(const Channel& c) {
     return c.kernel_estimate == 0 && c.one_per_kernel_seen && !c.batches && c.think_hi >= 0 && c.probes < kMaxProbes;
 }
@@ -953,6 +1047,7 @@ void Accounting::arm_probe() {
     const Time now = clock_.now();
     std::optional<Time> next;
     for (auto& [id, c] : channels_) {
+        if (c.check_at > now && (!next || c.check_at < *next)) next = c.check_at;
         if (!probed(c) || c.think_hi - c.think_lo > kProbeWindow)
             continue;
         const std::optional<Time> done = completion_time_(id);
@@ -972,8 +1067,10 @@ void Accounting::arm_probe() {
 
 void Accounting::probe_read() {
     Entry entry(*this);
-    if (current_) return;  // believed busy: the engine gets its looks anyway
     const Time t = clock_.now();
+    for (auto& [id, c] : channels_)
+        if (c.check_at >= 0 && c.check_at <= t) c.check_at = -1;
+    if (current_) return;  // believed busy: the engine gets its looks anyway
     for (auto& [id, c] : channels_)
         if (probed(c)) ++c.probes;
     const std::optional<ChannelId> running = read();

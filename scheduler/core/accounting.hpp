@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <random>
 #include <unordered_map>
 #include <vector>
 
@@ -142,10 +143,26 @@ private:
         // its next kernel started on an idle engine, as far as the looks
         // placed it ([think_lo, think_hi]; think_hi < 0: not yet).
         Duration think_lo = 0, think_hi = -1;
+        // While its length is unknown: what the looks proved of it, kernel by
+        // kernel ([len_lo, len_hi]; len_hi < 0: nothing yet).  A kernel seen
+        // on the engine in a window is bounded both ways, one that started
+        // after the last look from above.  Kernels of one length narrow this
+        // to it even when no look sees a start exactly (the think time
+        // jitters); bounds that contradict say the length changed.
+        Duration len_lo = 0, len_hi = -1;
+        int len_kernels = 0;  // kernels whose bounds agreed on [len_lo, len_hi]
         // Its kernels up to this completion timestamp were charged by a look
         // at an idle engine (ran_between_looks): replays leave them out.
         Time look_charged = -1;
-        int probes = 0;  // looks made while its length was unknown
+        // Probe looks spent while its length was unknown, less one given
+        // back every kProbeRefill interrupts in time (refill counts them).
+        int probes = 0;
+        int refill = 0;
+        // Its kernel before the last one completed then (-1: not known):
+        // the time between its completions bounds where the next runs.
+        Time prev_fence_ts = -1;
+        bool started_unseen = false;  // its last kernel started on an idle engine no look saw
+        Time check_at = -1;           // a check look is due then (-1: none)
         // While preempted: what that kernel's stints were charged, and how
         // far off their starts may have been (the sum of their slacks).
         Duration kernel_charged = 0;
@@ -354,6 +371,28 @@ private:
     // `c`, whose previous kernel completed at `done`, started on an idle
     // engine in [lo, hi]: narrows its think window.
     void learn_think(Channel& c, Time done, Time lo, Time hi);
+    // A channel whose length is known and whose kernels start unseen on an
+    // idle engine is charged that length per kernel: a tenant whose kernels
+    // grow (or one that showed short kernels first) would be charged the
+    // old length for good.  After each such kernel, one look at a random
+    // moment between the end of the settle reads and where its next
+    // completion would come at its last pace (check_at); a look that sees
+    // it on the engine proves its kernel at least as long as from that look
+    // to its completion, and a proof beyond the length learned (plus four
+    // spreads, at most a quarter) forgets the length: the probe looks (a
+    // fresh budget) and the bounds learn it again.  A look that sees the
+    // engine idle bounds the next kernel from above, which catches kernels
+    // that shrank.  The tenant cannot see when the host reads the engine,
+    // nor predict the draw.  At most one such look per idle spell and
+    // channel.  A kernel up to a quarter longer than learned is not proof:
+    // a tenant may hide that much (results.md section 6).
+    static bool checked(const Channel& c);
+    void arm_check(Channel& c, Time done);
+    // One kernel of `c` ran at least lo and at most hi (len_lo, len_hi).
+    static void learn_bounds(Channel& c, Duration lo, Duration hi);
+    // `c`'s learned length is proven wrong: learn it again.
+    static void relearn(Channel& c);
+    std::minstd_rand check_rng_{0x5eed};
     // current_ completed a kernel at this timestamp, after it was believed
     // on the engine (on either engine; stint_end() only where a completion
     // ends the stint), and no other channel completed one since.
