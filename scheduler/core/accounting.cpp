@@ -37,6 +37,8 @@ constexpr int kBoundKernels = 16;
 // changed) gets one look back per this many of its interrupts: a window
 // the tenant moved after the probes were spent is found again.
 constexpr int kProbeRefill = 8;
+// Check looks (Accounting::checked) per idle spell and channel.
+constexpr int kChecks = 3;
 // A think window this narrow is closed by two looks just outside it, at most
 // kExactStart apart; wider ones are bisected.
 constexpr Duration kProbeNarrow = kExactStart / 2;
@@ -225,22 +227,21 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
     if (current_ == ch) {
         const Duration d = t - since_;
         const std::uint32_t completed = fetched_ ? completed_kernels(get, ch, running) : 0;
-        // One kernel, begun fresh in a window (not after a watch read
-        // charged part of it: since_ moved then): a look saw it on the
-        // engine at since_ + start_slack_ at the latest, so it ran at least
-        // from there to now, and at most from the window's start.  Longer
+        // One kernel, begun fresh in a window: a look saw it on the engine
+        // at seen_hi_ at the latest (a watch read since changes nothing), so
+        // it ran at least from there to now, and at most from seen_lo_.  Longer
         // than its learned length allows (four spreads, at most a quarter,
         // beyond it): that length is stale (check_at's looks), and this
         // kernel is charged by its window.  Its length unknown: the bounds
         // teach it (learn_bounds).
-        const bool windowed = c.kernel_start < 0 && start_slack_ > 0 && since_ == stint_start_ && c.fresh &&
-                              !c.preempted && fetched_ && c.uncharged(completed, 1);
+        const bool windowed = c.kernel_start < 0 && seen_hi_ > seen_lo_ && c.fresh && !c.preempted && fetched_ &&
+                              c.uncharged(completed, 1);
         if (windowed && c.kernel_estimate > 0 &&
-            d - start_slack_ > c.kernel_estimate + std::min(4 * c.kernel_spread, c.kernel_estimate / 4) + kExactStart)
+            t - seen_hi_ > c.kernel_estimate + std::min(4 * c.kernel_spread, c.kernel_estimate / 4) + kExactStart)
             relearn(c);
         c.started_unseen = false;
         const bool bounded = windowed && c.fence_get_known && completed - c.fence_done == 1;
-        if (bounded) learn_bounds(c, d - start_slack_, d + start_slack_);
+        if (bounded) learn_bounds(c, t - seen_hi_, t - seen_lo_);
         Duration mine = one_kernel_guess(c, d);
         const Duration slack = c.kernel_slack + start_slack_;
         if (c.preempted && slack > 0 && c.kernel_estimate > 0 && fetched_ && c.uncharged(completed, 1)) {
@@ -747,6 +748,9 @@ void Accounting::now_running(std::optional<ChannelId> running, Time lo, Time hi)
         }
     current_ = running;
     stint_charged_ = 0;
+    seen_lo_ = lo;
+    // A new context on a preemptive engine runs its kernel after the switch.
+    seen_hi_ = hi + (engine_.preemptive && running != loaded_ ? engine_.ctxsw : 0);
     since_ = at;
     stint_start_ = at;
     start_slack_ = std::max(at - lo, hi - at);
@@ -998,6 +1002,7 @@ bool Accounting::checked(const Channel& c) {
 }
 
 void Accounting::arm_check(Channel& c, Time done) {
+    c.checks = 1;
     // From the end of the settle reads to where its next completion would
     // come at its last pace (at least two kernels on).
     const Time lo = clock_.now() + kSettleSpan + kProbeNarrow;
@@ -1068,8 +1073,12 @@ void Accounting::arm_probe() {
 void Accounting::probe_read() {
     Entry entry(*this);
     const Time t = clock_.now();
+    std::vector<ChannelId> checked_now;
     for (auto& [id, c] : channels_)
-        if (c.check_at >= 0 && c.check_at <= t) c.check_at = -1;
+        if (c.check_at >= 0 && c.check_at <= t) {
+            c.check_at = -1;
+            checked_now.push_back(id);
+        }
     if (current_) return;  // believed busy: the engine gets its looks anyway
     for (auto& [id, c] : channels_)
         if (probed(c)) ++c.probes;
@@ -1085,7 +1094,19 @@ void Accounting::probe_read() {
             now_running(running, last_seen_, t);
     }
     last_seen_ = t;
-    if (!running) arm_probe();
+    if (running) return;
+    // A check that saw the engine idle looks again, at most kChecks times
+    // per idle spell, each within the channel's last pace from here: a
+    // tenant that starts its long kernels later than its short ones must
+    // not find a moment safe from the check.
+    for (ChannelId id : checked_now)
+        if (auto it = channels_.find(id); it != channels_.end() && checked(it->second) && it->second.checks < kChecks) {
+            Channel& c = it->second;
+            ++c.checks;
+            const Duration pace = std::max(c.fence_ts - c.prev_fence_ts, 2 * c.kernel_estimate);
+            c.check_at = t + 1 + std::uniform_int_distribution<Duration>(0, pace)(check_rng_);
+        }
+    arm_probe();
 }
 
 void Accounting::kick_read() {

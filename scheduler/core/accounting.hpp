@@ -163,6 +163,7 @@ private:
         Time prev_fence_ts = -1;
         bool started_unseen = false;  // its last kernel started on an idle engine no look saw
         Time check_at = -1;           // a check look is due then (-1: none)
+        int checks = 0;               // check looks in this idle spell
         // While preempted: what that kernel's stints were charged, and how
         // far off their starts may have been (the sum of their slacks).
         Duration kernel_charged = 0;
@@ -335,6 +336,7 @@ private:
     std::size_t batching_ = 0;
     Time stint_start_ = 0;              // current_ came on the engine then (since_ less what a watch read charged)
     Duration start_slack_ = 0;          // since_ is its start +- this
+    Time seen_lo_ = 0, seen_hi_ = 0;    // current_'s kernel started in [seen_lo_, seen_hi_] (as looks proved)
     Duration stint_charged_ = 0;        // charged to current_ since it was last seen to start
     Time last_seen_ = 0;                // last observation of the engine
     Time idle_seen_ = 0;                // idle: the first look that saw it so
