@@ -384,10 +384,12 @@ private:
     // spreads, at most a quarter) forgets the length: the probe looks (a
     // fresh budget) and the bounds learn it again.  A look that sees the
     // engine idle bounds the next kernel from above, which catches kernels
-    // that shrank.  The tenant cannot see when the host reads the engine,
-    // nor predict the draw.  At most one such look per idle spell and
-    // channel.  A kernel up to a quarter longer than learned is not proof:
-    // a tenant may hide that much (results.md section 6).
+    // that shrank, and looks again within the channel's pace from there
+    // (kChecks looks per idle spell and channel at most).  The tenant
+    // cannot see when the host reads the engine, nor predict the draw.  A
+    // kernel up to a quarter longer than learned is not proof: a tenant may
+    // hide that much, and more by alternating kernels the accounting sees
+    // whole with long ones it does not (results.md section 6).
     static bool checked(const Channel& c);
     void arm_check(Channel& c, Time done);
     // One kernel of `c` ran at least lo and at most hi (len_lo, len_hi).

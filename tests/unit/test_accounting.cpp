@@ -911,9 +911,9 @@ TEST_CASE("accounting: a tenant seen only at its interrupts whose kernels or thi
     // once its length is learned, and each unseen start is charged that
     // length.  Found by a review of 826767f (results.md section 6).
     // (grow) 0.15 ms kernels that become 0.6 ms after 60: the old length was
-    //   kept for good, -73% under every policy.  The check looks (one at a
-    //   random moment of each idle spell) see a kernel running longer than
-    //   learned, the length is forgotten and learned again.
+    //   kept for good, -73% under every policy.  The check looks (at random
+    //   moments of each idle spell, up to three) see a kernel running longer
+    //   than learned, the length is forgotten and learned again.
     // (double) the same, 0.3 ms: -47.7% before.
     // (shrink) 0.6 ms kernels that become 0.15 ms: +242% before; a check
     //   look that sees the engine idle bounds the next kernel from above.
