@@ -997,8 +997,9 @@ void Accounting::learn_think(Channel& c, Time done, Time lo, Time hi) {
 }
 
 bool Accounting::checked(const Channel& c) {
-    return c.kernel_estimate > 0 && c.every_kernel && !c.batches && c.started_unseen && c.prev_fence_ts >= 0 &&
-           c.fence_ts > c.prev_fence_ts;
+    // Its length unknown too: a look that sees it running narrows the
+    // window its kernel is charged by, and the bounds it proves.
+    return c.every_kernel && !c.batches && c.started_unseen && c.prev_fence_ts >= 0 && c.fence_ts > c.prev_fence_ts;
 }
 
 void Accounting::arm_check(Channel& c, Time done) {

@@ -1032,6 +1032,7 @@ TEST_CASE("accounting: lone tenants whose kernel lengths and think times vary", 
     // time since the last look.  Bound: 1%.
     int beyond = 0;
     double sum = 0;
+    std::uint64_t reads = 0, kernels = 0;
     for (unsigned seed = 0; seed < 60; ++seed) {
         std::mt19937 g(seed);
         auto between = [&](double a, double b) { return std::uniform_real_distribution<double>(a, b)(g); };
@@ -1054,9 +1055,12 @@ TEST_CASE("accounting: lone tenants whose kernel lengths and think times vary", 
         const double err = (static_cast<double>(rig.sched.accounting().gpu_time(y)) - ran) / ran;
         sum += std::abs(err);
         if (std::abs(err) >= 0.01) ++beyond;
+        reads += rig.sched.accounting().reads();
+        kernels += rig.sched.accounting().kernels(y);
         std::printf("seed %u: %s, kernels %.2f ms +-%.0f%%, think %.2f ms +-%.0f%%: %+.2f%%\n", seed, policy, len,
                     50 * len_spread, think, 50 * think_spread, 100 * err);
     }
-    std::printf("%d of 60 configurations beyond 1%% (mean error %.1f%%)\n", beyond, 100 * sum / 60);
+    std::printf("%d of 60 configurations beyond 1%% (mean error %.1f%%; %.2f engine reads per kernel)\n", beyond,
+                100 * sum / 60, static_cast<double>(reads) / static_cast<double>(kernels));
     CHECK(beyond == 0);
 }
