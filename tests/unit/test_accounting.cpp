@@ -964,23 +964,24 @@ TEST_CASE("accounting: tenants whose think time jitters, seen only at their inte
     // every kernel and start on an idle GPU where no look sees a start
     // exactly, so the probe looks cannot close a think window on them.
     // (a) 1 ms kernels, think time drawn from 0.3..2.5 ms: the bounds its
-    // windows prove narrow too slowly to learn its length (-3.3% under
+    // windows prove narrow too slowly to learn its length (-2.9% under
     // none, dfq and `timeslice`, -7.3% before them; hfq exact).  (b) the
     // sparse pair of the test above, with the 0.15 ms task's think drawn
     // from 1.5..1.9 ms: a start dated at the previous kernel's end after the
-    // engine idled teaches a length too long (+23% under none, +34% dfq,
-    // +9.9% `timeslice`, +1.2% hfq; +67/+73/+21% before the bounds).  (c) a
+    // engine idled teaches a length too long (+22% under none, +28% dfq,
+    // +8.6% `timeslice`, +1.4% hfq; +67/+73/+21% before the bounds).  (c) a
     // tenant whose kernels become a fifth longer than the length learned:
     // a check look's proof must exceed it by a quarter, so it stays hidden
-    // (-14.4% under none, dfq and `timeslice`, -15.5% hfq).  Found by a
+    // (-14.5% under none, dfq and `timeslice`, -15.5% hfq).  Found by a
     // review of da3ce1c, tenants that alternate short and long kernels, the
     // short ones seen whole or caught by the probes, so the learned length
     // is theirs, the long ones started unseen and charged it: (d) 2 ms
     // kernels after 1.2 ms thinks, each followed at once by a 0.1 ms one
     // (-57% under every policy); (e) 0.1 ms kernels after 1.1 ms thinks and
-    // 1 ms ones after 1.3 ms (-33%; -78% before a check that sees the
-    // engine idle looks again); (f) 0.1 and 2 ms kernels in turn, 1.2 ms
-    // thinks (-40%).  The bound is the sweep's for an interrupt per kernel:
+    // 1 ms ones after 1.3 ms (-16%; -78% before a check that sees the
+    // engine idle looks again, -33% before checks served channels of
+    // unknown length); (f) 0.1 and 2 ms kernels in turn, 1.2 ms thinks
+    // (-19%, -40% before the latter).  The bound is the sweep's for an interrupt per kernel:
     // 1%.
     auto drawn = [](double lo, double hi, unsigned seed) {
         auto rng = std::make_shared<std::mt19937>(seed);
