@@ -172,6 +172,8 @@ void Accounting::fence(ChannelId ch) {
     Channel& c = it->second;
     ++totals_[c.leaf].kernels;
     const std::uint32_t get = fetched_ ? fetched_(ch) : 0;
+    // Kernels completed by now (GET counts the one on the engine too).
+    const std::uint32_t completed = completed_kernels(get, ch, running);
     const bool late = t + kLateInterrupt < now;
     std::optional<Time> replayed;
     // A replay scans every channel: only when something may have run unseen
@@ -181,12 +183,10 @@ void Accounting::fence(ChannelId ch) {
         now_running(running, *replayed, *replayed);
         last_seen_ = now;
     } else {
-        charge_fence(ch, c, t, clamped, running, get);
+        charge_fence(ch, c, t, clamped, running, completed);
     }
-    // Kernels completed by now (GET counts the one on the engine too).  A
-    // channel whose interrupts, handled in time, come one per kernel has
+    // A channel whose interrupts, handled in time, come one per kernel has
     // its kernels counted exactly by GET after a stall.
-    const std::uint32_t completed = completed_kernels(get, ch, running);
     if (!late && !clamped) {
         if (c.kernel_estimate == 0 && c.probes > 0 && ++c.refill >= kProbeRefill) {
             --c.probes;
@@ -222,11 +222,10 @@ void Accounting::fence(ChannelId ch) {
 }
 
 void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, std::optional<ChannelId> running,
-                              std::uint32_t get) {
+                              std::uint32_t completed) {
     const Time now = clock_.now();
     if (current_ == ch) {
         const Duration d = t - since_;
-        const std::uint32_t completed = fetched_ ? completed_kernels(get, ch, running) : 0;
         // One kernel, begun fresh in a window: a look saw it on the engine
         // at seen_hi_ at the latest (a watch read since changes nothing), so
         // it ran at least from there to now, and at most from seen_lo_.  Longer
@@ -252,8 +251,8 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
         }
         charge(ch, mine);
         c.kernel_charged = c.kernel_slack = 0;
-        if (!clamped) learn_stint(c, t, completed);
-    } else if (fetched_ && c.uncharged(completed_kernels(get, ch, running), 0)) {
+        if (!clamped) learn_stint(c, t, fetched_ ? completed : 0);
+    } else if (fetched_ && c.uncharged(completed, 0)) {
         // Every kernel GET counts was charged already: a look at the engine
         // (a slice end's read) closed its stint at this completion before
         // the interrupt came.  The engine is as that look left it; charging
@@ -285,25 +284,25 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
         // GET counts its kernels since last charged: with another channel
         // between its interrupts, the two took turns on the engine.
         const Duration gap = std::max<Duration>(0, t - from);
-        const std::int32_t n = c.kernels_since_charged(completed_kernels(get, ch, running));
+        const std::int32_t n = c.kernels_since_charged(completed);
+        // One kernel since its previous interrupt, whose GET that read saw.
+        const bool one_since_fence = fetched_ && c.fence_get_known && completed - c.fence_done == 1;
         // On an idle engine it started in [from, t], one kernel after its
         // previous interrupt: that bounds its think time, and the probe
         // looks narrow it until one sees the start (arm_probe).  A channel
         // that restarts after the settle reads stop is never seen otherwise.
-        if (!current_ && !clamped && !c.preempted && c.fence_ts >= 0 && fetched_ && c.fence_get_known &&
-            completed_kernels(get, ch, running) - c.fence_done == 1)
+        if (!current_ && !clamped && !c.preempted && c.fence_ts >= 0 && one_since_fence)
             learn_think(c, c.fence_ts, from, t);
         // It started after the last look: one kernel of it that ran no
         // longer than that, short of its learned length by four spreads (at
         // most a quarter), proves that length stale (its kernels shrank).
         // Its length unknown: an upper bound for learn_bounds.
         if (!current_ && c.kernel_estimate > 0 && n == 1 && fetched_ &&
-            c.uncharged(completed_kernels(get, ch, running), 1) &&
+            c.uncharged(completed, 1) &&
             gap + std::min(4 * c.kernel_spread, c.kernel_estimate / 4) + kExactStart < c.kernel_estimate)
             relearn(c);
         c.started_unseen = !current_;
-        const bool bounded = !current_ && n == 1 && !clamped && !c.preempted && fetched_ && c.fence_get_known &&
-                             completed_kernels(get, ch, running) - c.fence_done == 1;
+        const bool bounded = !current_ && n == 1 && !clamped && !c.preempted && one_since_fence;
         if (bounded) learn_bounds(c, 0, gap);
         Duration mine = c.kernel_estimate > 0 ? std::min(gap, n * c.kernel_estimate) : gap / 2;
         if (current_ && ended && *ended <= t - mine) {

@@ -301,9 +301,10 @@ private:
     // The kernels GET counts since `c`'s last interrupt, of its usual
     // length, with a quarter's margin; 0 when not known.
     Duration fetched_cap(const Channel& c, std::uint32_t get) const;
-    // A completion handled in time: `ch`'s kernel ended at t.
+    // A completion handled in time: `ch`'s kernel ended at t, and GET
+    // counts `completed` kernels done (meaningful only with fetched_).
     void charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, std::optional<ChannelId> running,
-                      std::uint32_t get);
+                      std::uint32_t completed);
     void slice_read();
     // Off a preemptive engine, `ch` (believed on it) ran out of work at its
     // completion timestamp `done`: GET says the one kernel it fetched since

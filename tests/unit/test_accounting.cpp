@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 
@@ -16,6 +17,12 @@ using pvgpu::test::Rig;
 using pvgpu::test::StallingTimers;
 
 namespace {
+
+// A think time (Submitter::gap_after) drawn uniformly from [lo, hi] ms.
+std::function<Duration(std::uint64_t)> drawn(double lo, double hi, unsigned seed) {
+    auto rng = std::make_shared<std::mt19937>(seed);
+    return [=](std::uint64_t) { return ms(std::uniform_real_distribution<double>(lo, hi)(*rng)); };
+}
 
 double rel_error(Duration measured, Duration truth) {
     return std::abs(double(measured - truth)) / double(truth);
@@ -923,10 +930,6 @@ TEST_CASE("accounting: a tenant seen only at its interrupts whose kernels or thi
     //   to the next read, -30% under none, dfq and `timeslice`.  Its length
     //   is now learned from the bounds its windows prove (learn_bounds).
     // Bound: the sweep's for an interrupt per kernel, 1%.
-    auto drawn = [](double lo, double hi, unsigned seed) {
-        auto rng = std::make_shared<std::mt19937>(seed);
-        return [=](std::uint64_t) { return ms(std::uniform_real_distribution<double>(lo, hi)(*rng)); };
-    };
     for (const char* policy : {"none", "hfq", "dfq", "timeslice"}) {
         for (const char* change : {"grow", "double", "shrink", "think"}) {
             INFO(policy << ", " << change);
@@ -983,10 +986,6 @@ TEST_CASE("accounting: tenants whose think time jitters, seen only at their inte
     // unknown length); (f) 0.1 and 2 ms kernels in turn, 1.2 ms thinks
     // (-19%, -40% before the latter).  The bound is the sweep's for an interrupt per kernel:
     // 1%.
-    auto drawn = [](double lo, double hi, unsigned seed) {
-        auto rng = std::make_shared<std::mt19937>(seed);
-        return [=](std::uint64_t) { return ms(std::uniform_real_distribution<double>(lo, hi)(*rng)); };
-    };
     for (const char* policy : {"none", "hfq", "dfq", "timeslice"}) {
         for (int c = 0; c < 6; ++c) {
             INFO(policy << " case " << "abcdef"[c]);
