@@ -48,6 +48,22 @@ constexpr Duration kSettleSpan = [] {
     for (Duration g : kSettleGaps) sum += g;
     return sum;
 }();
+// Audit looks (Accounting::audited): strata a kAuditPerPace'th of a
+// channel's pace wide (between completions), at least kAuditMinWidth and at
+// most kAuditMaxWidth; the first kAuditEven of them even (two paces), then
+// each twice the one before, kAuditStrata in all: an idle channel costs a
+// bounded number of looks, and a kernel that starts later than all of them
+// (some 33 paces) is not corrected.  A look per quarter pace: results.md section
+// 6 ("Audit looks") has the sweep of this against the error.
+constexpr Duration kAuditPerPace = 4;
+constexpr Duration kAuditMinWidth = 50 * kMicrosecond;
+constexpr Duration kAuditMaxWidth = 20 * kMillisecond;
+constexpr int kAuditEven = 8;
+constexpr int kAuditStrata = 14;
+// The mean of the audited charges is a channel's guess once this many
+// kernels were audited, and averages over this many at most.
+constexpr int kAuditTrusted = 16;
+constexpr int kAuditMean = 256;
 // A completion interrupt handled this long after the GPU's timestamp: the
 // host stalled, other channels may have run since (replayed, while every
 // channel interrupts on every kernel; with one that batches, always), and
@@ -74,7 +90,7 @@ std::uint32_t completed_kernels(std::uint32_t get, ChannelId ch, std::optional<C
 
 Accounting::Accounting(const Clock& clock, Timers& timers, StatusRead read, EngineArbitration engine)
     : clock_(clock), read_(std::move(read)), engine_(engine), read_timer_(timers), kick_timer_(timers),
-      probe_timer_(timers) {
+      probe_timer_(timers), audit_timer_(timers) {
     since_ = last_seen_ = idle_seen_ = clock_.now();
 }
 
@@ -219,6 +235,10 @@ void Accounting::fence(ChannelId ch) {
     if (!current_ && !late && checked(c)) arm_check(c, t);
     c.fence_done = completed;
     if (fetched_) c.charged_to(completed);
+    // The looks so far were for this completion; the engine seen idle now
+    // starts a new spell.
+    close_audit();
+    if (!current_) open_audit(now);
 }
 
 void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, std::optional<ChannelId> running,
@@ -242,6 +262,8 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
         const bool bounded = windowed && c.fence_get_known && completed - c.fence_done == 1;
         if (bounded) learn_bounds(c, t - seen_hi_, t - seen_lo_);
         Duration mine = one_kernel_guess(c, d);
+        if (c.kernel_estimate == 0 && c.audit_kernels >= kAuditTrusted && start_slack_ > 0 && c.fresh)
+            mine = whole_kernel(c.audit_mean, 0, d, start_slack_);
         const Duration slack = c.kernel_slack + start_slack_;
         if (c.preempted && slack > 0 && c.kernel_estimate > 0 && fetched_ && c.uncharged(completed, 1)) {
             // The end of one kernel preempted before, whose stints began at
@@ -249,6 +271,8 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
             // for a kernel run whole.
             mine = whole_kernel(c.kernel_estimate, c.kernel_charged, d, slack);
         }
+        if (c.fresh && !c.preempted && fetched_ && c.uncharged(completed, 1) && !clamped && t <= now)
+            mine = audited(ch, c, t, stint_charged_, mine);
         charge(ch, mine);
         c.kernel_charged = c.kernel_slack = 0;
         if (!clamped) learn_stint(c, t, fetched_ ? completed : 0);
@@ -302,9 +326,14 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
             gap + std::min(4 * c.kernel_spread, c.kernel_estimate / 4) + kExactStart < c.kernel_estimate)
             relearn(c);
         c.started_unseen = !current_;
+        c.ever_unseen = c.ever_unseen || c.started_unseen;
         const bool bounded = !current_ && n == 1 && !clamped && !c.preempted && one_since_fence;
         if (bounded) learn_bounds(c, 0, gap);
         Duration mine = c.kernel_estimate > 0 ? std::min(gap, n * c.kernel_estimate) : gap / 2;
+        // Its length unknown: its audited mean, where known, is a better
+        // guess than half the room.
+        if (n == 1 && c.kernel_estimate == 0 && c.audit_kernels >= kAuditTrusted) mine = std::min(gap, c.audit_mean);
+        if (!current_ && n == 1 && !clamped && !c.preempted && t <= now) mine = audited(ch, c, t, 0, mine);
         if (current_ && ended && *ended <= t - mine) {
             // It ran out at its completion: a stint closed there, with its
             // usual length when it held one kernel begun in a window.
@@ -1107,6 +1136,84 @@ void Accounting::probe_read() {
             c.check_at = t + 1 + std::uniform_int_distribution<Duration>(0, pace)(check_rng_);
         }
     arm_probe();
+}
+
+bool Accounting::audited(const Channel& c) {
+    // Not only after an unseen start: a tenant would show its short kernels
+    // to the settle reads right after its long ones.
+    return c.every_kernel && !c.batches && c.ever_unseen && c.prev_fence_ts >= 0 && c.fence_ts > c.prev_fence_ts;
+}
+
+void Accounting::open_audit(Time from) {
+    close_audit();
+    // Not on a preemptive engine: its status names a context being switched
+    // in before it runs, and that dead time is no one's.
+    if (current_ || engine_.preemptive) return;
+    Duration width = 0;
+    for (const auto& [id, c] : channels_)
+        if (audited(c)) {
+            const Duration pace = c.fence_ts - c.prev_fence_ts;
+            width = width == 0 ? pace : std::min(width, pace);
+        }
+    if (width == 0) return;
+    audit_from_ = audit_end_ = from;
+    audit_width_ = std::clamp(width / kAuditPerPace, kAuditMinWidth, kAuditMaxWidth);
+    plan_audit_look();
+}
+
+void Accounting::close_audit() {
+    audit_timer_.cancel();
+    audit_from_ = -1;
+    audit_strata_ = 0;
+    audit_looks_.clear();
+}
+
+void Accounting::plan_audit_look() {
+    if (audit_strata_ >= kAuditStrata) return;
+    const Duration w = audit_strata_ < kAuditEven ? audit_width_ : audit_width_ << (audit_strata_ - kAuditEven + 1);
+    const Time lo = audit_end_;
+    audit_end_ += w;
+    ++audit_strata_;
+    const Time at = lo + std::uniform_int_distribution<Duration>(0, w - 1)(audit_rng_);
+    audit_timer_.arm(at, [this, w] { audit_read(w); });
+}
+
+void Accounting::audit_read(Duration weight) {
+    Entry entry(*this);
+    const Time t = clock_.now();
+    const std::optional<ChannelId> running = read();
+    audit_looks_.push_back({t, weight, running});
+    // It runs on until its completion (the engine does not preempt): the
+    // rest is known once that comes.
+    if (!running) plan_audit_look();
+}
+
+Duration Accounting::audited(ChannelId ch, Channel& c, Time t, Duration before, Duration mine) {
+    const std::optional<Duration> fix = audit_correction(ch, t, before + mine);
+    if (!fix) return mine;
+    c.audit_kernels = std::min(c.audit_kernels + 1, kAuditMean);
+    c.audit_mean += (before + mine + *fix - c.audit_mean) / c.audit_kernels;
+    // Its debt first: corrections that took back more than was charged
+    // since are paid by later kernels.
+    const Duration owed = mine + *fix + c.audit_debt;
+    c.audit_debt = std::min<Duration>(0, owed);
+    return std::max<Duration>(0, owed);
+}
+
+std::optional<Duration> Accounting::audit_correction(ChannelId ch, Time t, Duration mine) const {
+    if (audit_from_ < 0 || t <= audit_from_) return std::nullopt;
+    // A look that saw a channel ended the sampling: that channel ran from
+    // there to its completion.  Otherwise the strata must reach t.
+    const AuditLook* seen = !audit_looks_.empty() && audit_looks_.back().saw ? &audit_looks_.back() : nullptr;
+    if (seen ? seen->saw != ch || seen->at >= t : t > audit_end_) return std::nullopt;
+    const Time charged_from = t - mine;
+    Duration fix = -std::max<Duration>(0, audit_from_ - charged_from);  // seen idle there
+    for (const AuditLook& l : audit_looks_)
+        if (l.at < t) fix += l.weight * ((l.saw == ch ? 1 : 0) - (l.at >= charged_from ? 1 : 0));
+    // After the sighting's stratum (audit_end_) it ran until t, charged
+    // from charged_from.
+    if (seen && t > audit_end_) fix += std::min(t, charged_from) - std::min(audit_end_, charged_from);
+    return fix;
 }
 
 void Accounting::kick_read() {

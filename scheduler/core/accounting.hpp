@@ -162,7 +162,16 @@ private:
         // the time between its completions bounds where the next runs.
         Time prev_fence_ts = -1;
         bool started_unseen = false;  // its last kernel started on an idle engine no look saw
+        bool ever_unseen = false;     // ... or any kernel of it did (audit looks)
         Time check_at = -1;           // a check look is due then (-1: none)
+        // What audit corrections took back beyond what was charged since
+        // (<= 0): later charges pay it first.
+        Duration audit_debt = 0;
+        // Mean of its kernels' audited charges (each right on average):
+        // the guess an audit then corrects least, over up to kAuditMean
+        // kernels.
+        Duration audit_mean = 0;
+        int audit_kernels = 0;
         int checks = 0;               // check looks in this idle spell
         // While preempted: what that kernel's stints were charged, and how
         // far off their starts may have been (the sum of their slacks).
@@ -398,6 +407,45 @@ private:
     // `c`'s learned length is proven wrong: learn it again.
     static void relearn(Channel& c);
     std::minstd_rand check_rng_{0x5eed};
+    // Audit looks.  Every deterministic guess above (a learned length, half
+    // a window) is one a tenant can steer: it chooses which kernels the
+    // looks see whole, and how its lengths and think times vary.  An unseen
+    // start is therefore also corrected by looks at random moments whose
+    // odds the host fixed in advance (Horvitz-Thompson sampling): once the
+    // settle reads saw the engine idle at A (audit_from_), the time after A
+    // is cut into strata, one look at a uniform moment in each (widths: a
+    // channel's pace, the first kAuditEven strata, then doubling, at most
+    // kAuditStrata).  A look at u in a stratum of width w stands for the
+    // whole stratum: when the kernel that completed at t is charged `mine`,
+    // taken as [t - mine, t], each look before t adds w times (ran at u) -
+    // (charged at u), which is right on average whatever the tenant does,
+    // and zero where the guess was right.  The looks' results feed nothing
+    // else (a guess that used them would be biased by them).  On a
+    // non-preemptive engine a look that sees a channel ends the sampling:
+    // that channel runs from there to its completion, known exactly.
+    struct AuditLook {
+        Time at;
+        Duration weight;                // its stratum's width
+        std::optional<ChannelId> saw;
+    };
+    static bool audited(const Channel& c);
+    void open_audit(Time from);
+    void close_audit();
+    void plan_audit_look();
+    void audit_read(Duration weight);  // a look for a stratum this wide
+    // The correction for `ch`'s kernel that completed at t, charged `mine`;
+    // nullopt where the looks do not cover it.
+    std::optional<Duration> audit_correction(ChannelId ch, Time t, Duration mine) const;
+    // `mine` to charge `c` for that kernel, `before` charged of it already,
+    // corrected (its debt paid first).
+    Duration audited(ChannelId ch, Channel& c, Time t, Duration before, Duration mine);
+    Timer audit_timer_;
+    std::minstd_rand audit_rng_{0xa0d17};
+    Time audit_from_ = -1;            // the spell's start (-1: none open)
+    Time audit_end_ = 0;              // end of the last stratum planned
+    Duration audit_width_ = 0;
+    int audit_strata_ = 0;
+    std::vector<AuditLook> audit_looks_;
     // current_ completed a kernel at this timestamp, after it was believed
     // on the engine (on either engine; stint_end() only where a completion
     // ends the stint), and no other channel completed one since.
