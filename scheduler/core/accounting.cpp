@@ -51,15 +51,18 @@ constexpr Duration kSettleSpan = [] {
 // Audit looks (Accounting::audited): strata a kAuditPerPace'th of a
 // channel's pace wide (between completions), at least kAuditMinWidth and at
 // most kAuditMaxWidth; the first kAuditEven of them even (two paces), then
-// each twice the one before, kAuditStrata in all: an idle channel costs a
-// bounded number of looks, and a kernel that starts later than all of them
-// (some 33 paces) is not corrected.  A look per quarter pace: results.md section
-// 6 ("Audit looks") has the sweep of this against the error.
+// each twice the one before, kAuditStrata in all (some 2^15 paces): an idle
+// channel costs a bounded number of looks, and any kernel that is not
+// idle for ten thousand of its paces is covered (a tenant that makes the width narrow buys only
+// wider strata, noise, not a kernel left uncorrected).  A look per quarter
+// pace: results.md section 6 ("Audit looks") has the sweep of this against
+// the error.
 constexpr Duration kAuditPerPace = 4;
 constexpr Duration kAuditMinWidth = 50 * kMicrosecond;
 constexpr Duration kAuditMaxWidth = 20 * kMillisecond;
 constexpr int kAuditEven = 8;
-constexpr int kAuditStrata = 14;
+// Strata per spell: 2 paces even, then 16 doublings, some 2^15 paces.
+constexpr int kAuditStrata = 24;
 // The mean of the audited charges is a channel's guess once this many
 // kernels were audited, and averages over this many at most.
 constexpr int kAuditTrusted = 16;
@@ -262,7 +265,8 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
         const bool bounded = windowed && c.fence_get_known && completed - c.fence_done == 1;
         if (bounded) learn_bounds(c, t - seen_hi_, t - seen_lo_);
         Duration mine = one_kernel_guess(c, d);
-        if (c.kernel_estimate == 0 && c.audit_kernels >= kAuditTrusted && start_slack_ > 0 && c.fresh)
+        if (c.kernel_estimate == 0 && c.audit_kernels >= kAuditTrusted && start_slack_ > 0 && c.fresh &&
+            audit_covers(t))
             mine = whole_kernel(c.audit_mean, 0, d, start_slack_);
         const Duration slack = c.kernel_slack + start_slack_;
         if (c.preempted && slack > 0 && c.kernel_estimate > 0 && fetched_ && c.uncharged(completed, 1)) {
@@ -271,7 +275,7 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
             // for a kernel run whole.
             mine = whole_kernel(c.kernel_estimate, c.kernel_charged, d, slack);
         }
-        if (c.fresh && !c.preempted && fetched_ && c.uncharged(completed, 1) && !clamped && t <= now)
+        if (c.fresh && !c.preempted && start_slack_ > 0 && fetched_ && c.uncharged(completed, 1) && !clamped)
             mine = audited(ch, c, t, stint_charged_, mine);
         charge(ch, mine);
         c.kernel_charged = c.kernel_slack = 0;
@@ -332,8 +336,9 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
         Duration mine = c.kernel_estimate > 0 ? std::min(gap, n * c.kernel_estimate) : gap / 2;
         // Its length unknown: its audited mean, where known, is a better
         // guess than half the room.
-        if (n == 1 && c.kernel_estimate == 0 && c.audit_kernels >= kAuditTrusted) mine = std::min(gap, c.audit_mean);
-        if (!current_ && n == 1 && !clamped && !c.preempted && t <= now) mine = audited(ch, c, t, 0, mine);
+        if (n == 1 && c.kernel_estimate == 0 && c.audit_kernels >= kAuditTrusted && audit_covers(t))
+            mine = std::min(gap, c.audit_mean);
+        if (!current_ && n == 1 && !clamped && !c.preempted) mine = audited(ch, c, t, 0, mine);
         if (current_ && ended && *ended <= t - mine) {
             // It ran out at its completion: a stint closed there, with its
             // usual length when it held one kernel begun in a window.
@@ -1169,8 +1174,10 @@ void Accounting::close_audit() {
 }
 
 void Accounting::plan_audit_look() {
-    if (audit_strata_ >= kAuditStrata) return;
-    const Duration w = audit_strata_ < kAuditEven ? audit_width_ : audit_width_ << (audit_strata_ - kAuditEven + 1);
+    if (audit_strata_ >= kAuditStrata) return;  // a spell must end: an idle GPU goes quiet
+    // (The doubling stops at 2^30 widths, years of idle time.)
+    const int doublings = std::clamp(audit_strata_ - kAuditEven + 1, 0, 30);
+    const Duration w = audit_width_ << doublings;
     const Time lo = audit_end_;
     audit_end_ += w;
     ++audit_strata_;
@@ -1183,16 +1190,14 @@ void Accounting::audit_read(Duration weight) {
     const Time t = clock_.now();
     const std::optional<ChannelId> running = read();
     audit_looks_.push_back({t, weight, running});
-    // It runs on until its completion (the engine does not preempt): the
-    // rest is known once that comes.
-    if (!running) plan_audit_look();
+    plan_audit_look();
 }
 
 Duration Accounting::audited(ChannelId ch, Channel& c, Time t, Duration before, Duration mine) {
     const std::optional<Duration> fix = audit_correction(ch, t, before + mine);
     if (!fix) return mine;
     c.audit_kernels = std::min(c.audit_kernels + 1, kAuditMean);
-    c.audit_mean += (before + mine + *fix - c.audit_mean) / c.audit_kernels;
+    c.audit_mean = std::max<Duration>(0, c.audit_mean + (before + mine + *fix - c.audit_mean) / c.audit_kernels);
     // Its debt first: corrections that took back more than was charged
     // since are paid by later kernels.
     const Duration owed = mine + *fix + c.audit_debt;
@@ -1200,19 +1205,14 @@ Duration Accounting::audited(ChannelId ch, Channel& c, Time t, Duration before, 
     return std::max<Duration>(0, owed);
 }
 
+bool Accounting::audit_covers(Time t) const { return audit_from_ >= 0 && t > audit_from_ && t <= audit_end_; }
+
 std::optional<Duration> Accounting::audit_correction(ChannelId ch, Time t, Duration mine) const {
-    if (audit_from_ < 0 || t <= audit_from_) return std::nullopt;
-    // A look that saw a channel ended the sampling: that channel ran from
-    // there to its completion.  Otherwise the strata must reach t.
-    const AuditLook* seen = !audit_looks_.empty() && audit_looks_.back().saw ? &audit_looks_.back() : nullptr;
-    if (seen ? seen->saw != ch || seen->at >= t : t > audit_end_) return std::nullopt;
+    if (!audit_covers(t)) return std::nullopt;
     const Time charged_from = t - mine;
     Duration fix = -std::max<Duration>(0, audit_from_ - charged_from);  // seen idle there
     for (const AuditLook& l : audit_looks_)
         if (l.at < t) fix += l.weight * ((l.saw == ch ? 1 : 0) - (l.at >= charged_from ? 1 : 0));
-    // After the sighting's stratum (audit_end_) it ran until t, charged
-    // from charged_from.
-    if (seen && t > audit_end_) fix += std::min(t, charged_from) - std::min(audit_end_, charged_from);
     return fix;
 }
 

@@ -414,15 +414,17 @@ private:
     // odds the host fixed in advance (Horvitz-Thompson sampling): once the
     // settle reads saw the engine idle at A (audit_from_), the time after A
     // is cut into strata, one look at a uniform moment in each (widths: a
-    // channel's pace, the first kAuditEven strata, then doubling, at most
-    // kAuditStrata).  A look at u in a stratum of width w stands for the
+    // channel's pace, the first kAuditEven strata, then doubling until the
+    // next completion).  A look at u in a stratum of width w stands for the
     // whole stratum: when the kernel that completed at t is charged `mine`,
     // taken as [t - mine, t], each look before t adds w times (ran at u) -
     // (charged at u), which is right on average whatever the tenant does,
     // and zero where the guess was right.  The looks' results feed nothing
-    // else (a guess that used them would be biased by them).  On a
-    // non-preemptive engine a look that sees a channel ends the sampling:
-    // that channel runs from there to its completion, known exactly.
+    // else (a guess that used them would be biased by them).  Sampling goes
+    // on after a look sees a channel: stopping there (that channel runs to
+    // its completion) was cheaper, but a sighting of another channel, or of
+    // an earlier kernel of the same one, then left a kernel uncorrected or
+    // double-charged (a review of the first version).
     struct AuditLook {
         Time at;
         Duration weight;                // its stratum's width
@@ -436,6 +438,8 @@ private:
     // The correction for `ch`'s kernel that completed at t, charged `mine`;
     // nullopt where the looks do not cover it.
     std::optional<Duration> audit_correction(ChannelId ch, Time t, Duration mine) const;
+    // The open spell's strata reach a completion at t.
+    bool audit_covers(Time t) const;
     // `mine` to charge `c` for that kernel, `before` charged of it already,
     // corrected (its debt paid first).
     Duration audited(ChannelId ch, Channel& c, Time t, Duration before, Duration mine);
