@@ -154,6 +154,9 @@ private:
         // Its kernels up to this completion timestamp were charged by a look
         // at an idle engine (ran_between_looks): replays leave them out.
         Time look_charged = -1;
+        // Its running time up to here is charged (a completion, a stint
+        // closed): audit looks before it are not this channel's to count.
+        Time charged_through = -1;
         // Probe looks spent while its length was unknown, less one given
         // back every kProbeRefill interrupts in time (refill counts them).
         int probes = 0;
@@ -346,6 +349,13 @@ private:
     std::size_t batching_ = 0;
     Time stint_start_ = 0;              // current_ came on the engine then (since_ less what a watch read charged)
     Duration start_slack_ = 0;          // since_ is its start +- this
+    // The stint's start was known within this when it was seen (a busy
+    // read zeroes start_slack_, having charged the guess so far, which the
+    // audit looks still correct at its fence).
+    Duration audit_slack_ = 0;
+    // The stint now_running began was dated at `ended`, the end of the one
+    // before, on the assumption that the engine did not idle until `seen`.
+    void assumed_start(Time ended, Time seen);
     Time seen_lo_ = 0, seen_hi_ = 0;    // current_'s kernel started in [seen_lo_, seen_hi_] (as looks proved)
     Duration stint_charged_ = 0;        // charged to current_ since it was last seen to start
     Time last_seen_ = 0;                // last observation of the engine
@@ -431,21 +441,27 @@ private:
         std::optional<ChannelId> saw;
     };
     static bool audited(const Channel& c);
-    void open_audit(Time from);
+    // opener: whose completion began the spell (none: a look saw the
+    // engine idle)
+    void open_audit(Time from, std::optional<ChannelId> opener);
     void close_audit();
     void plan_audit_look();
     void audit_read(Duration weight);  // a look for a stratum this wide
     // The correction for `ch`'s kernel that completed at t, charged `mine`;
     // nullopt where the looks do not cover it.
-    std::optional<Duration> audit_correction(ChannelId ch, Time t, Duration mine) const;
+    // all_within: every kernel charged ran after the spell's start.
+    std::optional<Duration> audit_correction(ChannelId ch, const Channel& c, Time t, Duration mine,
+                                             bool all_within) const;
     // The open spell's strata reach a completion at t.
     bool audit_covers(Time t) const;
-    // `mine` to charge `c` for that kernel, `before` charged of it already,
-    // corrected (its debt paid first).
-    Duration audited(ChannelId ch, Channel& c, Time t, Duration before, Duration mine);
+    // `mine` to charge `c` for its kernels completed by t (`one`: a single
+    // one), `before` charged of them already, corrected (its debt paid
+    // first).
+    Duration audited(ChannelId ch, Channel& c, Time t, Duration before, Duration mine, bool one);
     Timer audit_timer_;
     std::minstd_rand audit_rng_{0xa0d17};
     Time audit_from_ = -1;            // the spell's start (-1: none open)
+    std::optional<ChannelId> audit_opener_;  // whose completion began it
     Time audit_end_ = 0;              // end of the last stratum planned
     Duration audit_width_ = 0;
     int audit_strata_ = 0;
