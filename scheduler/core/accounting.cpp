@@ -58,7 +58,7 @@ constexpr Duration kSettleSpan = [] {
 // pace: results.md section 6 ("Audit looks") has the sweep of this against
 // the error.
 constexpr Duration kAuditPerPace = 4;
-constexpr Duration kAuditMinWidth = 50 * kMicrosecond;
+constexpr Duration kAuditMinWidth = 200 * kMicrosecond;
 constexpr Duration kAuditMaxWidth = 20 * kMillisecond;
 constexpr int kAuditEven = 2 * kAuditPerPace;
 // Strata per spell: 2 paces even, then 16 doublings, some 2^15 paces.
@@ -241,6 +241,7 @@ void Accounting::fence(ChannelId ch) {
     c.check_at = -1;
     if (!current_ && !late && checked(c)) arm_check(c, t);
     c.fence_done = completed;
+    c.fenced = true;
     c.charged_through = std::max(c.charged_through, t);
     if (fetched_) c.charged_to(completed);
     // The looks so far were for this completion; the engine seen idle now
@@ -281,7 +282,7 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
             mine = whole_kernel(c.kernel_estimate, c.kernel_charged, d, slack);
         }
         if (c.fresh && !c.preempted && audit_slack_ > 0 && fetched_ && !clamped)
-            mine = audited(ch, c, t, stint_charged_, mine, c.uncharged(completed, 1));
+            mine = audited(ch, c, t, 0, mine, c.uncharged(completed, 1));
         charge(ch, mine);
         c.kernel_charged = c.kernel_slack = 0;
         if (!clamped) learn_stint(c, t, fetched_ ? completed : 0);
@@ -490,7 +491,7 @@ void Accounting::observed(std::optional<ChannelId> running) {
     if (current_ && ran_out)
         lo = hi = charge_ran_out(*current_, lo, t, running);
     else if (current_)
-        charge(*current_, lo + (hi - lo) / 2 - since_);
+        charge_guess(*current_, lo + (hi - lo) / 2);
     // Taken off a preemptive engine without a completion: preempted.
     if (engine_.preemptive && current_ && running && !ran_out) mark_preempted(*current_);
     now_running(running, lo, hi);
@@ -596,8 +597,8 @@ void Accounting::charge_stint(ChannelId ch, Time end, std::optional<ChannelId> r
     Channel& c = it->second;
     const std::uint32_t completed = completed_kernels(fetched_(ch), ch, running);
     const bool one = c.uncharged(completed, 1);
-    charge(ch, one ? one_kernel_guess(c, end - since_) : end - since_);
-    c.charged_through = std::max(c.charged_through, end);
+    const Duration d = one ? one_kernel_guess(c, end - since_) : end - since_;
+    charge(ch, c.preempted ? d : audited(ch, c, end, 0, d, false));
     c.charged_to(completed);
     // Seen from a kernel's start to its last completion: learn the length,
     // as at an interrupt (a look at the engine may come first, and its
@@ -767,6 +768,15 @@ std::optional<Time> Accounting::ended_unheard(Time t) const {
             if (const std::optional<Time> other = completion_time_(id); other && *other > *done && *other <= t)
                 return std::nullopt;
     return done;
+}
+
+void Accounting::charge_guess(ChannelId ch, Time end) {
+    auto it = channels_.find(ch);
+    if (it == channels_.end() || it->second.preempted) {
+        charge(ch, end - since_);
+        return;
+    }
+    charge(ch, audited(ch, it->second, end, 0, end - since_, false));
 }
 
 void Accounting::assumed_start(Time ended, Time seen) {
@@ -1206,7 +1216,7 @@ void Accounting::open_audit(Time from, std::optional<ChannelId> opener) {
         // A channel yet to complete a kernel: its first one starts unseen
         // whenever it comes, and half the time since the last look is all
         // a guess can say.
-        const Duration pace = c.fence_ts < 0 && c.prev_fence_ts < 0 ? kAuditNewPace
+        const Duration pace = !c.fenced ? kAuditNewPace
                               : audited(c)                         ? c.fence_ts - c.prev_fence_ts
                                                                    : 0;
         if (pace > 0) width = width == 0 ? pace : std::min(width, pace);
@@ -1275,10 +1285,10 @@ std::optional<Duration> Accounting::audit_correction(ChannelId ch, const Channel
     const Time from = std::max(audit_from_, c.charged_through);
     if (!audit_covers(t) || t <= from) return std::nullopt;
     const Time charged_from = t - mine;
-    // The engine was seen idle at the spell's start, and this channel's
-    // time before `from` was charged: what this guess charged before it is
-    // wrong when every kernel charged ran after it.
-    Duration fix = all_within ? -std::max<Duration>(0, from - charged_from) : 0;
+    // What this guess charged before charged_through was charged already;
+    // before the spell's start too when every kernel charged ran after it
+    // (the engine was seen idle there).
+    Duration fix = -std::max<Duration>(0, (all_within ? from : c.charged_through) - charged_from);
     for (const AuditLook& l : audit_looks_)
         if (l.at >= from && l.at < t) fix += l.weight * ((l.saw == ch ? 1 : 0) - (l.at >= charged_from ? 1 : 0));
     return fix;
@@ -1314,9 +1324,10 @@ void Accounting::busy_read() {
             return;
         }
         // Still on the engine: charge what it ran so far (its kernel's start,
-        // if known exactly, still teaches the kernel's length at its fence).
-        // What is charged now is no longer a guess to correct at the fence.
-        charge(*current_, t - since_);
+        // if known exactly, still teaches the kernel's length at its fence),
+        // from a start that may be a guess: audited now, as a kernel is at
+        // its interrupt.
+        charge_guess(*current_, t);
         since_ = t;
         start_slack_ = 0;
         last_seen_ = t;

@@ -157,6 +157,7 @@ private:
         // Its running time up to here is charged (a completion, a stint
         // closed): audit looks before it are not this channel's to count.
         Time charged_through = -1;
+        bool fenced = false;  // it completed a kernel (an interrupt came)
         // Probe looks spent while its length was unknown, less one given
         // back every kProbeRefill interrupts in time (refill counts them).
         int probes = 0;
@@ -356,6 +357,9 @@ private:
     // The stint now_running began was dated at `ended`, the end of the one
     // before, on the assumption that the engine did not idle until `seen`.
     void assumed_start(Time ended, Time seen);
+    // Charges the channel believed on the engine from since_ to `end`,
+    // audited (since_ may be a guess).
+    void charge_guess(ChannelId ch, Time end);
     Time seen_lo_ = 0, seen_hi_ = 0;    // current_'s kernel started in [seen_lo_, seen_hi_] (as looks proved)
     Duration stint_charged_ = 0;        // charged to current_ since it was last seen to start
     Time last_seen_ = 0;                // last observation of the engine
