@@ -48,6 +48,27 @@ constexpr Duration kSettleSpan = [] {
     for (Duration g : kSettleGaps) sum += g;
     return sum;
 }();
+// Audit looks (Accounting::audited): strata a kAuditPerPace'th of a
+// channel's pace wide (between completions), at least kAuditMinWidth and at
+// most kAuditMaxWidth; the first kAuditEven of them even (two paces), then
+// each twice the one before, kAuditStrata in all (some 2^15 paces): an idle
+// channel costs a bounded number of looks, and any kernel that is not
+// idle for ten thousand of its paces is covered (a tenant that makes the width narrow buys only
+// wider strata, noise, not a kernel left uncorrected).  A look per quarter
+// pace: results.md section 6 ("Audit looks") has the sweep of this against
+// the error.
+constexpr Duration kAuditPerPace = 4;
+constexpr Duration kAuditMinWidth = 200 * kMicrosecond;
+constexpr Duration kAuditMaxWidth = 20 * kMillisecond;
+constexpr int kAuditEven = 2 * kAuditPerPace;
+// Strata per spell: 2 paces even, then 16 doublings, some 2^15 paces.
+constexpr int kAuditStrata = kAuditEven + 16;
+// The mean of the audited charges is a channel's guess once this many
+// kernels were audited, and averages over this many at most.
+constexpr int kAuditTrusted = 16;
+// The pace assumed for a channel yet to complete a kernel.
+constexpr Duration kAuditNewPace = 2 * kMillisecond;
+constexpr int kAuditMean = 256;
 // A completion interrupt handled this long after the GPU's timestamp: the
 // host stalled, other channels may have run since (replayed, while every
 // channel interrupts on every kernel; with one that batches, always), and
@@ -74,7 +95,7 @@ std::uint32_t completed_kernels(std::uint32_t get, ChannelId ch, std::optional<C
 
 Accounting::Accounting(const Clock& clock, Timers& timers, StatusRead read, EngineArbitration engine)
     : clock_(clock), read_(std::move(read)), engine_(engine), read_timer_(timers), kick_timer_(timers),
-      probe_timer_(timers) {
+      probe_timer_(timers), audit_timer_(timers) {
     since_ = last_seen_ = idle_seen_ = clock_.now();
 }
 
@@ -102,10 +123,12 @@ void Accounting::channel_added(ChannelId ch, EntityId leaf) {
     channels_[ch] = Channel{leaf};
     count_batching(channels_[ch]);
     totals_.try_emplace(leaf);
-    // Its first doorbell is likely close: watch an idle engine again.
+    // Its first doorbell is likely close: watch an idle engine again, and
+    // audit its first kernel's unseen start.
     if (!current_) {
         settle_step_ = 0;
         arm_read();
+        if (audit_from_ < 0) open_audit(clock_.now(), std::nullopt);
     }
 }
 
@@ -218,7 +241,13 @@ void Accounting::fence(ChannelId ch) {
     c.check_at = -1;
     if (!current_ && !late && checked(c)) arm_check(c, t);
     c.fence_done = completed;
+    c.fenced = true;
+    c.charged_through = std::max(c.charged_through, t);
     if (fetched_) c.charged_to(completed);
+    // The looks so far were for this completion; the engine seen idle now
+    // starts a new spell.
+    close_audit();
+    if (!current_) open_audit(now, ch);
 }
 
 void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, std::optional<ChannelId> running,
@@ -242,6 +271,9 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
         const bool bounded = windowed && c.fence_get_known && completed - c.fence_done == 1;
         if (bounded) learn_bounds(c, t - seen_hi_, t - seen_lo_);
         Duration mine = one_kernel_guess(c, d);
+        if (c.kernel_estimate == 0 && c.audit_kernels >= kAuditTrusted && start_slack_ > 0 && c.fresh &&
+            audit_covers(t))
+            mine = whole_kernel(c.audit_mean, 0, d, start_slack_);
         const Duration slack = c.kernel_slack + start_slack_;
         if (c.preempted && slack > 0 && c.kernel_estimate > 0 && fetched_ && c.uncharged(completed, 1)) {
             // The end of one kernel preempted before, whose stints began at
@@ -249,6 +281,8 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
             // for a kernel run whole.
             mine = whole_kernel(c.kernel_estimate, c.kernel_charged, d, slack);
         }
+        if (c.fresh && !c.preempted && audit_slack_ > 0 && fetched_ && !clamped)
+            mine = audited(ch, c, t, 0, mine, c.uncharged(completed, 1));
         charge(ch, mine);
         c.kernel_charged = c.kernel_slack = 0;
         if (!clamped) learn_stint(c, t, fetched_ ? completed : 0);
@@ -302,9 +336,14 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
             gap + std::min(4 * c.kernel_spread, c.kernel_estimate / 4) + kExactStart < c.kernel_estimate)
             relearn(c);
         c.started_unseen = !current_;
+        c.ever_unseen = c.ever_unseen || c.started_unseen;
         const bool bounded = !current_ && n == 1 && !clamped && !c.preempted && one_since_fence;
         if (bounded) learn_bounds(c, 0, gap);
         Duration mine = c.kernel_estimate > 0 ? std::min(gap, n * c.kernel_estimate) : gap / 2;
+        // Its length unknown: its audited mean, where known, is a better
+        // guess than half the room.
+        if (n == 1 && c.kernel_estimate == 0 && c.audit_kernels >= kAuditTrusted && audit_covers(t))
+            mine = std::min(gap, c.audit_mean);
         if (current_ && ended && *ended <= t - mine) {
             // It ran out at its completion: a stint closed there, with its
             // usual length when it held one kernel begun in a window.
@@ -313,6 +352,10 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
             charge(*current_, std::min(ended.value_or(t), t - mine) - since_);
             settle_count(*current_, running);
         }
+        // Corrected by the audit looks where what ran before it is known to
+        // have ended (idle, or its completion timestamp): else the channel
+        // believed on the engine was charged up to this guess, uncorrected.
+        if ((!current_ || ended) && !clamped && !c.preempted) mine = audited(ch, c, t, 0, mine, n == 1);
         charge(ch, mine);
     }
     c.kernel_start = -1;
@@ -388,6 +431,17 @@ void Accounting::channel_error(ChannelId ch) {
 void Accounting::observed(std::optional<ChannelId> running) {
     Entry entry(*this);
     const Time t = clock_.now();
+    // A look saw the engine idle (a kernel that asked for no interrupt ran
+    // out, say): what starts next is unseen as after a completion, so
+    // audited from here, once the look is accounted.
+    struct IdleSeen {
+        Accounting& a;
+        bool idle;
+        Time t;
+        ~IdleSeen() {
+            if (idle && !a.current_ && a.audit_from_ < 0) a.open_audit(t, std::nullopt);
+        }
+    } idle_seen{*this, !running, t};
     ran_between_looks(running, t);
     if (running == current_) {
         last_seen_ = t;
@@ -397,6 +451,7 @@ void Accounting::observed(std::optional<ChannelId> running) {
     // raised meanwhile: replay them first.
     if (const std::optional<Time> end = replay_look(running, t)) {
         now_running(running, *end, *end >= last_seen_ ? *end : t);
+        assumed_start(*end, t);
         last_seen_ = t;
         return;
     }
@@ -412,6 +467,7 @@ void Accounting::observed(std::optional<ChannelId> running) {
         // somewhere after the completion.
         charge_stint(*current_, *ended, running);
         now_running(running, *ended, *ended >= last_seen_ ? *ended : t);
+        assumed_start(*ended, t);
         last_seen_ = t;
         return;
     }
@@ -435,7 +491,7 @@ void Accounting::observed(std::optional<ChannelId> running) {
     if (current_ && ran_out)
         lo = hi = charge_ran_out(*current_, lo, t, running);
     else if (current_)
-        charge(*current_, lo + (hi - lo) / 2 - since_);
+        charge_guess(*current_, lo + (hi - lo) / 2);
     // Taken off a preemptive engine without a completion: preempted.
     if (engine_.preemptive && current_ && running && !ran_out) mark_preempted(*current_);
     now_running(running, lo, hi);
@@ -488,7 +544,7 @@ std::optional<Time> Accounting::replay(std::optional<ChannelId> fenced, std::opt
         Time prev = since_;
         bool after_idle = !current_;
         for (const Completed& d : done) {
-            const Channel& c = channels_.at(d.id);
+            Channel& c = channels_.at(d.id);
             // The engine may have idled in between (the host held the work
             // it was late to release): at most the kernels GET counts since
             // its last interrupt, of its usual length.  The rest is nobody's.
@@ -498,7 +554,13 @@ std::optional<Time> Accounting::replay(std::optional<ChannelId> fenced, std::opt
                                                                   : fetched_cap(c, d.get);
             // A look at an idle engine charged it up to there already.
             prev = std::max(prev, c.look_charged);
-            charge(d.id, cap > 0 ? std::min(d.ts - prev, cap) : d.ts - prev);
+            Duration mine = cap > 0 ? std::min(d.ts - prev, cap) : d.ts - prev;
+            // A replay is a guess from timestamps and learned lengths, as
+            // an unseen start is: the audit looks correct it the same way
+            // (a channel that never interrupts would otherwise keep every
+            // charge on this path, uncorrected).
+            if (!c.preempted) mine = audited(d.id, c, d.ts, 0, mine, fetched_ && kernels_in(d, running) == 1);
+            charge(d.id, mine);
             after_idle = false;
             prev = d.ts;
         }
@@ -506,6 +568,7 @@ std::optional<Time> Accounting::replay(std::optional<ChannelId> fenced, std::opt
     for (const Completed& d : done) {
         Channel& c = channels_.at(d.id);
         c.kernel_start = -1;  // nothing seen whole: learn no length
+        c.charged_through = std::max(c.charged_through, d.ts);
         set_preempted(d.id, c, false);
         if (fetched_) c.charged_to(completed_kernels(d.get, d.id, running));
     }
@@ -534,7 +597,8 @@ void Accounting::charge_stint(ChannelId ch, Time end, std::optional<ChannelId> r
     Channel& c = it->second;
     const std::uint32_t completed = completed_kernels(fetched_(ch), ch, running);
     const bool one = c.uncharged(completed, 1);
-    charge(ch, one ? one_kernel_guess(c, end - since_) : end - since_);
+    const Duration d = one ? one_kernel_guess(c, end - since_) : end - since_;
+    charge(ch, c.preempted ? d : audited(ch, c, end, 0, d, false));
     c.charged_to(completed);
     // Seen from a kernel's start to its last completion: learn the length,
     // as at an interrupt (a look at the engine may come first, and its
@@ -639,6 +703,8 @@ bool Accounting::replay_counted(const std::vector<Completed>& done, std::optiona
         bool counted;
         Duration cap;
         double work;  // not counted: its kernels since last charged times their usual length
+        Time ts;      // its last completion
+        bool one;     // counted: one kernel
     };
     std::vector<Part> parts;
     Duration counted_sum = 0;
@@ -651,13 +717,13 @@ bool Accounting::replay_counted(const std::vector<Completed>& done, std::optiona
             static_cast<std::int32_t>(completed_kernels(done_by.get, done_by.id, running) - c.fence_done);
         if (c.every_kernel && n >= 1) {
             const Duration d = std::min(span, n * c.kernel_estimate);
-            parts.push_back({done_by.id, d, true, 0, 0});
+            parts.push_back({done_by.id, d, true, 0, 0, done_by.ts, n == 1});
             counted_sum += d;
         } else {
             const Duration cap = fetched_cap(c, done_by.get);
             const double work =
                 static_cast<double>(kernels_in(done_by, running)) * static_cast<double>(c.kernel_estimate);
-            parts.push_back({done_by.id, 0, false, cap > 0 ? std::min(span, cap) : span, work});
+            parts.push_back({done_by.id, 0, false, cap > 0 ? std::min(span, cap) : span, work, done_by.ts, false});
             uncounted_work += work;
         }
     }
@@ -672,7 +738,14 @@ bool Accounting::replay_counted(const std::vector<Completed>& done, std::optiona
     const double rest = static_cast<double>(std::max<Duration>(0, window - counted_sum));
     for (Part& p : parts)
         if (!p.counted) p.d = std::min(p.cap, static_cast<Duration>(rest * p.work / uncounted_work));
-    for (const Part& p : parts) charge(p.id, p.d);
+    for (const Part& p : parts) {
+        Channel& c = channels_.at(p.id);
+        // A counted channel that is not the one believed on the engine:
+        // its kernels were dated by its usual length, a guess the audit
+        // looks correct as at its interrupt.
+        const bool guessed = p.counted && p.id != current_ && !c.preempted;
+        charge(p.id, guessed ? audited(p.id, c, p.ts, 0, p.d, p.one) : p.d);
+    }
     return true;
 }
 
@@ -695,6 +768,23 @@ std::optional<Time> Accounting::ended_unheard(Time t) const {
             if (const std::optional<Time> other = completion_time_(id); other && *other > *done && *other <= t)
                 return std::nullopt;
     return done;
+}
+
+void Accounting::charge_guess(ChannelId ch, Time end) {
+    auto it = channels_.find(ch);
+    if (it == channels_.end() || it->second.preempted) {
+        charge(ch, end - since_);
+        return;
+    }
+    charge(ch, audited(ch, it->second, end, 0, end - since_, false));
+}
+
+void Accounting::assumed_start(Time ended, Time seen) {
+    // Dated at the end of what ran before: right when its work was queued
+    // behind it, but a channel that came to the idle engine later started
+    // anywhere up to the look that saw it.  The audit looks correct that
+    // guess as any other (audit_slack_).
+    audit_slack_ = std::max(audit_slack_, seen - ended);
 }
 
 void Accounting::started_after_idle(Time ended, std::optional<ChannelId> running, Time start, Time seen) {
@@ -752,7 +842,7 @@ void Accounting::now_running(std::optional<ChannelId> running, Time lo, Time hi)
     seen_hi_ = hi + (engine_.preemptive && running != loaded_ ? engine_.ctxsw : 0);
     since_ = at;
     stint_start_ = at;
-    start_slack_ = std::max(at - lo, hi - at);
+    start_slack_ = audit_slack_ = std::max(at - lo, hi - at);
     last_seen_ = std::max(last_seen_, at);
     if (running) {
         if (engine_.preemptive) {
@@ -816,7 +906,8 @@ void Accounting::ran_between_looks(std::optional<ChannelId> running, Time t) {
         // could hide its kernels between the host's looks.
         const Duration room = ts - from - charged;
         const Duration d = c.kernel_estimate > 0 ? std::min<Duration>(n * c.kernel_estimate, room) : room / 2;
-        charge(id, d);
+        // A guess, as at an interrupt after an unseen start: corrected alike.
+        charge(id, c.preempted ? d : audited(id, c, ts, 0, d, n == 1));
         charged += d;
         c.charged_to(completed);
         c.look_charged = ts;
@@ -1109,6 +1200,100 @@ void Accounting::probe_read() {
     arm_probe();
 }
 
+bool Accounting::audited(const Channel& c) {
+    // Not only after an unseen start: a tenant would show its short kernels
+    // to the settle reads right after its long ones.
+    return c.ever_unseen && c.prev_fence_ts >= 0 && c.fence_ts > c.prev_fence_ts;
+}
+
+void Accounting::open_audit(Time from, std::optional<ChannelId> opener) {
+    close_audit();
+    // Not on a preemptive engine: its status names a context being switched
+    // in before it runs, and that dead time is no one's.
+    if (current_ || engine_.preemptive) return;
+    Duration width = 0;
+    for (const auto& [id, c] : channels_) {
+        // A channel yet to complete a kernel: its first one starts unseen
+        // whenever it comes, and half the time since the last look is all
+        // a guess can say.
+        const Duration pace = !c.fenced ? kAuditNewPace
+                              : audited(c)                         ? c.fence_ts - c.prev_fence_ts
+                                                                   : 0;
+        if (pace > 0) width = width == 0 ? pace : std::min(width, pace);
+    }
+    if (width == 0) return;
+    audit_from_ = audit_end_ = from;
+    audit_opener_ = opener;
+    audit_width_ = std::clamp(width / kAuditPerPace, kAuditMinWidth, kAuditMaxWidth);
+    plan_audit_look();
+}
+
+void Accounting::close_audit() {
+    audit_timer_.cancel();
+    audit_from_ = -1;
+    audit_opener_.reset();
+    audit_strata_ = 0;
+    audit_looks_.clear();
+}
+
+void Accounting::plan_audit_look() {
+    if (audit_strata_ >= kAuditStrata) return;  // a spell must end: an idle GPU goes quiet
+    // (The doubling stops at 2^30 widths, years of idle time.)
+    const int doublings = std::clamp(audit_strata_ - kAuditEven + 1, 0, 30);
+    const Duration w = audit_width_ << doublings;
+    const Time lo = audit_end_;
+    audit_end_ += w;
+    ++audit_strata_;
+    const Time at = lo + std::uniform_int_distribution<Duration>(0, w - 1)(audit_rng_);
+    audit_timer_.arm(at, [this, w] { audit_read(w); });
+}
+
+void Accounting::audit_read(Duration weight) {
+    Entry entry(*this);
+    const Time t = clock_.now();
+    const std::optional<ChannelId> running = read();
+    audit_looks_.push_back({t, weight, running});
+    plan_audit_look();
+}
+
+Duration Accounting::audited(ChannelId ch, Channel& c, Time t, Duration before, Duration mine, bool one) {
+    // One kernel ran within the spell: it was not on the engine seen idle at
+    // its start.  Several: only when the spell began at this channel's own
+    // completion (nothing else completed since, so all ran after it);
+    // otherwise the earlier ones may have run before the spell, and what the
+    // guess charged there stands.
+    const bool all_within = one || audit_opener_ == ch;
+    const std::optional<Duration> fix = audit_correction(ch, c, t, before + mine, all_within);
+    c.charged_through = std::max(c.charged_through, t);
+    if (!fix) return mine;
+    c.audit_kernels = std::min(c.audit_kernels + 1, kAuditMean);
+    c.audit_mean = std::max<Duration>(0, c.audit_mean + (before + mine + *fix - c.audit_mean) / c.audit_kernels);
+    // Its debt first: corrections that took back more than was charged
+    // since are paid by later kernels.
+    const Duration owed = mine + *fix + c.audit_debt;
+    c.audit_debt = std::min<Duration>(0, owed);
+    return std::max<Duration>(0, owed);
+}
+
+bool Accounting::audit_covers(Time t) const { return audit_from_ >= 0 && t > audit_from_ && t <= audit_end_; }
+
+std::optional<Duration> Accounting::audit_correction(ChannelId ch, const Channel& c, Time t, Duration mine,
+                                                     bool all_within) const {
+    // From the spell's start, or where this channel's time was charged up
+    // to if later (its stint closed by a look, say): before that the looks
+    // that saw it were charged already.
+    const Time from = std::max(audit_from_, c.charged_through);
+    if (!audit_covers(t) || t <= from) return std::nullopt;
+    const Time charged_from = t - mine;
+    // What this guess charged before charged_through was charged already;
+    // before the spell's start too when every kernel charged ran after it
+    // (the engine was seen idle there).
+    Duration fix = -std::max<Duration>(0, (all_within ? from : c.charged_through) - charged_from);
+    for (const AuditLook& l : audit_looks_)
+        if (l.at >= from && l.at < t) fix += l.weight * ((l.saw == ch ? 1 : 0) - (l.at >= charged_from ? 1 : 0));
+    return fix;
+}
+
 void Accounting::kick_read() {
     Entry entry(*this);
     const std::optional<ChannelId> kicked = std::exchange(kicked_, std::nullopt);
@@ -1134,13 +1319,15 @@ void Accounting::busy_read() {
         // Others completed kernels since it was seen: it ran again after them.
         if (const std::optional<Time> end = replay_look(running, t)) {
             now_running(running, *end, *end);
+            assumed_start(*end, t);
             last_seen_ = t;
             return;
         }
         // Still on the engine: charge what it ran so far (its kernel's start,
-        // if known exactly, still teaches the kernel's length at its fence).
-        // What is charged now is no longer a guess to correct at the fence.
-        charge(*current_, t - since_);
+        // if known exactly, still teaches the kernel's length at its fence),
+        // from a start that may be a guess: audited now, as a kernel is at
+        // its interrupt.
+        charge_guess(*current_, t);
         since_ = t;
         start_slack_ = 0;
         last_seen_ = t;

@@ -154,6 +154,10 @@ private:
         // Its kernels up to this completion timestamp were charged by a look
         // at an idle engine (ran_between_looks): replays leave them out.
         Time look_charged = -1;
+        // Its running time up to here is charged (a completion, a stint
+        // closed): audit looks before it are not this channel's to count.
+        Time charged_through = -1;
+        bool fenced = false;  // it completed a kernel (an interrupt came)
         // Probe looks spent while its length was unknown, less one given
         // back every kProbeRefill interrupts in time (refill counts them).
         int probes = 0;
@@ -162,7 +166,16 @@ private:
         // the time between its completions bounds where the next runs.
         Time prev_fence_ts = -1;
         bool started_unseen = false;  // its last kernel started on an idle engine no look saw
+        bool ever_unseen = false;     // ... or any kernel of it did (audit looks)
         Time check_at = -1;           // a check look is due then (-1: none)
+        // What audit corrections took back beyond what was charged since
+        // (<= 0): later charges pay it first.
+        Duration audit_debt = 0;
+        // Mean of its kernels' audited charges (each right on average):
+        // the guess an audit then corrects least, over up to kAuditMean
+        // kernels.
+        Duration audit_mean = 0;
+        int audit_kernels = 0;
         int checks = 0;               // check looks in this idle spell
         // While preempted: what that kernel's stints were charged, and how
         // far off their starts may have been (the sum of their slacks).
@@ -337,6 +350,16 @@ private:
     std::size_t batching_ = 0;
     Time stint_start_ = 0;              // current_ came on the engine then (since_ less what a watch read charged)
     Duration start_slack_ = 0;          // since_ is its start +- this
+    // The stint's start was known within this when it was seen (a busy
+    // read zeroes start_slack_, having charged the guess so far, which the
+    // audit looks still correct at its fence).
+    Duration audit_slack_ = 0;
+    // The stint now_running began was dated at `ended`, the end of the one
+    // before, on the assumption that the engine did not idle until `seen`.
+    void assumed_start(Time ended, Time seen);
+    // Charges the channel believed on the engine from since_ to `end`,
+    // audited (since_ may be a guess).
+    void charge_guess(ChannelId ch, Time end);
     Time seen_lo_ = 0, seen_hi_ = 0;    // current_'s kernel started in [seen_lo_, seen_hi_] (as looks proved)
     Duration stint_charged_ = 0;        // charged to current_ since it was last seen to start
     Time last_seen_ = 0;                // last observation of the engine
@@ -398,6 +421,55 @@ private:
     // `c`'s learned length is proven wrong: learn it again.
     static void relearn(Channel& c);
     std::minstd_rand check_rng_{0x5eed};
+    // Audit looks.  Every deterministic guess above (a learned length, half
+    // a window) is one a tenant can steer: it chooses which kernels the
+    // looks see whole, and how its lengths and think times vary.  An unseen
+    // start is therefore also corrected by looks at random moments whose
+    // odds the host fixed in advance (Horvitz-Thompson sampling): once the
+    // settle reads saw the engine idle at A (audit_from_), the time after A
+    // is cut into strata, one look at a uniform moment in each (widths: a
+    // channel's pace, the first kAuditEven strata, then doubling until the
+    // next completion).  A look at u in a stratum of width w stands for the
+    // whole stratum: when the kernel that completed at t is charged `mine`,
+    // taken as [t - mine, t], each look before t adds w times (ran at u) -
+    // (charged at u), which is right on average whatever the tenant does,
+    // and zero where the guess was right.  The looks' results feed nothing
+    // else (a guess that used them would be biased by them).  Sampling goes
+    // on after a look sees a channel: stopping there (that channel runs to
+    // its completion) was cheaper, but a sighting of another channel, or of
+    // an earlier kernel of the same one, then left a kernel uncorrected or
+    // double-charged (a review of the first version).
+    struct AuditLook {
+        Time at;
+        Duration weight;                // its stratum's width
+        std::optional<ChannelId> saw;
+    };
+    static bool audited(const Channel& c);
+    // opener: whose completion began the spell (none: a look saw the
+    // engine idle)
+    void open_audit(Time from, std::optional<ChannelId> opener);
+    void close_audit();
+    void plan_audit_look();
+    void audit_read(Duration weight);  // a look for a stratum this wide
+    // The correction for `ch`'s kernel that completed at t, charged `mine`;
+    // nullopt where the looks do not cover it.
+    // all_within: every kernel charged ran after the spell's start.
+    std::optional<Duration> audit_correction(ChannelId ch, const Channel& c, Time t, Duration mine,
+                                             bool all_within) const;
+    // The open spell's strata reach a completion at t.
+    bool audit_covers(Time t) const;
+    // `mine` to charge `c` for its kernels completed by t (`one`: a single
+    // one), `before` charged of them already, corrected (its debt paid
+    // first).
+    Duration audited(ChannelId ch, Channel& c, Time t, Duration before, Duration mine, bool one);
+    Timer audit_timer_;
+    std::minstd_rand audit_rng_{0xa0d17};
+    Time audit_from_ = -1;            // the spell's start (-1: none open)
+    std::optional<ChannelId> audit_opener_;  // whose completion began it
+    Time audit_end_ = 0;              // end of the last stratum planned
+    Duration audit_width_ = 0;
+    int audit_strata_ = 0;
+    std::vector<AuditLook> audit_looks_;
     // current_ completed a kernel at this timestamp, after it was believed
     // on the engine (on either engine; stint_end() only where a completion
     // ends the stint), and no other channel completed one since.

@@ -844,10 +844,13 @@ TEST_CASE("accounting: two sparse tenants, one asking for an interrupt per batch
     // its start, and replays charge a channel that interrupts on every
     // kernel what GET counts of its usual length: +0.11% under `none` and
     // dfq, +0.36% under hfq (+0.74% before), +0.52% under `timeslice`.
-    // The bounds are the sweep's: the batching task may be charged its own
-    // idle time inside its batches (+1126% here; +405% under `none`, +408%
-    // under dfq, +33% under hfq, +543% under `timeslice`), the other 1%
-    // either way.
+    // The batching task was charged its own idle time inside its batches
+    // (+405% under `none`, +408% under dfq, +33% under hfq, +543% under
+    // `timeslice`) until the audit looks corrected its charges too: now
+    // right on average, with their noise, large beside its 0.1 ms kernels
+    // (the looks are a quarter of the other task's pace apart): -5.0% to
+    // +11.7% over 13 audit seeds, hence 15%.  The other: 1% either way
+    // (-0.4% to +1.1% over those seeds).
     for (const char* policy : {"none", "hfq", "dfq", "timeslice"}) {
         INFO(policy);
         Rig rig(policy);
@@ -864,8 +867,7 @@ TEST_CASE("accounting: two sparse tenants, one asking for an interrupt per batch
         const double off_y = static_cast<double>(acc.gpu_time(y)) - ran_y;
         INFO("x charged " << to_ms(acc.gpu_time(x)) << " ms of " << to_ms(rig.gpu_time(x)) << ", y "
                           << to_ms(acc.gpu_time(y)) << " of " << to_ms(rig.gpu_time(y)));
-        CHECK(off_x > -0.01 * ran_x);
-        CHECK(off_x < (0.01 + 0.75 * 1.5 / 0.1) * ran_x);
+        CHECK(std::abs(off_x) < 0.15 * ran_x);
         CHECK(std::abs(off_y) < 0.01 * ran_y);
         // Its length is learned (at its 12th kernel, 0.1496 ms).
         CHECK(std::abs(acc.kernel_estimate(ych) - ms(0.15)) < ms(0.15) / 100);
@@ -1016,6 +1018,44 @@ TEST_CASE("accounting: tenants whose think time jitters, seen only at their inte
             const double charged = static_cast<double>(rig.sched.accounting().gpu_time(y));
             INFO("charged " << to_ms(rig.sched.accounting().gpu_time(y)) << " ms of " << to_ms(rig.gpu_time(y)));
             CHECK(std::abs(charged - ran) < 0.01 * ran);
+        }
+    }
+}
+
+TEST_CASE("accounting: tenants that hide where their long kernels start from the audit", "[accounting]") {
+    // Found by a review of the audit looks (results.md section 6): ways a
+    // tenant could keep its unseen starts from being corrected.  (a) a
+    // kernel of 20 us that asks for no interrupt right before each 2 ms one
+    // that does: two kernels at each interrupt, which the correction once
+    // skipped (charged as two of the learned length).  (b) the same tenant
+    // with a second channel whose 50 us kernels never ask for an interrupt:
+    // every completion then went through the replay, which the correction
+    // once skipped too.  Think times vary (1..2 ms), so no look pattern
+    // settles on them.  At a684771: (a) -31.2% under `none`, dfq and
+    // `timeslice`, +24.3% under hfq; (b) -7.7%, -4.9%, -2.1%, -7.7%.  Now
+    // (a) +0.73%, +0.11% under hfq; (b) -0.03%, +0.15%, +0.49%, -0.03%.
+    // Bound: the audit's noise, -1.3% to +1.1% over six other audit seeds
+    // (measured at cf2e438).
+    for (const char* policy : {"none", "hfq", "dfq", "timeslice"}) {
+        for (int c = 0; c < 2; ++c) {
+            INFO(policy << " case " << "ab"[c]);
+            Rig rig(policy);
+            const EntityId y = rig.task("y");
+            Rig::Submitter& s = rig.subs.at(rig.submit_loop(y, 0, 0, 0, ms(5)));
+            s.pattern = {ms(0.02), ms(2)};
+            s.irq_every = 2;
+            s.gap_after = [](std::uint64_t n) { return n % 2 == 1 ? 0 : ms(1 + 0.1 * static_cast<double>(n % 11)); };
+            if (c == 1) {
+                Rig::Submitter& z = rig.subs.at(rig.submit_loop(y, ms(0.05), ms(3.3), 0, ms(6)));
+                z.irq_every = 0;
+            }
+            rig.run_until(ms(2000));
+            rig.stop_submitters();
+            rig.run_until(ms(2100));
+            const double ran = static_cast<double>(rig.gpu_time(y));
+            const double charged = static_cast<double>(rig.sched.accounting().gpu_time(y));
+            INFO("charged " << to_ms(rig.sched.accounting().gpu_time(y)) << " ms of " << to_ms(rig.gpu_time(y)));
+            CHECK(std::abs(charged - ran) < 0.02 * ran);
         }
     }
 }
