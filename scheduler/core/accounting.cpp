@@ -66,9 +66,9 @@ constexpr int kAuditStrata = kAuditEven + 16;
 // The mean of the audited charges is a channel's guess once this many
 // kernels were audited, and averages over this many at most.
 constexpr int kAuditTrusted = 16;
+constexpr int kAuditMean = 256;
 // The pace assumed for a channel yet to complete a kernel.
 constexpr Duration kAuditNewPace = 2 * kMillisecond;
-constexpr int kAuditMean = 256;
 // A completion interrupt handled this long after the GPU's timestamp: the
 // host stalled, other channels may have run since (replayed, while every
 // channel interrupts on every kernel; with one that batches, always), and
@@ -1202,7 +1202,8 @@ void Accounting::probe_read() {
 
 bool Accounting::audited(const Channel& c) {
     // Not only after an unseen start: a tenant would show its short kernels
-    // to the settle reads right after its long ones.
+    // to the settle reads right after its long ones.  Batching channels too:
+    // a tenant could otherwise opt out by asking for fewer interrupts.
     return c.ever_unseen && c.prev_fence_ts >= 0 && c.fence_ts > c.prev_fence_ts;
 }
 
