@@ -281,8 +281,7 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
             // for a kernel run whole.
             mine = whole_kernel(c.kernel_estimate, c.kernel_charged, d, slack);
         }
-        if (c.fresh && !c.preempted && audit_slack_ > 0 && fetched_ && !clamped)
-            mine = audited(ch, c, t, 0, mine, c.uncharged(completed, 1));
+        if (c.fresh && audit_slack_ > 0 && fetched_ && !clamped) mine = audited(ch, c, t, mine, c.uncharged(completed, 1));
         charge(ch, mine);
         c.kernel_charged = c.kernel_slack = 0;
         if (!clamped) learn_stint(c, t, fetched_ ? completed : 0);
@@ -355,7 +354,7 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
         // Corrected by the audit looks where what ran before it is known to
         // have ended (idle, or its completion timestamp): else the channel
         // believed on the engine was charged up to this guess, uncorrected.
-        if ((!current_ || ended) && !clamped && !c.preempted) mine = audited(ch, c, t, 0, mine, n == 1);
+        if ((!current_ || ended) && !clamped) mine = audited(ch, c, t, mine, n == 1);
         charge(ch, mine);
     }
     c.kernel_start = -1;
@@ -554,13 +553,12 @@ std::optional<Time> Accounting::replay(std::optional<ChannelId> fenced, std::opt
                                                                   : fetched_cap(c, d.get);
             // A look at an idle engine charged it up to there already.
             prev = std::max(prev, c.look_charged);
-            Duration mine = cap > 0 ? std::min(d.ts - prev, cap) : d.ts - prev;
+            const Duration mine = cap > 0 ? std::min(d.ts - prev, cap) : d.ts - prev;
             // A replay is a guess from timestamps and learned lengths, as
             // an unseen start is: the audit looks correct it the same way
             // (a channel that never interrupts would otherwise keep every
             // charge on this path, uncorrected).
-            if (!c.preempted) mine = audited(d.id, c, d.ts, 0, mine, fetched_ && kernels_in(d, running) == 1);
-            charge(d.id, mine);
+            charge(d.id, audited(d.id, c, d.ts, mine, fetched_ && kernels_in(d, running) == 1));
             after_idle = false;
             prev = d.ts;
         }
@@ -598,7 +596,7 @@ void Accounting::charge_stint(ChannelId ch, Time end, std::optional<ChannelId> r
     const std::uint32_t completed = completed_kernels(fetched_(ch), ch, running);
     const bool one = c.uncharged(completed, 1);
     const Duration d = one ? one_kernel_guess(c, end - since_) : end - since_;
-    charge(ch, c.preempted ? d : audited(ch, c, end, 0, d, false));
+    charge(ch, audited(ch, c, end, d, false));
     c.charged_to(completed);
     // Seen from a kernel's start to its last completion: learn the length,
     // as at an interrupt (a look at the engine may come first, and its
@@ -743,8 +741,8 @@ bool Accounting::replay_counted(const std::vector<Completed>& done, std::optiona
         // A counted channel that is not the one believed on the engine:
         // its kernels were dated by its usual length, a guess the audit
         // looks correct as at its interrupt.
-        const bool guessed = p.counted && p.id != current_ && !c.preempted;
-        charge(p.id, guessed ? audited(p.id, c, p.ts, 0, p.d, p.one) : p.d);
+        const bool guessed = p.counted && p.id != current_;
+        charge(p.id, guessed ? audited(p.id, c, p.ts, p.d, p.one) : p.d);
     }
     return true;
 }
@@ -772,11 +770,7 @@ std::optional<Time> Accounting::ended_unheard(Time t) const {
 
 void Accounting::charge_guess(ChannelId ch, Time end) {
     auto it = channels_.find(ch);
-    if (it == channels_.end() || it->second.preempted) {
-        charge(ch, end - since_);
-        return;
-    }
-    charge(ch, audited(ch, it->second, end, 0, end - since_, false));
+    charge(ch, it == channels_.end() ? end - since_ : audited(ch, it->second, end, end - since_, false));
 }
 
 void Accounting::assumed_start(Time ended, Time seen) {
@@ -907,7 +901,7 @@ void Accounting::ran_between_looks(std::optional<ChannelId> running, Time t) {
         const Duration room = ts - from - charged;
         const Duration d = c.kernel_estimate > 0 ? std::min<Duration>(n * c.kernel_estimate, room) : room / 2;
         // A guess, as at an interrupt after an unseen start: corrected alike.
-        charge(id, c.preempted ? d : audited(id, c, ts, 0, d, n == 1));
+        charge(id, audited(id, c, ts, d, n == 1));
         charged += d;
         c.charged_to(completed);
         c.look_charged = ts;
@@ -1200,7 +1194,7 @@ void Accounting::probe_read() {
     arm_probe();
 }
 
-bool Accounting::audited(const Channel& c) {
+bool Accounting::sets_audit_pace(const Channel& c) {
     // Not only after an unseen start: a tenant would show its short kernels
     // to the settle reads right after its long ones.  Batching channels too:
     // a tenant could otherwise opt out by asking for fewer interrupts.
@@ -1217,9 +1211,7 @@ void Accounting::open_audit(Time from, std::optional<ChannelId> opener) {
         // A channel yet to complete a kernel: its first one starts unseen
         // whenever it comes, and half the time since the last look is all
         // a guess can say.
-        const Duration pace = !c.fenced ? kAuditNewPace
-                              : audited(c)                         ? c.fence_ts - c.prev_fence_ts
-                                                                   : 0;
+        const Duration pace = !c.fenced ? kAuditNewPace : sets_audit_pace(c) ? c.fence_ts - c.prev_fence_ts : 0;
         if (pace > 0) width = width == 0 ? pace : std::min(width, pace);
     }
     if (width == 0) return;
@@ -1257,18 +1249,21 @@ void Accounting::audit_read(Duration weight) {
     plan_audit_look();
 }
 
-Duration Accounting::audited(ChannelId ch, Channel& c, Time t, Duration before, Duration mine, bool one) {
+Duration Accounting::audited(ChannelId ch, Channel& c, Time t, Duration mine, bool one) {
+    // The rest of a kernel preempted before (only a preemptive engine,
+    // which is not audited, preempts): charged as guessed.
+    if (c.preempted) return mine;
     // One kernel ran within the spell: it was not on the engine seen idle at
     // its start.  Several: only when the spell began at this channel's own
     // completion (nothing else completed since, so all ran after it);
     // otherwise the earlier ones may have run before the spell, and what the
     // guess charged there stands.
     const bool all_within = one || audit_opener_ == ch;
-    const std::optional<Duration> fix = audit_correction(ch, c, t, before + mine, all_within);
+    const std::optional<Duration> fix = audit_correction(ch, c, t, mine, all_within);
     c.charged_through = std::max(c.charged_through, t);
     if (!fix) return mine;
     c.audit_kernels = std::min(c.audit_kernels + 1, kAuditMean);
-    c.audit_mean = std::max<Duration>(0, c.audit_mean + (before + mine + *fix - c.audit_mean) / c.audit_kernels);
+    c.audit_mean = std::max<Duration>(0, c.audit_mean + (mine + *fix - c.audit_mean) / c.audit_kernels);
     // Its debt first: corrections that took back more than was charged
     // since are paid by later kernels.
     const Duration owed = mine + *fix + c.audit_debt;

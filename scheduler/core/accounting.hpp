@@ -444,7 +444,9 @@ private:
         Duration weight;                // its stratum's width
         std::optional<ChannelId> saw;
     };
-    static bool audited(const Channel& c);
+    // Its pace sets the strata's width: it started unseen once, and its
+    // last two completions are known.
+    static bool sets_audit_pace(const Channel& c);
     // opener: whose completion began the spell (none: a look saw the
     // engine idle)
     void open_audit(Time from, std::optional<ChannelId> opener);
@@ -458,10 +460,9 @@ private:
                                              bool all_within) const;
     // The open spell's strata reach a completion at t.
     bool audit_covers(Time t) const;
-    // `mine` to charge `c` for its kernels completed by t (`one`: a single
-    // one), `before` charged of them already, corrected (its debt paid
-    // first).
-    Duration audited(ChannelId ch, Channel& c, Time t, Duration before, Duration mine, bool one);
+    // `mine`, charged `c` as [t - mine, t] for its kernels completed by t
+    // (`one`: a single one), corrected (its debt paid first).
+    Duration audited(ChannelId ch, Channel& c, Time t, Duration mine, bool one);
     Timer audit_timer_;
     std::minstd_rand audit_rng_{0xa0d17};
     Time audit_from_ = -1;            // the spell's start (-1: none open)

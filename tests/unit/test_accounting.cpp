@@ -24,6 +24,19 @@ std::function<Duration(std::uint64_t)> drawn(double lo, double hi, unsigned seed
     return [=](std::uint64_t) { return ms(std::uniform_real_distribution<double>(lo, hi)(*rng)); };
 }
 
+// A lone tenant's 2 s run: its submitters stop, the engine drains, and
+// the GPU time it ran is set against what the accounting charged it.
+struct Charged {
+    double ran;
+    double charged;
+};
+Charged run_and_drain(Rig& rig, EntityId leaf) {
+    rig.run_until(ms(2000));
+    rig.stop_submitters();
+    rig.run_until(ms(2100));
+    return {static_cast<double>(rig.gpu_time(leaf)), static_cast<double>(rig.sched.accounting().gpu_time(leaf))};
+}
+
 double rel_error(Duration measured, Duration truth) {
     return std::abs(double(measured - truth)) / double(truth);
 }
@@ -950,11 +963,7 @@ TEST_CASE("accounting: a tenant seen only at its interrupts whose kernels or thi
                 s.pattern.assign(60, ms(before));
                 s.pattern.resize(2000, ms(after));
             }
-            rig.run_until(ms(2000));
-            rig.stop_submitters();
-            rig.run_until(ms(2100));
-            const double ran = static_cast<double>(rig.gpu_time(y));
-            const double charged = static_cast<double>(rig.sched.accounting().gpu_time(y));
+            const auto [ran, charged] = run_and_drain(rig, y);
             INFO("charged " << to_ms(rig.sched.accounting().gpu_time(y)) << " ms of " << to_ms(rig.gpu_time(y))
                             << ", " << rig.sched.accounting().reads() << " engine reads");
             CHECK(std::abs(charged - ran) < 0.01 * ran);
@@ -1011,11 +1020,7 @@ TEST_CASE("accounting: tenants whose think time jitters, seen only at their inte
                 for (double k : kernels[c - 3]) s.pattern.push_back(ms(k));
                 s.gap_after = [t = thinks[c - 3]](std::uint64_t n) { return ms(t[n % t.size()]); };
             }
-            rig.run_until(ms(2000));
-            rig.stop_submitters();
-            rig.run_until(ms(2100));
-            const double ran = static_cast<double>(rig.gpu_time(y));
-            const double charged = static_cast<double>(rig.sched.accounting().gpu_time(y));
+            const auto [ran, charged] = run_and_drain(rig, y);
             INFO("charged " << to_ms(rig.sched.accounting().gpu_time(y)) << " ms of " << to_ms(rig.gpu_time(y)));
             CHECK(std::abs(charged - ran) < 0.01 * ran);
         }
@@ -1049,11 +1054,7 @@ TEST_CASE("accounting: tenants that hide where their long kernels start from the
                 Rig::Submitter& z = rig.subs.at(rig.submit_loop(y, ms(0.05), ms(3.3), 0, ms(6)));
                 z.irq_every = 0;
             }
-            rig.run_until(ms(2000));
-            rig.stop_submitters();
-            rig.run_until(ms(2100));
-            const double ran = static_cast<double>(rig.gpu_time(y));
-            const double charged = static_cast<double>(rig.sched.accounting().gpu_time(y));
+            const auto [ran, charged] = run_and_drain(rig, y);
             INFO("charged " << to_ms(rig.sched.accounting().gpu_time(y)) << " ms of " << to_ms(rig.gpu_time(y)));
             CHECK(std::abs(charged - ran) < 0.02 * ran);
         }
