@@ -67,6 +67,8 @@ constexpr int kAuditStrata = kAuditEven + 16;
 // kernels were audited, and averages over this many at most.
 constexpr int kAuditTrusted = 16;
 constexpr int kAuditMean = 256;
+// ... and beats a learned length a kAuditMeanOff'th or more off it.
+constexpr Duration kAuditMeanOff = 4;
 // The pace assumed for a channel yet to complete a kernel.
 constexpr Duration kAuditNewPace = 2 * kMillisecond;
 // A completion interrupt handled this long after the GPU's timestamp: the
@@ -271,8 +273,7 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
         const bool bounded = windowed && c.fence_get_known && completed - c.fence_done == 1;
         if (bounded) learn_bounds(c, t - seen_hi_, t - seen_lo_);
         Duration mine = one_kernel_guess(c, d);
-        if (c.kernel_estimate == 0 && c.audit_kernels >= kAuditTrusted && start_slack_ > 0 && c.fresh &&
-            audit_covers(t))
+        if (start_slack_ > 0 && c.fresh && audit_mean_guessed(c, t))
             mine = whole_kernel(c.audit_mean, 0, d, start_slack_);
         const Duration slack = c.kernel_slack + start_slack_;
         if (c.preempted && slack > 0 && c.kernel_estimate > 0 && fetched_ && c.uncharged(completed, 1)) {
@@ -339,10 +340,7 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
         const bool bounded = !current_ && n == 1 && !clamped && !c.preempted && one_since_fence;
         if (bounded) learn_bounds(c, 0, gap);
         Duration mine = c.kernel_estimate > 0 ? std::min(gap, n * c.kernel_estimate) : gap / 2;
-        // Its length unknown: its audited mean, where known, is a better
-        // guess than half the room.
-        if (n == 1 && c.kernel_estimate == 0 && c.audit_kernels >= kAuditTrusted && audit_covers(t))
-            mine = std::min(gap, c.audit_mean);
+        if (n == 1 && audit_mean_guessed(c, t)) mine = std::min(gap, c.audit_mean);
         if (current_ && ended && *ended <= t - mine) {
             // It ran out at its completion: a stint closed there, with its
             // usual length when it held one kernel begun in a window.
@@ -1192,6 +1190,18 @@ void Accounting::probe_read() {
             c.check_at = t + 1 + std::uniform_int_distribution<Duration>(0, pace)(check_rng_);
         }
     arm_probe();
+}
+
+bool Accounting::audit_mean_guessed(const Channel& c, Time t) const {
+    // Every guess is corrected by the looks, whatever it is: the audited
+    // mean is for how far off it is, since the looks' noise grows with that.
+    // A learned length comes from the kernels seen whole, and a tenant whose
+    // unseen kernels are not those (a short one at once after each long one
+    // that started unseen) is otherwise guessed 95% short every time.  The
+    // mean comes from earlier spells' looks, not this one's: the correction
+    // stays unbiased.
+    if (c.audit_kernels < kAuditTrusted || !audit_covers(t)) return false;
+    return c.kernel_estimate == 0 || std::abs(c.audit_mean - c.kernel_estimate) > c.kernel_estimate / kAuditMeanOff;
 }
 
 bool Accounting::sets_audit_pace(const Channel& c) {
