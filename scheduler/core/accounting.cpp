@@ -1,6 +1,7 @@
 #include "accounting.hpp"
 
 #include <algorithm>
+#include <random>
 #include <tuple>
 #include <utility>
 
@@ -1190,6 +1191,13 @@ void Accounting::probe_read() {
             c.check_at = t + 1 + std::uniform_int_distribution<Duration>(0, pace)(check_rng_);
         }
     arm_probe();
+}
+
+void Accounting::seed_looks(std::uint64_t seed) {
+    const auto lo = static_cast<std::uint32_t>(seed), hi = static_cast<std::uint32_t>(seed >> 32);
+    std::seed_seq check{lo, hi, 1u}, audit{lo, hi, 2u};
+    check_rng_.seed(check);
+    audit_rng_.seed(audit);
 }
 
 bool Accounting::audit_mean_guessed(const Channel& c, Time t) const {

@@ -60,6 +60,13 @@ public:
     Accounting(const Accounting&) = delete;
     Accounting& operator=(const Accounting&) = delete;
 
+    // Seeds the random moments of the check and audit looks.  Their odds
+    // are what keeps a guess right on average, so a host seeds them from
+    // its own entropy: with the fixed default (kept for the simulator's
+    // reproducible runs), a tenant that knows the code could replay the
+    // sequence and think where no look falls.
+    void seed_looks(std::uint64_t seed);
+
     void channel_added(ChannelId ch, EntityId leaf);
     // Before the GPU forgets the channel: its time so far stays with its leaf.
     void channel_removed(ChannelId ch);

@@ -67,6 +67,8 @@ public:
     Policy& policy() { return *policy_; }
     // GPU time per leaf, measured the same way under every policy.
     const Accounting& accounting() const { return accounting_; }
+    // Accounting::seed_looks: a host seeds them from its own entropy.
+    void seed_accounting(std::uint64_t seed) { accounting_.seed_looks(seed); }
     void set_policy(std::unique_ptr<Policy> policy);
 
     ChannelId open_channel(EntityId leaf, ChannelMemory mem = {});

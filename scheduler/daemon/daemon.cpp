@@ -1,10 +1,12 @@
 #include "daemon.hpp"
 
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cmath>
 #include <csignal>
@@ -21,6 +23,15 @@ namespace pvgpu::daemon {
 using nlohmann::json;
 
 namespace {
+
+// 64 bits from the kernel's entropy pool; the clock if that fails (it does
+// not block once the pool is initialised, long before a daemon starts).
+std::uint64_t host_entropy() {
+    std::uint64_t v = 0;
+    if (getrandom(&v, sizeof v, GRND_NONBLOCK) == static_cast<ssize_t>(sizeof v)) return v;
+    log_warning("getrandom: ", std::strerror(errno), "; seeding the accounting's looks from the clock");
+    return static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+}
 
 std::uint32_t wire_mode(ChannelMode m) {
     switch (m) {
@@ -97,6 +108,7 @@ Daemon::Daemon(Config cfg)
 
     gpu_ = std::make_unique<sim::SimGpu>(clock_, timers_.device(), cfg_.gpu);
     sched_ = std::make_unique<Scheduler>(*gpu_, clock_, timers_, std::move(policy), cfg_.costs);
+    sched_->seed_accounting(host_entropy());
     sched_->set_mode_listener([this](ChannelId ch, ChannelMode m) { on_mode_change(ch, m); });
     sched_->set_error_listener(
         [this](ChannelId ch, EntityId, std::uint32_t err) { on_channel_error(ch, err); });

@@ -3,6 +3,7 @@
 // ground truth from the engine's ExecutionObserver.
 #pragma once
 
+#include <cstdlib>
 #include <algorithm>
 #include <functional>
 #include <map>
@@ -100,6 +101,10 @@ public:
           sched(gpu_, loop, host_timers, make_policy(policy, params)) {
         gpu_.set_observer(this);
         measure_from_ = start;
+        // PVGPU_LOOKS_SEED=N seeds the accounting's random looks (to measure
+        // their noise over seeds: docs/results.md section 6); unset, the
+        // fixed default every run reproduces.
+        if (const char* e = std::getenv("PVGPU_LOOKS_SEED")) sched.seed_accounting(std::strtoull(e, nullptr, 0));
     }
 
     EntityId vm(const std::string& name, std::uint32_t weight = 100) {
