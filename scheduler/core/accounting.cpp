@@ -1226,10 +1226,12 @@ void Accounting::open_audit(Time from, std::optional<ChannelId> opener) {
     if (current_ || engine_.preemptive) return;
     Duration width = 0;
     for (const auto& [id, c] : channels_) {
-        // A channel yet to complete a kernel: its first one starts unseen
+        // A channel yet to complete two kernels: its next one starts unseen
         // whenever it comes, and half the time since the last look is all
-        // a guess can say.
-        const Duration pace = !c.fenced ? kAuditNewPace : sets_audit_pace(c) ? c.fence_ts - c.prev_fence_ts : 0;
+        // a guess can say (the second one was left out once: +0.6 ms on
+        // every lone sparse tenant, a +0.2% over-charge in the varied sweep).
+        const bool paced = c.fenced && c.prev_fence_ts >= 0;
+        const Duration pace = !paced ? kAuditNewPace : sets_audit_pace(c) ? c.fence_ts - c.prev_fence_ts : 0;
         if (pace > 0) width = width == 0 ? pace : std::min(width, pace);
     }
     if (width == 0) return;

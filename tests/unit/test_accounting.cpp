@@ -2,9 +2,11 @@
 // the engine's ground truth, under every policy and both GPU models.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 
@@ -944,29 +946,43 @@ TEST_CASE("accounting: a tenant seen only at its interrupts whose kernels or thi
     //   fourth settle read: each start was dated in the middle of the 800 us
     //   to the next read, -30% under none, dfq and `timeslice`.  Its length
     //   is now learned from the bounds its windows prove (learn_bounds).
-    // Bound: the sweep's for an interrupt per kernel, 1%.
+    // Each unseen start is corrected by the audit looks, right on average
+    // and noisy by how far off the guess was: each case runs under 16 seeds
+    // of the looks.  Bound: the sweep's for an interrupt per kernel, 1%, on
+    // the mean over the seeds; each run within about four sds of the looks'
+    // noise over those seeds (grow 0.4%, double 0.8%, shrink's 0.15 ms
+    // kernels 1.8%, think under 0.1%: results.md section 6), which none of
+    // the failures above would have met.
     for (const char* policy : {"none", "hfq", "dfq", "timeslice"}) {
         for (const char* change : {"grow", "double", "shrink", "think"}) {
-            INFO(policy << ", " << change);
-            Rig rig(policy);
-            const EntityId y = rig.task("y");
             const std::string what = change;
-            if (what == "think") {
-                auto first = drawn(0.99, 1.0, 7);
-                rig.subs.at(rig.submit_loop(y, ms(1), 0, 0, ms(3))).gap_after = [=](std::uint64_t n) {
-                    return n < 200 ? first(n) : ms(0.205);
-                };
-            } else {
-                Rig::Submitter& s = rig.subs.at(rig.submit_loop(y, ms(0.15), ms(1.7), 0, ms(5)));
-                const double before = what == "shrink" ? 0.6 : 0.15;
-                const double after = what == "grow" ? 0.6 : what == "double" ? 0.3 : 0.15;
-                s.pattern.assign(60, ms(before));
-                s.pattern.resize(2000, ms(after));
+            std::vector<double> errs;
+            for (std::uint64_t seed = 1; seed <= 16; ++seed) {
+                Rig rig(policy);
+                rig.sched.seed_accounting(seed);
+                const EntityId y = rig.task("y");
+                if (what == "think") {
+                    auto first = drawn(0.99, 1.0, 7);
+                    rig.subs.at(rig.submit_loop(y, ms(1), 0, 0, ms(3))).gap_after = [=](std::uint64_t n) {
+                        return n < 200 ? first(n) : ms(0.205);
+                    };
+                } else {
+                    Rig::Submitter& s = rig.subs.at(rig.submit_loop(y, ms(0.15), ms(1.7), 0, ms(5)));
+                    const double before = what == "shrink" ? 0.6 : 0.15;
+                    const double after = what == "grow" ? 0.6 : what == "double" ? 0.3 : 0.15;
+                    s.pattern.assign(60, ms(before));
+                    s.pattern.resize(2000, ms(after));
+                }
+                const auto [ran, charged] = run_and_drain(rig, y);
+                errs.push_back((charged - ran) / ran);
             }
-            const auto [ran, charged] = run_and_drain(rig, y);
-            INFO("charged " << to_ms(rig.sched.accounting().gpu_time(y)) << " ms of " << to_ms(rig.gpu_time(y))
-                            << ", " << rig.sched.accounting().reads() << " engine reads");
-            CHECK(std::abs(charged - ran) < 0.01 * ran);
+            const double mean = std::accumulate(errs.begin(), errs.end(), 0.0) / static_cast<double>(errs.size());
+            const auto [lo, hi] = std::minmax_element(errs.begin(), errs.end());
+            INFO(policy << ", " << change << ": mean " << 100 * mean << "%, runs " << 100 * *lo << ".." << 100 * *hi
+                        << "%");
+            CHECK(std::abs(mean) < 0.01);
+            const double per_run = what == "shrink" ? 0.072 : what == "double" ? 0.032 : 0.02;
+            CHECK(std::max(-*lo, *hi) < per_run);
         }
     }
 }
