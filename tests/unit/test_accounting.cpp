@@ -1000,6 +1000,31 @@ TEST_CASE("accounting: a tenant seen only at its interrupts whose kernels or thi
     }
 }
 
+// The jittering tenants of the accounting-jitter cases (a)..(f) (c: 0..5);
+// returns the tenant's leaf.
+EntityId jitter_case(Rig& rig, int c) {
+    const EntityId y = rig.task("y");
+    if (c == 0) {
+        rig.subs.at(rig.submit_loop(y, ms(1), 0, 0, ms(5))).gap_after = drawn(0.3, 2.5, 1);
+    } else if (c == 1) {
+        const EntityId x = rig.task("x");
+        rig.subs.at(rig.submit_loop(x, ms(0.1), ms(1.5))).irq_every = 4;
+        rig.subs.at(rig.submit_loop(y, ms(0.15), 0, 0, ms(0.7))).gap_after = drawn(1.5, 1.9, 1);
+    } else if (c == 2) {
+        Rig::Submitter& s = rig.subs.at(rig.submit_loop(y, ms(0.15), ms(1.7), 0, ms(5)));
+        s.pattern.assign(60, ms(0.15));
+        s.pattern.resize(2000, ms(0.18));
+    } else {
+        // Kernel lengths in turn, and the thinks after them in turn.
+        const std::vector<std::vector<double>> kernels{{2.0, 0.1}, {1.0, 0.1}, {0.1, 2.0}};
+        const std::vector<std::vector<double>> thinks{{1.2, 0.0}, {1.3, 1.1}, {1.2}};
+        Rig::Submitter& s = rig.subs.at(rig.submit_loop(y, 0, 0, 0, ms(5)));
+        for (double k : kernels[c - 3]) s.pattern.push_back(ms(k));
+        s.gap_after = [t = thinks[c - 3]](std::uint64_t n) { return ms(t[n % t.size()]); };
+    }
+    return y;
+}
+
 TEST_CASE("accounting: tenants whose think time jitters, seen only at their interrupts",
           "[.targets][accounting-jitter]") {
     // A target not met yet (tests/meson.build, suite 'targets'; results.md
@@ -1033,28 +1058,31 @@ TEST_CASE("accounting: tenants whose think time jitters, seen only at their inte
         for (int c = 0; c < 6; ++c) {
             INFO(policy << " case " << "abcdef"[c]);
             Rig rig(policy);
-            const EntityId y = rig.task("y");
-            if (c == 0) {
-                rig.subs.at(rig.submit_loop(y, ms(1), 0, 0, ms(5))).gap_after = drawn(0.3, 2.5, 1);
-            } else if (c == 1) {
-                const EntityId x = rig.task("x");
-                rig.subs.at(rig.submit_loop(x, ms(0.1), ms(1.5))).irq_every = 4;
-                rig.subs.at(rig.submit_loop(y, ms(0.15), 0, 0, ms(0.7))).gap_after = drawn(1.5, 1.9, 1);
-            } else if (c == 2) {
-                Rig::Submitter& s = rig.subs.at(rig.submit_loop(y, ms(0.15), ms(1.7), 0, ms(5)));
-                s.pattern.assign(60, ms(0.15));
-                s.pattern.resize(2000, ms(0.18));
-            } else {
-                // Kernel lengths in turn, and the thinks after them in turn.
-                const std::vector<std::vector<double>> kernels{{2.0, 0.1}, {1.0, 0.1}, {0.1, 2.0}};
-                const std::vector<std::vector<double>> thinks{{1.2, 0.0}, {1.3, 1.1}, {1.2}};
-                Rig::Submitter& s = rig.subs.at(rig.submit_loop(y, 0, 0, 0, ms(5)));
-                for (double k : kernels[c - 3]) s.pattern.push_back(ms(k));
-                s.gap_after = [t = thinks[c - 3]](std::uint64_t n) { return ms(t[n % t.size()]); };
-            }
+            const EntityId y = jitter_case(rig, c);
             const auto [ran, charged] = run_and_drain(rig, y);
             INFO("charged " << to_ms(rig.sched.accounting().gpu_time(y)) << " ms of " << to_ms(rig.gpu_time(y)));
             CHECK(std::abs(charged - ran) < 0.01 * ran);
+        }
+    }
+}
+
+TEST_CASE("accounting: the jittering tenants are charged right on average over seeds of the looks", "[accounting]") {
+    // The target above asks each run to be within 1%; what keeps (b) beyond
+    // it is the looks' noise (results.md section 6).  What they must not
+    // be is biased, which is what every failure the target was written for
+    // was (-57% to +22%): over 16 seeds of the looks the mean of each case
+    // is within 1%, each run within about four sds of the noise measured
+    // over those seeds (b75141c: (a) 0.27%, (b) up to 1.75%, (c) 1.27%, (d)
+    // 0.19%, (e) 0.88%, (f) 0.61%; (b) under `timeslice` has one run at
+    // -5.5%).
+    const double per_run[] = {0.011, 0.07, 0.051, 0.008, 0.035, 0.025};
+    for (const char* policy : {"none", "hfq", "dfq", "timeslice"}) {
+        for (int c = 0; c < 6; ++c) {
+            const OverSeeds e = over_seeds(policy, [c](Rig& rig) { return jitter_case(rig, c); });
+            INFO(policy << " case " << "abcdef"[c] << ": mean " << 100 * e.mean << "%, runs " << 100 * e.lo << ".."
+                        << 100 * e.hi << "%");
+            CHECK(std::abs(e.mean) < 0.01);
+            CHECK(std::max(-e.lo, e.hi) < per_run[c]);
         }
     }
 }
