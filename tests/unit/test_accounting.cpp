@@ -1194,3 +1194,103 @@ TEST_CASE("accounting: lone tenants whose kernel lengths and think times vary", 
                 100 * sum / 60, static_cast<double>(reads) / static_cast<double>(kernels));
     CHECK(beyond == 0);
 }
+
+TEST_CASE("accounting: tenants that steer the charges the audit looks never see", "[.targets][accounting-review]") {
+    // A target not met yet (tests/meson.build, suite 'targets'; results.md
+    // section 6, "A review of the merged audit").  Found by a read-only
+    // review of 257238c: the looks correct only what a spell covers, and a
+    // spell opens only when the engine is seen idle.
+    // (replay) y's channel a1 learns 20 us kernels (an interrupt per two),
+    //   then runs 0.6 ms ones asking for none; its a0 interrupts on each
+    //   50 us kernel; b batches 0.3 ms kernels, an interrupt per 4.  At a0's
+    //   interrupts the replay splits the uncounted time by learned lengths,
+    //   unaudited: y -62.8% and b +128% under `none`, y's share 0.784 under
+    //   hfq (target 0.5).
+    // (busy) y's a1 learns 5 ms, then runs 50 us kernels asking for none;
+    //   its a2 learns 20 us, then runs 4 ms ones: each a2 fence reads a1 on
+    //   the engine, so no spell opens and a2's kernel is charged 20 us:
+    //   -98.3% alone under `none`, hfq and `timeslice`.
+    // Bound: 5% on y and on b over 2 s after the change settles.
+    for (const char* policy : {"none", "hfq", "dfq", "timeslice"}) {
+        for (const char* what : {"replay", "busy"}) {
+            INFO(policy << ", " << what);
+            Rig rig(policy);
+            const EntityId y = rig.task("y");
+            const bool replay = std::string(what) == "replay";
+            const EntityId b = replay ? rig.task("b") : kNoEntity;
+            const ChannelId a0 = rig.submit_loop(y, replay ? ms(0.05) : ms(5), 0, 0, ms(1));
+            const ChannelId a1 = rig.submit_loop(y, ms(0.02), 0, 0, ms(1));
+            if (replay) {
+                rig.subs.at(a1).irq_every = 2;
+                Rig::Submitter& bs = rig.subs.at(rig.submit_loop(b, ms(0.3), 0, 0, ms(1)));
+                bs.irq_every = 4;
+                bs.depth = 4;
+            }
+            rig.loop.arm(ms(300), [&] {
+                if (replay) {
+                    rig.subs.at(a1).kernel = ms(0.6);
+                    rig.subs.at(a1).irq_every = 0;
+                } else {
+                    rig.subs.at(a0).kernel = ms(0.05);
+                    rig.subs.at(a0).irq_every = 0;
+                    rig.subs.at(a1).kernel = ms(4);
+                }
+            });
+            rig.run_until(ms(400));
+            const Accounting& acc = rig.sched.accounting();
+            const Duration y0 = acc.gpu_time(y), b0 = replay ? acc.gpu_time(b) : 0;
+            rig.measure_from(ms(400));
+            rig.run_until(ms(2400));
+            rig.stop_submitters();
+            rig.run_until(ms(2600));
+            const double yr = static_cast<double>(rig.gpu_time(y)), yc = static_cast<double>(acc.gpu_time(y) - y0);
+            INFO("y charged " << yc / 1e6 << " ms of " << yr / 1e6);
+            CHECK(std::abs(yc - yr) < 0.05 * yr);
+            if (replay) {
+                const double br = static_cast<double>(rig.gpu_time(b)), bc = static_cast<double>(acc.gpu_time(b) - b0);
+                INFO("b charged " << bc / 1e6 << " ms of " << br / 1e6);
+                CHECK(std::abs(bc - br) < 0.05 * br);
+            }
+        }
+    }
+}
+
+TEST_CASE("accounting: kernels the audit looks cannot reach on an idle GPU", "[.targets][accounting-review]") {
+    // A target not met yet, from the same review.  (horizon) A spell ends
+    // after 24 strata, 26 s at the 200 us floor a tenant sets with two quick
+    // completions: twenty 0.1 ms kernels, a 27 s think, then one 1.5 s
+    // kernel started unseen is charged its learned 0.1 ms, uncorrected:
+    // -99.8% over 120 s.  (first) A channel opened 10 s before its first
+    // kernel (1 ms): half the gap guessed, corrected by strata seconds wide,
+    // and a correction below zero clamped (its debt never paid: no more
+    // kernels): charged 5000, 904 or 0 ms, about 1400 on average over
+    // seeds of the looks.  Bounds: 5% (horizon); 50% on the mean over 16
+    // seeds (first).
+    {
+        Rig rig("none");
+        const EntityId y = rig.task("y");
+        Rig::Submitter& s = rig.subs.at(rig.submit_loop(y, 0, 0, 0, ms(1)));
+        s.pattern.assign(20, ms(0.1));
+        s.pattern.push_back(ms(1500));
+        s.gap_after = [](std::uint64_t n) { return n % 21 == 20 ? ms(27000) : ms(0.5); };
+        rig.run_until(ms(120000));
+        rig.stop_submitters();
+        rig.run_until(ms(125000));
+        const double ran = static_cast<double>(rig.gpu_time(y));
+        const double charged = static_cast<double>(rig.sched.accounting().gpu_time(y));
+        INFO("horizon: charged " << charged / 1e6 << " ms of " << ran / 1e6);
+        CHECK(std::abs(charged - ran) < 0.05 * ran);
+    }
+    double sum = 0, ran = 0;
+    for (std::uint64_t seed = 1; seed <= 16; ++seed) {
+        Rig rig("none");
+        rig.sched.seed_accounting(seed);
+        const EntityId z = rig.task("z");
+        rig.submit_loop(z, ms(1), 0, 1, ms(10000));
+        rig.run_until(ms(12000));
+        sum += static_cast<double>(rig.sched.accounting().gpu_time(z));
+        ran += static_cast<double>(rig.gpu_time(z));
+    }
+    INFO("first: charged " << sum / 16e6 << " ms on average of " << ran / 16e6);
+    CHECK(std::abs(sum - ran) < 0.5 * ran);
+}
