@@ -1201,8 +1201,9 @@ void Accounting::seed_looks(std::uint64_t seed) {
 }
 
 bool Accounting::audit_mean_guessed(const Channel& c, Time t) const {
-    // Every guess is corrected by the looks, whatever it is: the audited
-    // mean is for how far off it is, since the looks' noise grows with that.
+    // Every guess a spell covers is corrected by the looks, whatever it is:
+    // the audited mean is for how far off it is, since the looks' noise
+    // grows with that.
     // A learned length comes from the kernels seen whole, and a tenant whose
     // unseen kernels are not those (a short one at once after each long one
     // that started unseen) is otherwise guessed 95% short every time.  The

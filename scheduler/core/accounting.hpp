@@ -445,7 +445,11 @@ private:
     // on after a look sees a channel: stopping there (that channel runs to
     // its completion) was cheaper, but a sighting of another channel, or of
     // an earlier kernel of the same one, then left a kernel uncorrected or
-    // double-charged (a review of the first version).
+    // double-charged (a review of the first version).  What no spell
+    // covers keeps its guess: a completion while another channel is seen
+    // on the engine (no spell opens then), the uncounted shares of a
+    // replay, a completion past the last stratum (the target
+    // accounting-review holds these, results.md section 6).
     struct AuditLook {
         Time at;
         Duration weight;                // its stratum's width
