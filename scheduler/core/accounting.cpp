@@ -68,9 +68,9 @@ constexpr int kAuditStrata = kAuditEven + 16;
 // kernels were audited, and averages over this many at most.
 constexpr int kAuditTrusted = 16;
 constexpr int kAuditMean = 256;
-// ... and beats a learned length a kAuditMeanOff'th or more off it.
+// ... and beats a learned length more than a kAuditMeanOff'th off it.
 constexpr Duration kAuditMeanOff = 4;
-// The pace assumed for a channel yet to complete a kernel.
+// The pace assumed for a channel yet to complete two kernels.
 constexpr Duration kAuditNewPace = 2 * kMillisecond;
 // A completion interrupt handled this long after the GPU's timestamp: the
 // host stalled, other channels may have run since (replayed, while every
@@ -274,7 +274,8 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
         const bool bounded = windowed && c.fence_get_known && completed - c.fence_done == 1;
         if (bounded) learn_bounds(c, t - seen_hi_, t - seen_lo_);
         Duration mine = one_kernel_guess(c, d);
-        if (start_slack_ > 0 && c.fresh && audit_mean_guessed(c, t))
+        const bool corrected = c.fresh && audit_slack_ > 0 && fetched_ && !clamped;
+        if (start_slack_ > 0 && c.fresh && audit_mean_guessed(c, t, corrected))
             mine = whole_kernel(c.audit_mean, 0, d, start_slack_);
         const Duration slack = c.kernel_slack + start_slack_;
         if (c.preempted && slack > 0 && c.kernel_estimate > 0 && fetched_ && c.uncharged(completed, 1)) {
@@ -283,7 +284,7 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
             // for a kernel run whole.
             mine = whole_kernel(c.kernel_estimate, c.kernel_charged, d, slack);
         }
-        if (c.fresh && audit_slack_ > 0 && fetched_ && !clamped) mine = audited(ch, c, t, mine, c.uncharged(completed, 1));
+        if (corrected) mine = audited(ch, c, t, mine, c.uncharged(completed, 1));
         charge(ch, mine);
         c.kernel_charged = c.kernel_slack = 0;
         if (!clamped) learn_stint(c, t, fetched_ ? completed : 0);
@@ -341,7 +342,11 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
         const bool bounded = !current_ && n == 1 && !clamped && !c.preempted && one_since_fence;
         if (bounded) learn_bounds(c, 0, gap);
         Duration mine = c.kernel_estimate > 0 ? std::min(gap, n * c.kernel_estimate) : gap / 2;
-        if (n == 1 && audit_mean_guessed(c, t)) mine = std::min(gap, c.audit_mean);
+        // Corrected by the audit looks where what ran before it is known to
+        // have ended (idle, or its completion timestamp): else the channel
+        // believed on the engine was charged up to this guess, uncorrected.
+        const bool corrected = (!current_ || ended) && !clamped;
+        if (n == 1 && audit_mean_guessed(c, t, corrected)) mine = std::min(gap, c.audit_mean);
         if (current_ && ended && *ended <= t - mine) {
             // It ran out at its completion: a stint closed there, with its
             // usual length when it held one kernel begun in a window.
@@ -350,10 +355,7 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
             charge(*current_, std::min(ended.value_or(t), t - mine) - since_);
             settle_count(*current_, running);
         }
-        // Corrected by the audit looks where what ran before it is known to
-        // have ended (idle, or its completion timestamp): else the channel
-        // believed on the engine was charged up to this guess, uncorrected.
-        if ((!current_ || ended) && !clamped) mine = audited(ch, c, t, mine, n == 1);
+        if (corrected) mine = audited(ch, c, t, mine, n == 1);
         charge(ch, mine);
     }
     c.kernel_start = -1;
@@ -1200,7 +1202,7 @@ void Accounting::seed_looks(std::uint64_t seed) {
     audit_rng_.seed(audit);
 }
 
-bool Accounting::audit_mean_guessed(const Channel& c, Time t) const {
+bool Accounting::audit_mean_guessed(const Channel& c, Time t, bool corrected) const {
     // Every guess a spell covers is corrected by the looks, whatever it is:
     // the audited mean is for how far off it is, since the looks' noise
     // grows with that.
@@ -1208,8 +1210,12 @@ bool Accounting::audit_mean_guessed(const Channel& c, Time t) const {
     // unseen kernels are not those (a short one at once after each long one
     // that started unseen) is otherwise guessed 95% short every time.  The
     // mean comes from earlier spells' looks, not this one's: the correction
-    // stays unbiased.
-    if (c.audit_kernels < kAuditTrusted || !audit_covers(t)) return false;
+    // stays unbiased.  Only a guess the looks then correct: an uncorrected
+    // one also dates where the channel believed on the engine ended, and
+    // the mean, unlike a learned length, is never proven stale by a look
+    // (a tenant keeping its audited kernels short would pass its long ones'
+    // time to that channel).
+    if (!corrected || c.audit_kernels < kAuditTrusted || !audit_covers(t)) return false;
     return c.kernel_estimate == 0 || std::abs(c.audit_mean - c.kernel_estimate) > c.kernel_estimate / kAuditMeanOff;
 }
 
@@ -1227,7 +1233,8 @@ void Accounting::open_audit(Time from, std::optional<ChannelId> opener) {
     if (current_ || engine_.preemptive) return;
     Duration width = 0;
     for (const auto& [id, c] : channels_) {
-        // A channel yet to complete two kernels: its next one starts unseen
+        // A channel yet to complete two kernels (or whose last fence came
+        // with the host stalled, clamped): its next one starts unseen
         // whenever it comes, and half the time since the last look is all
         // a guess can say (the second one was left out once: +0.6 ms on
         // every lone sparse tenant, a +0.2% over-charge in the varied sweep).

@@ -459,8 +459,9 @@ private:
     // last two completions are known.
     static bool sets_audit_pace(const Channel& c);
     // The guess for one kernel of `c` begun unseen, completed at t, is its
-    // audited mean rather than its learned length.
-    bool audit_mean_guessed(const Channel& c, Time t) const;
+    // audited mean rather than its learned length (`corrected`: the looks
+    // will correct that guess).
+    bool audit_mean_guessed(const Channel& c, Time t, bool corrected) const;
     // opener: whose completion began the spell (none: a look saw the
     // engine idle)
     void open_audit(Time from, std::optional<ChannelId> opener);

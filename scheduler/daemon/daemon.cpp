@@ -24,13 +24,20 @@ using nlohmann::json;
 
 namespace {
 
-// 64 bits from the kernel's entropy pool; the clock if that fails (it does
-// not block once the pool is initialised, long before a daemon starts).
+// 64 bits from the kernel's entropy pool.  getrandom(2) without flags
+// blocks only until the pool is first initialised (early boot); a clock is
+// no secret from a tenant, so it is only the last resort, mixed with what a
+// tenant cannot see (the pid, the address of this stack), and logged.
 std::uint64_t host_entropy() {
     std::uint64_t v = 0;
-    if (getrandom(&v, sizeof v, GRND_NONBLOCK) == static_cast<ssize_t>(sizeof v)) return v;
-    log_warning("getrandom: ", std::strerror(errno), "; seeding the accounting's looks from the clock");
-    return static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    ssize_t n;
+    do n = getrandom(&v, sizeof v, 0);
+    while (n < 0 && errno == EINTR);
+    if (n == static_cast<ssize_t>(sizeof v)) return v;
+    log_warning("getrandom: ", n < 0 ? std::strerror(errno) : "short read",
+                "; seeding the accounting's looks from the clock, which a tenant may guess");
+    const auto now = static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+    return now ^ (static_cast<std::uint64_t>(getpid()) << 32) ^ reinterpret_cast<std::uintptr_t>(&v);
 }
 
 std::uint32_t wire_mode(ChannelMode m) {
