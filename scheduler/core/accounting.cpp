@@ -275,7 +275,7 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
         if (bounded) learn_bounds(c, t - seen_hi_, t - seen_lo_);
         Duration mine = one_kernel_guess(c, d);
         const bool corrected = c.fresh && audit_slack_ > 0 && fetched_ && !clamped;
-        if (start_slack_ > 0 && c.fresh && audit_mean_guessed(c, t, corrected))
+        if (start_slack_ > 0 && audit_mean_guessed(c, t, corrected))
             mine = whole_kernel(c.audit_mean, 0, d, start_slack_);
         const Duration slack = c.kernel_slack + start_slack_;
         if (c.preempted && slack > 0 && c.kernel_estimate > 0 && fetched_ && c.uncharged(completed, 1)) {

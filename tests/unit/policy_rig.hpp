@@ -3,8 +3,8 @@
 // ground truth from the engine's ExecutionObserver.
 #pragma once
 
-#include <cstdlib>
 #include <algorithm>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <memory>
