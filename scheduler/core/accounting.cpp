@@ -250,7 +250,7 @@ void Accounting::fence(ChannelId ch) {
     // The looks so far were for this completion; the engine seen idle now
     // starts a new spell.
     close_audit();
-    if (!current_) open_audit(now, ch);
+    if (!current_ || busy_spell()) open_audit(now, ch);
 }
 
 void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, std::optional<ChannelId> running,
@@ -338,7 +338,12 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
             gap + std::min(4 * c.kernel_spread, c.kernel_estimate / 4) + kExactStart < c.kernel_estimate)
             relearn(c);
         c.started_unseen = !current_;
-        c.ever_unseen = c.ever_unseen || c.started_unseen;
+        c.ever_unseen = c.ever_unseen || c.started_unseen || (current_ && ended);
+        // The channel believed on the engine ran out unheard, its interrupt
+        // (if it asked for one) overdue: it asks for none, or the host
+        // stalled (then a spell costs some looks, nothing more).
+        if (current_ && ended && now - *ended > kLateInterrupt)
+            if (auto cur = channels_.find(*current_); cur != channels_.end()) cur->second.ends_unheard = true;
         const bool bounded = !current_ && n == 1 && !clamped && !c.preempted && one_since_fence;
         if (bounded) learn_bounds(c, 0, gap);
         Duration mine = c.kernel_estimate > 0 ? std::min(gap, n * c.kernel_estimate) : gap / 2;
@@ -1226,11 +1231,18 @@ bool Accounting::sets_audit_pace(const Channel& c) {
     return c.ever_unseen && c.prev_fence_ts >= 0 && c.fence_ts > c.prev_fence_ts;
 }
 
+bool Accounting::busy_spell() const {
+    if (!current_ || engine_.preemptive) return false;
+    auto it = channels_.find(*current_);
+    return it != channels_.end() && it->second.ends_unheard;
+}
+
 void Accounting::open_audit(Time from, std::optional<ChannelId> opener) {
     close_audit();
     // Not on a preemptive engine: its status names a context being switched
-    // in before it runs, and that dead time is no one's.
-    if (current_ || engine_.preemptive) return;
+    // in before it runs, and that dead time is no one's.  While busy only
+    // when what starts next may start unseen.
+    if ((current_ && !busy_spell()) || engine_.preemptive) return;
     Duration width = 0;
     for (const auto& [id, c] : channels_) {
         // A channel yet to complete two kernels (or whose last fence came

@@ -173,7 +173,13 @@ private:
         // the time between its completions bounds where the next runs.
         Time prev_fence_ts = -1;
         bool started_unseen = false;  // its last kernel started on an idle engine no look saw
-        bool ever_unseen = false;     // ... or any kernel of it did (audit looks)
+        bool ever_unseen = false;     // ... or any kernel of it did, or one after an unheard end (audit looks)
+        // A stint of it ended at a completion whose interrupt, if it asked
+        // for one, was due long before another channel's came: while it is
+        // believed on the engine, what starts after it starts unseen, and a
+        // spell stays open (busy_spell).  For good: a tenant could ask for
+        // interrupts again for a while to shed it.
+        bool ends_unheard = false;
         Time check_at = -1;           // a check look is due then (-1: none)
         // What audit corrections took back beyond what was charged since
         // (<= 0): later charges pay it first.
@@ -445,10 +451,11 @@ private:
     // on after a look sees a channel: stopping there (that channel runs to
     // its completion) was cheaper, but a sighting of another channel, or of
     // an earlier kernel of the same one, then left a kernel uncorrected or
-    // double-charged (a review of the first version).  What no spell
-    // covers keeps its guess: a completion while another channel is seen
-    // on the engine (no spell opens then), the uncounted shares of a
-    // replay, a completion past the last stratum (the target
+    // double-charged (a review of the first version).  A spell opens where
+    // the engine is seen idle, and at a completion that leaves a channel
+    // known to end unheard on the engine (what starts after it starts
+    // unseen).  What no spell covers keeps its guess: the uncounted shares
+    // of a replay, a completion past the last stratum (the target
     // accounting-review holds these, results.md section 6).
     struct AuditLook {
         Time at;
@@ -465,6 +472,9 @@ private:
     // opener: whose completion began the spell (none: a look saw the
     // engine idle)
     void open_audit(Time from, std::optional<ChannelId> opener);
+    // A spell is needed while the engine is busy: the channel believed on
+    // it ends stints unheard (non-preemptive engines).
+    bool busy_spell() const;
     void close_audit();
     void plan_audit_look();
     void audit_read(Duration weight);  // a look for a stratum this wide

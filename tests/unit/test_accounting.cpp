@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "policy_rig.hpp"
 
@@ -1195,63 +1197,110 @@ TEST_CASE("accounting: lone tenants whose kernel lengths and think times vary", 
     CHECK(beyond == 0);
 }
 
+TEST_CASE("accounting: kernels that start unseen after a silent channel", "[accounting]") {
+    // Found by a read-only review of 257238c.  Channel a0 learns 5 ms
+    // kernels, then runs 50 us ones asking for no interrupt; a1 learns
+    // 20 us, then runs 4 ms ones (after `think`).  Each a1 interrupt reads a0
+    // on the engine, whose completion timestamp says it ran out long before:
+    // a1 started unseen in between, and without a spell open while a0 was
+    // believed on the engine its kernel was charged the learned 20 us,
+    // uncorrected: -98.3% when both are y's, under every policy, and y
+    // -99.5% when a0 is x's.  a0 is marked as ending unheard (its interrupt
+    // overdue), and a spell stays open while it is believed on the engine.
+    // Over 16 seeds of the looks, on each tenant that ran 100 ms or more (as
+    // results.md section 6 counts): the mean within 1% (measured -0.45..
+    // +0.08%), each run within 3% (4 times the largest standard deviation
+    // measured, 0.68%: hfq and `timeslice` with a0 x's).  Under `none` (no
+    // policy reads of its own) at most 1.5 reads per ms (measured 0.92..1.13,
+    // 0.19..0.23 before: a look per quarter of a1's pace).
+    for (const char* policy : {"none", "hfq", "dfq", "timeslice"}) {
+        for (const bool two : {false, true}) {
+            for (const double think : {0.0, 1.0}) {
+                INFO(policy << (two ? ", a0 x's" : ", both y's") << ", think " << think << " ms");
+                std::map<EntityId, std::vector<double>> errs;
+                double reads_per_ms = 0;
+                for (std::uint64_t seed = 1; seed <= 16; ++seed) {
+                    Rig rig(policy);
+                    rig.sched.seed_accounting(seed);
+                    const EntityId y = rig.task("y");
+                    const EntityId x = two ? rig.task("x") : y;
+                    const ChannelId a0 = rig.submit_loop(x, ms(5), 0, 0, ms(1));
+                    const ChannelId a1 = rig.submit_loop(y, ms(0.02), 0, 0, ms(1));
+                    rig.loop.arm(ms(300), [&] {
+                        rig.subs.at(a0).kernel = ms(0.05);
+                        rig.subs.at(a0).irq_every = 0;
+                        rig.subs.at(a1).kernel = ms(4);
+                        rig.subs.at(a1).gap = ms(think);
+                    });
+                    rig.run_until(ms(400));
+                    const Accounting& acc = rig.sched.accounting();
+                    std::map<EntityId, Duration> before{{y, acc.gpu_time(y)}, {x, acc.gpu_time(x)}};
+                    const std::uint64_t reads0 = acc.reads();
+                    rig.measure_from(ms(400));
+                    rig.run_until(ms(2400));
+                    rig.stop_submitters();
+                    rig.run_until(ms(2600));
+                    reads_per_ms = std::max(reads_per_ms, static_cast<double>(acc.reads() - reads0) / 2200);
+                    for (const auto& [e, charged0] : before) {
+                        const double ran = static_cast<double>(rig.gpu_time(e));
+                        if (ran >= 100e6) errs[e].push_back((static_cast<double>(acc.gpu_time(e) - charged0) - ran) / ran);
+                    }
+                }
+                for (const auto& [e, v] : errs) {
+                    const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+                    const double mean = std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+                    INFO("entity " << e << ": mean " << 100 * mean << "%, runs " << 100 * *lo
+                                             << ".." << 100 * *hi << "%");
+                    CHECK(std::abs(mean) < 0.01);
+                    CHECK(std::max(-*lo, *hi) < 0.03);
+                }
+                INFO(reads_per_ms << " reads per ms at most");
+                if (std::string(policy) == "none") CHECK(reads_per_ms < 1.5);
+            }
+        }
+    }
+}
+
 TEST_CASE("accounting: tenants that steer the charges the audit looks never see", "[.targets][accounting-review]") {
     // A target not met yet (tests/meson.build, suite 'targets'; results.md
     // section 6, "A review of the merged audit").  Found by a read-only
     // review of 257238c: the looks correct only what a spell covers, and a
-    // spell opens only when the engine is seen idle.
-    // (replay) y's channel a1 learns 20 us kernels (an interrupt per two),
-    //   then runs 0.6 ms ones asking for none; its a0 interrupts on each
-    //   50 us kernel; b batches 0.3 ms kernels, an interrupt per 4.  At a0's
-    //   interrupts the replay splits the uncounted time by learned lengths,
-    //   unaudited: y -62.8% and b +128% under `none`, y's share 0.784 under
-    //   hfq (target 0.5).
-    // (busy) y's a1 learns 5 ms, then runs 50 us kernels asking for none;
-    //   its a2 learns 20 us, then runs 4 ms ones: each a2 fence reads a1 on
-    //   the engine, so no spell opens and a2's kernel is charged 20 us:
-    //   -98.3% alone under `none`, hfq and `timeslice`.
-    // Bound: 5% on y and on b over 2 s after the change settles.
+    // spell opens only when the engine is seen idle, or while a channel
+    // that ends unheard is believed on it.
+    // y's channel a1 learns 20 us kernels (an interrupt per two), then runs
+    // 0.6 ms ones asking for none; its a0 interrupts on each 50 us kernel;
+    // b batches 0.3 ms kernels, an interrupt per 4.  At a0's interrupts the
+    // replay splits the uncounted time by learned lengths, unaudited: y
+    // -62.8% and b +128% under `none`, y's share 0.784 under hfq (target
+    // 0.5).  Bound: 5% on y and on b over 2 s after the change settles.
     for (const char* policy : {"none", "hfq", "dfq", "timeslice"}) {
-        for (const char* what : {"replay", "busy"}) {
-            INFO(policy << ", " << what);
-            Rig rig(policy);
-            const EntityId y = rig.task("y");
-            const bool replay = std::string(what) == "replay";
-            const EntityId b = replay ? rig.task("b") : kNoEntity;
-            const ChannelId a0 = rig.submit_loop(y, replay ? ms(0.05) : ms(5), 0, 0, ms(1));
-            const ChannelId a1 = rig.submit_loop(y, ms(0.02), 0, 0, ms(1));
-            if (replay) {
-                rig.subs.at(a1).irq_every = 2;
-                Rig::Submitter& bs = rig.subs.at(rig.submit_loop(b, ms(0.3), 0, 0, ms(1)));
-                bs.irq_every = 4;
-                bs.depth = 4;
-            }
-            rig.loop.arm(ms(300), [&] {
-                if (replay) {
-                    rig.subs.at(a1).kernel = ms(0.6);
-                    rig.subs.at(a1).irq_every = 0;
-                } else {
-                    rig.subs.at(a0).kernel = ms(0.05);
-                    rig.subs.at(a0).irq_every = 0;
-                    rig.subs.at(a1).kernel = ms(4);
-                }
-            });
-            rig.run_until(ms(400));
-            const Accounting& acc = rig.sched.accounting();
-            const Duration y0 = acc.gpu_time(y), b0 = replay ? acc.gpu_time(b) : 0;
-            rig.measure_from(ms(400));
-            rig.run_until(ms(2400));
-            rig.stop_submitters();
-            rig.run_until(ms(2600));
-            const double yr = static_cast<double>(rig.gpu_time(y)), yc = static_cast<double>(acc.gpu_time(y) - y0);
-            INFO("y charged " << yc / 1e6 << " ms of " << yr / 1e6);
-            CHECK(std::abs(yc - yr) < 0.05 * yr);
-            if (replay) {
-                const double br = static_cast<double>(rig.gpu_time(b)), bc = static_cast<double>(acc.gpu_time(b) - b0);
-                INFO("b charged " << bc / 1e6 << " ms of " << br / 1e6);
-                CHECK(std::abs(bc - br) < 0.05 * br);
-            }
-        }
+        INFO(policy);
+        Rig rig(policy);
+        const EntityId y = rig.task("y");
+        const EntityId b = rig.task("b");
+        rig.submit_loop(y, ms(0.05), 0, 0, ms(1));
+        const ChannelId a1 = rig.submit_loop(y, ms(0.02), 0, 0, ms(1));
+        rig.subs.at(a1).irq_every = 2;
+        Rig::Submitter& bs = rig.subs.at(rig.submit_loop(b, ms(0.3), 0, 0, ms(1)));
+        bs.irq_every = 4;
+        bs.depth = 4;
+        rig.loop.arm(ms(300), [&] {
+            rig.subs.at(a1).kernel = ms(0.6);
+            rig.subs.at(a1).irq_every = 0;
+        });
+        rig.run_until(ms(400));
+        const Accounting& acc = rig.sched.accounting();
+        const Duration y0 = acc.gpu_time(y), b0 = acc.gpu_time(b);
+        rig.measure_from(ms(400));
+        rig.run_until(ms(2400));
+        rig.stop_submitters();
+        rig.run_until(ms(2600));
+        const double yr = static_cast<double>(rig.gpu_time(y)), yc = static_cast<double>(acc.gpu_time(y) - y0);
+        INFO("y charged " << yc / 1e6 << " ms of " << yr / 1e6);
+        CHECK(std::abs(yc - yr) < 0.05 * yr);
+        const double br = static_cast<double>(rig.gpu_time(b)), bc = static_cast<double>(acc.gpu_time(b) - b0);
+        INFO("b charged " << bc / 1e6 << " ms of " << br / 1e6);
+        CHECK(std::abs(bc - br) < 0.05 * br);
     }
 }
 
