@@ -572,6 +572,7 @@ std::optional<Time> Accounting::replay(std::optional<ChannelId> fenced, std::opt
     for (const Completed& d : done) {
         Channel& c = channels_.at(d.id);
         c.kernel_start = -1;  // nothing seen whole: learn no length
+        c.ever_unseen = true;  // its starts were guessed: its pace sets the looks'
         c.charged_through = std::max(c.charged_through, d.ts);
         set_preempted(d.id, c, false);
         if (fetched_) c.charged_to(completed_kernels(d.get, d.id, running));
@@ -744,11 +745,13 @@ bool Accounting::replay_counted(const std::vector<Completed>& done, std::optiona
         if (!p.counted) p.d = std::min(p.cap, static_cast<Duration>(rest * p.work / uncounted_work));
     for (const Part& p : parts) {
         Channel& c = channels_.at(p.id);
-        // A counted channel that is not the one believed on the engine:
-        // its kernels were dated by its usual length, a guess the audit
-        // looks correct as at its interrupt.
-        const bool guessed = p.counted && p.id != current_;
-        charge(p.id, guessed ? audited(p.id, c, p.ts, p.d, p.one) : p.d);
+        // Every part is a guess (a counted channel's kernels dated by its
+        // usual length, the others' shares by theirs): the audit looks
+        // correct each as at an interrupt, where a spell covers it (one
+        // stays open while some channel batches, busy_spell).  A learned
+        // length the tenant steered (short kernels shown, long ones run
+        // silent) otherwise moved time to its batching neighbour.
+        charge(p.id, audited(p.id, c, p.ts, p.d, p.counted && p.one && p.id != current_));
     }
     return true;
 }
@@ -1233,6 +1236,9 @@ bool Accounting::sets_audit_pace(const Channel& c) {
 
 bool Accounting::busy_spell() const {
     if (!current_ || engine_.preemptive) return false;
+    // A channel that batches (or may: a new one) ends kernels unheard, and
+    // the replays that date the others' starts after them are guesses.
+    if (batching_ > 0) return true;
     auto it = channels_.find(*current_);
     return it != channels_.end() && it->second.ends_unheard;
 }
@@ -1257,6 +1263,7 @@ void Accounting::open_audit(Time from, std::optional<ChannelId> opener) {
     if (width == 0) return;
     audit_from_ = audit_end_ = from;
     audit_opener_ = opener;
+    audit_running_ = current_;
     audit_width_ = std::clamp(width / kAuditPerPace, kAuditMinWidth, kAuditMaxWidth);
     plan_audit_look();
 }
@@ -1265,6 +1272,7 @@ void Accounting::close_audit() {
     audit_timer_.cancel();
     audit_from_ = -1;
     audit_opener_.reset();
+    audit_running_.reset();
     audit_strata_ = 0;
     audit_looks_.clear();
 }
@@ -1297,8 +1305,10 @@ Duration Accounting::audited(ChannelId ch, Channel& c, Time t, Duration mine, bo
     // its start.  Several: only when the spell began at this channel's own
     // completion (nothing else completed since, so all ran after it);
     // otherwise the earlier ones may have run before the spell, and what the
-    // guess charged there stands.
-    const bool all_within = one || audit_opener_ == ch;
+    // guess charged there stands.  Not the kernel on the engine when a spell
+    // began while busy: it started before.
+    const bool on_at_start = audit_running_ == ch && c.charged_through < audit_from_;
+    const bool all_within = (one || audit_opener_ == ch) && !on_at_start;
     const std::optional<Duration> fix = audit_correction(ch, c, t, mine, all_within);
     c.charged_through = std::max(c.charged_through, t);
     if (!fix) return mine;

@@ -10,6 +10,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "policy_rig.hpp"
@@ -131,8 +132,12 @@ TEST_CASE("accounting: none on the round-robin GPU is exact from fences alone", 
         CHECK(acc.kernels(sub.leaf) == sub.completed);
     }
     // One engine-status read per completion (plus the settle reads of the
-    // two channels' first doorbells), no poll, no policy read.
-    CHECK(rig.sched.stats().accounting_reads <= rig.sched.stats().fences + 2 * 6);
+    // two channels' first doorbells, and the audit looks of the spells
+    // while they are new: either may ask for one interrupt per batch), no
+    // poll, no policy read.  20 to 22 reads over fences under seeds 1..24 of
+    // the looks, and 20 at 2, 4 and 8 s under the default: a cost at the
+    // start only.
+    CHECK(rig.sched.stats().accounting_reads <= rig.sched.stats().fences + 2 * 6 + 12);
     CHECK(rig.sched.stats().polls == 0);
 }
 
@@ -1055,15 +1060,21 @@ TEST_CASE("accounting: tenants whose think time jitters, seen only at their inte
     // average; what is left is their noise, which grows with how far off the
     // guess is: (d) is within 0.3% since its audited mean is its guess, (b)
     // and (e) are not yet (results.md section 6).  The bound is the sweep's
-    // for an interrupt per kernel: 1%.
+    // for an interrupt per kernel: 1%, on every run under seeds 1..8 of the
+    // looks (at the fixed default seed alone the 24 checks passed by luck
+    // once, with 39 of 192 beyond 1% over these seeds).
     for (const char* policy : {"none", "hfq", "dfq", "timeslice"}) {
         for (int c = 0; c < 6; ++c) {
-            INFO(policy << " case " << "abcdef"[c]);
-            Rig rig(policy);
-            const EntityId y = jitter_case(rig, c);
-            const auto [ran, charged] = run_and_drain(rig, y);
-            INFO("charged " << to_ms(rig.sched.accounting().gpu_time(y)) << " ms of " << to_ms(rig.gpu_time(y)));
-            CHECK(std::abs(charged - ran) < 0.01 * ran);
+            for (std::uint64_t seed = 1; seed <= 8; ++seed) {
+                INFO(policy << " case " << "abcdef"[c] << ", seed " << seed);
+                Rig rig(policy);
+                rig.sched.seed_accounting(seed);
+                const EntityId y = jitter_case(rig, c);
+                const auto [ran, charged] = run_and_drain(rig, y);
+                INFO("charged " << to_ms(rig.sched.accounting().gpu_time(y)) << " ms of "
+                                << to_ms(rig.gpu_time(y)));
+                CHECK(std::abs(charged - ran) < 0.01 * ran);
+            }
         }
     }
 }
@@ -1261,51 +1272,67 @@ TEST_CASE("accounting: kernels that start unseen after a silent channel", "[acco
     }
 }
 
-TEST_CASE("accounting: tenants that steer the charges the audit looks never see", "[.targets][accounting-review]") {
-    // A target not met yet (tests/meson.build, suite 'targets'; results.md
-    // section 6, "A review of the merged audit").  Found by a read-only
-    // review of 257238c: the looks correct only what a spell covers, and a
-    // spell opens only when the engine is seen idle, or while a channel
-    // that ends unheard is believed on it.
-    // y's channel a1 learns 20 us kernels (an interrupt per two), then runs
-    // 0.6 ms ones asking for none; its a0 interrupts on each 50 us kernel;
-    // b batches 0.3 ms kernels, an interrupt per 4.  At a0's interrupts the
-    // replay splits the uncounted time by learned lengths, unaudited: y
-    // -62.8% and b +128% under `none`, y's share 0.784 under hfq (target
-    // 0.5).  Bound: 5% on y and on b over 2 s after the change settles.
+TEST_CASE("accounting: a silent channel whose kernels grew beside a batching neighbour", "[accounting]") {
+    // Found by a read-only review of 257238c.  y's channel a1 learns 20 us
+    // kernels (an interrupt per two), then runs 0.6 ms ones asking for
+    // none; its a0 interrupts on each 50 us kernel; b batches 0.3 ms
+    // kernels, an interrupt per 4.  At a0's interrupts the replay splits the
+    // time of the channels that do not interrupt on each kernel by learned
+    // lengths: unaudited, and with no spell open while the engine was busy,
+    // y was charged -62.8% and b +128% under `none`, and hfq gave y 0.784
+    // (target 0.5).  Spells now stay open while some channel batches (or
+    // may), and each part of such a replay is audited.  Over 16 seeds of the
+    // looks: each mean within 1% (measured -0.10..+0.04%), each run within
+    // 3% (4 times the largest standard deviation measured, 0.65%: b under
+    // `none`); hfq's share for y within 0.01 of 0.5.
     for (const char* policy : {"none", "hfq", "dfq", "timeslice"}) {
-        INFO(policy);
-        Rig rig(policy);
-        const EntityId y = rig.task("y");
-        const EntityId b = rig.task("b");
-        rig.submit_loop(y, ms(0.05), 0, 0, ms(1));
-        const ChannelId a1 = rig.submit_loop(y, ms(0.02), 0, 0, ms(1));
-        rig.subs.at(a1).irq_every = 2;
-        Rig::Submitter& bs = rig.subs.at(rig.submit_loop(b, ms(0.3), 0, 0, ms(1)));
-        bs.irq_every = 4;
-        bs.depth = 4;
-        rig.loop.arm(ms(300), [&] {
-            rig.subs.at(a1).kernel = ms(0.6);
-            rig.subs.at(a1).irq_every = 0;
-        });
-        rig.run_until(ms(400));
-        const Accounting& acc = rig.sched.accounting();
-        const Duration y0 = acc.gpu_time(y), b0 = acc.gpu_time(b);
-        rig.measure_from(ms(400));
-        rig.run_until(ms(2400));
-        rig.stop_submitters();
-        rig.run_until(ms(2600));
-        const double yr = static_cast<double>(rig.gpu_time(y)), yc = static_cast<double>(acc.gpu_time(y) - y0);
-        INFO("y charged " << yc / 1e6 << " ms of " << yr / 1e6);
-        CHECK(std::abs(yc - yr) < 0.05 * yr);
-        const double br = static_cast<double>(rig.gpu_time(b)), bc = static_cast<double>(acc.gpu_time(b) - b0);
-        INFO("b charged " << bc / 1e6 << " ms of " << br / 1e6);
-        CHECK(std::abs(bc - br) < 0.05 * br);
+        std::map<char, std::vector<double>> errs;
+        for (std::uint64_t seed = 1; seed <= 16; ++seed) {
+            INFO(policy << ", seed " << seed);
+            Rig rig(policy);
+            rig.sched.seed_accounting(seed);
+            const EntityId y = rig.task("y");
+            const EntityId b = rig.task("b");
+            rig.submit_loop(y, ms(0.05), 0, 0, ms(1));
+            const ChannelId a1 = rig.submit_loop(y, ms(0.02), 0, 0, ms(1));
+            rig.subs.at(a1).irq_every = 2;
+            Rig::Submitter& bs = rig.subs.at(rig.submit_loop(b, ms(0.3), 0, 0, ms(1)));
+            bs.irq_every = 4;
+            bs.depth = 4;
+            rig.loop.arm(ms(300), [&] {
+                rig.subs.at(a1).kernel = ms(0.6);
+                rig.subs.at(a1).irq_every = 0;
+            });
+            rig.run_until(ms(400));
+            const Accounting& acc = rig.sched.accounting();
+            const Duration y0 = acc.gpu_time(y), b0 = acc.gpu_time(b);
+            rig.measure_from(ms(400));
+            rig.run_until(ms(2400));
+            const double share = rig.share(y);
+            rig.stop_submitters();
+            rig.run_until(ms(2600));
+            for (const auto& [name, e, e0] : {std::tuple{'y', y, y0}, std::tuple{'b', b, b0}}) {
+                const double ran = static_cast<double>(rig.gpu_time(e));
+                errs[name].push_back((static_cast<double>(acc.gpu_time(e) - e0) - ran) / ran);
+            }
+            if (std::string(policy) == "hfq") CHECK(share == Approx(0.5).margin(0.01));
+        }
+        for (const auto& [name, v] : errs) {
+            const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+            const double mean = std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+            INFO(policy << ", " << name << ": mean " << 100 * mean << "%, runs " << 100 * *lo << ".." << 100 * *hi
+                        << "%");
+            CHECK(std::abs(mean) < 0.01);
+            CHECK(std::max(-*lo, *hi) < 0.03);
+        }
     }
 }
 
 TEST_CASE("accounting: kernels the audit looks cannot reach on an idle GPU", "[.targets][accounting-review]") {
-    // A target not met yet, from the same review.  (horizon) A spell ends
+    // A target not met yet (tests/meson.build, suite 'targets'; results.md
+    // section 6, "A review of the merged audit"), from a read-only review
+    // of 257238c (its findings on a busy engine are unit cases above).
+    // (horizon) A spell ends
     // after 24 strata, 26 s at the 200 us floor a tenant sets with two quick
     // completions: twenty 0.1 ms kernels, a 27 s think, then one 1.5 s
     // kernel started unseen is charged its learned 0.1 ms, uncorrected:
