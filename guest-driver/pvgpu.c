@@ -32,6 +32,7 @@
 #include <linux/io.h>
 #include <linux/jiffies.h>
 #include <linux/kref.h>
+#include <linux/ktime.h>
 #include <linux/miscdevice.h>
 #include <linux/mm.h>
 #include <linux/module.h>
@@ -1029,6 +1030,21 @@ static bool pvgpu_wait_changed(const struct pvgpu_wait_one *t, u32 count)
 }
 
 /*
+ * Jiffies until `deadline` (ktime_get_ns), 0 once it has passed, else at
+ * least 1.  The deadline is kept on CLOCK_MONOTONIC, the clock the caller
+ * measures its timeout by: a TCG guest's jiffies ran ahead of it under host
+ * load, and a 100 ms WAIT returned ETIME after 73 ms (CI, vm-abuse).
+ */
+static long pvgpu_jiffies_left(u64 deadline)
+{
+	u64 now = ktime_get_ns();
+
+	if (now >= deadline)
+		return 0;
+	return clamp_t(u64, nsecs_to_jiffies(deadline - now), 1, MAX_SCHEDULE_TIMEOUT / 2);
+}
+
+/*
  * Sleep until any of the `count` targets (handle and fence filled in by the
  * caller) reaches its fence or dies, as PVGPU_IOC_WAIT and
  * PVGPU_IOC_WAIT_ANY describe.  On success *index, *status and *error say
@@ -1039,18 +1055,15 @@ static long pvgpu_wait(struct pvgpu_file *pf, struct pvgpu_wait_one *t, u32 coun
 		       s64 timeout_ns, u32 *index, u32 *status, u32 *error)
 {
 	struct pvgpu_dev *dev = pf->dev;
-	unsigned long flags, deadline = 0;
+	unsigned long flags;
+	u64 deadline = 0;	/* ktime_get_ns() */
 	u32 i, j, hit = 0, st, fence, err = 0;
 	long left = 0, ret = 0;
 	bool forever = timeout_ns < 0, tried_arm;
 	int done = -1;		/* PVGPU_WAIT_* when known */
 
-	if (timeout_ns > 0) {
-		u64 jf = nsecs_to_jiffies(timeout_ns);
-
-		jf = clamp_t(u64, jf, 1, MAX_SCHEDULE_TIMEOUT / 2);
-		deadline = jiffies + jf;
-	}
+	if (timeout_ns > 0)
+		deadline = ktime_get_ns() + (u64)timeout_ns;	/* no overflow: both below 2^63 */
 
 	/* All targets the caller's, or none is waited on. */
 	spin_lock_irqsave(&dev->lock, flags);
@@ -1124,11 +1137,11 @@ static long pvgpu_wait(struct pvgpu_file *pf, struct pvgpu_wait_one *t, u32 coun
 			break;
 
 		if (!forever) {
-			if (timeout_ns == 0 || time_after_eq(jiffies, deadline)) {
+			left = timeout_ns == 0 ? 0 : pvgpu_jiffies_left(deadline);
+			if (!left) {
 				ret = -ETIME;
 				break;
 			}
-			left = deadline - jiffies;
 		} else {
 			left = MAX_SCHEDULE_TIMEOUT;
 		}
@@ -1144,9 +1157,9 @@ static long pvgpu_wait(struct pvgpu_file *pf, struct pvgpu_wait_one *t, u32 coun
 				continue;	/* the same slot as an earlier target */
 			/* Each arm may wait for the mailbox: within what is left. */
 			if (!forever) {
-				if (time_after_eq(jiffies, deadline))
+				left = pvgpu_jiffies_left(deadline);
+				if (!left)
 					break;
-				left = deadline - jiffies;
 			}
 			ret = pvgpu_arm(dev, t[i].s, t[i].handle, t[i].alloc_seq,
 					forever ? pvgpu_cmd_jiffies() : left);
@@ -1157,7 +1170,7 @@ static long pvgpu_wait(struct pvgpu_file *pf, struct pvgpu_wait_one *t, u32 coun
 		if (ret)
 			break;
 		/* Look again; past the deadline, that look says ETIME. */
-		if (tried_arm || (!forever && time_after_eq(jiffies, deadline)))
+		if (tried_arm || (!forever && !pvgpu_jiffies_left(deadline)))
 			continue;
 
 		/* Sleep on all the targets' slots at once (see pvgpu_wait_one). */
