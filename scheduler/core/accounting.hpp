@@ -165,6 +165,7 @@ private:
         // closed): audit looks before it are not this channel's to count.
         Time charged_through = -1;
         bool fenced = false;  // it completed a kernel (an interrupt came)
+        bool ran = false;     // it completed a kernel, or was seen on the engine
         // Probe looks spent while its length was unknown, less one given
         // back every kProbeRefill interrupts in time (refill counts them).
         int probes = 0;
@@ -477,8 +478,10 @@ private:
     void open_audit(Time from, std::optional<ChannelId> opener);
     // A spell is needed while the engine is busy (non-preemptive engines):
     // the channel believed on it ends stints unheard, or some channel
-    // batches and replays guess who ran.  Honest host clients and guests
-    // interrupt on every kernel: for them only while a channel is new.
+    // batches and replays guess who ran, once such a channel has run (an
+    // open channel never used costs nothing).  Honest host clients and
+    // guests interrupt on every kernel: for them only while a channel is
+    // new.
     bool busy_spell() const;
     void close_audit();
     void plan_audit_look();
