@@ -1247,9 +1247,11 @@ bool Accounting::sets_audit_pace(const Channel& c) {
 
 bool Accounting::busy_spell() const {
     if (!current_ || engine_.preemptive) return false;
-    // A channel that batches (or may: a new one) ends kernels unheard, and
-    // the replays that date the others' starts after them are guesses.
     if (auto it = channels_.find(*current_); it != channels_.end() && it->second.ends_unheard) return true;
+    // A channel that batches (or may: a new one) ends kernels unheard, and
+    // the replays that date the others' starts after them are guesses; not
+    // one that never ran (an open channel never used kept honest tenants at
+    // three reads per fence, a review of 42ee89b).
     if (batching_ == 0) return false;
     for (const auto& [id, c] : channels_)
         if (c.counted_batching && c.ran) return true;
