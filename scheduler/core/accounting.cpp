@@ -82,6 +82,12 @@ constexpr Duration kAuditNewPace = 2 * kMillisecond;
 constexpr Duration kLateInterrupt = 1 * kMillisecond;
 // Interrupts raised this far apart are handled in the order they were raised.
 constexpr Duration kReorder = 50 * kMicrosecond;
+// An engine seen idle this long gets its doorbells trapped (set_trap_listener):
+// by then the audit's strata are some 25 ms wide, and a kernel that starts
+// later (a new channel's first, one after a long think) would be corrected
+// by looks seconds apart, or past the spell's last stratum by none.  Two
+// remaps per channel and idle spell this long at most.
+constexpr Duration kIdleTrap = 50 * kMillisecond;
 
 // A kernel already charged `before`, whose current stint of `d` began at a
 // moment known only within `slack`: its learned length puts the whole
@@ -100,19 +106,42 @@ std::uint32_t completed_kernels(std::uint32_t get, ChannelId ch, std::optional<C
 
 Accounting::Accounting(const Clock& clock, Timers& timers, StatusRead read, EngineArbitration engine)
     : clock_(clock), read_(std::move(read)), engine_(engine), read_timer_(timers), kick_timer_(timers),
-      probe_timer_(timers), audit_timer_(timers) {
+      probe_timer_(timers), audit_timer_(timers), idle_trap_timer_(timers) {
     since_ = last_seen_ = idle_seen_ = clock_.now();
+    arm_idle_trap(idle_seen_);
+}
+
+void Accounting::arm_idle_trap(Time idle_since) {
+    idle_trap_timer_.arm(idle_since + kIdleTrap, [this] { set_idle_trap(true); });
+}
+
+void Accounting::set_idle_trap(bool on) {
+    Entry entry(*this);
+    if (on && current_) return;  // a sighting of a busy engine came first
+    if (on == idle_trap_) return;
+    idle_trap_ = on;
+    for (const auto& [id, c] : channels_) trap_changes_.emplace_back(id, on);
 }
 
 Accounting::Entry::~Entry() {
     if (--a_.depth_ > 0 || a_.delivering_) return;
     a_.delivering_ = true;
     // A listener may enter again (its events are appended and delivered here).
-    for (std::size_t i = 0; i < a_.events_.size(); ++i) {
-        const Event e = a_.events_[i];
-        if (a_.listener_) a_.listener_(e);
+    // Events first, then trap wishes, then whatever those made.
+    std::size_t e = 0, t = 0;
+    for (;;) {
+        if (e < a_.events_.size()) {
+            const Event ev = a_.events_[e++];
+            if (a_.listener_) a_.listener_(ev);
+        } else if (t < a_.trap_changes_.size()) {
+            const auto [ch, on] = a_.trap_changes_[t++];
+            if (a_.trap_listener_) a_.trap_listener_(ch, on);
+        } else {
+            break;
+        }
     }
     a_.events_.clear();
+    a_.trap_changes_.clear();
     a_.delivering_ = false;
 }
 
@@ -127,6 +156,7 @@ void Accounting::channel_added(ChannelId ch, EntityId leaf) {
     if (auto it = channels_.find(ch); it != channels_.end()) uncount(ch, it->second);
     channels_[ch] = Channel{leaf};
     count_batching(channels_[ch]);
+    if (idle_trap_) trap_changes_.emplace_back(ch, true);
     totals_.try_emplace(leaf);
     // Its first doorbell is likely close: watch an idle engine again, and
     // audit its first kernel's unseen start.
@@ -253,6 +283,8 @@ void Accounting::fence(ChannelId ch) {
     // starts a new spell.
     close_audit();
     if (!current_ || busy_spell()) open_audit(now, ch);
+    // Idle from here (a kernel no look saw on the engine ended).
+    if (!current_) arm_idle_trap(now);
 }
 
 void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, std::optional<ChannelId> running,
@@ -884,8 +916,11 @@ void Accounting::now_running(std::optional<ChannelId> running, Time lo, Time hi)
         settle_step_ = 0;  // just went idle: watch for the next start
         idle_seen_ = clock_.now();
         arm_probe();
+        arm_idle_trap(idle_seen_);
     } else if (running) {
         probe_timer_.cancel();
+        idle_trap_timer_.cancel();
+        set_idle_trap(false);
     }
     if (running != before) events_.push_back({false, 0, 0, running});
     arm_read();
@@ -997,6 +1032,10 @@ void Accounting::host_kicked(ChannelId ch, std::uint32_t first) {
 
 void Accounting::doorbell_forwarded(ChannelId ch, std::uint32_t given) {
     Entry entry(*this);
+    // The idle trap did its work: this start is read right after the forward
+    // (a start no look sees arms it again).
+    set_idle_trap(false);
+    if (!current_) arm_idle_trap(clock_.now());
     // Every entry the GPU had of it completed: whatever of it runs next
     // starts after this doorbell, however long ago the engine was last seen
     // (a look that finds it on the engine dates it from here).  What was

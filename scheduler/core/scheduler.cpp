@@ -49,6 +49,12 @@ Scheduler::Scheduler(GpuDevice& gpu, const Clock& clock, Timers& timers,
     accounting_.set_fetched([this](ChannelId ch) { return registers_.read_ib_get(ch); });
     accounting_.set_pending([this](ChannelId ch) { return registers_.pending(ch); });
     accounting_.set_listener([this](const Accounting::Event& e) { on_accounting_event(e); });
+    accounting_.set_trap_listener([this](ChannelId ch, bool trap) {
+        auto it = channels_.find(ch);
+        if (it == channels_.end() || it->second.accounting_trap == trap) return;
+        it->second.accounting_trap = trap;
+        update_mode(ch);
+    });
     gpu_.set_interrupt_handler(this);
     tree_.set_listener([this](EntityTree::Change c, EntityId id) {
         if (c == EntityTree::Change::Added && by_entity_.size() <= id) by_entity_.resize(id + 1);
@@ -181,6 +187,16 @@ void Scheduler::set_mode(ChannelId ch, ChannelMode m) {
     ChannelState& st = state(ch);
     if (st.wanted == m) return;
     st.wanted = m;
+    update_mode(ch);
+}
+
+ChannelMode Scheduler::effective(const ChannelState& st) {
+    return st.wanted == ChannelMode::Direct && st.accounting_trap ? ChannelMode::Trapped : st.wanted;
+}
+
+void Scheduler::update_mode(ChannelId ch) {
+    ChannelState& st = state(ch);
+    const ChannelMode m = effective(st);
     if (st.shadow->mode() == m) {
         st.remap_timer->cancel();  // a pending switch was reverted before it landed
         return;
@@ -203,7 +219,7 @@ void Scheduler::apply_mode(ChannelId ch) {
     if (it == channels_.end()) return;
     ShadowChannel& sc = *it->second.shadow;
     ChannelMode before = sc.mode();
-    switch (it->second.wanted) {
+    switch (effective(it->second)) {
     case ChannelMode::Direct: sc.set_direct(); break;
     case ChannelMode::Trapped: sc.set_trapped(); break;
     case ChannelMode::Shadowed: sc.set_shadowed(); break;

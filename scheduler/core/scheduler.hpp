@@ -110,7 +110,8 @@ private:
     struct ChannelState {
         std::unique_ptr<ShadowChannel> shadow;
         EntityId owner = kNoEntity;
-        ChannelMode wanted = ChannelMode::Direct;
+        ChannelMode wanted = ChannelMode::Direct;  // the policy's
+        bool accounting_trap = false;               // the accounting's wish (Accounting::wants_trap)
         std::unique_ptr<Timer> remap_timer;
         // False while the policy hears of the new channel: its memory is
         // first mapped in the mode the policy asks for then, so that mode
@@ -128,6 +129,11 @@ private:
     void on_accounting_event(const Accounting::Event& e);
     void deliver_accounting();
     void apply_mode(ChannelId ch);
+    // The mode a channel gets: the policy's, or trapped where the
+    // accounting asks for it and the policy would map it direct.
+    static ChannelMode effective(const ChannelState& st);
+    // Remaps `ch` towards its effective mode (a remap's cost and delay).
+    void update_mode(ChannelId ch);
     ChannelState& state(ChannelId ch);
     const ChannelState& state(ChannelId ch) const;
 

@@ -187,6 +187,11 @@ public:
     double busy_fraction(Time until) const {
         return static_cast<double>(total_gpu_time()) / static_cast<double>(until - measure_from_);
     }
+    // The mapping of a channel its policy left direct: direct, or trapped
+    // while the accounting traps an idle engine's doorbells.
+    ChannelMode direct_mapping(ChannelId ch) const {
+        return sched.accounting().wants_trap(ch) ? ChannelMode::Trapped : ChannelMode::Direct;
+    }
     double counter(const std::string& name) const {
         auto c = const_cast<Scheduler&>(sched).policy().counters();
         return c.count(name) ? c.at(name) : -1;

@@ -135,7 +135,8 @@ TEST_CASE("dfq: a lone task pays only the drain/sample overhead; an idle host ar
     }
     CHECK(rig.subs.at(ch).completed == 5000);
     CHECK(rig.loop.pending() == 0);
-    CHECK(rig.sched.channel(ch).mode() == ChannelMode::Direct);
+    CHECK(rig.sched.mode(ch) == ChannelMode::Direct);
+    CHECK(rig.sched.channel(ch).mode() == rig.direct_mapping(ch));
     // Sampled + estimated GPU time matches the truth for a fixed kernel size.
     CHECK(to_ms(*rig.sched.policy().accounted(a)) == Approx(5000.0).epsilon(0.01));
 }
@@ -156,7 +157,8 @@ TEST_CASE("dfq: held work is never lost and everything ends direct", "[policy][d
         CHECK(s.completed == s.submitted);
         CHECK(s.completed == s.limit);
         CHECK(rig.sched.held(ch) == 0);
-        CHECK(rig.sched.channel(ch).mode() == ChannelMode::Direct);
+        CHECK(rig.sched.mode(ch) == ChannelMode::Direct);
+        CHECK(rig.sched.channel(ch).mode() == rig.direct_mapping(ch));
     }
     CHECK(rig.loop.pending() == 0);  // idle: no timer left behind
     CHECK(rig.counter("shadow_events") > 0);
@@ -248,7 +250,8 @@ TEST_CASE("dfq: stop() puts every channel back to direct and cancels its timers"
     }
     CHECK(rig.loop.pending() == 0);
     for (const auto& [ch, s] : rig.subs) {
-        CHECK(rig.sched.channel(ch).mode() == ChannelMode::Direct);
+        CHECK(rig.sched.mode(ch) == ChannelMode::Direct);
+        CHECK(rig.sched.channel(ch).mode() == rig.direct_mapping(ch));
         CHECK(rig.sched.held(ch) == 0);
         CHECK(s.completed == s.submitted);
     }
@@ -260,7 +263,10 @@ TEST_CASE("dfq: stop() puts every channel back to direct and cancels its timers"
     rig2.run_until(ms(1003));
     rig2.sched.set_policy(make_policy("none", {}));
     rig2.run_until(ms(1010));
-    for (const auto& [ch, s] : rig2.subs) CHECK(rig2.sched.channel(ch).mode() == ChannelMode::Direct);
+    for (const auto& [ch, s] : rig2.subs) {
+        CHECK(rig2.sched.mode(ch) == ChannelMode::Direct);
+        CHECK(rig2.sched.channel(ch).mode() == rig2.direct_mapping(ch));
+    }
 }
 
 TEST_CASE("dfq: eight leaves with kernels from 0.1 to 8 ms share equally", "[policy][dfq]") {

@@ -546,9 +546,10 @@ TEST_CASE("scheduler: a switch reverted before it lands does not happen", "[sche
     r.loop.run_until(us(20));
     r.sched.set_mode(ch, ChannelMode::Direct);  // changed its mind
     CHECK(r.sched.mode(ch) == ChannelMode::Direct);
-    // No remap left armed; at most the accounting's next settle read and
-    // its next audit look (the new channel's first start is audited).
-    CHECK(r.loop.pending() <= 2);
+    // No remap left armed; at most the accounting's next settle read, its
+    // next audit look (the new channel's first start is audited) and its
+    // idle trap.
+    CHECK(r.loop.pending() <= 3);
     r.loop.run_until(us(200));
     CHECK(r.actual(ch) == ChannelMode::Direct);
     CHECK_FALSE(r.write(ch, 2, us(10)));
