@@ -88,6 +88,9 @@ constexpr Duration kReorder = 50 * kMicrosecond;
 // by looks seconds apart, or past the spell's last stratum by none.  Two
 // remaps per channel and idle spell this long at most.
 constexpr Duration kIdleTrap = 50 * kMillisecond;
+// A channel trapped for its own sake goes back to direct after this many of
+// its doorbells in a row came while the engine was busy.
+constexpr int kTrapUnneeded = 16;
 
 // A kernel already charged `before`, whose current stint of `d` began at a
 // moment known only within `slack`: its learned length puts the whole
@@ -120,7 +123,20 @@ void Accounting::set_idle_trap(bool on) {
     if (on && current_) return;  // a sighting of a busy engine came first
     if (on == idle_trap_) return;
     idle_trap_ = on;
-    for (const auto& [id, c] : channels_) trap_changes_.emplace_back(id, on);
+    for (const auto& [id, c] : channels_)
+        if (!c.trapped) trap_changes_.emplace_back(id, on);
+}
+
+void Accounting::trap_channel(ChannelId id, Channel& c, bool on) {
+    c.unneeded_traps = 0;
+    if (c.trapped == on) return;
+    c.trapped = on;
+    if (!idle_trap_) trap_changes_.emplace_back(id, on);
+}
+
+bool Accounting::wants_trap(ChannelId ch) const {
+    auto it = channels_.find(ch);
+    return it != channels_.end() && (idle_trap_ || it->second.trapped);
 }
 
 Accounting::Entry::~Entry() {
@@ -373,6 +389,13 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
             relearn(c);
         c.started_unseen = !current_;
         c.ever_unseen = c.ever_unseen || c.started_unseen || (current_ && ended);
+        // Started after the settle reads stopped, or after a kernel that
+        // ended unheard: its next starts are read at its trapped doorbells.
+        // (Not one between two settle reads: a tenant that thinks less than
+        // a millisecond would pay a trap per kernel for a start the reads
+        // date within their window.)
+        if (!clamped && (current_ ? ended.has_value() : settle_step_ >= std::size(kSettleGaps)))
+            trap_channel(ch, c, true);
         // The channel believed on the engine ran out unheard: had it asked
         // for an interrupt there, that one, raised before this one (by more
         // than kReorder), would have come first.  It asks for none (or the
@@ -960,6 +983,7 @@ void Accounting::ran_between_looks(std::optional<ChannelId> running, Time t) {
         charged += d;
         c.charged_to(completed);
         c.look_charged = ts;
+        if (settle_step_ >= std::size(kSettleGaps)) trap_channel(id, c, true);  // it started unseen, late
         c.kernel_start = -1;
         last = ts;
     }
@@ -1036,6 +1060,18 @@ void Accounting::doorbell_forwarded(ChannelId ch, std::uint32_t given) {
     // (a start no look sees arms it again).
     set_idle_trap(false);
     if (!current_) arm_idle_trap(clock_.now());
+    // A channel trapped for its own sake whose doorbells keep coming while
+    // the engine is busy (or right after it went idle) starts where the
+    // completions show it: it goes back to direct.
+    if (auto it = channels_.find(ch); it != channels_.end() && it->second.trapped) {
+        Channel& c = it->second;
+        const bool needed = current_ ? ended_unheard(clock_.now()).has_value()
+                                     : clock_.now() - idle_seen_ > kSettleSpan;
+        if (needed)
+            c.unneeded_traps = 0;
+        else if (++c.unneeded_traps >= kTrapUnneeded)
+            trap_channel(ch, c, false);
+    }
     // Every entry the GPU had of it completed: whatever of it runs next
     // starts after this doorbell, however long ago the engine was last seen
     // (a look that finds it on the engine dates it from here).  What was
@@ -1229,6 +1265,10 @@ void Accounting::probe_read() {
     const std::optional<ChannelId> running = read();
     ran_between_looks(running, t);
     if (running) {
+        // Started after the settle reads stopped: its next starts are read
+        // at its trapped doorbells.
+        if (auto it = channels_.find(*running); it != channels_.end() && settle_step_ >= std::size(kSettleGaps))
+            trap_channel(*running, it->second, true);
         // Two looks this close (a narrow window's two ends): it started
         // between them, the middle unbiased.
         const Time mid = last_seen_ + (t - last_seen_) / 2;

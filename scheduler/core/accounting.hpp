@@ -13,7 +13,9 @@
 // completion.  A start later than that is charged the kernel length learned
 // from kernels seen whole, bounded by the time since the engine was seen
 // idle.  A start the host causes itself (it released held work or forwarded
-// a trapped doorbell) is read at once, so it is exact.  On a preemptive GPU
+// a trapped doorbell) is read at once, so it is exact: where no read would
+// date a start, the accounting asks the host to trap the doorbell that
+// causes it (set_trap_listener).  On a preemptive GPU
 // the host knows the time slice it programmed, so the engine status is read
 // once per slice end while busy.  Engine-status reads a policy makes anyway
 // are free observations.  A host that handles interrupts late (a stalled
@@ -89,15 +91,19 @@ public:
     void doorbell_forwarded(ChannelId ch, std::uint32_t given);
 
     void set_listener(Listener l) { listener_ = std::move(l); }
-    // What the looks cannot reach, a trapped doorbell dates exactly: once the
-    // engine has been seen idle for kIdleTrap, the accounting asks the host
-    // to trap every channel's doorbell until the engine is seen busy again
-    // (a policy may trap or shadow more; the host keeps the stronger mode).
-    // A listener hears each channel whose wish changed, delivered as events
-    // are.
+    // What the looks cannot date, a trapped doorbell dates exactly: the
+    // engine is read right after the host forwards it.  The accounting asks
+    // the host to trap a channel's doorbells (a policy may trap or shadow
+    // more; the host keeps the stronger mode) while the engine has been
+    // seen idle for kIdleTrap, every channel's until the next doorbell or
+    // sighting of a busy engine; and a channel's of its own once a kernel of
+    // it started unseen on an idle engine, until kTrapUnneeded of its
+    // doorbells in a row came while the engine was busy (a sparse tenant
+    // pays one trap per kernel instead of noisy guesses).  A listener hears
+    // each channel whose wish changed, delivered as events are.
     using TrapListener = std::function<void(ChannelId, bool)>;
     void set_trap_listener(TrapListener l) { trap_listener_ = std::move(l); }
-    bool wants_trap(ChannelId ch) const { return idle_trap_ && channels_.count(ch) != 0; }
+    bool wants_trap(ChannelId ch) const;
     // Where the GPU timestamps completions (GpuDevice::completion_time): a
     // fence is charged up to that moment, not up to when its interrupt ran.
     using CompletionTime = std::function<std::optional<Time>(ChannelId)>;
@@ -184,6 +190,10 @@ private:
         Time prev_fence_ts = -1;
         bool started_unseen = false;  // its last kernel started on an idle engine no look saw
         bool ever_unseen = false;     // ... or any kernel of it did, or one after an unheard end (audit looks)
+        // Its doorbells are trapped for its own sake (wants_trap), and how
+        // many of them in a row came with the engine busy since.
+        bool trapped = false;
+        int unneeded_traps = 0;
         // A stint of it ended at a completion whose interrupt, if it asked
         // for one, was due long before another channel's came: while it is
         // believed on the engine, what starts after it starts unseen, and a
@@ -546,6 +556,8 @@ private:
     Timer idle_trap_timer_;
     bool idle_trap_ = false;
     void set_idle_trap(bool on);
+    // `c`'s own trap (Channel::trapped), heard unless the idle trap has it.
+    void trap_channel(ChannelId id, Channel& c, bool on);
     void arm_idle_trap(Time idle_since);
     TrapListener trap_listener_;
     std::vector<std::pair<ChannelId, bool>> trap_changes_;
