@@ -50,7 +50,8 @@ constexpr Duration kSettleSpan = [] {
     return sum;
 }();
 // Audit looks (Accounting::audited): strata a kAuditPerPace'th of a
-// channel's pace wide (between completions), at least kAuditMinWidth and at
+// channel's pace wide (between completions, per kernel GET counted between
+// them: a batching channel's kernels, not its batches), at least kAuditMinWidth and at
 // most kAuditMaxWidth; the first kAuditEven of them even (two paces), then
 // each twice the one before, kAuditStrata in all (some 2^15 paces): an idle
 // channel costs a bounded number of looks, and any kernel that is not
@@ -285,6 +286,11 @@ void Accounting::fence(ChannelId ch) {
         }
         c.several_before = several;
     }
+    // Kernels since its previous interrupt (1 when GET does not say): its
+    // pace per kernel sets the audit's strata.
+    c.fence_kernels = c.fence_get_known && fetched_
+                          ? std::max<std::int32_t>(1, static_cast<std::int32_t>(completed - c.fence_done))
+                          : 1;
     c.fence_get = get;
     c.fence_get_known = static_cast<bool>(fetched_);
     c.prev_fence_ts = c.fence_ts;
@@ -1351,7 +1357,8 @@ void Accounting::open_audit(Time from, std::optional<ChannelId> opener) {
         // a guess can say (the second one was left out once: +0.6 ms on
         // every lone sparse tenant, a +0.2% over-charge in the varied sweep).
         const bool paced = c.fenced && c.prev_fence_ts >= 0;
-        const Duration pace = !paced ? kAuditNewPace : sets_audit_pace(c) ? c.fence_ts - c.prev_fence_ts : 0;
+        const Duration pace =
+            !paced ? kAuditNewPace : sets_audit_pace(c) ? (c.fence_ts - c.prev_fence_ts) / c.fence_kernels : 0;
         if (pace > 0) width = width == 0 ? pace : std::min(width, pace);
     }
     if (width == 0) return;

@@ -188,6 +188,7 @@ private:
         // Its kernel before the last one completed then (-1: not known):
         // the time between its completions bounds where the next runs.
         Time prev_fence_ts = -1;
+        std::int32_t fence_kernels = 1;  // kernels between those two completions (by GET)
         bool started_unseen = false;  // its last kernel started on an idle engine no look saw
         bool ever_unseen = false;     // ... or any kernel of it did, or one after an unheard end (audit looks)
         // Its doorbells are trapped for its own sake (wants_trap), and how
