@@ -90,7 +90,7 @@ constexpr Duration kReorder = 50 * kMicrosecond;
 // remaps per channel and idle spell this long at most.
 constexpr Duration kIdleTrap = 50 * kMillisecond;
 // A channel trapped for its own sake goes back to direct after this many of
-// its doorbells in a row came while the engine was busy.
+// its bursts in a row began while the engine was busy.
 constexpr int kTrapUnneeded = 16;
 
 // A kernel already charged `before`, whose current stint of `d` began at a
@@ -122,22 +122,30 @@ void Accounting::arm_idle_trap(Time idle_since) {
 void Accounting::set_idle_trap(bool on) {
     Entry entry(*this);
     if (on && current_) return;  // a sighting of a busy engine came first
-    if (on == idle_trap_) return;
     idle_trap_ = on;
-    for (const auto& [id, c] : channels_)
-        if (!c.trapped) trap_changes_.emplace_back(id, on);
+    // Each channel leaves the idle trap at its own doorbell: one that never
+    // rings stays trapped at no cost, and a neighbour's pulse remaps only
+    // the channels that rang since (a review of dd54309: every channel
+    // twice per idle spell, 36663 remaps in 10 s beside 100 idle channels).
+    if (on)
+        for (auto& [id, c] : channels_) set_traps(id, c, true, c.trapped);
+}
+
+void Accounting::set_traps(ChannelId id, Channel& c, bool idle, bool own) {
+    const bool before = c.idle_trapped || c.trapped;
+    c.idle_trapped = idle;
+    c.trapped = own;
+    if ((idle || own) != before) trap_changes_.emplace_back(id, idle || own);
 }
 
 void Accounting::trap_channel(ChannelId id, Channel& c, bool on) {
     c.unneeded_traps = 0;
-    if (c.trapped == on) return;
-    c.trapped = on;
-    if (!idle_trap_) trap_changes_.emplace_back(id, on);
+    set_traps(id, c, c.idle_trapped, on);
 }
 
 bool Accounting::wants_trap(ChannelId ch) const {
     auto it = channels_.find(ch);
-    return it != channels_.end() && (idle_trap_ || it->second.trapped);
+    return it != channels_.end() && (it->second.idle_trapped || it->second.trapped);
 }
 
 Accounting::Entry::~Entry() {
@@ -173,7 +181,7 @@ void Accounting::channel_added(ChannelId ch, EntityId leaf) {
     if (auto it = channels_.find(ch); it != channels_.end()) uncount(ch, it->second);
     channels_[ch] = Channel{leaf};
     count_batching(channels_[ch]);
-    if (idle_trap_) trap_changes_.emplace_back(ch, true);
+    if (idle_trap_) set_traps(ch, channels_[ch], true, false);
     totals_.try_emplace(leaf);
     // Its first doorbell is likely close: watch an idle engine again, and
     // audit its first kernel's unseen start.
@@ -949,7 +957,7 @@ void Accounting::now_running(std::optional<ChannelId> running, Time lo, Time hi)
     } else if (running) {
         probe_timer_.cancel();
         idle_trap_timer_.cancel();
-        set_idle_trap(false);
+        idle_trap_ = false;  // channels opened now are not trapped; the others leave at their doorbells
     }
     if (running != before) events_.push_back({false, 0, 0, running});
     arm_read();
@@ -1062,21 +1070,28 @@ void Accounting::host_kicked(ChannelId ch, std::uint32_t first) {
 
 void Accounting::doorbell_forwarded(ChannelId ch, std::uint32_t given) {
     Entry entry(*this);
-    // The idle trap did its work: this start is read right after the forward
-    // (a start no look sees arms it again).
-    set_idle_trap(false);
+    // The idle trap did its work for this channel: this start is read right
+    // after the forward (a start no look sees arms it again).
+    idle_trap_ = false;
     if (!current_) arm_idle_trap(clock_.now());
-    // A channel trapped for its own sake whose doorbells keep coming while
-    // the engine is busy (or right after it went idle) starts where the
-    // completions show it: it goes back to direct.
-    if (auto it = channels_.find(ch); it != channels_.end() && it->second.trapped) {
+    if (auto it = channels_.find(ch); it != channels_.end()) {
         Channel& c = it->second;
-        const bool needed = current_ ? ended_unheard(clock_.now()).has_value()
-                                     : clock_.now() - idle_seen_ > kSettleSpan;
-        if (needed)
-            c.unneeded_traps = 0;
-        else if (++c.unneeded_traps >= kTrapUnneeded)
-            trap_channel(ch, c, false);
+        if (c.idle_trapped) set_traps(ch, c, false, c.trapped);
+        // A channel trapped for its own sake whose bursts keep starting
+        // while the engine is busy (or right after it went idle) starts
+        // where the completions show it: it goes back to direct.  A doorbell
+        // behind its own pending work counts neither way (one read of the
+        // pending register): counted, a burst of 17 lifted the trap before
+        // the next burst's first start, the one it is for (a review of
+        // dd54309).
+        if (c.trapped && !(pending_ && pending_(ch))) {
+            const bool needed = current_ ? ended_unheard(clock_.now()).has_value()
+                                         : clock_.now() - idle_seen_ > kSettleSpan;
+            if (needed)
+                c.unneeded_traps = 0;
+            else if (++c.unneeded_traps >= kTrapUnneeded)
+                trap_channel(ch, c, false);
+        }
     }
     // Every entry the GPU had of it completed: whatever of it runs next
     // starts after this doorbell, however long ago the engine was last seen

@@ -95,10 +95,10 @@ public:
     // engine is read right after the host forwards it.  The accounting asks
     // the host to trap a channel's doorbells (a policy may trap or shadow
     // more; the host keeps the stronger mode) while the engine has been
-    // seen idle for kIdleTrap, every channel's until the next doorbell or
-    // sighting of a busy engine; and a channel's of its own once a kernel of
-    // it started unseen on an idle engine, until kTrapUnneeded of its
-    // doorbells in a row came while the engine was busy (a sparse tenant
+    // seen idle for kIdleTrap, every channel's until its own next doorbell;
+    // and a channel's of its own once a kernel of it started unseen on an
+    // idle engine, until kTrapUnneeded of its bursts in a row began while
+    // the engine was busy (a sparse tenant
     // pays one trap per kernel instead of noisy guesses).  A listener hears
     // each channel whose wish changed, delivered as events are.
     using TrapListener = std::function<void(ChannelId, bool)>;
@@ -192,9 +192,10 @@ private:
         bool started_unseen = false;  // its last kernel started on an idle engine no look saw
         bool ever_unseen = false;     // ... or any kernel of it did, or one after an unheard end (audit looks)
         // Its doorbells are trapped for its own sake (wants_trap), and how
-        // many of them in a row came with the engine busy since.
+        // many of its bursts in a row began with the engine busy since.
         bool trapped = false;
         int unneeded_traps = 0;
+        bool idle_trapped = false;  // trapped by the idle trap, until its own doorbell
         // A stint of it ended at a completion whose interrupt, if it asked
         // for one, was due long before another channel's came: while it is
         // believed on the engine, what starts after it starts unseen, and a
@@ -552,13 +553,16 @@ private:
     };
     Listener listener_;
     // The idle trap (set_trap_listener): armed while the engine is believed
-    // idle, on for every channel once it fires, off at the next sighting
-    // of a busy engine.
+    // idle; once it fires every channel is trapped, each until its own
+    // doorbell (idle_trap_: channels opened meanwhile too, until a doorbell
+    // or a sighting of a busy engine).
     Timer idle_trap_timer_;
     bool idle_trap_ = false;
     void set_idle_trap(bool on);
-    // `c`'s own trap (Channel::trapped), heard unless the idle trap has it.
+    // `c`'s own trap (Channel::trapped).
     void trap_channel(ChannelId id, Channel& c, bool on);
+    // Sets both of `c`'s traps; the listener hears when their union changed.
+    void set_traps(ChannelId id, Channel& c, bool idle, bool own);
     void arm_idle_trap(Time idle_since);
     TrapListener trap_listener_;
     std::vector<std::pair<ChannelId, bool>> trap_changes_;

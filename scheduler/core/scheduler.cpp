@@ -205,13 +205,15 @@ void Scheduler::update_mode(ChannelId ch) {
         apply_mode(ch);
         return;
     }
+    // One switch in flight lands on whatever mode is wanted then: a change
+    // of mind meanwhile costs nothing more.
+    if (st.remap_timer->armed()) return;
     ++stats_.remaps;
     stats_.mechanism_cpu += costs_.remap;
-    if (costs_.remap <= 0) {
+    if (costs_.remap <= 0)
         apply_mode(ch);
-    } else if (!st.remap_timer->armed()) {
+    else
         st.remap_timer->arm(now() + costs_.remap, [this, ch] { apply_mode(ch); });
-    }
 }
 
 void Scheduler::apply_mode(ChannelId ch) {

@@ -362,10 +362,11 @@ namespace {
 // books against the engine over 500 ms .. `until`.
 void check_guest_beside_throttle(const std::string& policy, double gap_ms,
                                  const std::function<void(StallingTimers&)>& stall, Time until,
-                                 const std::string& what, Duration irq_latency = 0) {
+                                 const std::string& what, Duration irq_latency = 0, std::uint64_t seed = 0) {
     sim::SimGpuConfig cfg;
     cfg.irq_latency = irq_latency;
     Rig rig(policy, {}, cfg);
+    if (seed != 0) rig.sched.seed_accounting(seed);
     stall(rig.host_timers);
     const EntityId vm = rig.vm("vm-modes", 20);
     const EntityId guest = rig.task("task-77", 100, vm);
@@ -391,13 +392,13 @@ void check_guest_beside_throttle(const std::string& policy, double gap_ms,
 // A host stalled `stall_ms` at the start of every 37 ms, read between
 // stalls (30 ms into a period): a stalled host's books lag the engine until
 // its interrupts are handled.  Every interrupt also `latency_us` late.
-void check_periodic_stalls(double stall_ms, double gap_ms, double latency_us = 0) {
+void check_periodic_stalls(double stall_ms, double gap_ms, double latency_us = 0, std::uint64_t seed = 0) {
     check_guest_beside_throttle(
         "hfq", gap_ms, [&](StallingTimers& t) { t.stall_every(ms(600), ms(37), ms(stall_ms)); },
         ms(600 + 37 * 105 + 30),
         "stalls of " + std::to_string(static_cast<int>(stall_ms)) + " ms every 37 ms, interrupts " +
-            std::to_string(static_cast<int>(latency_us)) + " us late",
-        static_cast<Duration>(latency_us * 1000));
+            std::to_string(static_cast<int>(latency_us)) + " us late, seed " + std::to_string(seed),
+        static_cast<Duration>(latency_us * 1000), seed);
 }
 
 }  // namespace
@@ -453,8 +454,12 @@ TEST_CASE("accounting: many stalls with late interrupts", "[accounting]") {
 // last completion, the throttle's kernels in it included (445 for 434 with
 // 0.3 ms).  GET counts the throttle's kernels exactly (one interrupt each);
 // the guest gets the rest of the busy window.
+// Under seeds 1..12 of the looks: with strata a quarter of the guest's
+// pace between interrupts (10 ms), seeds 1, 5, 9 and 10 put it +2.7% or
+// +4.8% off; the default seed passed by luck.  Strata per kernel: exact.
 TEST_CASE("accounting: 15 ms stalls every 37 ms", "[accounting]") {
-    check_periodic_stalls(15.0, GENERATE(0.0, 0.3, 2.5));
+    const double gap = GENERATE(0.0, 0.3, 2.5);
+    for (std::uint64_t seed = 1; seed <= 12; ++seed) check_periodic_stalls(15.0, gap, 0, seed);
 }
 
 // Every channel may ask for one interrupt per batch (a client that waits for
@@ -1468,14 +1473,107 @@ TEST_CASE("accounting: kernels that start after a long idle are dated by a trapp
                 CHECK(std::abs(charged - ran) < 0.001 * ran);
             }
             {
-                // Thinks under 50 ms: no trap, no remap.
+                // Thinks within the settle reads (0.5 ms): no trap; one
+                // remap, the idle trap's once the work ended.
                 Rig rig(policy, {}, cfg);
                 const EntityId w = rig.task("w");
-                rig.submit_loop(w, ms(1), ms(40), 200, ms(1));
+                rig.submit_loop(w, ms(1), ms(0.5), 2000, ms(1));
                 rig.run_until(ms(9000));
-                INFO("40 ms thinks: " << rig.sched.stats().traps << " traps, " << rig.sched.stats().remaps
-                                      << " remaps");
-                if (std::string(policy) == "none") CHECK(rig.sched.stats().remaps == 1);  // after the last
+                INFO("0.5 ms thinks: " << rig.sched.stats().traps << " traps, " << rig.sched.stats().remaps
+                                       << " remaps");
+                if (std::string(policy) == "none") {
+                    CHECK(rig.sched.stats().traps == 0);
+                    CHECK(rig.sched.stats().remaps == 1);
+                }
+            }
+            {
+                // Found by a review of dd54309: the idle trap switched every
+                // channel back at the first doorbell, so a tenant pulsing
+                // every 55 ms beside 100 channels that never submit cost
+                // 36663 remaps in 10 s.  Each channel now leaves it at its
+                // own doorbell: the pulser's two per pulse, and the idle
+                // channels' one, once.
+                Rig rig(policy, {}, cfg);
+                const EntityId p = rig.task("pulse");
+                const EntityId idle = rig.task("idle");
+                for (int i = 0; i < 100; ++i) rig.sched.open_channel(idle);
+                rig.submit_loop(p, ms(0.01), ms(55), 0, ms(1));
+                rig.run_until(ms(10000));
+                const auto pulses = static_cast<std::uint64_t>(rig.subs.begin()->second.completed);
+                INFO("pulse beside 100 idle channels: " << pulses << " pulses, " << rig.sched.stats().remaps
+                                                        << " remaps, " << rig.sched.stats().traps << " traps");
+                if (std::string(policy) == "none") CHECK(rig.sched.stats().remaps <= 2 * pulses + 100);
+                // Charged within one 10 us kernel on the round-robin GPU (the
+                // first, started before any trap); on the timeslice GPU
+                // each start also pays about 2.2 us of the context switch.
+                const double off = std::abs(static_cast<double>(rig.sched.accounting().gpu_time(p)) -
+                                            static_cast<double>(rig.gpu_time(p)));
+                CHECK(off < (arbitration == sim::Arbitration::Timeslice ? 0.25 * static_cast<double>(rig.gpu_time(p))
+                                                                         : static_cast<double>(ms(0.011))));
             }
         }
+}
+
+namespace {
+
+// A review of dd54309's burst: one 20 ms kernel and nineteen 0.1 ms ones,
+// each submitted 50 us before the one before it ends, then `think`; to 2 s.
+struct BurstRun {
+    double ran, charged;
+    std::uint64_t traps, remaps;
+};
+BurstRun run_bursts(const char* policy, double think, std::uint64_t seed) {
+    Rig rig(policy);
+    rig.sched.seed_accounting(seed);
+    const EntityId y = rig.task("y");
+    const ChannelId ch = rig.submit_loop(y, 0, ms(1e9), 0, ms(1e9));  // driven below
+    std::vector<Duration> lengths(20, ms(0.1));
+    lengths[0] = ms(20);
+    rig.subs.at(ch).pattern = lengths;
+    Duration burst = 0;
+    for (Duration l : lengths) burst += l;
+    for (Time t = ms(1); t + burst < ms(2000); t += burst + ms(think)) {
+        Time end = t;
+        for (std::size_t i = 0; i < lengths.size(); ++i) {
+            rig.loop.arm(i == 0 ? t : end - ms(0.05), [&rig, ch] { rig.submit(ch); });
+            end += lengths[i];
+        }
+    }
+    rig.run_until(ms(2100));
+    return {static_cast<double>(rig.gpu_time(y)), static_cast<double>(rig.sched.accounting().gpu_time(y)),
+            rig.sched.stats().traps, rig.sched.stats().remaps};
+}
+
+}  // namespace
+
+TEST_CASE("accounting: bursts whose doorbells stream behind their own work keep their trap", "[accounting]") {
+    // Found by a review of dd54309: the burst's first start comes after the
+    // settle reads and traps the channel; its 17th doorbell, behind its own
+    // work, lifted the trap again, so the next burst's first start (the one
+    // the trap is for) was guessed again, at two remaps a burst (147 over
+    // 2 s with 30 ms thinks).  Doorbells behind the channel's own pending
+    // work no longer count towards lifting it: one remap, and a trap per
+    // doorbell.
+    for (const double think : {5.0, 30.0}) {
+        const BurstRun r = run_bursts("none", think, 1);
+        INFO("think " << think << " ms: " << r.traps << " traps, " << r.remaps << " remaps");
+        CHECK(r.remaps <= 2);
+    }
+}
+
+TEST_CASE("accounting: bursts whose doorbells stream behind their own work, charged", "[.targets][accounting-bursts]") {
+    // A target not met yet (tests/meson.build, suite 'targets'; results.md
+    // section 6, "Doorbell traps").  The bursts above, 4 policies, thinks of
+    // 5 and 30 ms, 8 seeds of the looks: charged 20 ms short in every run
+    // under `none` (1600.6 of 1620.6 ms, 834.1 of 854.1), one 20 ms kernel,
+    // not yet traced (the first burst's, which starts before any trap, is
+    // the suspect).  Bound: 1%.
+    for (const char* policy : {"none", "hfq", "dfq", "timeslice"})
+        for (const double think : {5.0, 30.0})
+            for (std::uint64_t seed = 1; seed <= 8; ++seed) {
+                const BurstRun r = run_bursts(policy, think, seed);
+                INFO(policy << ", think " << think << " ms, seed " << seed << ": charged " << r.charged / 1e6
+                            << " ms of " << r.ran / 1e6);
+                CHECK(std::abs(r.charged - r.ran) < 0.01 * r.ran);
+            }
 }
