@@ -116,19 +116,18 @@ Accounting::Accounting(const Clock& clock, Timers& timers, StatusRead read, Engi
 }
 
 void Accounting::arm_idle_trap(Time idle_since) {
-    idle_trap_timer_.arm(idle_since + kIdleTrap, [this] { set_idle_trap(true); });
+    idle_trap_timer_.arm(idle_since + kIdleTrap, [this] { idle_trap_fired(); });
 }
 
-void Accounting::set_idle_trap(bool on) {
+void Accounting::idle_trap_fired() {
     Entry entry(*this);
-    if (on && current_) return;  // a sighting of a busy engine came first
-    idle_trap_ = on;
+    if (current_) return;  // a sighting of a busy engine came first
+    idle_trap_ = true;
     // Each channel leaves the idle trap at its own doorbell: one that never
     // rings stays trapped at no cost, and a neighbour's pulse remaps only
     // the channels that rang since (a review of dd54309: every channel
     // twice per idle spell, 36663 remaps in 10 s beside 100 idle channels).
-    if (on)
-        for (auto& [id, c] : channels_) set_traps(id, c, true, c.trapped);
+    for (auto& [id, c] : channels_) set_traps(id, c, true, c.trapped);
 }
 
 void Accounting::set_traps(ChannelId id, Channel& c, bool idle, bool own) {
@@ -408,7 +407,7 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
         // (Not one between two settle reads: a tenant that thinks less than
         // a millisecond would pay a trap per kernel for a start the reads
         // date within their window.)
-        if (!clamped && (current_ ? ended.has_value() : settle_step_ >= std::size(kSettleGaps)))
+        if (!clamped && (current_ ? ended.has_value() : settle_reads_done()))
             trap_channel(ch, c, true);
         // The channel believed on the engine ran out unheard: had it asked
         // for an interrupt there, that one, raised before this one (by more
@@ -997,7 +996,7 @@ void Accounting::ran_between_looks(std::optional<ChannelId> running, Time t) {
         charged += d;
         c.charged_to(completed);
         c.look_charged = ts;
-        if (settle_step_ >= std::size(kSettleGaps)) trap_channel(id, c, true);  // it started unseen, late
+        if (settle_reads_done()) trap_channel(id, c, true);  // it started unseen, late
         c.kernel_start = -1;
         last = ts;
     }
@@ -1150,12 +1149,14 @@ void Accounting::arm_read() {
             const Duration usual = it == channels_.end() ? 0 : 2 * it->second.kernel_estimate;
             read_timer_.arm(clock_.now() + std::max(kBusyWatch, usual), [this] { busy_read(); });
         }
-    } else if (settle_step_ < std::size(kSettleGaps)) {
+    } else if (!settle_reads_done()) {
         read_timer_.arm(clock_.now() + kSettleGaps[settle_step_], [this] { settle_read(); });
     } else {
         read_timer_.cancel();
     }
 }
+
+bool Accounting::settle_reads_done() const { return settle_step_ >= std::size(kSettleGaps); }
 
 void Accounting::settle_read() {
     Entry entry(*this);
@@ -1288,7 +1289,7 @@ void Accounting::probe_read() {
     if (running) {
         // Started after the settle reads stopped: its next starts are read
         // at its trapped doorbells.
-        if (auto it = channels_.find(*running); it != channels_.end() && settle_step_ >= std::size(kSettleGaps))
+        if (auto it = channels_.find(*running); it != channels_.end() && settle_reads_done())
             trap_channel(*running, it->second, true);
         // Two looks this close (a narrow window's two ends): it started
         // between them, the middle unbiased.

@@ -364,6 +364,9 @@ private:
     bool ran_out_at(ChannelId ch, Time done) const;
     void busy_read();
     void settle_read();
+    // The reads after the engine went idle are spent: a start now is seen
+    // by no read.
+    bool settle_reads_done() const;
     void mark_preempted(ChannelId ch);
 
     const Clock& clock_;
@@ -558,7 +561,7 @@ private:
     // or a sighting of a busy engine).
     Timer idle_trap_timer_;
     bool idle_trap_ = false;
-    void set_idle_trap(bool on);
+    void idle_trap_fired();
     // `c`'s own trap (Channel::trapped).
     void trap_channel(ChannelId id, Channel& c, bool on);
     // Sets both of `c`'s traps; the listener hears when their union changed.
