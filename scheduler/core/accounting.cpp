@@ -92,6 +92,8 @@ constexpr Duration kIdleTrap = 50 * kMillisecond;
 // A channel trapped for its own sake goes back to direct after this many of
 // its bursts in a row began while the engine was busy.
 constexpr int kTrapUnneeded = 16;
+// A trap asked for has landed by this long after (a remap takes some 50 us).
+constexpr Duration kTrapLanded = 1 * kMillisecond;
 
 // A kernel already charged `before`, whose current stint of `d` began at a
 // moment known only within `slack`: its learned length puts the whole
@@ -132,6 +134,7 @@ void Accounting::idle_trap_fired() {
 
 void Accounting::set_traps(ChannelId id, Channel& c, bool idle, bool own) {
     const bool before = c.idle_trapped || c.trapped;
+    if ((idle || own) && !before) traps_set_at_ = clock_.now();
     c.idle_trapped = idle;
     c.trapped = own;
     if ((idle || own) != before) trap_changes_.emplace_back(id, idle || own);
@@ -314,6 +317,7 @@ void Accounting::fence(ChannelId ch) {
     if (!current_ || busy_spell()) open_audit(now, ch);
     // Idle from here (a kernel no look saw on the engine ended).
     if (!current_) arm_idle_trap(now);
+    idle_after_fence_ = current_ ? std::nullopt : std::optional<ChannelId>(ch);
 }
 
 void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, std::optional<ChannelId> running,
@@ -954,6 +958,7 @@ void Accounting::now_running(std::optional<ChannelId> running, Time lo, Time hi)
         arm_probe();
         arm_idle_trap(idle_seen_);
     } else if (running) {
+        idle_after_fence_.reset();
         probe_timer_.cancel();
         idle_trap_timer_.cancel();
         idle_trap_ = false;  // channels opened now are not trapped; the others leave at their doorbells
@@ -996,6 +1001,7 @@ void Accounting::ran_between_looks(std::optional<ChannelId> running, Time t) {
         charged += d;
         c.charged_to(completed);
         c.look_charged = ts;
+        idle_after_fence_.reset();  // it completed after that fence
         if (settle_reads_done()) trap_channel(id, c, true);  // it started unseen, late
         c.kernel_start = -1;
         last = ts;
@@ -1179,6 +1185,10 @@ void Accounting::settle_read() {
         arm_read();
     }
     last_seen_ = t;
+    // The last settle read saw the engine idle: any start from here on is
+    // unseen, whoever it is.
+    if (!running && settle_reads_done() && audit_from_ < 0)
+        open_audit(t, idle_after_fence_, true);
 }
 
 void Accounting::learn_think(Channel& c, Time done, Time lo, Time hi) {
@@ -1339,11 +1349,18 @@ bool Accounting::audit_mean_guessed(const Channel& c, Time t, bool corrected) co
     return c.kernel_estimate == 0 || std::abs(c.audit_mean - c.kernel_estimate) > c.kernel_estimate / kAuditMeanOff;
 }
 
-bool Accounting::sets_audit_pace(const Channel& c) {
+bool Accounting::sets_audit_pace(const Channel& c, bool settled) {
     // Not only after an unseen start: a tenant would show its short kernels
     // to the settle reads right after its long ones.  Batching channels too:
-    // a tenant could otherwise opt out by asking for fewer interrupts.
-    return c.ever_unseen && c.prev_fence_ts >= 0 && c.fence_ts > c.prev_fence_ts;
+    // a tenant could otherwise opt out by asking for fewer interrupts.  And
+    // every channel whose doorbell is not trapped once the settle reads are
+    // spent: its first unseen start would be guessed at its learned length,
+    // uncorrected (two 0.1 ms kernels shown to the settle reads, a 2 ms
+    // think and a 500 ms kernel, on a fresh channel each time: charged
+    // 0.06% of what ran, on either engine).  A trapped doorbell dates its
+    // start exactly.
+    const bool unseen_next = c.ever_unseen || (settled && !c.trapped && !c.idle_trapped);
+    return unseen_next && c.prev_fence_ts >= 0 && c.fence_ts > c.prev_fence_ts;
 }
 
 bool Accounting::busy_spell() const {
@@ -1359,12 +1376,13 @@ bool Accounting::busy_spell() const {
     return false;
 }
 
-void Accounting::open_audit(Time from, std::optional<ChannelId> opener) {
+void Accounting::open_audit(Time from, std::optional<ChannelId> opener, bool settled) {
     close_audit();
-    // Not on a preemptive engine: its status names a context being switched
-    // in before it runs, and that dead time is no one's.  While busy only
-    // when what starts next may start unseen.
-    if ((current_ && !busy_spell()) || engine_.preemptive) return;
+    // While busy only when what starts next may start unseen.  On a
+    // preemptive engine only once the settle reads saw it idle to the last:
+    // its status names a context being switched in before it runs, and a
+    // look then charges that dead time (microseconds) to the audited start.
+    if ((current_ && !busy_spell()) || (engine_.preemptive && !settled)) return;
     Duration width = 0;
     for (const auto& [id, c] : channels_) {
         // A channel yet to complete two kernels (or whose last fence came
@@ -1374,7 +1392,7 @@ void Accounting::open_audit(Time from, std::optional<ChannelId> opener) {
         // every lone sparse tenant, a +0.2% over-charge in the varied sweep).
         const bool paced = c.fenced && c.prev_fence_ts >= 0;
         const Duration pace =
-            !paced ? kAuditNewPace : sets_audit_pace(c) ? (c.fence_ts - c.prev_fence_ts) / c.fence_kernels : 0;
+            !paced ? kAuditNewPace : sets_audit_pace(c, settled) ? (c.fence_ts - c.prev_fence_ts) / c.fence_kernels : 0;
         if (pace > 0) width = width == 0 ? pace : std::min(width, pace);
     }
     if (width == 0) return;
@@ -1411,12 +1429,32 @@ void Accounting::audit_read(Duration weight) {
     const Time t = clock_.now();
     const std::optional<ChannelId> running = read();
     audit_looks_.push_back({t, weight, running});
+    if (!running && !current_ && spell_done(t)) {
+        close_audit();
+        return;
+    }
     plan_audit_look();
 }
 
+bool Accounting::spell_done(Time t) const {
+    // The engine is idle at this look, every doorbell has been trapped long
+    // enough for the remap to have landed (a later start is read at its
+    // forward), and every completion the GPU timestamped was handled (a
+    // kernel that ran unseen has its interrupt corrected by these looks):
+    // no later look could correct anything.  An idle GPU's spell ends here,
+    // not some 2^15 paces on.
+    if (t < traps_set_at_ + kTrapLanded) return false;
+    for (const auto& [id, c] : channels_) {
+        if (!c.trapped && !c.idle_trapped) return false;
+        if (completion_time_)
+            if (const std::optional<Time> done = completion_time_(id); done && *done > c.charged_through) return false;
+    }
+    return true;
+}
+
 Duration Accounting::audited(ChannelId ch, Channel& c, Time t, Duration mine, bool one) {
-    // The rest of a kernel preempted before (only a preemptive engine,
-    // which is not audited, preempts): charged as guessed.
+    // The rest of a kernel preempted before (only a preemptive engine
+    // preempts, audited only while idle): charged as guessed.
     if (c.preempted) return mine;
     // One kernel ran within the spell: it was not on the engine seen idle at
     // its start.  Several: only when the spell began at this channel's own

@@ -493,16 +493,18 @@ private:
         Duration weight;                // its stratum's width
         std::optional<ChannelId> saw;
     };
-    // Its pace sets the strata's width: it started unseen once, and its
-    // last two completions are known.
-    static bool sets_audit_pace(const Channel& c);
+    // Its pace sets the strata's width: it started unseen once (or, once
+    // the settle reads are spent on an idle engine, any start of it would
+    // be unseen), and its last two completions are known.
+    static bool sets_audit_pace(const Channel& c, bool settled);
     // The guess for one kernel of `c` begun unseen, completed at t, is its
     // audited mean rather than its learned length (`corrected`: the looks
     // will correct that guess).
     bool audit_mean_guessed(const Channel& c, Time t, bool corrected) const;
     // opener: whose completion began the spell (none: a look saw the
-    // engine idle)
-    void open_audit(Time from, std::optional<ChannelId> opener);
+    // engine idle).  settled: the settle reads saw the engine idle to the
+    // last, so every paced channel sets the pace.
+    void open_audit(Time from, std::optional<ChannelId> opener, bool settled = false);
     // A spell is needed while the engine is busy (non-preemptive engines):
     // the channel believed on it ends stints unheard, or some channel
     // batches and replays guess who ran, once such a channel has run (an
@@ -513,6 +515,10 @@ private:
     void close_audit();
     void plan_audit_look();
     void audit_read(Duration weight);  // a look for a stratum this wide
+    // An idle look at t that ends the spell (no later look could correct
+    // anything).
+    bool spell_done(Time t) const;
+    Time traps_set_at_ = 0;  // the last time a channel's doorbell was trapped
     // The correction for `ch`'s kernel that completed at t, charged `mine`;
     // nullopt where the looks do not cover it.
     // all_within: every kernel charged ran after the spell's start.
@@ -527,6 +533,10 @@ private:
     std::minstd_rand audit_rng_{0xa0d17};
     Time audit_from_ = -1;            // the spell's start (-1: none open)
     std::optional<ChannelId> audit_opener_;  // whose completion began it
+    // The engine has been idle since this channel's completion (nothing
+    // seen on it, nothing else completed since): a spell opened later in
+    // that idle time began at its completion too.
+    std::optional<ChannelId> idle_after_fence_;
     // Believed on the engine when it began (a spell while busy): the kernel
     // it ran then may have started before the spell.
     std::optional<ChannelId> audit_running_;

@@ -164,7 +164,14 @@ TEST_CASE("accounting: idle GPU costs no reads", "[accounting]") {
     rig.submit_loop(a, ms(3), 0, 1);
     rig.run_until(ms(10));
     auto reads = rig.sched.stats().accounting_reads;
+    // The audit looks at the idle engine until every doorbell is trapped
+    // (50 ms) and one look sees it idle after that; none after.  (Before a
+    // fresh channel's first unseen start was audited, none at all.)
     rig.run_until(ms(1000));
+    INFO("audit looks at the idle engine: " << rig.sched.stats().accounting_reads - reads);
+    CHECK(rig.sched.stats().accounting_reads - reads <= 16);
+    reads = rig.sched.stats().accounting_reads;
+    rig.run_until(ms(10000));
     CHECK(rig.sched.stats().accounting_reads == reads);
     // Its start on the idle engine was caught by a settle read: within
     // half the gap between two of them.
@@ -734,9 +741,10 @@ TEST_CASE("accounting: the looks that halve a think window stop with the work", 
     rig.run_until(ms(12));
     REQUIRE(rig.sched.accounting().kernel_estimate(ch) == 0);  // not learned yet
     rig.stop_submitters();
-    rig.run_until(ms(100));
+    // (The audit's looks, too, stop once every doorbell is trapped.)
+    rig.run_until(ms(500));
     const auto reads = rig.sched.stats().accounting_reads;
-    rig.run_until(ms(2000));
+    rig.run_until(ms(5000));
     CHECK(rig.sched.stats().accounting_reads == reads);
 }
 
@@ -1180,7 +1188,11 @@ TEST_CASE("accounting: lone tenants whose kernel lengths and think times vary", 
     // time since the last look.  The audit looks correct that on average;
     // what is left is their noise, predicted per configuration by
     // docs/looks_noise.py: 39 of the 60 keep a standard deviation over 0.5%
-    // even with every stratum at the 200 us floor.  Bound: 1%.
+    // even with every stratum at the 200 us floor.  Bound: 1%, for each of
+    // 12 seeds of the looks (with the default seed alone it was met by
+    // luck: 2 of 12 seeds leave one configuration beyond).
+    int beyond_all = 0;
+    for (std::uint64_t looks = 1; looks <= 12; ++looks) {
     int beyond = 0;
     double sum = 0;
     std::uint64_t reads = 0, kernels = 0, traps = 0;
@@ -1191,6 +1203,7 @@ TEST_CASE("accounting: lone tenants whose kernel lengths and think times vary", 
         const double think = between(0.1, 4), think_spread = between(0, 1);
         const char* policy = seed % 2 ? "dfq" : "none";
         Rig rig(policy);
+        rig.sched.seed_accounting(looks);
         const EntityId y = rig.task("y");
         Rig::Submitter& s = rig.subs.at(rig.submit_loop(y, ms(len), ms(think), 0, ms(5)));
         auto rng = std::make_shared<std::mt19937>(seed + 1000);
@@ -1209,15 +1222,19 @@ TEST_CASE("accounting: lone tenants whose kernel lengths and think times vary", 
         reads += rig.sched.accounting().reads();
         kernels += rig.sched.accounting().kernels(y);
         traps += rig.sched.stats().traps;
-        std::printf("seed %u: %s, kernels %.2f ms +-%.0f%%, think %.2f ms +-%.0f%%: %+.2f%% (%.2f traps per kernel)\n",
-                    seed, policy, len, 50 * len_spread, think, 50 * think_spread, 100 * err,
+        if (looks == 1 || std::abs(err) >= 0.01)
+        std::printf("looks %llu, seed %u: %s, kernels %.2f ms +-%.0f%%, think %.2f ms +-%.0f%%: %+.2f%% (%.2f traps per kernel)\n",
+                    static_cast<unsigned long long>(looks), seed, policy, len, 50 * len_spread, think, 50 * think_spread, 100 * err,
                     static_cast<double>(rig.sched.stats().traps) /
                         static_cast<double>(rig.sched.accounting().kernels(y)));
     }
-    std::printf("%d of 60 configurations beyond 1%% (mean error %.2f%%; %.2f engine reads, %.2f traps per kernel)\n",
-                beyond, 100 * sum / 60, static_cast<double>(reads) / static_cast<double>(kernels),
+    std::printf("looks %llu: %d of 60 configurations beyond 1%% (mean error %.2f%%; %.2f engine reads, %.2f traps per kernel)\n",
+                static_cast<unsigned long long>(looks), beyond, 100 * sum / 60,
+                static_cast<double>(reads) / static_cast<double>(kernels),
                 static_cast<double>(traps) / static_cast<double>(kernels));
-    CHECK(beyond == 0);
+    beyond_all += beyond;
+    }
+    CHECK(beyond_all == 0);
 }
 
 TEST_CASE("accounting: kernels that start unseen after a silent channel", "[accounting]") {
@@ -1564,10 +1581,12 @@ TEST_CASE("accounting: bursts whose doorbells stream behind their own work keep 
 TEST_CASE("accounting: bursts whose doorbells stream behind their own work, charged", "[.targets][accounting-bursts]") {
     // A target not met yet (tests/meson.build, suite 'targets'; results.md
     // section 6, "Doorbell traps").  The bursts above, 4 policies, thinks of
-    // 5 and 30 ms, 8 seeds of the looks: charged 20 ms short in every run
-    // under `none` (1600.6 of 1620.6 ms, 834.1 of 854.1), one 20 ms kernel,
-    // not yet traced (the first burst's, which starts before any trap, is
-    // the suspect).  Bound: 1%.
+    // 5 and 30 ms, 8 seeds of the looks.  They were charged one 20 ms
+    // kernel short in every run under `none`: the second burst's first,
+    // which started unseen with no audit spell open (its channel had shown
+    // every start to the settle reads).  It is audited now; what is left is
+    // that audit's noise, one look in the 25.6 ms stratum across the 30 ms
+    // think (+0.76%, or -2.18% at seed 2).  Bound: 1%.
     for (const char* policy : {"none", "hfq", "dfq", "timeslice"})
         for (const double think : {5.0, 30.0})
             for (std::uint64_t seed = 1; seed <= 8; ++seed) {
@@ -1576,4 +1595,48 @@ TEST_CASE("accounting: bursts whose doorbells stream behind their own work, char
                             << " ms of " << r.ran / 1e6);
                 CHECK(std::abs(r.charged - r.ran) < 0.01 * r.ran);
             }
+}
+
+TEST_CASE("accounting: a fresh channel's long kernel after its short ones is audited", "[accounting]") {
+    // Found while tracing `accounting-bursts`: a channel whose starts the
+    // settle reads all saw set no pace for the audit, so its first start
+    // after them was guessed at its learned length and nothing corrected
+    // it.  A tenant that shows two 0.1 ms kernels to the settle reads,
+    // thinks 2 ms and starts a 40 ms one, on a fresh channel each time
+    // (it is trapped after), was charged 2.4 ms of 321.6 (0.7%), under
+    // every policy and on either GPU; with 500 ms kernels 0.06%.  Once the
+    // settle reads are spent on an idle engine, every untrapped channel
+    // sets the pace, on the timeslice GPU too.  The audit is right on
+    // average: over 64 seeds of the looks the mean is within 5% (its
+    // measured spread over seeds is 10.5% a run, 1.3% for the mean), and
+    // no run is charged under half.
+    for (const char* policy : {"none", "hfq", "dfq", "timeslice"})
+        for (const auto arbitration : {sim::Arbitration::RoundRobin, sim::Arbitration::Timeslice}) {
+            double sum = 0, truth = 0;
+            constexpr int kSeeds = 64;
+            for (std::uint64_t seed = 1; seed <= kSeeds; ++seed) {
+                sim::SimGpuConfig cfg;
+                cfg.arbitration = arbitration;
+                Rig rig(policy, {}, cfg);
+                rig.sched.seed_accounting(seed);
+                const EntityId y = rig.task("y");
+                for (int r = 0; r < 8; ++r)
+                    rig.loop.arm(ms(1) + r * ms(100), [&rig, y] {
+                        const ChannelId ch = rig.submit_loop(y, 0, 0, 3, rig.loop.now());
+                        rig.subs.at(ch).pattern = {ms(0.1), ms(0.1), ms(40)};
+                        rig.subs.at(ch).gap_after = [](std::uint64_t n) { return n == 2 ? ms(2) : 0; };
+                        rig.loop.arm(rig.loop.now() + ms(90), [&rig, ch] { rig.sched.close_channel(ch); });
+                    });
+                rig.run_until(ms(900));
+                const double charged = static_cast<double>(rig.sched.accounting().gpu_time(y));
+                truth = static_cast<double>(rig.gpu_time(y));
+                INFO(policy << (arbitration == sim::Arbitration::Timeslice ? ", timeslice GPU" : ", round-robin GPU")
+                            << ", seed " << seed << ": charged " << charged / 1e6 << " ms of " << truth / 1e6);
+                CHECK(charged > 0.5 * truth);
+                sum += charged;
+            }
+            INFO(policy << (arbitration == sim::Arbitration::Timeslice ? ", timeslice GPU" : ", round-robin GPU")
+                        << ": mean " << sum / kSeeds / 1e6 << " ms of " << truth / 1e6);
+            CHECK(std::abs(sum / kSeeds - truth) < 0.05 * truth);
+        }
 }
