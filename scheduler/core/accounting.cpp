@@ -94,6 +94,9 @@ constexpr Duration kIdleTrap = 50 * kMillisecond;
 constexpr int kTrapUnneeded = 16;
 // A trap asked for has landed by this long after (a remap takes some 50 us).
 constexpr Duration kTrapLanded = 1 * kMillisecond;
+// The widest audit stratum on an idle engine before its doorbells are all
+// trapped (Accounting::plan_audit_look): eight or so looks over those 50 ms.
+constexpr Duration kAuditIdleWidth = kIdleTrap / 8;
 
 // A kernel already charged `before`, whose current stint of `d` began at a
 // moment known only within `slack`: its learned length puts the whole
@@ -1416,10 +1419,21 @@ void Accounting::plan_audit_look() {
     if (audit_strata_ >= kAuditStrata) return;  // a spell must end: an idle GPU goes quiet
     // (The doubling stops at 2^30 widths, years of idle time.)
     const int doublings = std::clamp(audit_strata_ - kAuditEven + 1, 0, 30);
-    const Duration w = audit_width_ << doublings;
+    Duration w = audit_width_ << doublings;
+    // On an idle engine, until every doorbell is trapped (a later start is
+    // read exactly), no stratum is wider than kAuditIdleWidth: a start in
+    // there is corrected by one look that stands for at most that much (one
+    // in a 25.6 ms stratum moved a 20 ms kernel's charge by 25.6 ms or
+    // nothing).  These few do not count towards kAuditStrata, so the
+    // doubling after them still covers some 2^15 paces.
+    const bool capped = !audit_running_ && w > std::max(audit_width_, kAuditIdleWidth) &&
+                        audit_end_ < audit_from_ + kIdleTrap + kTrapLanded;
+    if (capped)
+        w = std::max(audit_width_, kAuditIdleWidth);
+    else
+        ++audit_strata_;
     const Time lo = audit_end_;
     audit_end_ += w;
-    ++audit_strata_;
     const Time at = lo + std::uniform_int_distribution<Duration>(0, w - 1)(audit_rng_);
     audit_timer_.arm(at, [this, w] { audit_read(w); });
 }

@@ -467,7 +467,8 @@ private:
     // settle reads saw the engine idle at A (audit_from_), the time after A
     // is cut into strata, one look at a uniform moment in each (widths: a
     // channel's pace, the first kAuditEven strata, then doubling until the
-    // next completion).  A look at u in a stratum of width w stands for the
+    // next completion; on an idle engine none wider than kAuditIdleWidth
+    // until every doorbell is trapped).  A look at u in a stratum of width w stands for the
     // whole stratum: when the kernel that completed at t is charged `mine`,
     // taken as [t - mine, t], each look before t adds w times (ran at u) -
     // (charged at u), which is right on average whatever the tenant does,
