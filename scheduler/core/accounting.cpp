@@ -92,7 +92,8 @@ constexpr Duration kIdleTrap = 50 * kMillisecond;
 // A channel trapped for its own sake goes back to direct after this many of
 // its bursts in a row began while the engine was busy.
 constexpr int kTrapUnneeded = 16;
-// A trap asked for has landed by this long after (a remap takes some 50 us).
+// A trap asked for has landed by this long after, beyond the host's remap
+// delay (set_remap_delay: twice it, a switch may be in flight before).
 constexpr Duration kTrapLanded = 1 * kMillisecond;
 // The widest audit stratum on an idle engine before its doorbells are all
 // trapped (Accounting::plan_audit_look): eight or so looks over those 50 ms.
@@ -116,6 +117,7 @@ std::uint32_t completed_kernels(std::uint32_t get, ChannelId ch, std::optional<C
 Accounting::Accounting(const Clock& clock, Timers& timers, StatusRead read, EngineArbitration engine)
     : clock_(clock), read_(std::move(read)), engine_(engine), read_timer_(timers), kick_timer_(timers),
       probe_timer_(timers), audit_timer_(timers), idle_trap_timer_(timers) {
+    set_remap_delay(0);
     since_ = last_seen_ = idle_seen_ = clock_.now();
     arm_idle_trap(idle_seen_);
 }
@@ -147,6 +149,8 @@ void Accounting::trap_channel(ChannelId id, Channel& c, bool on) {
     c.unneeded_traps = 0;
     set_traps(id, c, c.idle_trapped, on);
 }
+
+void Accounting::set_remap_delay(Duration d) { trap_lands_ = kTrapLanded + 2 * std::max<Duration>(0, d); }
 
 bool Accounting::wants_trap(ChannelId ch) const {
     auto it = channels_.find(ch);
@@ -199,6 +203,18 @@ void Accounting::channel_added(ChannelId ch, EntityId leaf) {
 
 void Accounting::channel_removed(ChannelId ch) {
     Entry entry(*this);
+    // Not believed on the engine, it may have run unseen (a review of
+    // c8e78f6: a fresh channel closed 30 ms into a 40 ms kernel, or after
+    // one that asked for no interrupt, was charged 0.7% of what ran): a
+    // completion no interrupt reported is charged as its interrupt would
+    // be, and a kernel still running is seen by one read.
+    if (auto it = channels_.find(ch); it != channels_.end() && current_ != ch && completion_time_)
+        if (const std::optional<Time> done = completion_time_(ch); done && *done > it->second.charged_through)
+            fence(ch);
+    if (current_ != ch && channels_.count(ch)) {
+        const std::optional<ChannelId> running = read();
+        if (running == ch) observed(running);
+    }
     if (current_ == ch) {
         // Believed on the engine, but its kernel may have ended unseen (no
         // interrupt asked for): one read before the GPU forgets it.  Still
@@ -207,7 +223,7 @@ void Accounting::channel_removed(ChannelId ch) {
         const Time t = clock_.now();
         const std::optional<ChannelId> running = read();
         if (running == ch) {
-            charge(ch, t - since_);
+            charge_guess(ch, t);
             now_running(std::nullopt, t, t);
         } else {
             observed(running);
@@ -1427,7 +1443,7 @@ void Accounting::plan_audit_look() {
     // nothing).  These few do not count towards kAuditStrata, so the
     // doubling after them still covers some 2^15 paces.
     const bool capped = !audit_running_ && w > std::max(audit_width_, kAuditIdleWidth) &&
-                        audit_end_ < audit_from_ + kIdleTrap + kTrapLanded;
+                        audit_end_ < audit_from_ + kIdleTrap + trap_lands_;
     if (capped)
         w = std::max(audit_width_, kAuditIdleWidth);
     else
@@ -1457,7 +1473,7 @@ bool Accounting::spell_done(Time t) const {
     // kernel that ran unseen has its interrupt corrected by these looks):
     // no later look could correct anything.  An idle GPU's spell ends here,
     // not some 2^15 paces on.
-    if (t < traps_set_at_ + kTrapLanded) return false;
+    if (t < traps_set_at_ + trap_lands_) return false;
     for (const auto& [id, c] : channels_) {
         if (!c.trapped && !c.idle_trapped) return false;
         if (completion_time_)

@@ -104,6 +104,9 @@ public:
     using TrapListener = std::function<void(ChannelId, bool)>;
     void set_trap_listener(TrapListener l) { trap_listener_ = std::move(l); }
     bool wants_trap(ChannelId ch) const;
+    // How long the host takes to remap a channel (a trap asked for lands
+    // within twice that, one switch possibly in flight before it).
+    void set_remap_delay(Duration d);
     // Where the GPU timestamps completions (GpuDevice::completion_time): a
     // fence is charged up to that moment, not up to when its interrupt ran.
     using CompletionTime = std::function<std::optional<Time>(ChannelId)>;
@@ -520,6 +523,7 @@ private:
     // anything).
     bool spell_done(Time t) const;
     Time traps_set_at_ = 0;  // the last time a channel's doorbell was trapped
+    Duration trap_lands_ = 0;  // a trap asked for has landed by this long after (set_remap_delay)
     // The correction for `ch`'s kernel that completed at t, charged `mine`;
     // nullopt where the looks do not cover it.
     // all_within: every kernel charged ran after the spell's start.

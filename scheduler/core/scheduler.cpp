@@ -45,6 +45,7 @@ Scheduler::Scheduler(GpuDevice& gpu, const Clock& clock, Timers& timers,
           },
           gpu.arbitration()) {
     if (!policy_) throw std::invalid_argument("scheduler needs a policy");
+    accounting_.set_remap_delay(costs_.remap);
     accounting_.set_completion_time([this](ChannelId ch) { return gpu_.completion_time(ch); });
     accounting_.set_fetched([this](ChannelId ch) { return registers_.read_ib_get(ch); });
     accounting_.set_pending([this](ChannelId ch) { return registers_.pending(ch); });
