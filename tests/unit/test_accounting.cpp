@@ -1598,6 +1598,36 @@ TEST_CASE("accounting: bursts whose doorbells stream behind their own work, char
             }
 }
 
+namespace {
+
+// The fresh-channel tenant: every 100 ms a new channel of y runs 0.1 ms,
+// 0.1 ms, thinks 2 ms, then runs a 40 ms kernel (asking for no interrupt
+// if `quiet_long`); the channel is closed `close_after` after it opened.
+// Returns what y was charged and what it ran, over 900 ms.
+std::pair<double, double> run_fresh_channels(const char* policy, sim::Arbitration arbitration, std::uint64_t seed,
+                                             Duration close_after, bool quiet_long) {
+    sim::SimGpuConfig cfg;
+    cfg.arbitration = arbitration;
+    Rig rig(policy, {}, cfg);
+    rig.sched.seed_accounting(seed);
+    const EntityId y = rig.task("y");
+    for (int r = 0; r < 8; ++r)
+        rig.loop.arm(ms(1) + r * ms(100), [&rig, y, close_after, quiet_long] {
+            const ChannelId ch = rig.submit_loop(y, 0, 0, 3, rig.loop.now());
+            Rig::Submitter& s = rig.subs.at(ch);
+            s.pattern = {ms(0.1), ms(0.1), ms(40)};
+            s.gap_after = [&rig, ch, quiet_long](std::uint64_t n) {
+                if (n == 2 && quiet_long) rig.subs.at(ch).irq = false;
+                return n == 2 ? ms(2) : 0;
+            };
+            rig.loop.arm(rig.loop.now() + close_after, [&rig, ch] { rig.sched.close_channel(ch); });
+        });
+    rig.run_until(ms(900));
+    return {static_cast<double>(rig.sched.accounting().gpu_time(y)), static_cast<double>(rig.gpu_time(y))};
+}
+
+}  // namespace
+
 TEST_CASE("accounting: a fresh channel's long kernel after its short ones is audited", "[accounting]") {
     // Found while tracing `accounting-bursts`: a channel whose starts the
     // settle reads all saw set no pace for the audit, so its first start
@@ -1617,21 +1647,8 @@ TEST_CASE("accounting: a fresh channel's long kernel after its short ones is aud
             double sum = 0, truth = 0;
             constexpr int kSeeds = 64;
             for (std::uint64_t seed = 1; seed <= kSeeds; ++seed) {
-                sim::SimGpuConfig cfg;
-                cfg.arbitration = arbitration;
-                Rig rig(policy, {}, cfg);
-                rig.sched.seed_accounting(seed);
-                const EntityId y = rig.task("y");
-                for (int r = 0; r < 8; ++r)
-                    rig.loop.arm(ms(1) + r * ms(100), [&rig, y] {
-                        const ChannelId ch = rig.submit_loop(y, 0, 0, 3, rig.loop.now());
-                        rig.subs.at(ch).pattern = {ms(0.1), ms(0.1), ms(40)};
-                        rig.subs.at(ch).gap_after = [](std::uint64_t n) { return n == 2 ? ms(2) : 0; };
-                        rig.loop.arm(rig.loop.now() + ms(90), [&rig, ch] { rig.sched.close_channel(ch); });
-                    });
-                rig.run_until(ms(900));
-                const double charged = static_cast<double>(rig.sched.accounting().gpu_time(y));
-                truth = static_cast<double>(rig.gpu_time(y));
+                double charged = 0;
+                std::tie(charged, truth) = run_fresh_channels(policy, arbitration, seed, ms(90), false);
                 INFO(policy << (arbitration == sim::Arbitration::Timeslice ? ", timeslice GPU" : ", round-robin GPU")
                             << ", seed " << seed << ": charged " << charged / 1e6 << " ms of " << truth / 1e6);
                 CHECK(charged > 0.5 * truth);
@@ -1659,27 +1676,12 @@ TEST_CASE("accounting: a channel closed before its unseen kernel's interrupt is 
                 double sum = 0, truth = 0;
                 constexpr int kSeeds = 16;
                 for (std::uint64_t seed = 1; seed <= kSeeds; ++seed) {
-                    sim::SimGpuConfig cfg;
-                    cfg.arbitration = arbitration;
-                    Rig rig(policy, {}, cfg);
-                    rig.sched.seed_accounting(seed);
-                    const EntityId y = rig.task("y");
-                    for (int r = 0; r < 8; ++r)
-                        rig.loop.arm(ms(1) + r * ms(100), [&rig, y, variant] {
-                            const ChannelId ch = rig.submit_loop(y, 0, 0, 3, rig.loop.now());
-                            Rig::Submitter& s = rig.subs.at(ch);
-                            s.pattern = {ms(0.1), ms(0.1), ms(40)};
-                            // Variant 1: the long kernel asks for no interrupt.
-                            s.gap_after = [&rig, ch, variant](std::uint64_t n) {
-                                if (n == 2 && variant == 1) rig.subs.at(ch).irq = false;
-                                return n == 2 ? ms(2) : 0;
-                            };
-                            rig.loop.arm(rig.loop.now() + (variant == 0 ? ms(32.2) : ms(90)),
-                                         [&rig, ch] { rig.sched.close_channel(ch); });
-                        });
-                    rig.run_until(ms(900));
-                    sum += static_cast<double>(rig.sched.accounting().gpu_time(y));
-                    truth = static_cast<double>(rig.gpu_time(y));
+                    // Variant 0: closed 30 ms into the long kernel; 1: the
+                    // long kernel asks for no interrupt, closed after it.
+                    double charged = 0;
+                    std::tie(charged, truth) =
+                        run_fresh_channels(policy, arbitration, seed, variant == 0 ? ms(32.2) : ms(90), variant == 1);
+                    sum += charged;
                 }
                 INFO("variant " << variant << ", " << policy
                                 << (arbitration == sim::Arbitration::Timeslice ? ", timeslice GPU" : ", round-robin GPU")
