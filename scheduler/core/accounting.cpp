@@ -279,6 +279,11 @@ void Accounting::fence(ChannelId ch) {
     // Kernels completed by now (GET counts the one on the engine too).
     const std::uint32_t completed = completed_kernels(get, ch, running);
     const bool late = t + kLateInterrupt < now;
+    // On a preemptive engine a channel on it now that was not believed there
+    // may have run before this kernel too, taken off at a slice end no read
+    // saw (a long kernel begun unseen on an engine believed idle, cut by a
+    // neighbour's): what the looks saw of it is charged.
+    if (engine_.preemptive && running && running != ch && running != current_) charge_sighted(*running, t);
     std::optional<Time> replayed;
     // A replay scans every channel: only when something may have run unseen
     // (the host was late, or some channel interrupts once per batch).
@@ -445,16 +450,26 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
         if (bounded) learn_bounds(c, 0, gap);
         Duration mine = c.kernel_estimate > 0 ? std::min(gap, n * c.kernel_estimate) : gap / 2;
         // Corrected by the audit looks where what ran before it is known to
-        // have ended (idle, or its completion timestamp): else the channel
-        // believed on the engine was charged up to this guess, uncorrected.
-        const bool corrected = (!current_ || ended) && !clamped;
+        // have ended (idle, or its completion timestamp), or where the same
+        // looks correct the channel believed on the engine up to this guess
+        // (both sides of it are corrected, so it may be off).  Else that
+        // channel's charge up to the guess stands, and so must this one's.
+        // (On the timeslice GPU a neighbour's kernel cuts into a long one
+        // begun unseen, whose start the looks saw and no read dated.)
+        const auto cur = current_ ? channels_.find(*current_) : channels_.end();
+        const bool cur_audited = cur != channels_.end() && !ended && audit_applies(cur->second, t);
+        const bool corrected = (!current_ || ended || cur_audited) && !clamped;
         if (n == 1 && audit_mean_guessed(c, t, corrected)) mine = std::min(gap, c.audit_mean);
         if (current_ && ended && *ended <= t - mine) {
             // It ran out at its completion: a stint closed there, with its
             // usual length when it held one kernel begun in a window.
             charge_stint(*current_, *ended, running);
         } else if (current_) {
-            charge(*current_, std::min(ended.value_or(t), t - mine) - since_);
+            const Time end = std::min(ended.value_or(t), t - mine);
+            if (corrected && cur_audited)
+                charge_guess(*current_, end);
+            else
+                charge(*current_, end - since_);
             settle_count(*current_, running);
         }
         if (corrected) mine = audited(ch, c, t, mine, n == 1);
@@ -590,12 +605,13 @@ void Accounting::observed(std::optional<ChannelId> running) {
     }
     // A stint that ended at a completion is charged as one the interrupt
     // closes: its usual length when it held one kernel begun in a window.
+    bool audited_stint = false;
     if (current_ && ran_out)
         lo = hi = charge_ran_out(*current_, lo, t, running);
     else if (current_)
-        charge_guess(*current_, lo + (hi - lo) / 2);
+        audited_stint = charge_guess(*current_, lo + (hi - lo) / 2);
     // Taken off a preemptive engine without a completion: preempted.
-    if (engine_.preemptive && current_ && running && !ran_out) mark_preempted(*current_);
+    if (engine_.preemptive && current_ && running && !ran_out) mark_preempted(*current_, audited_stint);
     now_running(running, lo, hi);
     last_seen_ = t;
 }
@@ -878,9 +894,11 @@ std::optional<Time> Accounting::ended_unheard(Time t) const {
     return done;
 }
 
-void Accounting::charge_guess(ChannelId ch, Time end) {
+bool Accounting::charge_guess(ChannelId ch, Time end) {
     auto it = channels_.find(ch);
-    charge(ch, it == channels_.end() ? end - since_ : audited(ch, it->second, end, end - since_, false));
+    bool corrected = false;
+    charge(ch, it == channels_.end() ? end - since_ : audited(ch, it->second, end, end - since_, false, &corrected));
+    return corrected;
 }
 
 void Accounting::assumed_start(Time ended, Time seen) {
@@ -901,14 +919,12 @@ void Accounting::started_after_idle(Time ended, std::optional<ChannelId> running
 void Accounting::preempted(ChannelId next) {
     Entry entry(*this);
     const Time t = clock_.now();
-    if (current_) {
-        charge(*current_, t - since_);
-        mark_preempted(*current_);
-    }
+    if (current_) mark_preempted(*current_, charge_guess(*current_, t));
     now_running(next, t, t);
     // The host chose the moment: exact, but the dead time is nobody's.
     since_ = stint_start_ = t + engine_.preempt;
     slice_end_ = since_ + engine_.timeslice;
+    slice_slack_ = 0;
     if (auto it = channels_.find(next); it != channels_.end() && it->second.kernel_start >= 0)
         it->second.kernel_start = since_;
     arm_read();
@@ -955,8 +971,10 @@ void Accounting::now_running(std::optional<ChannelId> running, Time lo, Time hi)
             if (running != loaded_) {
                 since_ = stint_start_ = at + engine_.ctxsw;
                 slice_end_ = since_ + engine_.timeslice;
+                slice_slack_ = start_slack_;
             } else if (at >= slice_end_) {
                 slice_end_ = at + engine_.timeslice;
+                slice_slack_ = start_slack_;
             }
         }
         loaded_ = running;
@@ -1482,7 +1500,7 @@ bool Accounting::spell_done(Time t) const {
     return true;
 }
 
-Duration Accounting::audited(ChannelId ch, Channel& c, Time t, Duration mine, bool one) {
+Duration Accounting::audited(ChannelId ch, Channel& c, Time t, Duration mine, bool one, bool* corrected) {
     // The rest of a kernel preempted before (only a preemptive engine
     // preempts, audited only while idle): charged as guessed.
     if (c.preempted) return mine;
@@ -1496,6 +1514,7 @@ Duration Accounting::audited(ChannelId ch, Channel& c, Time t, Duration mine, bo
     const bool all_within = (one || audit_opener_ == ch) && !on_at_start;
     const std::optional<Duration> fix = audit_correction(ch, c, t, mine, all_within);
     c.charged_through = std::max(c.charged_through, t);
+    if (corrected) *corrected = fix.has_value();
     if (!fix) return mine;
     c.audit_kernels = std::min(c.audit_kernels + 1, kAuditMean);
     c.audit_mean = std::max<Duration>(0, c.audit_mean + (mine + *fix - c.audit_mean) / c.audit_kernels);
@@ -1508,13 +1527,36 @@ Duration Accounting::audited(ChannelId ch, Channel& c, Time t, Duration mine, bo
 
 bool Accounting::audit_covers(Time t) const { return audit_from_ >= 0 && t > audit_from_ && t <= audit_end_; }
 
+void Accounting::charge_sighted(ChannelId x, Time t) {
+    auto it = channels_.find(x);
+    if (it == channels_.end() || !audit_applies(it->second, t)) return;
+    Channel& c = it->second;
+    // Its guess up to t was nothing, and every kernel of it the looks saw
+    // ran after the spell's start (an idle engine, seen so).
+    const std::optional<Duration> fix = audit_correction(x, c, t, 0, true);
+    c.charged_through = t;
+    if (!fix || *fix <= 0) return;
+    const Duration owed = *fix + c.audit_debt;
+    c.audit_debt = std::min<Duration>(0, owed);
+    charge(x, std::max<Duration>(0, owed));
+    // Its kernel goes on from t: not a fresh one whose length its stint
+    // teaches, and what it was charged here has no slack to put right.
+    set_preempted(x, c, true);
+    c.kernel_charged = std::max<Duration>(0, owed);
+    c.kernel_slack = 0;
+}
+
+bool Accounting::audit_applies(const Channel& c, Time t) const {
+    return !c.preempted && audit_covers(t) && t > std::max(audit_from_, c.charged_through);
+}
+
 std::optional<Duration> Accounting::audit_correction(ChannelId ch, const Channel& c, Time t, Duration mine,
                                                      bool all_within) const {
     // From the spell's start, or where this channel's time was charged up
     // to if later (its stint closed by a look, say): before that the looks
     // that saw it were charged already.
+    if (!audit_applies(c, t)) return std::nullopt;
     const Time from = std::max(audit_from_, c.charged_through);
-    if (!audit_covers(t) || t <= from) return std::nullopt;
     const Time charged_from = t - mine;
     // What this guess charged before charged_through was charged already;
     // before the spell's start too when every kernel charged ran after it
@@ -1579,7 +1621,6 @@ void Accounting::slice_read() {
         last_seen_ = t;
         arm_read();
     } else if (running) {
-        const Time at = std::min(slice_end_, t);
         const Time done = completion_time_ ? completion_time_(*current_).value_or(-1) : -1;
         // Its start, hence the slice end, is known within start_slack_ (and
         // kExactStart for one seen exactly): a kernel that ended with its
@@ -1591,10 +1632,19 @@ void Accounting::slice_read() {
             const Time end = charge_ran_out(*current_, done, t, running);
             now_running(running, end, end);
         } else {
-            // Switched at the slice end, as programmed.
-            charge(*current_, at - since_);
-            mark_preempted(*current_);
-            now_running(running, at, at);
+            // Switched at the slice end, as programmed.  A stint begun at a
+            // guessed start is audited here, as a kernel is at its
+            // interrupt: else the kernel's end, charged from an exact start,
+            // pulled that guess towards a length the tenant taught with
+            // short kernels (a review of c8e78f6: 44% charged).  The slice
+            // end is known as well as the start its slice began at: the
+            // next channel started in there, after the last look that saw
+            // this one (a neighbour's 0.5 ms kernel, cut in where the GPU's
+            // slice ended, was charged 0.1 ms).
+            const Time lo = std::max(last_seen_, std::min(slice_end_ - slice_slack_, t));
+            const Time hi = std::max(lo, std::min(slice_end_ + slice_slack_, t));
+            mark_preempted(*current_, charge_guess(*current_, lo + (hi - lo) / 2));
+            now_running(running, lo, hi);
         }
         last_seen_ = t;
     } else {
@@ -1609,7 +1659,7 @@ bool Accounting::ran_out_at(ChannelId ch, Time done) const {
            it->second.uncharged(fetched_(ch), 1);
 }
 
-void Accounting::mark_preempted(ChannelId ch) {
+void Accounting::mark_preempted(ChannelId ch, bool audited_stint) {
     auto it = channels_.find(ch);
     if (it == channels_.end()) return;
     Channel& c = it->second;
@@ -1619,7 +1669,7 @@ void Accounting::mark_preempted(ChannelId ch) {
         // right (charge_fence).
         if (!c.preempted) c.kernel_charged = c.kernel_slack = 0;
         c.kernel_charged += stint_charged_;
-        c.kernel_slack += start_slack_;
+        if (!audited_stint) c.kernel_slack += start_slack_;
     }
     set_preempted(ch, c, true);
 }

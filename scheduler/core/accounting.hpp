@@ -370,7 +370,9 @@ private:
     // The reads after the engine went idle are spent: a start now is seen
     // by no read.
     bool settle_reads_done() const;
-    void mark_preempted(ChannelId ch);
+    // `audited_stint`: the stint just charged was corrected by the audit
+    // looks, so its start's slack is not the kernel's to put right again.
+    void mark_preempted(ChannelId ch, bool audited_stint);
 
     const Clock& clock_;
     StatusRead read_;
@@ -399,8 +401,8 @@ private:
     // before, on the assumption that the engine did not idle until `seen`.
     void assumed_start(Time ended, Time seen);
     // Charges the channel believed on the engine from since_ to `end`,
-    // audited (since_ may be a guess).
-    void charge_guess(ChannelId ch, Time end);
+    // audited (since_ may be a guess); true if the looks corrected it.
+    bool charge_guess(ChannelId ch, Time end);
     Time seen_lo_ = 0, seen_hi_ = 0;    // current_'s kernel started in [seen_lo_, seen_hi_] (as looks proved)
     Duration stint_charged_ = 0;        // charged to current_ since it was last seen to start
     Time last_seen_ = 0;                // last observation of the engine
@@ -409,6 +411,7 @@ private:
     // not having seen it on the engine (idle, or current_ believed there).
     Time unseen_start(Time done) const;
     Time slice_end_ = 0;                // preemptive: when current_'s slice ends
+    Duration slice_slack_ = 0;          // ... within this (its slice began at a start so dated)
     std::size_t settle_step_ = 0;       // settle reads made since the engine went idle
     std::optional<ChannelId> kicked_;   // a doorbell the host forwarded, read after it
     Time kicked_at_ = -1;
@@ -531,9 +534,17 @@ private:
                                              bool all_within) const;
     // The open spell's strata reach a completion at t.
     bool audit_covers(Time t) const;
+    // ... and audited() would correct a charge of `c` up to t (a preempted
+    // kernel's rest is not: charged as guessed).
+    bool audit_applies(const Channel& c, Time t) const;
+    // Preemptive engine: `x`, not believed on the engine, is seen there at
+    // a completion at t; it ran before it as far as the looks saw (charged
+    // that, up to t).
+    void charge_sighted(ChannelId x, Time t);
     // `mine`, charged `c` as [t - mine, t] for its kernels completed by t
     // (`one`: a single one), corrected (its debt paid first).
-    Duration audited(ChannelId ch, Channel& c, Time t, Duration mine, bool one);
+    // `corrected`, if given: whether the looks covered it.
+    Duration audited(ChannelId ch, Channel& c, Time t, Duration mine, bool one, bool* corrected = nullptr);
     Timer audit_timer_;
     std::minstd_rand audit_rng_{0xa0d17};
     Time audit_from_ = -1;            // the spell's start (-1: none open)
