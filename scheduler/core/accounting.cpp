@@ -465,9 +465,11 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
             // usual length when it held one kernel begun in a window.
             charge_stint(*current_, *ended, running);
         } else if (current_) {
-            const Time end = std::min(ended.value_or(t), t - mine);
+            // On a preemptive engine this channel's context was switched in
+            // before its kernel ran: the dead time is nobody's.
+            const Time end = std::min(ended.value_or(t), t - mine - (engine_.preemptive ? engine_.ctxsw : 0));
             if (corrected && cur_audited)
-                charge_guess(*current_, end);
+                charge_guess(*current_, end, t);
             else
                 charge(*current_, end - since_);
             settle_count(*current_, running);
@@ -894,10 +896,11 @@ std::optional<Time> Accounting::ended_unheard(Time t) const {
     return done;
 }
 
-bool Accounting::charge_guess(ChannelId ch, Time end) {
+bool Accounting::charge_guess(ChannelId ch, Time end, Time through) {
     auto it = channels_.find(ch);
     bool corrected = false;
-    charge(ch, it == channels_.end() ? end - since_ : audited(ch, it->second, end, end - since_, false, &corrected));
+    charge(ch, it == channels_.end() ? end - since_
+                                     : audited(ch, it->second, end, end - since_, false, &corrected, through));
     return corrected;
 }
 
@@ -1500,7 +1503,8 @@ bool Accounting::spell_done(Time t) const {
     return true;
 }
 
-Duration Accounting::audited(ChannelId ch, Channel& c, Time t, Duration mine, bool one, bool* corrected) {
+Duration Accounting::audited(ChannelId ch, Channel& c, Time t, Duration mine, bool one, bool* corrected,
+                             Time through) {
     // The rest of a kernel preempted before (only a preemptive engine
     // preempts, audited only while idle): charged as guessed.
     if (c.preempted) return mine;
@@ -1512,16 +1516,18 @@ Duration Accounting::audited(ChannelId ch, Channel& c, Time t, Duration mine, bo
     // began while busy: it started before.
     const bool on_at_start = audit_running_ == ch && c.charged_through < audit_from_;
     const bool all_within = (one || audit_opener_ == ch) && !on_at_start;
-    const std::optional<Duration> fix = audit_correction(ch, c, t, mine, all_within);
-    c.charged_through = std::max(c.charged_through, t);
+    through = std::max(through, t);
+    const std::optional<Duration> fix = audit_correction(ch, c, t, mine, all_within, through);
+    c.charged_through = std::max(c.charged_through, through);
     if (corrected) *corrected = fix.has_value();
     if (!fix) return mine;
     c.audit_kernels = std::min(c.audit_kernels + 1, kAuditMean);
     c.audit_mean = std::max<Duration>(0, c.audit_mean + (mine + *fix - c.audit_mean) / c.audit_kernels);
     // Its debt first: corrections that took back more than was charged
     // since are paid by later kernels.
-    const Duration owed = mine + *fix + c.audit_debt;
-    c.audit_debt = std::min<Duration>(0, owed);
+    Duration& debt = totals_[c.leaf].audit_debt;
+    const Duration owed = mine + *fix + debt;
+    debt = std::min<Duration>(0, owed);
     return std::max<Duration>(0, owed);
 }
 
@@ -1533,11 +1539,12 @@ void Accounting::charge_sighted(ChannelId x, Time t) {
     Channel& c = it->second;
     // Its guess up to t was nothing, and every kernel of it the looks saw
     // ran after the spell's start (an idle engine, seen so).
-    const std::optional<Duration> fix = audit_correction(x, c, t, 0, true);
+    const std::optional<Duration> fix = audit_correction(x, c, t, 0, true, t);
     c.charged_through = t;
     if (!fix || *fix <= 0) return;
-    const Duration owed = *fix + c.audit_debt;
-    c.audit_debt = std::min<Duration>(0, owed);
+    Duration& debt = totals_[c.leaf].audit_debt;
+    const Duration owed = *fix + debt;
+    debt = std::min<Duration>(0, owed);
     charge(x, std::max<Duration>(0, owed));
     // Its kernel goes on from t: not a fresh one whose length its stint
     // teaches, and what it was charged here has no slack to put right.
@@ -1551,7 +1558,7 @@ bool Accounting::audit_applies(const Channel& c, Time t) const {
 }
 
 std::optional<Duration> Accounting::audit_correction(ChannelId ch, const Channel& c, Time t, Duration mine,
-                                                     bool all_within) const {
+                                                     bool all_within, Time through) const {
     // From the spell's start, or where this channel's time was charged up
     // to if later (its stint closed by a look, say): before that the looks
     // that saw it were charged already.
@@ -1563,7 +1570,8 @@ std::optional<Duration> Accounting::audit_correction(ChannelId ch, const Channel
     // (the engine was seen idle there).
     Duration fix = -std::max<Duration>(0, (all_within ? from : c.charged_through) - charged_from);
     for (const AuditLook& l : audit_looks_)
-        if (l.at >= from && l.at < t) fix += l.weight * ((l.saw == ch ? 1 : 0) - (l.at >= charged_from ? 1 : 0));
+        if (l.at >= from && l.at < through)
+            fix += l.weight * ((l.saw == ch ? 1 : 0) - (l.at >= charged_from && l.at < t ? 1 : 0));
     return fix;
 }
 
@@ -1643,7 +1651,7 @@ void Accounting::slice_read() {
             // slice ended, was charged 0.1 ms).
             const Time lo = std::max(last_seen_, std::min(slice_end_ - slice_slack_, t));
             const Time hi = std::max(lo, std::min(slice_end_ + slice_slack_, t));
-            mark_preempted(*current_, charge_guess(*current_, lo + (hi - lo) / 2));
+            mark_preempted(*current_, charge_guess(*current_, lo + (hi - lo) / 2, hi));
             now_running(running, lo, hi);
         }
         last_seen_ = t;
@@ -1655,8 +1663,11 @@ void Accounting::slice_read() {
 bool Accounting::ran_out_at(ChannelId ch, Time done) const {
     auto it = channels_.find(ch);
     // (GET is read only when that can matter: each read costs.)
-    return it != channels_.end() && fetched_ && it->second.charged_known && done > since_ &&
-           it->second.uncharged(fetched_(ch), 1);
+    if (it == channels_.end() || !fetched_ || !it->second.charged_known || done <= since_) return false;
+    // One kernel fetched since it was last charged, the one that completed;
+    // or several, and the GPU's pending register says none is left (a
+    // preempted kernel is fetched and not completed: pending).
+    return it->second.uncharged(fetched_(ch), 1) || (pending_ && !pending_(ch));
 }
 
 void Accounting::mark_preempted(ChannelId ch, bool audited_stint) {

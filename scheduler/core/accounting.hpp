@@ -206,9 +206,6 @@ private:
         // interrupts again for a while to shed it.
         bool ends_unheard = false;
         Time check_at = -1;           // a check look is due then (-1: none)
-        // What audit corrections took back beyond what was charged since
-        // (<= 0): later charges pay it first.
-        Duration audit_debt = 0;
         // Mean of its kernels' audited charges (each right on average):
         // the guess an audit then corrects least, over up to kAuditMean
         // kernels.
@@ -252,6 +249,11 @@ private:
     struct Totals {
         Duration gpu_time = 0;
         std::uint64_t kernels = 0;
+        // What audit corrections took back beyond what was charged since
+        // (<= 0): later charges of any of its channels pay it first (kept
+        // per channel, a short-lived channel's debt was lost when it closed:
+        // a review of 5de260e).
+        Duration audit_debt = 0;
     };
 
     std::optional<ChannelId> read();
@@ -359,11 +361,12 @@ private:
     void slice_read();
     // Off a preemptive engine, `ch` (believed on it) ran out of work at its
     // completion timestamp `done`: GET says the one kernel it fetched since
-    // it was last charged is the one that completed.  With more fetched it
-    // would have run on to a slice end (or been preempted there: GET and the
-    // timestamp cannot tell which, and a tenant's kernel lengths must not).
-    // True also for a kernel that ended exactly with its slice: it was not
-    // preempted.  Reads GET.
+    // it was last charged is the one that completed, or the GPU's pending
+    // register says it has no work left.  With more fetched and work left
+    // it would have run on to a slice end (or been preempted there: GET and
+    // the timestamp cannot tell which, and a tenant's kernel lengths must
+    // not).  True also for a kernel that ended exactly with its slice: it
+    // was not preempted.  Reads GET (and the pending register).
     bool ran_out_at(ChannelId ch, Time done) const;
     void busy_read();
     void settle_read();
@@ -401,8 +404,10 @@ private:
     // before, on the assumption that the engine did not idle until `seen`.
     void assumed_start(Time ended, Time seen);
     // Charges the channel believed on the engine from since_ to `end`,
-    // audited (since_ may be a guess); true if the looks corrected it.
-    bool charge_guess(ChannelId ch, Time end);
+    // audited (since_ may be a guess) with the looks up to `through` (if
+    // later: where what follows it was guessed to begin is a guess too);
+    // true if the looks corrected it.
+    bool charge_guess(ChannelId ch, Time end, Time through = -1);
     Time seen_lo_ = 0, seen_hi_ = 0;    // current_'s kernel started in [seen_lo_, seen_hi_] (as looks proved)
     Duration stint_charged_ = 0;        // charged to current_ since it was last seen to start
     Time last_seen_ = 0;                // last observation of the engine
@@ -531,7 +536,7 @@ private:
     // nullopt where the looks do not cover it.
     // all_within: every kernel charged ran after the spell's start.
     std::optional<Duration> audit_correction(ChannelId ch, const Channel& c, Time t, Duration mine,
-                                             bool all_within) const;
+                                             bool all_within, Time through) const;
     // The open spell's strata reach a completion at t.
     bool audit_covers(Time t) const;
     // ... and audited() would correct a charge of `c` up to t (a preempted
@@ -543,8 +548,11 @@ private:
     void charge_sighted(ChannelId x, Time t);
     // `mine`, charged `c` as [t - mine, t] for its kernels completed by t
     // (`one`: a single one), corrected (its debt paid first).
-    // `corrected`, if given: whether the looks covered it.
-    Duration audited(ChannelId ch, Channel& c, Time t, Duration mine, bool one, bool* corrected = nullptr);
+    // `corrected`, if given: whether the looks covered it.  `through`
+    // (if later than t): the looks up to there are this channel's too, its
+    // guess ending at t (a stint cut where another channel's guess began).
+    Duration audited(ChannelId ch, Channel& c, Time t, Duration mine, bool one, bool* corrected = nullptr,
+                     Time through = -1);
     Timer audit_timer_;
     std::minstd_rand audit_rng_{0xa0d17};
     Time audit_from_ = -1;            // the spell's start (-1: none open)

@@ -1607,18 +1607,21 @@ namespace {
 struct FreshRun {
     double charged, truth;                      // y's
     double neighbour_charged, neighbour_truth;  // z's (0 without one)
+    double helper_charged, helper_truth;        // w's (with a helper of its own)
 };
 FreshRun run_fresh_channels(const char* policy, sim::Arbitration arbitration, std::uint64_t seed, Duration close_after,
-                            bool quiet_long, Duration helper_at = 0, Duration neighbour_gap = 0) {
+                            bool quiet_long, Duration helper_at = 0, Duration neighbour_gap = 0,
+                            bool helper_own_tenant = false) {
     sim::SimGpuConfig cfg;
     cfg.arbitration = arbitration;
     Rig rig(policy, {}, cfg);
     rig.sched.seed_accounting(seed);
     const EntityId y = rig.task("y");
     const EntityId z = rig.task("z");
+    const EntityId w = helper_own_tenant ? rig.task("w") : y;
     if (neighbour_gap > 0) rig.submit_loop(z, ms(0.5), neighbour_gap);
     for (int r = 0; r < 8; ++r)
-        rig.loop.arm(ms(1) + r * ms(100), [&rig, y, close_after, quiet_long, helper_at] {
+        rig.loop.arm(ms(1) + r * ms(100), [&rig, y, w, close_after, quiet_long, helper_at] {
             const ChannelId ch = rig.submit_loop(y, 0, 0, 3, rig.loop.now());
             Rig::Submitter& s = rig.subs.at(ch);
             s.pattern = {ms(0.1), ms(0.1), ms(40)};
@@ -1628,14 +1631,15 @@ FreshRun run_fresh_channels(const char* policy, sim::Arbitration arbitration, st
             };
             rig.loop.arm(rig.loop.now() + close_after, [&rig, ch] { rig.sched.close_channel(ch); });
             if (helper_at > 0)
-                rig.loop.arm(rig.loop.now() + helper_at, [&rig, y] {
-                    const ChannelId h = rig.submit_loop(y, ms(0.1), 0, 1, rig.loop.now());
+                rig.loop.arm(rig.loop.now() + helper_at, [&rig, w] {
+                    const ChannelId h = rig.submit_loop(w, ms(0.1), 0, 1, rig.loop.now());
                     rig.loop.arm(rig.loop.now() + ms(40), [&rig, h] { rig.sched.close_channel(h); });
                 });
         });
     rig.run_until(ms(900));
     return {static_cast<double>(rig.sched.accounting().gpu_time(y)), static_cast<double>(rig.gpu_time(y)),
-            static_cast<double>(rig.sched.accounting().gpu_time(z)), static_cast<double>(rig.gpu_time(z))};
+            static_cast<double>(rig.sched.accounting().gpu_time(z)), static_cast<double>(rig.gpu_time(z)),
+            static_cast<double>(rig.sched.accounting().gpu_time(w)), static_cast<double>(rig.gpu_time(w))};
 }
 
 }  // namespace
@@ -1675,42 +1679,79 @@ TEST_CASE("accounting: a fresh channel's long kernel after its short ones is aud
 
 TEST_CASE("accounting: a kernel begun unseen and cut by a second channel is audited whole", "[accounting]") {
     // Found by a review of c8e78f6.  The fresh-channel tenant above rings
-    // one 0.1 ms kernel on a second fresh channel 30 ms into its 40 ms one
-    // (variant 0), or that plus an honest neighbour whose 0.5 ms kernels
+    // one 0.1 ms kernel on a second fresh channel of its own some 30 ms
+    // into its 40 ms one (variant 0, at several phases against the GPU's
+    // 2 ms slices), or that plus an honest neighbour whose 0.5 ms kernels
     // come every 7 ms (variant 1).  On the timeslice GPU the long kernel's
-    // start, dated in a 31 ms window, was charged unaudited at the slice end
-    // that let the second channel in, and its end was pulled towards the
-    // 0.1 ms length learned: 142.4 of 322.4 ms (44%).  With the neighbour,
-    // whose kernels cut in unseen, 301.6..316.3 of 322.4, and under dfq the
-    // neighbour was charged 93.5% of what it ran (its kernel dated from the
-    // slice end believed, not the GPU's).  Now a stint begun at a guessed
-    // start is audited where a slice end or another channel's kernel cuts
-    // it, what the looks saw of a channel found on the engine at another's
-    // completion is charged, and a slice end is known as well as the stint's
-    // start.  The looks' noise: over 64 seeds runs of y lie in 307..340 ms
-    // (measured), their mean within 0.3% (a standard error of about 0.6%:
-    // bound 3%); the neighbour is charged exactly in every run (bound 0.1%).
+    // start, dated in a 31 ms window, was charged unaudited at the slice
+    // end that let the second channel in, and its end was pulled towards
+    // the 0.1 ms length learned: 142.4 of 322.4 ms (44%).  With the
+    // neighbour, whose kernels cut in unseen, 93.5..96.2%, and under dfq
+    // the neighbour was charged 93.5% of what it ran.  A review of the
+    // first fix (5de260e) found the cut credited only to the channel that
+    // cut in: 82.5..89.8% at phases off the slice grid.  Now a stint begun
+    // at a guessed start is audited where a slice end, a host preemption or
+    // another channel's completion cuts it, with the looks up to where the
+    // next one's guess ends; what the looks saw of a channel found on the
+    // engine at another's completion is charged; a slice end is known as
+    // well as the start its slice began at.  The looks' noise: over 64
+    // seeds runs of y lie in 302..350 ms of 322.4 (measured), their means
+    // in 321.8..325.6 (bound 3%); the neighbour is charged exactly in every
+    // run (bound 0.1%).
     for (const int variant : {0, 1})
+        for (const double at : {20.5, 31.1, 32.2, 32.9, 35.5}) {
+            if (variant == 1 && at != 32.2) continue;
+            for (const char* policy : {"none", "hfq", "dfq", "timeslice"})
+                for (const auto arbitration : {sim::Arbitration::RoundRobin, sim::Arbitration::Timeslice}) {
+                    double sum = 0, truth = 0, lo = 1e18, hi = 0, worst_neighbour = 0;
+                    constexpr int kSeeds = 64;
+                    for (std::uint64_t seed = 1; seed <= kSeeds; ++seed) {
+                        const FreshRun run = run_fresh_channels(policy, arbitration, seed, ms(90), false, ms(at),
+                                                                variant == 1 ? ms(7) : 0);
+                        truth = run.truth;
+                        sum += run.charged;
+                        lo = std::min(lo, run.charged);
+                        hi = std::max(hi, run.charged);
+                        if (variant == 1)
+                            worst_neighbour =
+                                std::max(worst_neighbour, std::abs(run.neighbour_charged / run.neighbour_truth - 1));
+                    }
+                    INFO("variant " << variant << ", second channel at " << at << " ms, " << policy
+                                    << (arbitration == sim::Arbitration::Timeslice ? ", timeslice GPU" : ", round-robin GPU")
+                                    << ": mean " << sum / kSeeds / 1e6 << " ms of " << truth / 1e6 << ", runs " << lo / 1e6
+                                    << ".." << hi / 1e6 << "; neighbour off by " << 100 * worst_neighbour << "% at most");
+                    CHECK(std::abs(sum / kSeeds - truth) < 0.03 * truth);
+                    CHECK(worst_neighbour < 0.001);
+                }
+        }
+}
+
+TEST_CASE("accounting: an honest tenant's kernel cut into another's unseen one is charged what it ran",
+          "[.targets][accounting-cut-neighbour]") {
+    // Not met (a review of 5de260e): the second channel of the case above
+    // belongs to an honest tenant w (one 0.1 ms kernel a round, 0.8 ms in
+    // all).  Its kernel is guessed at half the time since the long one's
+    // guessed start and then corrected by looks up to 6.25 ms wide; each
+    // correction that takes back more than w was charged becomes a debt
+    // only w's later charges pay, and its few 0.1 ms kernels never do.  On
+    // the timeslice GPU w is charged 6.4..10.0 times what it ran (mean over
+    // 32 seeds; at the phase on the slice grid 0.99 before 5de260e, 8..86
+    // times at the others), y 99.2..100.7%.  Target: w within 10%.
+    for (const double at : {20.5, 31.1, 32.2, 32.9, 35.5})
         for (const char* policy : {"none", "hfq", "dfq", "timeslice"})
             for (const auto arbitration : {sim::Arbitration::RoundRobin, sim::Arbitration::Timeslice}) {
-                double sum = 0, truth = 0, lo = 1e18, hi = 0, worst_neighbour = 0;
-                constexpr int kSeeds = 64;
+                double sum = 0, truth = 0;
+                constexpr int kSeeds = 32;
                 for (std::uint64_t seed = 1; seed <= kSeeds; ++seed) {
                     const FreshRun run =
-                        run_fresh_channels(policy, arbitration, seed, ms(90), false, ms(32.2), variant == 1 ? ms(7) : 0);
-                    truth = run.truth;
-                    sum += run.charged;
-                    lo = std::min(lo, run.charged);
-                    hi = std::max(hi, run.charged);
-                    if (variant == 1)
-                        worst_neighbour = std::max(worst_neighbour, std::abs(run.neighbour_charged / run.neighbour_truth - 1));
+                        run_fresh_channels(policy, arbitration, seed, ms(90), false, ms(at), 0, true);
+                    sum += run.helper_charged;
+                    truth += run.helper_truth;
                 }
-                INFO("variant " << variant << ", " << policy
-                                << (arbitration == sim::Arbitration::Timeslice ? ", timeslice GPU" : ", round-robin GPU")
-                                << ": mean " << sum / kSeeds / 1e6 << " ms of " << truth / 1e6 << ", runs " << lo / 1e6
-                                << ".." << hi / 1e6 << "; neighbour off by " << 100 * worst_neighbour << "% at most");
-                CHECK(std::abs(sum / kSeeds - truth) < 0.03 * truth);
-                CHECK(worst_neighbour < 0.001);
+                INFO("second channel at " << at << " ms, " << policy
+                                          << (arbitration == sim::Arbitration::Timeslice ? ", timeslice GPU" : ", round-robin GPU")
+                                          << ": w charged " << sum / truth << " times what it ran");
+                CHECK(std::abs(sum - truth) < 0.1 * truth);
             }
 }
 
@@ -1743,3 +1784,25 @@ TEST_CASE("accounting: a channel closed before its unseen kernel's interrupt is 
                 CHECK(std::abs(sum / kSeeds - truth) < 0.05 * truth);
             }
 }
+
+TEST_CASE("accounting: a batching tenant that runs out within its slice is charged no switch", "[accounting]") {
+    // A tenant that asks for an interrupt on every 4th kernel and resubmits
+    // on each completion (depth 1) beside a 2 ms one on the timeslice GPU,
+    // 10 us switches: the engine moves on after each of its kernels (its
+    // next one comes just after).  The long tenant's interrupt charged it
+    // up to that kernel's start, the switch's dead time included: +15.0%
+    // with 0.05 ms kernels under `none` (4 ms slices), +1.5% with 0.5 ms
+    // ones.  And a slice end that found it gone with several kernels
+    // fetched since its last charge took it as preempted there, though the
+    // GPU's pending register said it had no work left (sweep seeds 116 and
+    // 372).  Measured now: exact, except +0.26% for the batching tenant
+    // under the timeslice policy with 4 ms slices (+0.26% before as well,
+    // not traced); bound 0.3%.
+    for (const char* policy : {"none", "hfq", "dfq", "timeslice"})
+        for (const Duration slice : {ms(2), ms(4)})
+            for (const double kernel : {0.05, 0.5}) {
+                INFO(policy << ", " << to_ms(slice) << " ms slices, " << kernel << " ms kernels");
+                check_charged(policy, timeslice_gpu(slice, 10 * kMicrosecond), {{2, 0}, {kernel, 0, 1, 4}}, 0.003);
+            }
+}
+
