@@ -1543,10 +1543,14 @@ Duration Accounting::audited(ChannelId ch, Channel& c, Time t, Duration mine, bo
     if (!fix) return mine;
     c.audit_kernels = std::min(c.audit_kernels + 1, kAuditMean);
     c.audit_mean = std::max<Duration>(0, c.audit_mean + (mine + *fix - c.audit_mean) / c.audit_kernels);
-    // Its debt first: corrections that took back more than was charged
-    // since are paid by later kernels.
+    return after_debt(c, mine + *fix);
+}
+
+Duration Accounting::after_debt(const Channel& c, Duration owed) {
+    // Its tenant's debt first: corrections that took back more than was
+    // charged since are paid by later charges.
     Duration& debt = totals_[c.leaf].audit_debt;
-    const Duration owed = mine + *fix + debt;
+    owed += debt;
     debt = std::min<Duration>(0, owed);
     return std::max<Duration>(0, owed);
 }
@@ -1555,21 +1559,20 @@ bool Accounting::audit_covers(Time t) const { return audit_from_ >= 0 && t > aud
 
 void Accounting::charge_sighted(ChannelId x, Time t) {
     auto it = channels_.find(x);
-    if (it == channels_.end() || !audit_applies(it->second, t)) return;
+    if (it == channels_.end()) return;
     Channel& c = it->second;
     // Its guess up to t was nothing, and every kernel of it the looks saw
     // ran after the spell's start (an idle engine, seen so).
     const std::optional<Duration> fix = audit_correction(x, c, t, 0, true, t);
+    if (!fix) return;
     c.charged_through = t;
-    if (!fix || *fix <= 0) return;
-    Duration& debt = totals_[c.leaf].audit_debt;
-    const Duration owed = *fix + debt;
-    debt = std::min<Duration>(0, owed);
-    charge(x, std::max<Duration>(0, owed));
+    if (*fix <= 0) return;
+    const Duration owed = after_debt(c, *fix);
+    charge(x, owed);
     // Its kernel goes on from t: not a fresh one whose length its stint
     // teaches, and what it was charged here has no slack to put right.
     set_preempted(x, c, true);
-    c.kernel_charged = std::max<Duration>(0, owed);
+    c.kernel_charged = owed;
     c.kernel_slack = 0;
 }
 

@@ -546,6 +546,8 @@ private:
     // a completion at t; it ran before it as far as the looks saw (charged
     // that, up to t).
     void charge_sighted(ChannelId x, Time t);
+    // `owed` to `c`, its tenant's audit debt paid first (Totals::audit_debt).
+    Duration after_debt(const Channel& c, Duration owed);
     // `mine`, charged `c` as [t - mine, t] for its kernels completed by t
     // (`one`: a single one), corrected (its debt paid first).
     // `corrected`, if given: whether the looks covered it.  `through`
