@@ -181,7 +181,14 @@ Accounting::Entry::~Entry() {
 
 std::optional<ChannelId> Accounting::read() {
     ++reads_;
-    return read_();
+    return known(read_());
+}
+
+std::optional<ChannelId> Accounting::known(std::optional<ChannelId> running) const {
+    // A channel let go of (channel_removed) that the GPU still runs, its
+    // close under way: the engine drops it next, and a stint believed on it
+    // would outlive it.
+    return running && channels_.count(*running) ? running : std::nullopt;
 }
 
 void Accounting::channel_added(ChannelId ch, EntityId leaf) {
@@ -569,6 +576,7 @@ void Accounting::channel_error(ChannelId ch) {
 
 void Accounting::observed(std::optional<ChannelId> running) {
     Entry entry(*this);
+    running = known(running);
     const Time t = clock_.now();
     // A look saw the engine idle (a kernel that asked for no interrupt ran
     // out, say): what starts next is unseen as after a completion, so

@@ -257,6 +257,7 @@ private:
     };
 
     std::optional<ChannelId> read();
+    std::optional<ChannelId> known(std::optional<ChannelId> running) const;
     void charge(ChannelId ch, Duration d);
     // `running` is on the engine from some moment in [lo, hi].
     void now_running(std::optional<ChannelId> running, Time lo, Time hi);

@@ -153,6 +153,7 @@ void Scheduler::close_channel(ChannelId ch) {
     auto it = channels_.find(ch);
     if (it == channels_.end()) throw std::out_of_range("no channel " + std::to_string(ch));
     EntityId leaf = it->second.owner;
+    it->second.closing = true;
     call_policy([&] { policy_->channel_removed(ch, leaf); });
     auto& v = by_entity_[leaf];
     v.erase(std::find(v.begin(), v.end(), ch));
@@ -255,6 +256,11 @@ std::optional<ChannelId> Scheduler::engine_status() {
     ++stats_.polls;
     stats_.mechanism_cpu += costs_.poll;
     std::optional<ChannelId> running = gpu_.running_channel();
+    // A channel being closed is gone to the policy and the accounting (a
+    // policy that hears of the idle engine its last read left reads again
+    // before the GPU lets go of it): the engine drops it next.
+    if (auto it = running ? channels_.find(*running) : channels_.end(); it != channels_.end() && it->second.closing)
+        running.reset();
     accounting_.observed(running);
     return running;
 }

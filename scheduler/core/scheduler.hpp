@@ -117,6 +117,9 @@ private:
         // first mapped in the mode the policy asks for then, so that mode
         // applies at once, with no remap (the client gets it with the channel).
         bool mapped = false;
+        // Set while close_channel tells the policy and the accounting: the
+        // GPU still has it, but to them it is gone (engine_status).
+        bool closing = false;
     };
 
     void on_fence(ChannelId ch, std::uint32_t fence) override;

@@ -240,6 +240,37 @@ TEST_CASE("channels and entities can leave while hfq runs", "[hfq]") {
     CHECK_FALSE(tree.valid(t1));
 }
 
+// The closed-loop daemon test's teardown (CI, 2026-11-29): a client freed
+// its channel while its kernel ran and hfq held the others' work.  The
+// accounting's last read took the channel off the engine; hfq, hearing the
+// engine idle, read the status again and the GPU, not yet told, still named
+// the closing channel, which the accounting then believed running: every
+// later interrupt looked it up ("no GPU channel 1") and the daemon tore its
+// state down half-way.  Closed at every 0.1 ms through two rounds.
+TEST_CASE("a channel closed on the engine while hfq holds others' work is let go of", "[hfq]") {
+    int on_engine_with_held = 0;
+    for (int i = 0; i < 130; ++i) {
+        Rig rig;
+        EntityTree& tree = rig.sched.entities();
+        EntityId a = tree.add(kRootEntity, "long", EntityKind::Task);
+        EntityId b = tree.add(kRootEntity, "short", EntityKind::Task);
+        EntityId m = tree.add(kRootEntity, "monitor", EntityKind::Task);
+        auto& la = rig.add_loop(a, 6000);
+        auto& lb = rig.add_loop(b, 250);
+        rig.add_loop(m, 150, 850);
+        rig.run_ms(500 + 0.1 * i);
+        const ChannelId ch = la.channel();
+        if (rig.gpu.running_channel() == ch && rig.sched.held(lb.channel()) > 0) ++on_engine_with_held;
+        rig.gpu.set_fence_watcher(ch, nullptr);
+        rig.sched.close_channel(ch);
+        tree.remove(a);
+        CHECK(rig.sched.accounting().running() != std::optional<ChannelId>(ch));
+        REQUIRE_NOTHROW(rig.run_ms(200));
+    }
+    // The case above was met, not just the easy ones.
+    CHECK(on_engine_with_held > 0);
+}
+
 TEST_CASE("hfq rejects bad parameters", "[hfq]") {
     CHECK_THROWS_WITH(make_policy("hfq", {{"idle_us", 0}}), Catch::Contains("idle_us"));
     CHECK_THROWS_WITH(make_policy("hfq", {{"anticipate_us", -1}}), Catch::Contains("anticipate_us"));
