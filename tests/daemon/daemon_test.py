@@ -2092,6 +2092,15 @@ def main():
     ap.add_argument("case", choices=sorted(CASES) + ["all"])
     ns = ap.parse_args()
     bins = Bins(ns)
+    # The cases measure the GPU policy in real time, not the host's CPU
+    # scheduler: a client left unscheduled for a millisecond or two on a
+    # loaded machine submits late, and hfq rightly gives its turn away
+    # (closed-loop measured 0.59 and 0.77 beside four and eight busy loops,
+    # 0.500 and 0.511 at nice -10; CI failed it twice at 0.62 and 0.66).  As
+    # root, this process, and so every daemon and client it starts, runs
+    # ahead of other work.
+    if os.geteuid() == 0:
+        os.nice(-10)
     names = sorted(CASES) if ns.case == "all" else [ns.case]
     status = 0
     for name in names:
