@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 #include <stdexcept>
 
 namespace pvgpu {
@@ -154,13 +155,25 @@ void Scheduler::close_channel(ChannelId ch) {
     if (it == channels_.end()) throw std::out_of_range("no channel " + std::to_string(ch));
     EntityId leaf = it->second.owner;
     it->second.closing = true;
-    call_policy([&] { policy_->channel_removed(ch, leaf); });
+    // Whatever a callback throws, the channel leaves every table and the
+    // GPU before the error goes on: half-closed, it was closed again at its
+    // client's teardown and its memory freed twice.
+    std::exception_ptr failed;
+    auto step = [&failed](auto&& f) {
+        try {
+            f();
+        } catch (...) {
+            if (!failed) failed = std::current_exception();
+        }
+    };
+    step([&] { call_policy([&] { policy_->channel_removed(ch, leaf); }); });
     auto& v = by_entity_[leaf];
     v.erase(std::find(v.begin(), v.end(), ch));
-    tree_.detach_channel(leaf);
-    accounting_.channel_removed(ch);
-    channels_.erase(it);
-    gpu_.destroy_channel(ch);
+    step([&] { tree_.detach_channel(leaf); });
+    step([&] { accounting_.channel_removed(ch); });
+    channels_.erase(ch);
+    step([&] { gpu_.destroy_channel(ch); });
+    if (failed) std::rethrow_exception(failed);
 }
 
 Scheduler::ChannelState& Scheduler::state(ChannelId ch) {

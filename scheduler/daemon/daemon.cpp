@@ -755,8 +755,14 @@ void Daemon::scan_puts() {
 void Daemon::close_channel(ChannelId id) {
     auto it = channels_.find(id);
     if (it == channels_.end()) return;
-    // The GPU lets go of the channel before its memory is unmapped.
-    sched_->close_channel(id);
+    // The GPU lets go of the channel before its memory is unmapped.  A
+    // callback that fails the close still leaves it closed (see
+    // Scheduler::close_channel): the rest of the teardown goes on.
+    try {
+        sched_->close_channel(id);
+    } catch (const std::exception& e) {
+        log_error("internal error closing channel ", id, ": ", e.what());
+    }
     EntityId leaf = it->second->leaf;
     if (auto c = clients_.find(it->second->client); c != clients_.end()) c->second.channels.erase(id);
     channels_.erase(it);

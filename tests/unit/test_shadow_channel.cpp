@@ -382,7 +382,10 @@ public:
     }
     void stop() override { ++log_->stops; }  // deliberately leaves modes alone
     void channel_added(ChannelId ch, EntityId leaf) override { log_->added.emplace_back(ch, leaf); }
-    void channel_removed(ChannelId ch, EntityId leaf) override { log_->removed.emplace_back(ch, leaf); }
+    void channel_removed(ChannelId ch, EntityId leaf) override {
+        log_->removed.emplace_back(ch, leaf);
+        if (throw_on_remove) throw std::runtime_error("policy bug");
+    }
     void tree_changed(EntityTree::Change c, EntityId id) override { log_->tree.emplace_back(c, id); }
     void doorbell_trapped(ChannelId ch, std::uint32_t put) override {
         log_->trapped.emplace_back(ch, put);
@@ -394,6 +397,7 @@ public:
 
     PolicyContext* ctx_ = nullptr;
     std::function<void(PolicyContext&, ChannelId, std::uint32_t)> on_trap;
+    bool throw_on_remove = false;
 
 private:
     PolicyLog* log_;
@@ -487,6 +491,32 @@ TEST_CASE("scheduler: channels, owners and the policy's view", "[scheduler]") {
 
     CHECK_THROWS_AS(Scheduler(r.gpu, r.loop, r.loop, nullptr), std::invalid_argument);
     CHECK_THROWS_AS(r.sched.set_policy(nullptr), std::invalid_argument);
+}
+
+// pvgpud closed a channel whose close threw half-way (a policy that looked
+// it up after the GPU let go of it) a second time at its client's teardown,
+// and freed memory twice.  Whatever a callback throws, the channel leaves
+// every table and the GPU, and the error still reaches the caller.
+TEST_CASE("scheduler: a close that a callback fails still closes the channel", "[scheduler]") {
+    SchedRig r;
+    EntityTree& t = r.sched.entities();
+    EntityId task = t.add(kRootEntity, "task", EntityKind::Task);
+    ChannelId c1 = r.sched.open_channel(task);
+    ChannelId c2 = r.sched.open_channel(task);
+    r.write(c1, 4);  // work on the engine when it closes
+    r.policy->throw_on_remove = true;
+    CHECK_THROWS_WITH(r.sched.close_channel(c1), "policy bug");
+    r.policy->throw_on_remove = false;
+    CHECK_FALSE(r.sched.has_channel(c1));
+    CHECK(r.sched.channels_of(task) == std::vector<ChannelId>{c2});
+    CHECK(t.get(task).channels == 1);
+    CHECK_THROWS_AS(r.gpu.read_fence(c1), std::out_of_range);
+    CHECK_THROWS_AS(r.sched.close_channel(c1), std::out_of_range);
+    r.loop.run_until(r.loop.now() + ms(10));
+    CHECK(r.sched.accounting().running() != std::optional<ChannelId>(c1));
+    r.sched.close_channel(c2);
+    t.remove(task);
+    CHECK_FALSE(t.valid(task));
 }
 
 TEST_CASE("scheduler: a mode switch lands only after the remap delay", "[scheduler]") {
