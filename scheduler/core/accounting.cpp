@@ -478,14 +478,15 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
         const auto cur = current_ ? channels_.find(*current_) : channels_.end();
         const bool cur_audited = cur != channels_.end() && !ended && audit_applies(cur->second, t);
         const bool corrected = (!current_ || ended || cur_audited) && !clamped;
+        const bool both_corrected = corrected && cur_audited;
         // Its length unknown: half the gap, or nothing where the looks
         // correct both it and the channel believed on the engine (a large
         // guess they take back from a channel with little else charged is
         // a debt it never pays: an honest 0.1 ms kernel cut into another's
         // unseen one was charged 6 to 10 times its length).
         Duration mine = c.kernel_estimate > 0 ? std::min(gap, n * c.kernel_estimate)
-                        : corrected && cur_audited ? 0
-                                                   : gap / 2;
+                        : both_corrected ? 0
+                                         : gap / 2;
         if (n == 1 && audit_mean_guessed(c, t, corrected)) mine = std::min(gap, c.audit_mean);
         if (current_ && ended && *ended <= t - mine) {
             // It ran out at its completion: a stint closed there, with its
@@ -495,7 +496,7 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
             // On a preemptive engine this channel's context was switched in
             // before its kernel ran: the dead time is nobody's.
             const Time end = std::min(ended.value_or(t), t - mine - (engine_.preemptive ? engine_.ctxsw : 0));
-            if (corrected && cur_audited)
+            if (both_corrected)
                 charge_guess(*current_, end, t);
             else
                 charge(*current_, end - since_);
