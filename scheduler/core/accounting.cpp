@@ -210,6 +210,25 @@ void Accounting::channel_added(ChannelId ch, EntityId leaf) {
 
 void Accounting::channel_removed(ChannelId ch) {
     Entry entry(*this);
+    try {
+        settle_removed(ch);
+    } catch (...) {
+        // Forgotten whatever failed: a channel kept after the GPU let go of
+        // it is looked up there at every later look.
+        forget(ch);
+        throw;
+    }
+    forget(ch);
+    arm_probe();  // not for it any more
+}
+
+void Accounting::forget(ChannelId ch) {
+    if (auto it = channels_.find(ch); it != channels_.end()) uncount(ch, it->second);
+    channels_.erase(ch);
+    if (current_ == ch) current_.reset();
+}
+
+void Accounting::settle_removed(ChannelId ch) {
     // Not believed on the engine, it may have run unseen (a review of
     // c8e78f6: a fresh channel closed 30 ms into a 40 ms kernel, or after
     // one that asked for no interrupt, was charged 0.7% of what ran): a
@@ -236,9 +255,6 @@ void Accounting::channel_removed(ChannelId ch) {
             observed(running);
         }
     }
-    if (auto it = channels_.find(ch); it != channels_.end()) uncount(ch, it->second);
-    channels_.erase(ch);
-    arm_probe();  // not for it any more
 }
 
 void Accounting::entity_removed(EntityId id) { totals_.erase(id); }

@@ -257,7 +257,12 @@ private:
     };
 
     std::optional<ChannelId> read();
+    // A GPU id the accounting was not told of (or let go of) reads as idle.
     std::optional<ChannelId> known(std::optional<ChannelId> running) const;
+    // channel_removed: what the channel ran up to now is charged; then it
+    // is forgotten (also if that failed).
+    void settle_removed(ChannelId ch);
+    void forget(ChannelId ch);
     void charge(ChannelId ch, Duration d);
     // `running` is on the engine from some moment in [lo, hi].
     void now_running(std::optional<ChannelId> running, Time lo, Time hi);

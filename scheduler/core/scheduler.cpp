@@ -145,7 +145,17 @@ ChannelId Scheduler::open_channel(EntityId leaf, ChannelMemory mem) {
     if (by_entity_.size() <= leaf) by_entity_.resize(leaf + 1);
     by_entity_[leaf].push_back(ch);
     accounting_.channel_added(ch, leaf);
-    call_policy([&] { policy_->channel_added(ch, leaf); });
+    try {
+        call_policy([&] { policy_->channel_added(ch, leaf); });
+    } catch (...) {
+        // The caller unmaps the memory of a channel whose open failed: the
+        // GPU must not keep it.
+        try {
+            close_channel(ch);
+        } catch (...) {
+        }
+        throw;
+    }
     state(ch).mapped = true;
     return ch;
 }
@@ -166,9 +176,11 @@ void Scheduler::close_channel(ChannelId ch) {
             if (!failed) failed = std::current_exception();
         }
     };
-    step([&] { call_policy([&] { policy_->channel_removed(ch, leaf); }); });
+    // Not among its leaf's channels while the policy hears of the close (it
+    // would feed it or read its GPU state meanwhile).
     auto& v = by_entity_[leaf];
     v.erase(std::find(v.begin(), v.end(), ch));
+    step([&] { call_policy([&] { policy_->channel_removed(ch, leaf); }); });
     step([&] { tree_.detach_channel(leaf); });
     step([&] { accounting_.channel_removed(ch); });
     channels_.erase(ch);
@@ -269,12 +281,12 @@ std::optional<ChannelId> Scheduler::engine_status() {
     ++stats_.polls;
     stats_.mechanism_cpu += costs_.poll;
     std::optional<ChannelId> running = gpu_.running_channel();
-    // A channel being closed is gone to the policy and the accounting (a
-    // policy that hears of the idle engine its last read left reads again
-    // before the GPU lets go of it): the engine drops it next.
-    if (auto it = running ? channels_.find(*running) : channels_.end(); it != channels_.end() && it->second.closing)
-        running.reset();
+    // The accounting sees the GPU as it is (it still charges a closing
+    // channel until it lets go of it, and ignores it after); to the policy,
+    // which heard of the close first, the engine drops it next.
     accounting_.observed(running);
+    if (auto it = running ? channels_.find(*running) : channels_.end(); it != channels_.end() && it->second.closing)
+        return std::nullopt;
     return running;
 }
 

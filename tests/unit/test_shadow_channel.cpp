@@ -381,7 +381,10 @@ public:
         ++log_->starts;
     }
     void stop() override { ++log_->stops; }  // deliberately leaves modes alone
-    void channel_added(ChannelId ch, EntityId leaf) override { log_->added.emplace_back(ch, leaf); }
+    void channel_added(ChannelId ch, EntityId leaf) override {
+        log_->added.emplace_back(ch, leaf);
+        if (throw_on_add) throw std::runtime_error("policy bug");
+    }
     void channel_removed(ChannelId ch, EntityId leaf) override {
         log_->removed.emplace_back(ch, leaf);
         if (throw_on_remove) throw std::runtime_error("policy bug");
@@ -398,6 +401,7 @@ public:
     PolicyContext* ctx_ = nullptr;
     std::function<void(PolicyContext&, ChannelId, std::uint32_t)> on_trap;
     bool throw_on_remove = false;
+    bool throw_on_add = false;
 
 private:
     PolicyLog* log_;
@@ -517,6 +521,29 @@ TEST_CASE("scheduler: a close that a callback fails still closes the channel", "
     r.sched.close_channel(c2);
     t.remove(task);
     CHECK_FALSE(t.valid(task));
+}
+
+// pvgpud unmaps the memory of a channel whose open failed: the GPU, the
+// accounting and the scheduler must not keep it (a review of 2eb5c66).
+TEST_CASE("scheduler: an open that the policy fails leaves no channel behind", "[scheduler]") {
+    SchedRig r;
+    EntityTree& t = r.sched.entities();
+    EntityId task = t.add(kRootEntity, "task", EntityKind::Task);
+    r.policy->throw_on_add = true;
+    CHECK_THROWS_WITH(r.sched.open_channel(task), "policy bug");
+    r.policy->throw_on_add = false;
+    REQUIRE(r.log.added.size() == 1);
+    const ChannelId failed = r.log.added[0].first;
+    CHECK_FALSE(r.sched.has_channel(failed));
+    CHECK(r.sched.channels_of(task).empty());
+    CHECK(t.get(task).channels == 0);
+    CHECK_THROWS_AS(r.gpu.read_fence(failed), std::out_of_range);
+    ChannelId c = r.sched.open_channel(task);
+    r.write(c, 2);
+    r.loop.run_until(r.loop.now() + ms(10));
+    CHECK(r.sched.accounting().gpu_time(task) == ms(2));
+    r.sched.close_channel(c);
+    t.remove(task);
 }
 
 TEST_CASE("scheduler: a mode switch lands only after the remap delay", "[scheduler]") {
