@@ -157,22 +157,32 @@ bool Accounting::wants_trap(ChannelId ch) const {
     return it != channels_.end() && (it->second.idle_trapped || it->second.trapped);
 }
 
-Accounting::Entry::~Entry() {
+Accounting::Entry::~Entry() noexcept(false) {
     if (--a_.depth_ > 0 || a_.delivering_) return;
     a_.delivering_ = true;
     // A listener may enter again (its events are appended and delivered here).
     // Events first, then trap wishes, then whatever those made.
     std::size_t e = 0, t = 0;
-    for (;;) {
-        if (e < a_.events_.size()) {
-            const Event ev = a_.events_[e++];
-            if (a_.listener_) a_.listener_(ev);
-        } else if (t < a_.trap_changes_.size()) {
-            const auto [ch, on] = a_.trap_changes_[t++];
-            if (a_.trap_listener_) a_.trap_listener_(ch, on);
-        } else {
-            break;
+    try {
+        for (;;) {
+            if (e < a_.events_.size()) {
+                const Event ev = a_.events_[e++];
+                if (a_.listener_) a_.listener_(ev);
+            } else if (t < a_.trap_changes_.size()) {
+                const auto [ch, on] = a_.trap_changes_[t++];
+                if (a_.trap_listener_) a_.trap_listener_(ch, on);
+            } else {
+                break;
+            }
         }
+    } catch (...) {
+        // The rest wait for the next entry; the one that failed is not
+        // delivered again.
+        a_.events_.erase(a_.events_.begin(), a_.events_.begin() + static_cast<std::ptrdiff_t>(e));
+        a_.trap_changes_.erase(a_.trap_changes_.begin(), a_.trap_changes_.begin() + static_cast<std::ptrdiff_t>(t));
+        a_.delivering_ = false;
+        if (std::uncaught_exceptions() > unwinding_) return;
+        throw;
     }
     a_.events_.clear();
     a_.trap_changes_.clear();

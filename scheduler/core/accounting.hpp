@@ -32,6 +32,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <optional>
 #include <random>
@@ -589,12 +590,15 @@ private:
     // unshadows releases work: host_kicked) and always sees it consistent.
     class Entry {
     public:
-        explicit Entry(Accounting& a) : a_(a) { ++a_.depth_; }
-        ~Entry();
+        explicit Entry(Accounting& a) : a_(a), unwinding_(std::uncaught_exceptions()) { ++a_.depth_; }
+        // A listener's failure reaches the accounting's caller (not
+        // std::terminate), unless another is already on its way.
+        ~Entry() noexcept(false);
         Entry(const Entry&) = delete;
         Entry& operator=(const Entry&) = delete;
     private:
         Accounting& a_;
+        int unwinding_;
     };
     Listener listener_;
     // The idle trap (set_trap_listener): armed while the engine is believed

@@ -103,12 +103,20 @@ void Scheduler::on_accounting_event(const Accounting::Event& e) {
 void Scheduler::deliver_accounting() {
     // Events the policy causes meanwhile (an unshadow releases work, which
     // the accounting reads) are appended and delivered in this loop.
-    for (std::size_t i = 0; i < accounting_events_.size(); ++i) {
-        const Accounting::Event e = accounting_events_[i];
-        if (e.is_charge)
-            policy_->charged(e.ch, e.d);
-        else
-            policy_->engine_changed(e.running);
+    std::size_t i = 0;
+    try {
+        for (; i < accounting_events_.size(); ++i) {
+            const Accounting::Event e = accounting_events_[i];
+            if (e.is_charge)
+                policy_->charged(e.ch, e.d);
+            else
+                policy_->engine_changed(e.running);
+        }
+    } catch (...) {
+        // Delivered once, the failed one included: the rest come next time.
+        accounting_events_.erase(accounting_events_.begin(),
+                                 accounting_events_.begin() + static_cast<std::ptrdiff_t>(i + 1));
+        throw;
     }
     accounting_events_.clear();
 }

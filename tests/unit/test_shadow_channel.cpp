@@ -366,7 +366,7 @@ namespace {
 
 // Everything the policy saw, kept outside it so it survives set_policy().
 struct PolicyLog {
-    int starts = 0, stops = 0;
+    int starts = 0, stops = 0, engine_changes = 0;
     std::vector<std::pair<ChannelId, EntityId>> added, removed;
     std::vector<std::pair<ChannelId, std::uint32_t>> trapped, fences, errors, released;
     std::vector<std::pair<EntityTree::Change, EntityId>> tree;
@@ -395,6 +395,10 @@ public:
         if (on_trap) on_trap(*ctx_, ch, put);
     }
     void fence(ChannelId ch, std::uint32_t f) override { log_->fences.emplace_back(ch, f); }
+    void engine_changed(std::optional<ChannelId>) override {
+        ++log_->engine_changes;
+        if (throw_on_engine_change) throw std::runtime_error("policy bug");
+    }
     void channel_error(ChannelId ch, std::uint32_t e) override { log_->errors.emplace_back(ch, e); }
     void released(ChannelId ch, std::uint32_t n) override { log_->released.emplace_back(ch, n); }
 
@@ -402,6 +406,7 @@ public:
     std::function<void(PolicyContext&, ChannelId, std::uint32_t)> on_trap;
     bool throw_on_remove = false;
     bool throw_on_add = false;
+    bool throw_on_engine_change = false;
 
 private:
     PolicyLog* log_;
@@ -544,6 +549,29 @@ TEST_CASE("scheduler: an open that the policy fails leaves no channel behind", "
     CHECK(r.sched.accounting().gpu_time(task) == ms(2));
     r.sched.close_channel(c);
     t.remove(task);
+}
+
+// The accounting hands its events to the policy on the way out of its own
+// calls; a policy that failed there ended the process (std::terminate from
+// a destructor) where every other policy failure reaches the caller.
+TEST_CASE("scheduler: a policy that fails on an accounting event fails the call and not the process",
+          "[scheduler]") {
+    SchedRig r;
+    EntityId task = r.sched.entities().add(kRootEntity, "task", EntityKind::Task);
+    ChannelId c = r.sched.open_channel(task);
+    r.policy->throw_on_engine_change = true;
+    r.write(c, 1);
+    CHECK_THROWS_WITH(r.loop.run_until(r.loop.now() + ms(5)), "policy bug");
+    const int heard = r.log.engine_changes;
+    CHECK(heard >= 1);
+    r.policy->throw_on_engine_change = false;
+    // The rest of the events still come, each once, and the charges stand.
+    r.loop.run_until(r.loop.now() + ms(5));
+    r.write(c, 2);
+    r.loop.run_until(r.loop.now() + ms(10));
+    CHECK(r.log.engine_changes > heard);
+    CHECK(r.sched.accounting().gpu_time(task) == ms(3));
+    r.sched.close_channel(c);
 }
 
 TEST_CASE("scheduler: a mode switch lands only after the remap delay", "[scheduler]") {
