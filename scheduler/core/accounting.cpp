@@ -197,7 +197,8 @@ std::optional<ChannelId> Accounting::read() {
 std::optional<ChannelId> Accounting::known(std::optional<ChannelId> running) const {
     // A channel let go of (channel_removed) that the GPU still runs, its
     // close under way: the engine drops it next, and a stint believed on it
-    // would outlive it.
+    // would outlive it.  (Work of a context pvgpud did not open would read
+    // as idle too: pvgpud owns the GPU's channels, DESIGN.md section 3.)
     return running && channels_.count(*running) ? running : std::nullopt;
 }
 
