@@ -234,8 +234,10 @@ void Accounting::channel_removed(ChannelId ch) {
 }
 
 void Accounting::forget(ChannelId ch) {
-    if (auto it = channels_.find(ch); it != channels_.end()) uncount(ch, it->second);
-    channels_.erase(ch);
+    if (auto it = channels_.find(ch); it != channels_.end()) {
+        uncount(ch, it->second);
+        channels_.erase(it);
+    }
     if (current_ == ch) current_.reset();
 }
 

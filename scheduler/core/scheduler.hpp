@@ -118,7 +118,7 @@ private:
         // applies at once, with no remap (the client gets it with the channel).
         bool mapped = false;
         // Set while close_channel tells the policy and the accounting: the
-        // GPU still has it, but to them it is gone (engine_status).
+        // GPU still has it, but to the policy it is gone (engine_status).
         bool closing = false;
     };
 
