@@ -96,9 +96,9 @@ public:
     // `start`: the clock's time when the GPU and the scheduler come up (a
     // host's monotonic clock is far from 0 then).
     explicit Rig(const std::string& policy, const PolicyParams& params = {},
-                 sim::SimGpuConfig cfg = {}, Time start = 0)
+                 sim::SimGpuConfig cfg = {}, Time start = 0, MechanismCosts costs = {})
         : gpu_(started(loop, start), host_timers.device(), cfg),
-          sched(gpu_, loop, host_timers, make_policy(policy, params)) {
+          sched(gpu_, loop, host_timers, make_policy(policy, params), costs) {
         gpu_.set_observer(this);
         measure_from_ = start;
         // PVGPU_LOOKS_SEED=N seeds the accounting's random looks (to measure
@@ -120,7 +120,9 @@ public:
         ChannelId ch = sched.open_channel(leaf);
         subs[ch] = Submitter{leaf, kernel, gap, limit};
         gpu_.set_fence_watcher(ch, [this, ch](std::uint32_t) {
-            Submitter& s = subs.at(ch);
+            auto it = subs.find(ch);
+            if (it == subs.end()) return;  // closed
+            Submitter& s = it->second;
             ++s.completed;
             const Duration next_gap = s.gap_after ? s.gap_after(s.completed) : s.gap;
             if (next_gap > 0)
@@ -134,7 +136,9 @@ public:
 
     // Submits until `depth` kernels are outstanding (the loop's step).
     void fill(ChannelId ch) {
-        Submitter& s = subs.at(ch);
+        auto it = subs.find(ch);
+        if (it == subs.end()) return;  // closed while its next submission waited
+        Submitter& s = it->second;
         do submit(ch);
         while (s.running && (!s.limit || s.submitted < s.limit) && s.submitted - s.completed < s.depth);
     }
@@ -163,6 +167,11 @@ public:
         measure_from_ = t;
     }
     void run_until(Time t) { loop.run_until(t); }
+    // Its client goes away: the submitter with it (its ground truth too).
+    void close(ChannelId ch) {
+        subs.erase(ch);
+        sched.close_channel(ch);
+    }
     // Every submitter stops submitting; what it queued still runs (let the
     // engine drain before comparing with the truth, which counts a kernel
     // when it ends).
