@@ -15,9 +15,7 @@ SimGpu::SimGpu(const Clock& clock, Timers& timers, SimGpuConfig cfg)
         throw std::invalid_argument("timeslice must be positive");
 }
 
-SimGpu::~SimGpu() {
-    timers_.cancel(seg_timer_);
-}
+SimGpu::~SimGpu() = default;
 
 SimGpu::Channel& SimGpu::chan(ChannelId ch) {
     auto it = channels_.find(ch);
@@ -54,11 +52,16 @@ void SimGpu::destroy_channel(ChannelId ch) {
     ready_.erase(ch);
     channels_.erase(ch);
     kick();
+    arm_wake();
 }
 
 pvgpu_ring* SimGpu::ring(ChannelId ch) { return chan(ch).ring; }
 
-void SimGpu::set_fence_watcher(ChannelId ch, FenceWatcher w) { chan(ch).watcher = std::move(w); }
+void SimGpu::set_fence_watcher(ChannelId ch, FenceWatcher w) {
+    catch_up();
+    chan(ch).watcher = std::move(w);
+    arm_wake();  // its completions now wake the host
+}
 
 // The engine runs on its own: a register read shows it as of now, even
 // when the host's loop has not yet run the timer that models it.
@@ -107,10 +110,12 @@ void SimGpu::write_ib_put(ChannelId ch, std::uint32_t put) {
     // More outstanding entries than the ring holds cannot be real work.
     if (put - c.completed > PVGPU_RING_ENTRIES) {
         fail(ch, PVGPU_CHAN_ERR_BAD_ENTRY);
+        arm_wake();
         return;
     }
     update_ready(ch);
     kick();
+    arm_wake();
 }
 
 std::optional<ChannelId> SimGpu::next_after(ChannelId ch) const {
@@ -127,8 +132,6 @@ void SimGpu::kick() {
 
 void SimGpu::start(ChannelId ch, Duration dead) {
     Channel& c = chan(ch);
-    // A run time beyond any watchdog (and beyond int64 ns) is not real work.
-    constexpr std::uint64_t kMaxPayload = std::uint64_t{1} << 50;
     if (!c.in_flight && c.ring->entries[c.completed & PVGPU_RING_MASK].payload > kMaxPayload) {
         fail(ch, PVGPU_CHAN_ERR_BAD_ENTRY);
         kick();
@@ -164,30 +167,86 @@ void SimGpu::run_segment() {
     if (cfg_.watchdog > 0) end = std::min(end, seg_start_ + (cfg_.watchdog - c.ran));
     if (cfg_.arbitration == Arbitration::Timeslice) end = std::min(end, slice_end_);
     seg_end_ = end;
-    seg_timer_ = timers_.arm(end, [this] {
-        seg_timer_ = kNoTimer;
-        // The engine finished at seg_end_, whenever the host timer got to
-        // run: in real time it fires late, and the next kernel must not pay.
-        // Later than that, the engine ran on meanwhile.
-        const bool late = clock_.now() > seg_end_;
-        catching_up_ = late;
-        end_at_seg_end();
-        if (late) {
-            run_overdue();
-            catching_up_ = false;
-            deliver();
+    arm_wake();
+}
+
+// Each segment end is processed at its own time (the engine's), whenever
+// the host's timer got to run: in real time it fires late, and the next
+// kernel must not pay.  What those ends raised reaches the host after the
+// engine caught up to now.  A segment ending right now, with nothing
+// raised before it, is handled as it happens: its handler reads the engine
+// as that completion left it.
+void SimGpu::on_wake() {
+    wake_at_ = -1;
+    try {
+        run_overdue();
+        if (running_ && seg_end_ == clock_.now() && raised_.empty()) end_at_seg_end();
+        deliver();
+    } catch (...) {
+        arm_wake();  // a throwing handler must not stop the engine's wakeups
+        throw;
+    }
+    arm_wake();
+}
+
+void SimGpu::arm_wake() {
+    const Time at = next_wake();
+    if (at == wake_at_) return;
+    wake_at_ = at;
+    if (at == kNever)
+        wake_timer_.cancel();
+    else
+        wake_timer_.arm(at, [this] { on_wake(); });
+}
+
+bool SimGpu::segment_wakes() const {
+    const Channel& c = chan(*running_);
+    if (seg_end_ - seg_start_ < c.remaining) return true;  // cut: a watchdog kill, or a slice's end
+    const pvgpu_ring_entry& e = c.ring->entries[c.completed & PVGPU_RING_MASK];
+    return (e.flags & PVGPU_ENTRY_IRQ) != 0 || c.watcher;
+}
+
+Duration SimGpu::work_to_raise(const Channel& c, std::uint32_t from, Duration remaining, Duration ran,
+                               Duration limit) const {
+    Duration work = 0;
+    for (std::uint32_t i = from; i != c.put && work < limit; ++i) {
+        const pvgpu_ring_entry& e = c.ring->entries[i & PVGPU_RING_MASK];
+        if (i != from || remaining < 0) {
+            if (e.payload > kMaxPayload) return work;  // start() fails it
+            remaining = static_cast<Duration>(e.payload);
+            ran = 0;
         }
-    });
+        if (cfg_.watchdog > 0 && remaining > cfg_.watchdog - ran) return work + (cfg_.watchdog - ran);
+        work += remaining;
+        if ((e.flags & PVGPU_ENTRY_IRQ) != 0 || c.watcher) return work;
+    }
+    return kNever;
+}
+
+// A lower bound is enough: a wakeup before anything is due finds nothing
+// and plans again.  The running segment, a silent completion, ends at
+// seg_end_ for sure (only the host can stop it, and every host call
+// catches up and plans anew).  After it, a raise needs its channel's own
+// work up to it; a cut comes at a slice's end at the earliest.
+Time SimGpu::next_wake() const {
+    if (!running_) return kNever;  // idle until the host rings a doorbell
+    if (segment_wakes()) return seg_end_;
+    Duration least = kNever;
+    if (cfg_.arbitration == Arbitration::Timeslice)
+        least = slice_end_ > seg_end_ ? slice_end_ - seg_end_ : cfg_.timeslice;
+    for (ChannelId id : ready_) {
+        const Channel& c = chan(id);
+        const Duration w = id == *running_ ? work_to_raise(c, c.completed + 1, -1, 0, least)
+                                           : work_to_raise(c, c.completed, c.in_flight ? c.remaining : -1, c.ran, least);
+        least = std::min(least, w);
+    }
+    return least == kNever ? kNever : seg_end_ + least;
 }
 
 void SimGpu::run_overdue() {
     const bool outer = catching_up_;
     catching_up_ = true;
-    while (running_ && seg_timer_ != kNoTimer && seg_end_ < clock_.now()) {
-        timers_.cancel(seg_timer_);
-        seg_timer_ = kNoTimer;
-        end_at_seg_end();
-    }
+    while (running_ && engine_time_ < 0 && seg_end_ < clock_.now()) end_at_seg_end();
     catching_up_ = outer;
 }
 
@@ -340,8 +399,10 @@ void SimGpu::segment_end() {
         last_served_ = ch;
         kick();
     }
-    // Interrupts after the engine has moved on, as the host would observe them.
-    raise({ch, e.fence, false, (e.flags & PVGPU_ENTRY_IRQ) != 0});
+    // Interrupts after the engine has moved on, as the host would observe
+    // them.  A silent completion has no one to tell.
+    const bool irq = (e.flags & PVGPU_ENTRY_IRQ) != 0;
+    if (irq || c.watcher) raise({ch, e.fence, false, irq});
 }
 
 bool SimGpu::preempt_to(ChannelId next) {
@@ -352,6 +413,7 @@ bool SimGpu::preempt_to(ChannelId next) {
     stop_engine();
     ++preemptions_;
     start(next, cfg_.preempt);
+    arm_wake();
     return true;
 }
 
@@ -371,8 +433,6 @@ void SimGpu::end_segment(ChannelId ch, Time now) {
 
 void SimGpu::stop_engine() {
     ChannelId ch = *running_;
-    timers_.cancel(seg_timer_);
-    seg_timer_ = kNoTimer;
     end_segment(ch, clock_.now());
     running_.reset();
     last_served_ = ch;

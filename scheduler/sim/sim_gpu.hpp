@@ -6,6 +6,7 @@
 // ExecutionObserver, the ground truth a scheduler never gets.
 #pragma once
 
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -78,9 +79,12 @@ public:
     // write anything into it.  Not a host path.
     pvgpu_ctrl_page* control_page(ChannelId ch) { return chan(ch).ctrl; }
     const SimGpuConfig& config() const { return cfg_; }
-    // Time the engine executed kernels, up to the last segment's end (the
-    // share monitor's windows close at such ends).
-    Duration busy_time() const { return busy_; }
+    // Time the engine executed kernels, up to the last segment's end
+    // before now (the share monitor's windows close at such ends).
+    Duration busy_time() const {
+        run_on();
+        return busy_;
+    }
     // The same with the running segment up to now: what a utilisation
     // counter read at any moment shows (an admin's `stats`).
     Duration busy_time_now() const;
@@ -88,6 +92,10 @@ public:
     std::uint64_t preemptions() const { return preemptions_; }
 
 private:
+    static constexpr Time kNever = INT64_MAX;
+    // A run time beyond any watchdog (and beyond int64 ns) is not real work.
+    static constexpr std::uint64_t kMaxPayload = std::uint64_t{1} << 50;
+
     struct Channel {
         std::unique_ptr<pvgpu_ctrl_page> own_ctrl;  // when the host gave none
         std::unique_ptr<pvgpu_ring> own_ring;
@@ -128,6 +136,24 @@ private:
     void start(ChannelId ch, Duration dead = -1);  // put ch on the engine after `dead` (-1: ctxsw rule)
     void run_segment();                // run current kernel until done/slice/watchdog
     void segment_end();
+    // The host's wakeups.  A kernel's completion that raises nothing needs
+    // none: a register read catches the engine up, as a GPU interrupts its
+    // host only where an entry asks for it (and a submitter watching its
+    // fences is woken by completions only).  Every other segment end (a
+    // completion that raises, a watchdog kill, a slice's end) is a wakeup,
+    // armed when its segment starts.  While the running segment is a silent
+    // completion, the wakeup is the earliest moment the engine, left alone,
+    // could raise something or cut a kernel.
+    void on_wake();
+    void arm_wake();
+    Time next_wake() const;
+    bool segment_wakes() const;        // the running segment's end is a wakeup
+    // Engine time channel `c` needs, from the kernel at `from` on (with
+    // `remaining` and `ran` for that kernel if it was started, else -1),
+    // to its first completion or kill that raises: kNever if none.  Stops
+    // counting at `limit`.
+    Duration work_to_raise(const Channel& c, std::uint32_t from, Duration remaining, Duration ran,
+                           Duration limit) const;
     void end_at_seg_end();             // segment_end() at the engine's time seg_end_
     void stop_engine();                // take the running channel off mid-kernel
     void end_segment(ChannelId ch, Time now);
@@ -165,8 +191,9 @@ private:
     ChannelId on_engine_ = 0;          // last channel whose context was loaded
     Time seg_start_ = 0;
     Time slice_end_ = 0;
-    TimerId seg_timer_ = kNoTimer;
-    Time seg_end_ = 0;                 // when the running segment ends (seg_timer_ is armed for it)
+    Time seg_end_ = 0;                 // when the running segment ends (while running_)
+    Timer wake_timer_{timers_};        // the host's next wakeup for the engine (next_wake())
+    Time wake_at_ = -1;                // what wake_timer_ is armed for
     Time engine_time_ = -1;            // set while a segment's end is processed
     // Raised, not yet delivered, in the order the engine raised them.
     std::vector<Raised> raised_;

@@ -717,6 +717,43 @@ struct LateTimers final : Timers {
     Time from, to;
 };
 
+// The host's timers, each firing `lag` late, counted: pvgpud's wakeups.
+struct CountingTimers final : Timers {
+    explicit CountingTimers(sim::EventLoop& l, Duration late = 0) : loop(l), lag(late) {}
+    TimerId arm(Time at, std::function<void()> fn) override {
+        return loop.arm(at + lag, [this, fn = std::move(fn)] {
+            ++fired;
+            fired_at.push_back(loop.now());
+            fn();
+        });
+    }
+    void cancel(TimerId id) override { loop.cancel(id); }
+    sim::EventLoop& loop;
+    Duration lag;
+    int fired = 0;
+    std::vector<Time> fired_at;
+};
+
+// A host that only takes interrupts (no fence watchers: pvgpud's case).
+struct IrqRecorder final : sim::ExecutionObserver, GpuInterrupts {
+    sim::EventLoop* loop = nullptr;
+    std::vector<Segment> segments;
+    std::vector<Event> irqs, errors;
+    void executed(ChannelId ch, Time s, Time e) override { segments.push_back({ch, s, e}); }
+    void on_fence(ChannelId ch, std::uint32_t fence) override { irqs.push_back({ch, fence, loop->now()}); }
+    void on_channel_error(ChannelId ch, std::uint32_t error) override { errors.push_back({ch, error, loop->now()}); }
+};
+
+// Appends kernels after the channel's IB_PUT, an interrupt on the last
+// only (as libpvgpu submits), and rings the doorbell.
+void submit_batch(sim::SimGpu& gpu, ChannelId ch, const std::vector<Duration>& kernels) {
+    std::uint32_t put = gpu.read_ib_put(ch);
+    for (std::size_t i = 0; i < kernels.size(); ++i, ++put)
+        gpu.ring(ch)->entries[put & PVGPU_RING_MASK] = {static_cast<std::uint64_t>(kernels[i]), put + 1,
+                                                        i + 1 == kernels.size() ? PVGPU_ENTRY_IRQ : 0u};
+    gpu.write_ib_put(ch, put);
+}
+
 }  // namespace
 
 // As hardware does: the engine runs on while the host is late, its registers
@@ -777,18 +814,7 @@ TEST_CASE("sim gpu: a host late for its timers finds the engine run on", "[sim_g
 // host wakeup per kernel, doubling pvgpud's timer wakeups.
 TEST_CASE("sim gpu: interrupts handled on a late timer cost no second wakeup", "[sim_gpu]") {
     sim::EventLoop loop;
-    struct LagTimers final : Timers {
-        explicit LagTimers(sim::EventLoop& l) : loop(l) {}
-        TimerId arm(Time at, std::function<void()> fn) override {
-            return loop.arm(at + 10 * kMicrosecond, [this, fn = std::move(fn)] {
-                ++fired;
-                fn();
-            });
-        }
-        void cancel(TimerId id) override { loop.cancel(id); }
-        sim::EventLoop& loop;
-        int fired = 0;
-    } timers(loop);
+    CountingTimers timers(loop, 10 * kMicrosecond);
     sim::SimGpu gpu(loop, timers, {});
     struct Handler final : GpuInterrupts {
         sim::SimGpu* gpu = nullptr;
@@ -861,4 +887,85 @@ TEST_CASE("sim gpu: busy time now counts the running segment, not a switch's dea
     r.loop.run_until(ms(10));
     CHECK(r.gpu.busy_time_now() == ms(2));
     CHECK(r.gpu.busy_time() == ms(2));
+}
+
+// A GPU interrupts its host only where an entry asks for it: a kernel that
+// completes silently must not cost pvgpud a wakeup (issue 12 section 2: one
+// wakeup per kernel was the floor of its CPU).  The engine still runs the
+// same schedule, and a register read between wakeups shows it as of now.
+TEST_CASE("sim gpu: a completion that raises nothing costs the host no wakeup", "[sim_gpu][rr]") {
+    sim::EventLoop loop;
+    CountingTimers timers(loop);
+    sim::SimGpu gpu(loop, timers, {});
+    IrqRecorder rec;
+    rec.loop = &loop;
+    gpu.set_observer(&rec);
+    gpu.set_interrupt_handler(&rec);
+
+    SECTION("a lone channel: one wakeup per interrupt") {
+        const ChannelId a = gpu.create_channel();
+        submit_batch(gpu, a, {ms(1), ms(1), ms(1), ms(1)});
+        submit_batch(gpu, a, {ms(1), ms(1), ms(1), ms(1)});
+        std::uint32_t mid = 0;
+        loop.arm(ms(2.5), [&] { mid = gpu.read_fence(a); });
+        loop.run_until(ms(20));
+        CHECK(rec.irqs == std::vector<Event>{{a, 4, ms(4)}, {a, 8, ms(8)}});
+        CHECK(mid == 2);
+        CHECK(timers.fired_at == std::vector<Time>{ms(4), ms(8)});  // the read costs none either
+        CHECK(gpu.busy_time() == ms(8));
+    }
+    SECTION("two channels in turn: wakeups bounded by each channel's work to its interrupt") {
+        const ChannelId a = gpu.create_channel(), b = gpu.create_channel();
+        submit_batch(gpu, a, {ms(1), ms(1), ms(1), ms(1)});
+        submit_batch(gpu, b, {ms(1), ms(1), ms(1), ms(1)});
+        std::tuple<ChannelId, std::uint32_t, std::uint32_t> mid{};
+        loop.arm(ms(2.5), [&] { mid = {gpu.running_channel().value_or(0), gpu.read_fence(a), gpu.read_fence(b)}; });
+        loop.run_until(ms(20));
+        std::vector<Segment> turns;
+        for (int i = 0; i < 8; ++i) turns.push_back({i % 2 ? b : a, ms(i), ms(i + 1)});
+        CHECK(rec.segments == turns);
+        CHECK(mid == std::tuple<ChannelId, std::uint32_t, std::uint32_t>{a, 1, 1});
+        CHECK(rec.irqs == std::vector<Event>{{a, 4, ms(7)}, {b, 4, ms(8)}});
+        // Planned as each segment starts, from each channel's own work to its
+        // interrupt: after the read's catch-up (a's second kernel, [2, 3)),
+        // a has 2 ms to its interrupt, b 3 ms (5); at 5 ms, b's third runs and
+        // each has 1 ms to go (7); then the interrupts at 7 and 8.  One per
+        // kernel before, eight.
+        CHECK(timers.fired_at == std::vector<Time>{ms(5), ms(7), ms(8)});
+    }
+    SECTION("a doorbell during a silent kernel plans anew") {
+        const ChannelId a = gpu.create_channel(), b = gpu.create_channel();
+        submit_batch(gpu, a, {ms(1), ms(1), ms(1), ms(1)});
+        loop.arm(ms(1.5), [&] { submit_batch(gpu, b, {ms(1)}); });
+        loop.run_until(ms(20));
+        CHECK(rec.segments == std::vector<Segment>{{a, 0, ms(1)}, {a, ms(1), ms(2)}, {b, ms(2), ms(3)},
+                                                    {a, ms(3), ms(4)}, {a, ms(4), ms(5)}});
+        CHECK(rec.irqs == std::vector<Event>{{b, 1, ms(3)}, {a, 4, ms(5)}});
+    }
+    SECTION("a silent runaway kernel is still killed on time") {
+        gpu.set_watchdog(ms(5));
+        const ChannelId a = gpu.create_channel();
+        submit_batch(gpu, a, {ms(1), ms(1), ms(100)});
+        loop.run_until(ms(50));
+        CHECK(rec.errors == std::vector<Event>{{a, PVGPU_CHAN_ERR_WATCHDOG, ms(7)}});
+        CHECK(rec.irqs.empty());
+        CHECK(timers.fired_at == std::vector<Time>{ms(7)});
+    }
+}
+
+TEST_CASE("sim gpu: silent kernels across time slices keep the schedule", "[sim_gpu][timeslice]") {
+    sim::EventLoop loop;
+    CountingTimers timers(loop);
+    sim::SimGpu gpu(loop, timers, timeslice(ms(2)));
+    IrqRecorder rec;
+    rec.loop = &loop;
+    gpu.set_observer(&rec);
+    gpu.set_interrupt_handler(&rec);
+    const ChannelId a = gpu.create_channel(), b = gpu.create_channel();
+    submit_batch(gpu, a, {ms(3), ms(1)});
+    submit_batch(gpu, b, {ms(0.5), ms(0.5)});
+    loop.run_until(ms(20));
+    CHECK(rec.segments == std::vector<Segment>{{a, 0, ms(2)}, {b, ms(2), ms(2.5)}, {b, ms(2.5), ms(3)},
+                                                {a, ms(3), ms(4)}, {a, ms(4), ms(5)}});
+    CHECK(rec.irqs == std::vector<Event>{{b, 2, ms(3)}, {a, 2, ms(5)}});
 }
