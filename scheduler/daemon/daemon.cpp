@@ -1155,6 +1155,7 @@ json Daemon::admin_stats() {
           {"scheduler_cpu_us_per_s", snap.scheduler_cpu_us_per_s},
           {"process_cpu_us_per_s", snap.process_cpu_us_per_s}}},
         {"process_cpu_s", to_ms(snap.process_cpu) / 1000.0},
+        {"scheduler_cpu_s", to_ms(st.policy_cpu) / 1000.0},
         {"counters",
          {{"traps", st.traps + counters_.untrapped_reports},
           {"mode_switches", counters_.mode_switches},

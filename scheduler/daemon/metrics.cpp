@@ -157,6 +157,9 @@ std::string render_prometheus(const json& list, const json& stats) {
            get(metrics, "unfairness"));
     scalar("pvgpu_daemon_cpu_seconds_total", "counter", "CPU time used by pvgpud (user + system).",
            get(stats, "process_cpu_s"));
+    scalar("pvgpu_scheduler_cpu_seconds_total", "counter",
+           "CPU time pvgpud spent in the scheduler's own code (policy and accounting).",
+           get(stats, "scheduler_cpu_s"));
     scalar("pvgpu_mode_switches_total", "counter", "Channel mode switches pushed to clients.",
            get(counters, "mode_switches"));
     scalar("pvgpu_traps_total", "counter", "Trapped doorbell writes.", get(counters, "traps"));

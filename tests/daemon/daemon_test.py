@@ -670,6 +670,14 @@ def case_admin(bins, tmp):
         check(0.5 * window < busy <= window + 1e-3,
               f"gpu.busy_s grew {busy:.4f} s over {window:.4f} s of uptime with two backlogged clients")
         result("admin.stats.busy_over_window", busy / window)
+        # scheduler_cpu_s is a counter of pvgpud's own CPU inside the
+        # scheduler: it grows while clients run, and by no more than the
+        # process's CPU (getrusage: a tick of slack).
+        sched = later["scheduler_cpu_s"] - stats["scheduler_cpu_s"]
+        proc = later["process_cpu_s"] - stats["process_cpu_s"]
+        check(0 < sched <= proc + 0.01,
+              f"scheduler_cpu_s grew {sched:.6f} s against process_cpu_s {proc:.6f} s over {window:.3f} s")
+        result("admin.stats.scheduler_over_process_cpu", sched / proc if proc > 0 else None)
     finally:
         for load in loads:
             rc, values = load.finish(sig=signal.SIGTERM)

@@ -3,9 +3,10 @@
 evenly over 250 us .. 2 ms, equal weights, under one policy.  Prints the
 clients' own Jain's index and unfairness (from their completed-kernel counts,
 tests/daemon/daemon_test.py's measure_shares), pvgpud's CPU as a fraction
-of one core (from /proc over the same window), the 1-minute load average
-(the machine is shared: read the numbers beside it) and the clients with
-the smallest and largest share.  Also the kernels completed per second
+of one core (from /proc over the same window) and the part of it spent in
+the scheduler's own code (policy and accounting: `stats` scheduler_cpu_s),
+the 1-minute load average (the machine is shared: read the numbers beside
+it) and the clients with the smallest and largest share.  Also the kernels completed per second
 and pvgpud's CPU per completed kernel: every completion is a wakeup of
 pvgpud (the simulated GPU's timer and the interrupt a real host would
 take), so a policy that splits the GPU differently changes the kernel
@@ -113,8 +114,13 @@ def run_policy(ns, bins, policy, ks):
         # The GPU's own busy counter over the window between the two stats
         # (pvgpud's clock): the clients' counts see a batch of 4 kernels at a
         # time, up to 16 ms of the 4 ms task's work at each end of the window.
-        gpu_busy = (stats1["gpu"]["busy_s"] - stats0["gpu"]["busy_s"]) / (stats1["uptime_s"] - stats0["uptime_s"])
-        return {"reads_per_fence": reads, "policy_per_s": policy_rates, "jain": jain, "unfairness": u, "gpu_busy": busy, "gpu_busy_by_gpu": gpu_busy, "core": core, "kernels_per_s": rate,
+        span = stats1["uptime_s"] - stats0["uptime_s"]
+        gpu_busy = (stats1["gpu"]["busy_s"] - stats0["gpu"]["busy_s"]) / span
+        # The scheduler's own code (policy and accounting, every entry timed
+        # once) over the same window: the part of `core` a policy decides;
+        # the rest is the loop's wakeups and the clients' I/O per kernel.
+        sched_core = (stats1.get("scheduler_cpu_s", 0) - stats0.get("scheduler_cpu_s", 0)) / span
+        return {"reads_per_fence": reads, "policy_per_s": policy_rates, "jain": jain, "unfairness": u, "gpu_busy": busy, "gpu_busy_by_gpu": gpu_busy, "core": core, "sched_core": sched_core, "kernels_per_s": rate,
                 "us_per_kernel": core * 1e6 / rate if rate > 0 else float("inf"), "extremes": extremes,
                 "acc_jain": acc_jain, "acc_unfairness": acc_u}
     finally:
@@ -200,6 +206,7 @@ def run_all(ns, bins, policies, ks, label):
             print(f"RESULT {tag}.accounted_jain={r['acc_jain']:.4f}")
             print(f"RESULT {tag}.accounted_unfairness={r['acc_unfairness']:.3f}")
             print(f"RESULT {tag}.pvgpud_core_fraction={r['core']:.3f}")
+            print(f"RESULT {tag}.scheduler_core_fraction={r['sched_core']:.4f}")
             print(f"RESULT {tag}.kernels_per_s={r['kernels_per_s']:.0f}")
             print(f"RESULT {tag}.pvgpud_us_per_kernel={r['us_per_kernel']:.1f}")
             for k, v in r["reads_per_fence"].items():
@@ -217,6 +224,7 @@ def run_all(ns, bins, policies, ks, label):
             return v[len(v) // 2]
         a, b = ns.policy, ns.compare
         print(f"RESULT scale.{a}_vs_{b}.{label}.extra_core={med(a, 'core') - med(b, 'core'):.4f}")
+        print(f"RESULT scale.{a}_vs_{b}.{label}.extra_scheduler_core={med(a, 'sched_core') - med(b, 'sched_core'):.4f}")
         print(f"RESULT scale.{a}_vs_{b}.{label}.kernel_rate_ratio="
               f"{med(a, 'kernels_per_s') / med(b, 'kernels_per_s'):.3f}")
         print(f"RESULT scale.{a}_vs_{b}.{label}.extra_us_per_kernel="

@@ -51,7 +51,7 @@ json sample_list() {
 
 json sample_stats() {
     return json::parse(R"({"ok":true,"uptime_s":12.5,"policy":"none","clients":2,"channels":3,
-      "process_cpu_s":0.25,
+      "process_cpu_s":0.25,"scheduler_cpu_s":0.03,
       "gpu":{"busy_fraction":0.99,"idle_with_demand_fraction":0.0},
       "metrics":{"max_share_error":0.1,"jain_index":0.95,"unfairness":2.0},
       "counters":{"traps":5,"mode_switches":6,"watchdog_kills":1,"protocol_errors":2,"bad_entry_kills":0}})");
@@ -78,6 +78,7 @@ TEST_CASE("metrics: exposition text with Prometheus names and labels", "[daemon]
     CHECK(text.find("pvgpu_policy_info{policy=\"none\"} 1\n") != std::string::npos);
     CHECK(text.find("pvgpu_jain_index 0.95\n") != std::string::npos);
     CHECK(text.find("pvgpu_daemon_cpu_seconds_total 0.25\n") != std::string::npos);
+    CHECK(text.find("pvgpu_scheduler_cpu_seconds_total 0.03\n") != std::string::npos);
     CHECK(text.find("pvgpu_watchdog_kills_total 1\n") != std::string::npos);
     CHECK(text.find("pvgpu_protocol_errors_total 2\n") != std::string::npos);
     CHECK(text.find("pvgpu_mode_switches_total 6\n") != std::string::npos);
@@ -98,9 +99,11 @@ TEST_CASE("metrics: missing fields of an older reply are left out, not invented"
     for (json& e : list["entities"]) e.erase("kernels");
     json stats = sample_stats();
     stats.erase("process_cpu_s");
+    stats.erase("scheduler_cpu_s");
     const std::string text = render_prometheus(list, stats);
     CHECK(text.find("pvgpu_entity_kernels_total{") == std::string::npos);
     CHECK(text.find("pvgpu_daemon_cpu_seconds_total") == std::string::npos);
+    CHECK(text.find("pvgpu_scheduler_cpu_seconds_total") == std::string::npos);
 }
 
 TEST_CASE("metrics: the textfile is replaced atomically and removed at exit", "[daemon][metrics]") {
