@@ -1,5 +1,6 @@
 #include "sim_gpu.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 #include <utility>
 
@@ -57,6 +58,18 @@ void SimGpu::destroy_channel(ChannelId ch) {
 
 pvgpu_ring* SimGpu::ring(ChannelId ch) { return chan(ch).ring; }
 
+void SimGpu::set_watchdog(Duration limit) {
+    catch_up();
+    cfg_.watchdog = limit;
+    if (running_) {
+        // The running segment was planned against the old limit; a kernel
+        // already past the new one is killed now.
+        run_segment();
+        seg_end_ = std::max(seg_end_, clock_.now());
+    }
+    arm_wake();
+}
+
 void SimGpu::set_fence_watcher(ChannelId ch, FenceWatcher w) {
     catch_up();
     chan(ch).watcher = std::move(w);
@@ -106,6 +119,9 @@ void SimGpu::write_ib_put(ChannelId ch, std::uint32_t put) {
     catch_up();
     Channel& c = chan(ch);
     if (c.dead) return;  // a dead channel ignores doorbells
+    // The entries this doorbell adds (none if IB_PUT went back).
+    for (std::uint32_t i = c.put; put - c.put <= PVGPU_RING_ENTRIES && i != put; ++i)
+        (*c.fetched)[i & PVGPU_RING_MASK] = c.ring->entries[i & PVGPU_RING_MASK];
     c.put = put;
     // More outstanding entries than the ring holds cannot be real work.
     if (put - c.completed > PVGPU_RING_ENTRIES) {
@@ -132,7 +148,7 @@ void SimGpu::kick() {
 
 void SimGpu::start(ChannelId ch, Duration dead) {
     Channel& c = chan(ch);
-    if (!c.in_flight && c.ring->entries[c.completed & PVGPU_RING_MASK].payload > kMaxPayload) {
+    if (!c.in_flight && entry(c, c.completed).payload > kMaxPayload) {
         fail(ch, PVGPU_CHAN_ERR_BAD_ENTRY);
         kick();
         return;
@@ -151,8 +167,7 @@ void SimGpu::start(ChannelId ch, Duration dead) {
         slice_end_ = seg_start_ + cfg_.timeslice;
     }
     if (!c.in_flight) {
-        const pvgpu_ring_entry& e = c.ring->entries[c.completed & PVGPU_RING_MASK];
-        c.remaining = static_cast<Duration>(e.payload);
+        c.remaining = static_cast<Duration>(entry(c, c.completed).payload);
         c.ran = 0;
         c.in_flight = true;
         c.get = c.completed + 1;
@@ -202,15 +217,14 @@ void SimGpu::arm_wake() {
 bool SimGpu::segment_wakes() const {
     const Channel& c = chan(*running_);
     if (seg_end_ - seg_start_ < c.remaining) return true;  // cut: a watchdog kill, or a slice's end
-    const pvgpu_ring_entry& e = c.ring->entries[c.completed & PVGPU_RING_MASK];
-    return (e.flags & PVGPU_ENTRY_IRQ) != 0 || c.watcher;
+    return (entry(c, c.completed).flags & PVGPU_ENTRY_IRQ) != 0 || c.watcher;
 }
 
 Duration SimGpu::work_to_raise(const Channel& c, std::uint32_t from, Duration remaining, Duration ran,
                                Duration limit) const {
     Duration work = 0;
     for (std::uint32_t i = from; i != c.put && work < limit; ++i) {
-        const pvgpu_ring_entry& e = c.ring->entries[i & PVGPU_RING_MASK];
+        const pvgpu_ring_entry& e = entry(c, i);
         if (i != from || remaining < 0) {
             if (e.payload > kMaxPayload) return work;  // start() fails it
             remaining = static_cast<Duration>(e.payload);
@@ -244,16 +258,24 @@ Time SimGpu::next_wake() const {
 }
 
 void SimGpu::run_overdue() {
-    const bool outer = catching_up_;
+    struct Restore {
+        bool& flag;
+        bool outer;
+        ~Restore() { flag = outer; }
+    } restore{catching_up_, catching_up_};
     catching_up_ = true;
     while (running_ && engine_time_ < 0 && seg_end_ < clock_.now()) end_at_seg_end();
-    catching_up_ = outer;
 }
 
 void SimGpu::end_at_seg_end() {
+    // Reset however segment_end() leaves (a throwing handler): a stale
+    // engine time would stop every catch-up.
+    struct EngineTime {
+        Time& t;
+        ~EngineTime() { t = -1; }
+    } guard{engine_time_};
     engine_time_ = seg_end_;
     segment_end();
-    engine_time_ = -1;
 }
 
 void SimGpu::catch_up() {
@@ -385,7 +407,10 @@ void SimGpu::segment_end() {
     }
 
     // Kernel done.
-    const pvgpu_ring_entry e = c.ring->entries[c.completed & PVGPU_RING_MASK];
+    const pvgpu_ring_entry e = entry(c, c.completed);
+    // Whom it tells, decided now: a handler run below may destroy the channel.
+    const bool irq = (e.flags & PVGPU_ENTRY_IRQ) != 0;
+    const bool tell = irq || c.watcher;
     c.in_flight = false;
     ++c.completed;
     c.fence = e.fence;
@@ -401,8 +426,7 @@ void SimGpu::segment_end() {
     }
     // Interrupts after the engine has moved on, as the host would observe
     // them.  A silent completion has no one to tell.
-    const bool irq = (e.flags & PVGPU_ENTRY_IRQ) != 0;
-    if (irq || c.watcher) raise({ch, e.fence, false, irq});
+    if (tell) raise({ch, e.fence, false, irq});
 }
 
 bool SimGpu::preempt_to(ChannelId next) {

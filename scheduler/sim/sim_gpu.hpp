@@ -6,6 +6,7 @@
 // ExecutionObserver, the ground truth a scheduler never gets.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -63,7 +64,7 @@ public:
     bool pending(ChannelId ch) const override;
     std::optional<ChannelId> running_channel() const override;
     std::optional<Time> completion_time(ChannelId ch) const override;
-    void set_watchdog(Duration limit) override { cfg_.watchdog = limit; }
+    void set_watchdog(Duration limit) override;
     EngineArbitration arbitration() const override {
         if (cfg_.arbitration != Arbitration::Timeslice) return {};
         return {true, cfg_.timeslice, cfg_.ctxsw, cfg_.preempt};
@@ -101,6 +102,11 @@ private:
         std::unique_ptr<pvgpu_ring> own_ring;
         pvgpu_ctrl_page* ctrl = nullptr;
         pvgpu_ring* ring = nullptr;
+        // The entries as the GPU fetched them at their doorbell: the ring is
+        // tenant memory, and what the engine runs, and when it interrupts,
+        // must not change under it (nor under the wakeup planned from them).
+        std::unique_ptr<std::array<pvgpu_ring_entry, PVGPU_RING_ENTRIES>> fetched =
+            std::make_unique<std::array<pvgpu_ring_entry, PVGPU_RING_ENTRIES>>();
         std::uint32_t put = 0;         // the GPU's IB_PUT register
         // The GPU's own status: the page's STATUS is a copy the submitter can
         // scribble on, so it must not bring a dead channel back.
@@ -128,6 +134,9 @@ private:
         bool irq;              // a completion that asked for an interrupt
     };
 
+    static const pvgpu_ring_entry& entry(const Channel& c, std::uint32_t i) {
+        return (*c.fetched)[i & PVGPU_RING_MASK];
+    }
     Channel& chan(ChannelId ch);
     const Channel& chan(ChannelId ch) const;
     bool runnable(const Channel& c) const;
