@@ -492,8 +492,13 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
         // host handled interrupts out of order); for good, so a tenant
         // cannot shed the mark by asking again for a while.  Measuring this
         // from `now` instead (1 ms) let kernels under 1 ms after a silent
-        // one go unmarked: y -87..-98% (a review of d499df0).
-        if (current_ && ended && t - *ended > kReorder)
+        // one go unmarked: y -87..-98% (a review of d499df0).  Not where
+        // its last completion is the one its stint was dated from: it ended
+        // nothing since, and the belief was a late handler's (the engine
+        // read names who runs now, after another channel's short kernel;
+        // pvgpud marked honest tenants that way about half the time, and
+        // audited them for good: 0.5 more wakeups per interrupt).
+        if (current_ && ended && *ended > since_ && t - *ended > kReorder)
             if (auto cur = channels_.find(*current_); cur != channels_.end()) cur->second.ends_unheard = true;
         const bool bounded = !current_ && n == 1 && !clamped && !c.preempted && one_since_fence;
         if (bounded) learn_bounds(c, 0, gap);
