@@ -4,7 +4,8 @@
 # versions (modversions) match the running Debian kernel.
 #
 # Usage: kvm-hooks/build.sh [OUT_DIR]   (default: build/kvm-hooks)
-# Needs linux-source-6.1 (6.1.192-2) and linux-headers-6.1.0-56-amd64;
+# Needs linux-source-6.1 (6.1.192, Debian revision 2 or later) and
+# linux-headers-6.1.0-56-amd64;
 # as root it installs what is missing with apt.  Idempotent: the source is
 # unpacked and patched again only when a patch or a copied source file
 # changed, and make rebuilds only what changed.  The modules end up in
@@ -39,8 +40,18 @@ need_pkg() {  # PACKAGE VERSION
 		--no-install-recommends "$1=$2" || die "apt-get install $1=$2 failed"
 }
 
-need_pkg "$src_pkg" "$src_ver"
+# The source: release 6.1.192 in any Debian revision.  The archive moves on
+# (6.1.192-3 came with kernel ABI 6.1.0-57) and installing the 6.1.0-56
+# headers pulls the newer source in; asking for -2 again would be a
+# downgrade apt refuses.  Its KVM sources take the same patches, and the
+# modules still load: a modversions kernel checks symbol CRCs, not the
+# release string.
+case "$(installed_version "$src_pkg")" in
+"${src_ver%-*}"-*) ;;
+*) need_pkg "$src_pkg" "$src_ver" ;;
+esac
 need_pkg "linux-headers-$krel" "$src_ver"
+have_src=$(installed_version "$src_pkg")
 [ -f "$tarball" ] || die "$tarball missing although $src_pkg is installed"
 # Tools of the build and its checks (a minimal Debian has neither xz nor modinfo).
 missing=""
@@ -64,7 +75,7 @@ kdir=$tree/arch/x86/kvm
 # when the unpack/patch steps below change.  The copied sources are not in
 # it: they are refreshed below, and make rebuilds what depends on them.
 tree_recipe=2
-stamp=$( (echo "$src_ver $tree_recipe"; cat "$here"/patches/*.patch) | sha256sum | cut -d' ' -f1)
+stamp=$( (echo "$have_src $tree_recipe"; cat "$here"/patches/*.patch) | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$out/tree.stamp" 2>/dev/null)" != "$stamp" ]; then
 	echo "kvm-hooks/build.sh: unpacking arch/x86/kvm and virt/kvm from $tarball"
 	rm -rf "$tree" "$out/tree.stamp"
