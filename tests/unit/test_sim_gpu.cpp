@@ -46,9 +46,28 @@ std::ostream& operator<<(std::ostream& os, const Event& e) {
     return os << "ch" << e.ch << ":" << e.value << "@" << e.at;
 }
 
-// Event loop + GPU + recorders for everything the GPU reports.
+// The host's timers, each firing `lag` late, counted: pvgpud's wakeups.
+struct CountingTimers final : Timers {
+    explicit CountingTimers(sim::EventLoop& l, Duration late = 0) : loop(l), lag(late) {}
+    TimerId arm(Time at, std::function<void()> fn) override {
+        return loop.arm(at + lag, [this, fn = std::move(fn)] {
+            ++fired;
+            fired_at.push_back(loop.now());
+            fn();
+        });
+    }
+    void cancel(TimerId id) override { loop.cancel(id); }
+    sim::EventLoop& loop;
+    Duration lag;
+    int fired = 0;
+    std::vector<Time> fired_at;
+};
+
+// Event loop + GPU + recorders for everything the GPU reports.  The host's
+// timers are counted (its wakeups); a channel made with gpu.create_channel()
+// has no fence watcher and is heard of by its interrupts only, as in pvgpud.
 struct GpuRig final : sim::ExecutionObserver, GpuInterrupts {
-    explicit GpuRig(SimGpuConfig cfg = {}) : gpu(loop, loop, cfg) {
+    explicit GpuRig(SimGpuConfig cfg = {}) : gpu(loop, timers, cfg) {
         gpu.set_observer(this);
         gpu.set_interrupt_handler(this);
     }
@@ -60,6 +79,7 @@ struct GpuRig final : sim::ExecutionObserver, GpuInterrupts {
     }
     void on_channel_error(ChannelId ch, std::uint32_t error) override {
         errors.push_back({ch, error, loop.now()});
+        if (error_hook) error_hook(ch, error);
     }
 
     // A channel whose fence watcher records every completion.
@@ -101,12 +121,14 @@ struct GpuRig final : sim::ExecutionObserver, GpuInterrupts {
     }
 
     sim::EventLoop loop;
+    CountingTimers timers{loop};
     sim::SimGpu gpu;
     std::vector<Segment> segments;
     std::vector<Event> irqs;
     std::vector<Event> errors;
     std::vector<Event> watched;
     std::function<void(ChannelId, std::uint32_t)> fence_hook;  // host reaction to an interrupt
+    std::function<void(ChannelId, std::uint32_t)> error_hook;  // ... to a channel error
 };
 
 SimGpuConfig timeslice(Duration slice, Duration ctxsw = 0) {
@@ -718,39 +740,7 @@ struct LateTimers final : Timers {
     Time from, to;
 };
 
-// The host's timers, each firing `lag` late, counted: pvgpud's wakeups.
-struct CountingTimers final : Timers {
-    explicit CountingTimers(sim::EventLoop& l, Duration late = 0) : loop(l), lag(late) {}
-    TimerId arm(Time at, std::function<void()> fn) override {
-        return loop.arm(at + lag, [this, fn = std::move(fn)] {
-            ++fired;
-            fired_at.push_back(loop.now());
-            fn();
-        });
-    }
-    void cancel(TimerId id) override { loop.cancel(id); }
-    sim::EventLoop& loop;
-    Duration lag;
-    int fired = 0;
-    std::vector<Time> fired_at;
-};
 
-// A host that only takes interrupts (no fence watchers: pvgpud's case).
-struct IrqRecorder final : sim::ExecutionObserver, GpuInterrupts {
-    sim::EventLoop* loop = nullptr;
-    std::vector<Segment> segments;
-    std::vector<Event> irqs, errors;
-    std::function<void(ChannelId, std::uint32_t)> fence_hook, error_hook;  // the host's reaction
-    void executed(ChannelId ch, Time s, Time e) override { segments.push_back({ch, s, e}); }
-    void on_fence(ChannelId ch, std::uint32_t fence) override {
-        irqs.push_back({ch, fence, loop->now()});
-        if (fence_hook) fence_hook(ch, fence);
-    }
-    void on_channel_error(ChannelId ch, std::uint32_t error) override {
-        errors.push_back({ch, error, loop->now()});
-        if (error_hook) error_hook(ch, error);
-    }
-};
 
 // Appends kernels after the channel's IB_PUT, an interrupt on the last
 // only (as libpvgpu submits), and rings the doorbell.
@@ -902,167 +892,137 @@ TEST_CASE("sim gpu: busy time now counts the running segment, not a switch's dea
 // wakeup per kernel was the floor of its CPU).  The engine still runs the
 // same schedule, and a register read between wakeups shows it as of now.
 TEST_CASE("sim gpu: a completion that raises nothing costs the host no wakeup", "[sim_gpu][rr]") {
-    sim::EventLoop loop;
-    CountingTimers timers(loop);
-    sim::SimGpu gpu(loop, timers, {});
-    IrqRecorder rec;
-    rec.loop = &loop;
-    gpu.set_observer(&rec);
-    gpu.set_interrupt_handler(&rec);
-
+    GpuRig r;
     SECTION("a lone channel: one wakeup per interrupt") {
-        const ChannelId a = gpu.create_channel();
-        submit_batch(gpu, a, {ms(1), ms(1), ms(1), ms(1)});
-        submit_batch(gpu, a, {ms(1), ms(1), ms(1), ms(1)});
+        const ChannelId a = r.gpu.create_channel();
+        submit_batch(r.gpu, a, {ms(1), ms(1), ms(1), ms(1)});
+        submit_batch(r.gpu, a, {ms(1), ms(1), ms(1), ms(1)});
         std::uint32_t mid = 0;
-        loop.arm(ms(2.5), [&] { mid = gpu.read_fence(a); });
-        loop.run_until(ms(20));
-        CHECK(rec.irqs == std::vector<Event>{{a, 4, ms(4)}, {a, 8, ms(8)}});
+        r.loop.arm(ms(2.5), [&] { mid = r.gpu.read_fence(a); });
+        r.loop.run_until(ms(20));
+        CHECK(r.irqs == std::vector<Event>{{a, 4, ms(4)}, {a, 8, ms(8)}});
         CHECK(mid == 2);
-        CHECK(timers.fired_at == std::vector<Time>{ms(4), ms(8)});  // the read costs none either
-        CHECK(gpu.busy_time() == ms(8));
+        CHECK(r.timers.fired_at == std::vector<Time>{ms(4), ms(8)});  // the read costs none either
+        CHECK(r.gpu.busy_time() == ms(8));
     }
     SECTION("two channels in turn: wakeups bounded by each channel's work to its interrupt") {
-        const ChannelId a = gpu.create_channel(), b = gpu.create_channel();
-        submit_batch(gpu, a, {ms(1), ms(1), ms(1), ms(1)});
-        submit_batch(gpu, b, {ms(1), ms(1), ms(1), ms(1)});
+        const ChannelId a = r.gpu.create_channel(), b = r.gpu.create_channel();
+        submit_batch(r.gpu, a, {ms(1), ms(1), ms(1), ms(1)});
+        submit_batch(r.gpu, b, {ms(1), ms(1), ms(1), ms(1)});
         std::tuple<ChannelId, std::uint32_t, std::uint32_t> mid{};
-        loop.arm(ms(2.5), [&] { mid = {gpu.running_channel().value_or(0), gpu.read_fence(a), gpu.read_fence(b)}; });
-        loop.run_until(ms(20));
+        r.loop.arm(ms(2.5), [&] { mid = {r.gpu.running_channel().value_or(0), r.gpu.read_fence(a), r.gpu.read_fence(b)}; });
+        r.loop.run_until(ms(20));
         std::vector<Segment> turns;
         for (int i = 0; i < 8; ++i) turns.push_back({i % 2 ? b : a, ms(i), ms(i + 1)});
-        CHECK(rec.segments == turns);
+        CHECK(r.segments == turns);
         CHECK(mid == std::tuple<ChannelId, std::uint32_t, std::uint32_t>{a, 1, 1});
-        CHECK(rec.irqs == std::vector<Event>{{a, 4, ms(7)}, {b, 4, ms(8)}});
+        CHECK(r.irqs == std::vector<Event>{{a, 4, ms(7)}, {b, 4, ms(8)}});
         // Planned as each segment starts, from each channel's own work to its
         // interrupt: after the read's catch-up (a's second kernel, [2, 3)),
         // a has 2 ms to its interrupt, b 3 ms (5); at 5 ms, b's third runs and
         // each has 1 ms to go (7); then the interrupts at 7 and 8.  One per
         // kernel before, eight.
-        CHECK(timers.fired_at == std::vector<Time>{ms(5), ms(7), ms(8)});
+        CHECK(r.timers.fired_at == std::vector<Time>{ms(5), ms(7), ms(8)});
     }
     SECTION("a doorbell during a silent kernel plans anew") {
-        const ChannelId a = gpu.create_channel(), b = gpu.create_channel();
-        submit_batch(gpu, a, {ms(1), ms(1), ms(1), ms(1)});
-        loop.arm(ms(1.5), [&] { submit_batch(gpu, b, {ms(1)}); });
-        loop.run_until(ms(20));
-        CHECK(rec.segments == std::vector<Segment>{{a, 0, ms(1)}, {a, ms(1), ms(2)}, {b, ms(2), ms(3)},
+        const ChannelId a = r.gpu.create_channel(), b = r.gpu.create_channel();
+        submit_batch(r.gpu, a, {ms(1), ms(1), ms(1), ms(1)});
+        r.loop.arm(ms(1.5), [&] { submit_batch(r.gpu, b, {ms(1)}); });
+        r.loop.run_until(ms(20));
+        CHECK(r.segments == std::vector<Segment>{{a, 0, ms(1)}, {a, ms(1), ms(2)}, {b, ms(2), ms(3)},
                                                     {a, ms(3), ms(4)}, {a, ms(4), ms(5)}});
-        CHECK(rec.irqs == std::vector<Event>{{b, 1, ms(3)}, {a, 4, ms(5)}});
+        CHECK(r.irqs == std::vector<Event>{{b, 1, ms(3)}, {a, 4, ms(5)}});
     }
     SECTION("a silent runaway kernel is still killed on time") {
-        gpu.set_watchdog(ms(5));
-        const ChannelId a = gpu.create_channel();
-        submit_batch(gpu, a, {ms(1), ms(1), ms(100)});
-        loop.run_until(ms(50));
-        CHECK(rec.errors == std::vector<Event>{{a, PVGPU_CHAN_ERR_WATCHDOG, ms(7)}});
-        CHECK(rec.irqs.empty());
-        CHECK(timers.fired_at == std::vector<Time>{ms(7)});
+        r.gpu.set_watchdog(ms(5));
+        const ChannelId a = r.gpu.create_channel();
+        submit_batch(r.gpu, a, {ms(1), ms(1), ms(100)});
+        r.loop.run_until(ms(50));
+        CHECK(r.errors == std::vector<Event>{{a, PVGPU_CHAN_ERR_WATCHDOG, ms(7)}});
+        CHECK(r.irqs.empty());
+        CHECK(r.timers.fired_at == std::vector<Time>{ms(7)});
     }
 }
 
 TEST_CASE("sim gpu: silent kernels across time slices keep the schedule", "[sim_gpu][timeslice]") {
-    sim::EventLoop loop;
-    CountingTimers timers(loop);
-    sim::SimGpu gpu(loop, timers, timeslice(ms(2)));
-    IrqRecorder rec;
-    rec.loop = &loop;
-    gpu.set_observer(&rec);
-    gpu.set_interrupt_handler(&rec);
-    const ChannelId a = gpu.create_channel(), b = gpu.create_channel();
-    submit_batch(gpu, a, {ms(3), ms(1)});
-    submit_batch(gpu, b, {ms(0.5), ms(0.5)});
-    loop.run_until(ms(20));
-    CHECK(rec.segments == std::vector<Segment>{{a, 0, ms(2)}, {b, ms(2), ms(2.5)}, {b, ms(2.5), ms(3)},
+    GpuRig r(timeslice(ms(2)));
+    const ChannelId a = r.gpu.create_channel(), b = r.gpu.create_channel();
+    submit_batch(r.gpu, a, {ms(3), ms(1)});
+    submit_batch(r.gpu, b, {ms(0.5), ms(0.5)});
+    r.loop.run_until(ms(20));
+    CHECK(r.segments == std::vector<Segment>{{a, 0, ms(2)}, {b, ms(2), ms(2.5)}, {b, ms(2.5), ms(3)},
                                                 {a, ms(3), ms(4)}, {a, ms(4), ms(5)}});
-    CHECK(rec.irqs == std::vector<Event>{{b, 2, ms(3)}, {a, 2, ms(5)}});
+    CHECK(r.irqs == std::vector<Event>{{b, 2, ms(3)}, {a, 2, ms(5)}});
 }
 
 // Found by a review of the wakeup plan: each of these lost or delayed an
 // interrupt, or worse, once kernels could complete without a wakeup.
 TEST_CASE("sim gpu: what the engine runs and raises was fixed at the doorbell", "[sim_gpu]") {
-    sim::EventLoop loop;
-    sim::SimGpu gpu(loop, loop, {});
-    IrqRecorder rec;
-    rec.loop = &loop;
-    gpu.set_observer(&rec);
-    gpu.set_interrupt_handler(&rec);
-    const ChannelId a = gpu.create_channel();
-    gpu.ring(a)->entries[0] = {static_cast<std::uint64_t>(ms(1)), 1, 0};
-    gpu.ring(a)->entries[1] = {static_cast<std::uint64_t>(ms(1)), 2, 0};
-    gpu.write_ib_put(a, 2);
+    GpuRig r;
+    const ChannelId a = r.gpu.create_channel();
+    r.gpu.ring(a)->entries[0] = {static_cast<std::uint64_t>(ms(1)), 1, 0};
+    r.gpu.ring(a)->entries[1] = {static_cast<std::uint64_t>(ms(1)), 2, 0};
+    r.gpu.write_ib_put(a, 2);
     // The tenant rewrites entries it rang in, without a doorbell: an
     // interrupt asked for late, a longer kernel.  The GPU fetched them at
     // the doorbell (and planned its host's wakeups from that).
-    loop.arm(ms(0.5), [&] {
-        gpu.ring(a)->entries[1] = {static_cast<std::uint64_t>(ms(50)), 2, PVGPU_ENTRY_IRQ};
-        gpu.ring(a)->entries[0].flags = PVGPU_ENTRY_IRQ;
+    r.loop.arm(ms(0.5), [&] {
+        r.gpu.ring(a)->entries[1] = {static_cast<std::uint64_t>(ms(50)), 2, PVGPU_ENTRY_IRQ};
+        r.gpu.ring(a)->entries[0].flags = PVGPU_ENTRY_IRQ;
     });
     // Written before its own doorbell, an entry counts as written.
-    loop.arm(ms(3), [&] {
-        gpu.ring(a)->entries[2] = {static_cast<std::uint64_t>(ms(1)), 3, PVGPU_ENTRY_IRQ};
-        gpu.write_ib_put(a, 3);
+    r.loop.arm(ms(3), [&] {
+        r.gpu.ring(a)->entries[2] = {static_cast<std::uint64_t>(ms(1)), 3, PVGPU_ENTRY_IRQ};
+        r.gpu.write_ib_put(a, 3);
     });
-    loop.run_until(ms(100));
-    CHECK(rec.segments == std::vector<Segment>{{a, 0, ms(1)}, {a, ms(1), ms(2)}, {a, ms(3), ms(4)}});
-    CHECK(rec.irqs == std::vector<Event>{{a, 3, ms(4)}});
+    r.loop.run_until(ms(100));
+    CHECK(r.segments == std::vector<Segment>{{a, 0, ms(1)}, {a, ms(1), ms(2)}, {a, ms(3), ms(4)}});
+    CHECK(r.irqs == std::vector<Event>{{a, 3, ms(4)}});
 }
 
 TEST_CASE("sim gpu: a watchdog lowered while a kernel runs kills it at the new limit", "[sim_gpu][watchdog]") {
-    sim::EventLoop loop;
-    sim::SimGpu gpu(loop, loop, {});  // 2 s
-    IrqRecorder rec;
-    rec.loop = &loop;
-    gpu.set_interrupt_handler(&rec);
-    const ChannelId a = gpu.create_channel();
-    submit_batch(gpu, a, {ms(1), ms(100)});
+    GpuRig r;  // watchdog 2 s
+    const ChannelId a = r.gpu.create_channel();
+    submit_batch(r.gpu, a, {ms(1), ms(100)});
     SECTION("before the kernel reached it") {
-        loop.arm(ms(0.5), [&] { gpu.set_watchdog(ms(5)); });
-        loop.run_until(ms(200));
-        CHECK(rec.errors == std::vector<Event>{{a, PVGPU_CHAN_ERR_WATCHDOG, ms(6)}});
+        r.loop.arm(ms(0.5), [&] { r.gpu.set_watchdog(ms(5)); });
+        r.loop.run_until(ms(200));
+        CHECK(r.errors == std::vector<Event>{{a, PVGPU_CHAN_ERR_WATCHDOG, ms(6)}});
     }
     SECTION("after: at once") {
-        loop.arm(ms(20), [&] { gpu.set_watchdog(ms(2)); });
-        loop.run_until(ms(200));
-        CHECK(rec.errors == std::vector<Event>{{a, PVGPU_CHAN_ERR_WATCHDOG, ms(20)}});
+        r.loop.arm(ms(20), [&] { r.gpu.set_watchdog(ms(2)); });
+        r.loop.run_until(ms(200));
+        CHECK(r.errors == std::vector<Event>{{a, PVGPU_CHAN_ERR_WATCHDOG, ms(20)}});
     }
-    CHECK(rec.irqs.empty());
+    CHECK(r.irqs.empty());
 }
 
 TEST_CASE("sim gpu: a handler that throws on time leaves the engine running on", "[sim_gpu]") {
-    sim::EventLoop loop;
-    sim::SimGpu gpu(loop, loop, {});
-    IrqRecorder rec;
-    rec.loop = &loop;
+    GpuRig r;
     bool thrown = false;
-    rec.fence_hook = [&](ChannelId, std::uint32_t) {
+    r.fence_hook = [&](ChannelId, std::uint32_t) {
         if (!std::exchange(thrown, true)) throw std::runtime_error("handler failed");
     };
-    gpu.set_interrupt_handler(&rec);
-    const ChannelId a = gpu.create_channel();
-    gpu.ring(a)->entries[0] = {static_cast<std::uint64_t>(ms(1)), 1, PVGPU_ENTRY_IRQ};
-    gpu.ring(a)->entries[1] = {static_cast<std::uint64_t>(ms(1)), 2, 0};
-    gpu.ring(a)->entries[2] = {static_cast<std::uint64_t>(ms(1)), 3, PVGPU_ENTRY_IRQ};
-    gpu.write_ib_put(a, 3);
-    CHECK_THROWS_AS(loop.run_until(ms(10)), std::runtime_error);
+    const ChannelId a = r.gpu.create_channel();
+    r.gpu.ring(a)->entries[0] = {static_cast<std::uint64_t>(ms(1)), 1, PVGPU_ENTRY_IRQ};
+    r.gpu.ring(a)->entries[1] = {static_cast<std::uint64_t>(ms(1)), 2, 0};
+    r.gpu.ring(a)->entries[2] = {static_cast<std::uint64_t>(ms(1)), 3, PVGPU_ENTRY_IRQ};
+    r.gpu.write_ib_put(a, 3);
+    CHECK_THROWS_AS(r.loop.run_until(ms(10)), std::runtime_error);
     // Bounded: a stale engine time once re-armed the wakeup at `now` forever.
     int steps = 0;
-    while (steps < 1000 && loop.step()) ++steps;
+    while (steps < 1000 && r.loop.step()) ++steps;
     CHECK(steps < 1000);
-    CHECK(rec.irqs == std::vector<Event>{{a, 1, ms(1)}, {a, 3, ms(3)}});
+    CHECK(r.irqs == std::vector<Event>{{a, 1, ms(1)}, {a, 3, ms(3)}});
 }
 
 TEST_CASE("sim gpu: a handler may destroy the channel whose next entry failed", "[sim_gpu]") {
-    sim::EventLoop loop;
-    sim::SimGpu gpu(loop, loop, {});
-    IrqRecorder rec;
-    rec.loop = &loop;
-    rec.error_hook = [&](ChannelId ch, std::uint32_t) { gpu.destroy_channel(ch); };
-    gpu.set_interrupt_handler(&rec);
-    const ChannelId a = gpu.create_channel();
-    gpu.ring(a)->entries[0] = {static_cast<std::uint64_t>(ms(1)), 1, 0};
-    gpu.ring(a)->entries[1] = {std::uint64_t{1} << 52, 2, 0};  // fails at its start, as a completes its first
-    gpu.write_ib_put(a, 2);
-    loop.run_until(ms(10));
-    CHECK(rec.errors == std::vector<Event>{{a, PVGPU_CHAN_ERR_BAD_ENTRY, ms(1)}});
+    GpuRig r;
+    r.error_hook = [&](ChannelId ch, std::uint32_t) { r.gpu.destroy_channel(ch); };
+    const ChannelId a = r.gpu.create_channel();
+    r.gpu.ring(a)->entries[0] = {static_cast<std::uint64_t>(ms(1)), 1, 0};
+    r.gpu.ring(a)->entries[1] = {std::uint64_t{1} << 52, 2, 0};  // fails at its start, as a completes its first
+    r.gpu.write_ib_put(a, 2);
+    r.loop.run_until(ms(10));
+    CHECK(r.errors == std::vector<Event>{{a, PVGPU_CHAN_ERR_BAD_ENTRY, ms(1)}});
 }
