@@ -496,7 +496,7 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
         // its last completion is the one its stint was dated from: it ended
         // nothing since, and the belief was a late handler's (the engine
         // read names who runs now, after another channel's short kernel;
-        // pvgpud marked honest tenants that way about half the time, and
+        // pvgpud marked honest tenants that way in 6 of 8 runs, and
         // audited them for good: 0.5 more wakeups per interrupt).
         if (current_ && ended && *ended > since_ && t - *ended > kReorder)
             if (auto cur = channels_.find(*current_); cur != channels_.end()) cur->second.ends_unheard = true;
