@@ -6,6 +6,18 @@
 
 namespace pvgpu::sim {
 
+namespace {
+
+// Sets `ref` to `value` when the scope ends, however it ends (a throwing
+// interrupt handler must not leave the engine's bookkeeping stale).
+template <class T> struct RestoreOnExit {
+    T& ref;
+    T value;
+    ~RestoreOnExit() { ref = value; }
+};
+
+}  // namespace
+
 std::string_view to_string(Arbitration a) {
     return a == Arbitration::RoundRobin ? "round-robin" : "timeslice";
 }
@@ -258,22 +270,14 @@ Time SimGpu::next_wake() const {
 }
 
 void SimGpu::run_overdue() {
-    struct Restore {
-        bool& flag;
-        bool outer;
-        ~Restore() { flag = outer; }
-    } restore{catching_up_, catching_up_};
+    RestoreOnExit<bool> restore{catching_up_, catching_up_};
     catching_up_ = true;
     while (running_ && engine_time_ < 0 && seg_end_ < clock_.now()) end_at_seg_end();
 }
 
 void SimGpu::end_at_seg_end() {
-    // Reset however segment_end() leaves (a throwing handler): a stale
-    // engine time would stop every catch-up.
-    struct EngineTime {
-        Time& t;
-        ~EngineTime() { t = -1; }
-    } guard{engine_time_};
+    // A stale engine time would stop every catch-up.
+    RestoreOnExit<Time> guard{engine_time_, -1};
     engine_time_ = seg_end_;
     segment_end();
 }

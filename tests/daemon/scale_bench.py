@@ -6,12 +6,12 @@ tests/daemon/daemon_test.py's measure_shares), pvgpud's CPU as a fraction
 of one core (from /proc over the same window) and the part of it spent in
 the scheduler's own code (policy and accounting: `stats` scheduler_cpu_s),
 the 1-minute load average (the machine is shared: read the numbers beside
-it) and the clients with the smallest and largest share.  Also the kernels completed per second
-and pvgpud's CPU per completed kernel: every completion that asks for an
-interrupt (libpvgpu asks on every entry) is a wakeup of pvgpud (the
-simulated GPU's timer and the interrupt a real host would take), so a
-policy that splits the GPU differently changes the kernel rate, and with
-it pvgpud's CPU, without costing more per decision.
+it) and the clients with the smallest and largest share.  Also the kernels
+completed per second and pvgpud's CPU per completed kernel: every
+completion that asks for an interrupt (libpvgpu asks on every entry) is a
+wakeup of pvgpud (the simulated GPU's timer and the interrupt a real host
+would take), so a policy that splits the GPU differently changes the
+kernel rate, and with it pvgpud's CPU, without costing more per decision.
 Asserts nothing: numbers for docs/results.md.
 
 usage: scale_bench.py --pvgpud P --pvgpuctl P --load P [--clients N]
