@@ -32,5 +32,12 @@ elif grep -q 'pvgpu.ko not built: no kernel headers' "$build/meson-logs/meson-lo
     # Configured before the guest kernel headers were installed (./setup.sh
     # first, then tests/run-all.sh fetched them): build pvgpu.ko now.
     meson setup --reconfigure "$build"
+elif guest_hdr=/usr/src/linux-headers-$(cat "$build/guest-kernel/version" 2>/dev/null) &&
+     [ -f "$guest_hdr/Makefile" ] &&
+     grep -q '"name": "guest_kdir", "value": "auto"' "$build/meson-info/intro-buildoptions.json" 2>/dev/null &&
+     ! grep -qx "Message: pvgpu.ko: building against $guest_hdr" "$build/meson-logs/meson-log.txt" 2>/dev/null; then
+    # The test guests' kernel changed (tests/vm/setup-guest.sh): pvgpu.ko
+    # follows it (guest_kdir=auto).
+    meson setup --reconfigure "$build"
 fi
 meson compile -C "$build"

@@ -1,32 +1,51 @@
 #!/bin/sh
 # Build kvm.ko, kvm-amd.ko and kvm-intel.ko with the pvgpu patches, out of
-# tree against the installed Debian headers, so that vermagic and the symbol
-# versions (modversions) match the running Debian kernel.
+# tree against the Debian headers of the kernel they are to load into, so
+# that vermagic and the symbol versions (modversions) match it.
 #
-# Usage: kvm-hooks/build.sh [OUT_DIR]   (default: build/kvm-hooks)
-# Needs linux-source-6.1 (6.1.192, Debian revision 2 or later) and
-# linux-headers-6.1.0-56-amd64;
-# as root it installs what is missing with apt.  Idempotent: the source is
-# unpacked and patched again only when a patch or a copied source file
-# changed, and make rebuilds only what changed.  The modules end up in
-# OUT_DIR/src/arch/x86/kvm/*.ko, Debian's irqbypass.ko and ccp.ko (which
-# they need in a test guest) in OUT_DIR/guest-modules.  See docs/kvm-hooks.md.
+# Usage: kvm-hooks/build.sh [--kernel ABI] [OUT_DIR]   (default: build/kvm-hooks)
+#   --kernel ABI  the Debian kernel ABI to build for, e.g. 6.1.0-57-amd64
+#                 (default: $PVGPU_GUEST_KERNEL, else the test guests' kernel
+#                 that tests/vm/setup-guest.sh recorded beside OUT_DIR, in
+#                 OUT_DIR/../guest-kernel/version, else 6.1.0-56-amd64)
+# Needs linux-headers-ABI and linux-source-6.1 of the Debian version that
+# built them (any revision of the same upstream release is taken; the
+# patches are for 6.1.192); as root it installs what is missing with apt.
+# Idempotent: the source is unpacked and patched again only when the
+# kernel, a patch or a copied source file changed, and make rebuilds only
+# what changed.  The modules end up in OUT_DIR/src/arch/x86/kvm/*.ko,
+# Debian's irqbypass.ko and ccp.ko of the same kernel (which they need in a
+# test guest) in OUT_DIR/guest-modules.  See docs/kvm-hooks.md.
 set -eu
 
-krel=6.1.0-56-amd64
-src_pkg=linux-source-6.1
-src_ver=6.1.192-2
-hdr=/usr/src/linux-headers-$krel
-tarball=/usr/src/linux-source-6.1.tar.xz
 here=$(cd "$(dirname "$0")" && pwd)
-out=${1:-$here/../build/kvm-hooks}
+src_pkg=linux-source-6.1
+tarball=/usr/src/linux-source-6.1.tar.xz
 
 die() { echo "kvm-hooks/build.sh: $*" >&2; exit 1; }
 
-case "${1:-}" in
--h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
--*) die "unknown option $1 (see --help)" ;;
+krel=${PVGPU_GUEST_KERNEL:-}
+while [ $# -gt 0 ]; do
+	case $1 in
+	-h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+	--kernel) [ $# -ge 2 ] || die "--kernel needs an ABI (e.g. 6.1.0-57-amd64)"; krel=$2; shift 2 ;;
+	--kernel=*) krel=${1#--kernel=}; shift ;;
+	--) shift; break ;;
+	-*) die "unknown option $1 (see --help)" ;;
+	*) break ;;
+	esac
+done
+[ $# -le 1 ] || die "one OUT_DIR at most (see --help)"
+out=${1:-$here/../build/kvm-hooks}
+# setup-guest.sh records the test guests' kernel in BUILD/guest-kernel.
+if [ -z "$krel" ] && [ -s "$(dirname "$out")/guest-kernel/version" ]; then
+	krel=$(cat "$(dirname "$out")/guest-kernel/version")
+fi
+krel=${krel:-6.1.0-56-amd64}
+case $krel in
+*[!A-Za-z0-9.+_-]*|"") die "bad kernel ABI '$krel' (e.g. 6.1.0-57-amd64)" ;;
 esac
+hdr=/usr/src/linux-headers-$krel
 
 installed_version() { dpkg-query -W -f='${Status} ${Version}' "$1" 2>/dev/null |
 	sed -n 's/^install ok installed //p'; }
@@ -40,17 +59,24 @@ need_pkg() {  # PACKAGE VERSION
 		--no-install-recommends "$1=$2" || die "apt-get install $1=$2 failed"
 }
 
-# The source: release 6.1.192 in any Debian revision.  The archive moves on
-# (6.1.192-3 came with kernel ABI 6.1.0-57) and installing the 6.1.0-56
-# headers pulls the newer source in; asking for -2 again would be a
-# downgrade apt refuses.  Its KVM sources take the same patches, and the
-# modules still load: a modversions kernel checks symbol CRCs, not the
-# release string.
+# The Debian version that built this kernel's headers (6.1.192-3 for
+# 6.1.0-57-amd64): the source must be of the same upstream release.
+src_ver=$(installed_version "linux-headers-$krel")
+if [ -z "$src_ver" ]; then
+	src_ver=$(apt-cache show --no-all-versions "linux-headers-$krel" 2>/dev/null |
+		sed -n 's/^Version: //p' | head -n1)
+	[ -n "$src_ver" ] || die "no package linux-headers-$krel (a Debian 12 kernel ABI?" \
+		"as root, apt-get update first)"
+fi
+need_pkg "linux-headers-$krel" "$src_ver"
+# Any Debian revision of that release will do: the KVM sources take the
+# same patches, and the modules load by symbol CRCs (modversions), not by
+# the release string.  Asking for an older revision than the installed one
+# would be a downgrade apt refuses.
 case "$(installed_version "$src_pkg")" in
 "${src_ver%-*}"-*) ;;
 *) need_pkg "$src_pkg" "$src_ver" ;;
 esac
-need_pkg "linux-headers-$krel" "$src_ver"
 have_src=$(installed_version "$src_pkg")
 [ -f "$tarball" ] || die "$tarball missing although $src_pkg is installed"
 # Tools of the build and its checks (a minimal Debian has neither xz nor modinfo).
@@ -74,8 +100,8 @@ kdir=$tree/arch/x86/kvm
 # What decides the patched tree; a change re-creates it.  Bump tree_recipe
 # when the unpack/patch steps below change.  The copied sources are not in
 # it: they are refreshed below, and make rebuilds what depends on them.
-tree_recipe=2
-stamp=$( (echo "$have_src $tree_recipe"; cat "$here"/patches/*.patch) | sha256sum | cut -d' ' -f1)
+tree_recipe=3
+stamp=$( (echo "$have_src $krel $tree_recipe"; cat "$here"/patches/*.patch) | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$out/tree.stamp" 2>/dev/null)" != "$stamp" ]; then
 	echo "kvm-hooks/build.sh: unpacking arch/x86/kvm and virt/kvm from $tarball"
 	rm -rf "$tree" "$out/tree.stamp"
@@ -86,7 +112,7 @@ if [ "$(cat "$out/tree.stamp" 2>/dev/null)" != "$stamp" ]; then
 		die "unpacking $tarball failed"
 	for p in "$here"/patches/*.patch; do
 		patch -d "$tree" -p1 --forward --batch --quiet < "$p" ||
-			die "patch $(basename "$p") does not apply to $src_pkg $src_ver"
+			die "patch $(basename "$p") does not apply to $src_pkg $have_src (made for 6.1.192)"
 	done
 	# Out of tree, $(srctree) is the headers directory: point the KVM
 	# paths at the unpacked tree instead.  The patched uapi headers go
@@ -138,7 +164,8 @@ fi
 # A guest loading these needs irqbypass.ko (for kvm.ko) and ccp.ko (for
 # kvm-amd.ko), unchanged from Debian: take them from linux-image-$krel.
 deps=$out/guest-modules
-if [ ! -f "$deps/irqbypass.ko" ] || [ ! -f "$deps/ccp.ko" ]; then
+if [ ! -f "$deps/irqbypass.ko" ] || [ ! -f "$deps/ccp.ko" ] ||
+	[ "$(cat "$deps/version" 2>/dev/null)" != "$krel $src_ver" ]; then
 	echo "kvm-hooks/build.sh: fetching irqbypass.ko and ccp.ko from linux-image-$krel"
 	tmp=$(mktemp -d)
 	trap 'rm -rf "$tmp"' EXIT
@@ -151,5 +178,6 @@ if [ ! -f "$deps/irqbypass.ko" ] || [ ! -f "$deps/ccp.ko" ]; then
 	mkdir -p "$deps"
 	cp "$tmp/lib/modules/$krel/kernel/virt/lib/irqbypass.ko" \
 		"$tmp/lib/modules/$krel/kernel/drivers/crypto/ccp/ccp.ko" "$deps/"
+	echo "$krel $src_ver" > "$deps/version"
 fi
 echo "kvm-hooks/build.sh: built $kdir/kvm.ko kvm-amd.ko kvm-intel.ko for $krel"

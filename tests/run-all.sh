@@ -27,7 +27,7 @@ fi
 # for the 'kvm' suite's nested run (first build ~3 min on 2 cores; later runs
 # reuse build/kvm-hooks).  PVGPU_SKIP_KVM=1 skips it: kvm-nested is skipped.
 if [ "${PVGPU_SKIP_KVM:-0}" != 1 ]; then
-    kvm-hooks/build.sh "$build/kvm-hooks"
+    kvm-hooks/build.sh --kernel "$(cat "$build/guest-kernel/version")" "$build/kvm-hooks"
 fi
 status=0
 meson test -C "$build" --print-errorlogs || status=1
