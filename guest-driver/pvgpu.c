@@ -83,7 +83,7 @@ struct pvgpu_file;
 struct pvgpu_slot {
 	enum pvgpu_slot_use use;
 	struct pvgpu_file *owner;
-	pid_t tgid;		/* allocating process (init namespace) */
+	struct pid *tgid;	/* allocating process (a reference; no reuse) */
 	u64 hint;
 	u32 chan_id;
 	u32 link_gen;		/* LINK_GEN when allocated */
@@ -94,9 +94,15 @@ struct pvgpu_slot {
 	wait_queue_head_t wq;
 	u32 event_seq;		/* bumped on every change a waiter must see */
 	bool armed;		/* the device has a wait armed on the slot */
-	u32 wait_ends;		/* device wait endings seen by the IRQ handler */
+	u32 wait_ends;		/* device wait endings seen (IRQ handler, arm) */
 	bool reached_valid;
 	u32 reached;		/* a fence the device reported reached */
+	/*
+	 * wait_ends when `reached` was set: a waiter trusts it only if it
+	 * was set after the waiter registered.  A value from long ago may
+	 * be 2^31 fences behind, where the wrap-around compare inverts.
+	 */
+	u32 reached_gen;
 	bool dead;		/* the channel died: waits end DEAD until freed */
 	u32 dead_error;
 };
@@ -204,7 +210,8 @@ static void pvgpu_slot_reset(struct pvgpu_slot *s)
 {
 	s->use = PVGPU_USE_FREE;
 	s->owner = NULL;
-	s->tgid = 0;
+	put_pid(s->tgid);	/* does not sleep (f_modown() does it under a lock) */
+	s->tgid = NULL;
 	s->hint = 0;
 	s->chan_id = 0;
 	s->mapping = NULL;
@@ -291,7 +298,13 @@ static int pvgpu_mbox_lock(struct pvgpu_dev *dev, long timeout, bool interruptib
 
 static void pvgpu_mbox_unlock(struct pvgpu_dev *dev)
 {
-	bool reap = dev->stale == PVGPU_STALE_NONE && pvgpu_has_zombies(dev);
+	/*
+	 * A stale command whose CMD_DONE came before it was marked stale
+	 * (the IRQ handler then saw nothing to settle) is settled from the
+	 * work too, not left to the next mailbox user.
+	 */
+	bool reap = dev->stale == PVGPU_STALE_NONE ? pvgpu_has_zombies(dev)
+						    : pvgpu_cmd_settled(dev);
 
 	mutex_unlock(&dev->cmd_lock);
 	wake_up(&dev->mbox_wq);
@@ -583,7 +596,7 @@ out:
 static void pvgpu_fence_irq(struct pvgpu_dev *dev)
 {
 	unsigned long done, flags;
-	u32 lo, hi, i, ws, we, wf;
+	u32 lo, hi, i, ws, we, wf, wf2;
 	struct pvgpu_slot *s;
 
 	lo = pvgpu_rd(dev, PVGPU_REG_FENCE_DONE_LO);
@@ -595,18 +608,26 @@ static void pvgpu_fence_irq(struct pvgpu_dev *dev)
 	done = (unsigned long)lo | ((unsigned long)hi << 32);
 
 	for_each_set_bit(i, &done, dev->num_slots) {
+		/*
+		 * Another CPU may arm the slot's next wait while these are
+		 * read (pvgpu_arm() holds only the mailbox): the target before
+		 * and after the status, so that an OK is believed only for the
+		 * target it ended; the error after the status it goes with.
+		 */
+		wf = pvgpu_rd(dev, PVGPU_REG_WAIT_FENCE(i));
 		ws = pvgpu_rd(dev, PVGPU_REG_WAIT_STATUS(i));
 		we = pvgpu_rd(dev, PVGPU_REG_WAIT_ERROR(i));
-		wf = pvgpu_rd(dev, PVGPU_REG_WAIT_FENCE(i));
+		wf2 = pvgpu_rd(dev, PVGPU_REG_WAIT_FENCE(i));
 		s = &dev->slots[i];
 		spin_lock_irqsave(&dev->lock, flags);
 		if (s->use == PVGPU_USE_OWNED && ws != PVGPU_WS_ARMED) {
 			s->armed = false;
 			s->wait_ends++;
-			if (ws == PVGPU_WS_OK) {
+			if (ws == PVGPU_WS_OK && wf == wf2) {
 				if (!s->reached_valid || fence_reached(wf, s->reached))
 					s->reached = wf;
 				s->reached_valid = true;
+				s->reached_gen = s->wait_ends;
 			} else if (ws == PVGPU_WS_E_DEAD) {
 				pvgpu_mark_dead(s, we ? we : PVGPU_CHAN_ERR_LOST);
 			}
@@ -622,7 +643,11 @@ static irqreturn_t pvgpu_irq(int irq, void *data)
 	struct pvgpu_dev *dev = data;
 	u32 status;
 
-	status = pvgpu_rd(dev, PVGPU_REG_IRQ_STATUS) & PVGPU_IRQ_ALL;
+	status = pvgpu_rd(dev, PVGPU_REG_IRQ_STATUS);
+	/* All ones: the device is gone (surprise removal); not ours to claim. */
+	if (status == ~0u)
+		return IRQ_NONE;
+	status &= PVGPU_IRQ_ALL;
 	if (!status)
 		return IRQ_NONE;
 	/* Ack before scanning: a cause set again meanwhile raises a new interrupt. */
@@ -654,7 +679,7 @@ static struct pvgpu_slot *pvgpu_own_slot(struct pvgpu_file *pf, u32 handle)
 	if (handle >= dev->num_slots)
 		return NULL;
 	s = &dev->slots[handle];
-	if (s->use != PVGPU_USE_OWNED || s->owner != pf || s->tgid != current->tgid)
+	if (s->use != PVGPU_USE_OWNED || s->owner != pf || s->tgid != task_tgid(current))
 		return NULL;
 	return s;
 }
@@ -699,8 +724,13 @@ static void pvgpu_disown(struct pvgpu_file *pf, u32 slot)
 	spin_unlock_irqrestore(&dev->lock, flags);
 }
 
-/* Free the file's channels (all, or those of process `tgid`).  pf->lock held. */
-static void pvgpu_release_channels(struct pvgpu_file *pf, bool all, pid_t tgid)
+/*
+ * Free the file's channels: all, or those of process `tgid` and of
+ * processes that have exited (a process that closed its descriptor or kept
+ * only a mapping, while a child holds the file, exits without a flush in
+ * its own context).  pf->lock held.
+ */
+static void pvgpu_release_channels(struct pvgpu_file *pf, bool all, struct pid *tgid)
 {
 	struct pvgpu_dev *dev = pf->dev;
 	unsigned long flags;
@@ -711,7 +741,8 @@ static void pvgpu_release_channels(struct pvgpu_file *pf, bool all, pid_t tgid)
 		struct pvgpu_slot *s = &dev->slots[i];
 
 		spin_lock_irqsave(&dev->lock, flags);
-		match = s->use == PVGPU_USE_OWNED && s->owner == pf && (all || s->tgid == tgid);
+		match = s->use == PVGPU_USE_OWNED && s->owner == pf &&
+			(all || s->tgid == tgid || !pid_has_task(s->tgid, PIDTYPE_TGID));
 		spin_unlock_irqrestore(&dev->lock, flags);
 		if (match) {
 			pvgpu_disown(pf, i);
@@ -726,18 +757,18 @@ static void pvgpu_release_channels(struct pvgpu_file *pf, bool all, pid_t tgid)
  * Channels belong to the open file and to the process that allocated them.
  * A forked child that shares the file cannot use them; when the allocating
  * process exits while the file lives on (a child still holds it), its
- * channels are freed here, on the final close of its file table.
+ * channels are freed here, on the final close of its file table, or on the
+ * next close of the file by anyone once it has exited.
  */
 static int pvgpu_flush(struct file *filp, fl_owner_t id)
 {
 	struct pvgpu_file *pf = filp->private_data;
 	struct pvgpu_dev *dev = pf->dev;
 
-	if (!(current->flags & PF_EXITING))
-		return 0;
 	down_read(&dev->io_sem);
 	mutex_lock(&pf->lock);
-	pvgpu_release_channels(pf, false, current->tgid);
+	pvgpu_release_channels(pf, false,
+			       current->flags & PF_EXITING ? task_tgid(current) : NULL);
 	mutex_unlock(&pf->lock);
 	up_read(&dev->io_sem);
 	return 0;
@@ -750,7 +781,7 @@ static int pvgpu_release(struct inode *inode, struct file *filp)
 
 	down_read(&dev->io_sem);
 	mutex_lock(&pf->lock);
-	pvgpu_release_channels(pf, true, 0);
+	pvgpu_release_channels(pf, true, NULL);
 	mutex_unlock(&pf->lock);
 	up_read(&dev->io_sem);
 	kref_put(&dev->ref, pvgpu_dev_free);
@@ -772,35 +803,36 @@ static u64 pvgpu_caller_hint(void)
 	return pid_hints ? (u64)current->tgid : 0;
 }
 
-static long pvgpu_ioc_info(struct pvgpu_file *pf, void __user *arg)
+/*
+ * The ioctl handlers below take their argument copied in and leave what
+ * goes back in it: pvgpu_ioctl() copies outside io_sem (see there).
+ */
+static long pvgpu_ioc_info(struct pvgpu_file *pf, struct pvgpu_ioc_info *info)
 {
 	struct pvgpu_dev *dev = pf->dev;
-	struct pvgpu_ioc_info info;
 	unsigned long flags;
 	u32 i;
 
-	if (copy_from_user(&info, arg, sizeof(info)))
-		return -EFAULT;
-	if (info.size != sizeof(info) || info.flags)
+	if (info->size != sizeof(*info) || info->flags)
 		return -EINVAL;
-	memset(&info, 0, sizeof(info));
-	info.size = sizeof(info);
-	info.abi_version = PVGPU_GUEST_ABI_VERSION;
-	info.device_version = dev->version;
-	info.num_slots = dev->num_slots;
-	info.slots_used = pvgpu_slots_used(dev);
-	info.link = pvgpu_rd(dev, PVGPU_REG_LINK);
-	info.link_gen = pvgpu_rd(dev, PVGPU_REG_LINK_GEN);
-	info.pid_hints = pid_hints;
+	memset(info, 0, sizeof(*info));
+	info->size = sizeof(*info);
+	info->abi_version = PVGPU_GUEST_ABI_VERSION;
+	info->device_version = dev->version;
+	info->num_slots = dev->num_slots;
+	info->slots_used = pvgpu_slots_used(dev);
+	info->link = pvgpu_rd(dev, PVGPU_REG_LINK);
+	info->link_gen = pvgpu_rd(dev, PVGPU_REG_LINK_GEN);
+	info->pid_hints = pid_hints;
 	spin_lock_irqsave(&dev->lock, flags);
 	for (i = 0; i < dev->num_slots; i++)
-		info.channels += dev->slots[i].use == PVGPU_USE_OWNED &&
-				 dev->slots[i].owner == pf;
+		info->channels += dev->slots[i].use == PVGPU_USE_OWNED &&
+				  dev->slots[i].owner == pf;
 	spin_unlock_irqrestore(&dev->lock, flags);
-	info.pid_hint = pvgpu_caller_hint();
-	info.weight = pvgpu_weight_of(dev, current->tgid);
-	info.irq_mode = dev->irq_mode;
-	return copy_to_user(arg, &info, sizeof(info)) ? -EFAULT : 0;
+	info->pid_hint = pvgpu_caller_hint();
+	info->weight = pvgpu_weight_of(dev, current->tgid);
+	info->irq_mode = dev->irq_mode;
+	return 0;
 }
 
 static int pvgpu_alloc_errno(int st, u32 r1)
@@ -854,19 +886,16 @@ static bool pvgpu_free_handle(struct pvgpu_file *pf, u32 handle)
 	return own;
 }
 
-static long pvgpu_ioc_alloc(struct pvgpu_file *pf, void __user *arg)
+static long pvgpu_ioc_alloc(struct pvgpu_file *pf, struct pvgpu_ioc_alloc *req)
 {
 	struct pvgpu_dev *dev = pf->dev;
-	struct pvgpu_ioc_alloc req;
 	unsigned long flags;
 	struct pvgpu_slot *s;
 	u32 slot = 0, chan = 0, gen;
 	u64 hint = pvgpu_caller_hint();
 	int st;
 
-	if (copy_from_user(&req, arg, sizeof(req)))
-		return -EFAULT;
-	if (req.size != sizeof(req) || req.flags || req.reserved[0] || req.reserved[1])
+	if (req->size != sizeof(*req) || req->flags || req->reserved[0] || req->reserved[1])
 		return -EINVAL;
 
 	st = pvgpu_mbox_lock(dev, pvgpu_cmd_jiffies(), true);
@@ -891,7 +920,7 @@ static long pvgpu_ioc_alloc(struct pvgpu_file *pf, void __user *arg)
 		pvgpu_slot_reset(s);	/* no state of an earlier owner survives */
 		s->use = PVGPU_USE_OWNED;
 		s->owner = pf;
-		s->tgid = current->tgid;
+		s->tgid = get_pid(task_tgid(current));
 		s->hint = hint;
 		s->chan_id = chan;
 		s->link_gen = gen;
@@ -902,26 +931,18 @@ static long pvgpu_ioc_alloc(struct pvgpu_file *pf, void __user *arg)
 	if (st != PVGPU_ST_OK)
 		return pvgpu_alloc_errno(st, chan);
 
-	req.handle = slot;
-	req.chan_id = chan;
-	req.mmap_offset = PVGPU_MMAP_OFFSET(slot);
-	req.pid_hint = hint;
-	if (copy_to_user(arg, &req, sizeof(req))) {
-		pvgpu_free_handle(pf, slot);
-		return -EFAULT;
-	}
+	req->handle = slot;
+	req->chan_id = chan;
+	req->mmap_offset = PVGPU_MMAP_OFFSET(slot);
+	req->pid_hint = hint;
 	return 0;
 }
 
-static long pvgpu_ioc_free(struct pvgpu_file *pf, void __user *arg)
+static long pvgpu_ioc_free(struct pvgpu_file *pf, struct pvgpu_ioc_free *req)
 {
-	struct pvgpu_ioc_free req;
-
-	if (copy_from_user(&req, arg, sizeof(req)))
-		return -EFAULT;
-	if (req.size != sizeof(req) || req.flags || req.reserved)
+	if (req->size != sizeof(*req) || req->flags || req->reserved)
 		return -EINVAL;
-	return pvgpu_free_handle(pf, req.handle) ? 0 : -EBADF;
+	return pvgpu_free_handle(pf, req->handle) ? 0 : -EBADF;
 }
 
 /*
@@ -969,9 +990,11 @@ static int pvgpu_arm(struct pvgpu_dev *dev, struct pvgpu_slot *s, u32 handle,
 	if (s->use == PVGPU_USE_OWNED && s->alloc_seq == alloc_seq) {
 		if (st == PVGPU_ST_OK && r1 == PVGPU_WS_OK) {
 			s->armed = false;
+			s->wait_ends++;	/* ended at once (its interrupt follows) */
 			if (!s->reached_valid || fence_reached(target, s->reached))
 				s->reached = target;
 			s->reached_valid = true;
+			s->reached_gen = s->wait_ends;
 		} else if (st == PVGPU_ST_OK && r1 == PVGPU_WS_E_DEAD) {
 			s->armed = false;
 			pvgpu_mark_dead(s, we ? we : PVGPU_CHAN_ERR_LOST);
@@ -1013,6 +1036,7 @@ struct pvgpu_wait_one {
 	u32 handle;
 	u32 alloc_seq;
 	u32 seq;			/* s->event_seq at the last look */
+	u32 since;			/* s->wait_ends when it registered */
 	int state;			/* the last look: PVGPU_WAIT_*, -EBADF, or -1 */
 	u32 error;			/* with PVGPU_WAIT_DEAD */
 	bool need_arm;
@@ -1076,6 +1100,7 @@ static long pvgpu_wait(struct pvgpu_file *pf, struct pvgpu_wait_one *t, u32 coun
 	}
 	for (i = 0; i < count; i++) {
 		t[i].alloc_seq = t[i].s->alloc_seq;
+		t[i].since = t[i].s->wait_ends;
 		list_add_tail(&t[i].waiter.node, &t[i].s->waiters);
 		init_waitqueue_entry(&t[i].wqe, current);
 		add_wait_queue(&t[i].s->wq, &t[i].wqe);
@@ -1092,7 +1117,8 @@ static long pvgpu_wait(struct pvgpu_file *pf, struct pvgpu_wait_one *t, u32 coun
 			t[i].state = -1;
 			if (s->use != PVGPU_USE_OWNED || s->alloc_seq != t[i].alloc_seq) {
 				t[i].state = -EBADF;	/* freed meanwhile by another thread */
-			} else if (s->reached_valid && fence_reached(s->reached, t[i].waiter.fence)) {
+			} else if (s->reached_valid && (s32)(s->reached_gen - t[i].since) > 0 &&
+				   fence_reached(s->reached, t[i].waiter.fence)) {
 				t[i].state = PVGPU_WAIT_OK;
 			} else if (s->dead) {
 				t[i].state = PVGPU_WAIT_DEAD;
@@ -1206,76 +1232,65 @@ static long pvgpu_wait(struct pvgpu_file *pf, struct pvgpu_wait_one *t, u32 coun
 	return 0;
 }
 
-static long pvgpu_ioc_wait(struct pvgpu_file *pf, void __user *arg)
+static long pvgpu_ioc_wait(struct pvgpu_file *pf, struct pvgpu_ioc_wait *req)
 {
-	struct pvgpu_ioc_wait req;
-	struct pvgpu_wait_one one;
+	struct pvgpu_wait_one one = {};
 	u32 index;
-	long ret;
 
-	if (copy_from_user(&req, arg, sizeof(req)))
-		return -EFAULT;
-	if (req.size != sizeof(req) || req.flags || req.reserved)
+	if (req->size != sizeof(*req) || req->flags || req->reserved)
 		return -EINVAL;
-
-	one.handle = req.handle;
-	one.waiter.fence = req.fence;
-	ret = pvgpu_wait(pf, &one, 1, req.timeout_ns, &index, &req.status, &req.error);
-	if (ret)
-		return ret;
-	return copy_to_user(arg, &req, sizeof(req)) ? -EFAULT : 0;
+	one.handle = req->handle;
+	one.waiter.fence = req->fence;
+	return pvgpu_wait(pf, &one, 1, req->timeout_ns, &index, &req->status, &req->error);
 }
 
-static long pvgpu_ioc_wait_any(struct pvgpu_file *pf, void __user *arg)
+/*
+ * The targets of a WAIT_ANY, copied in before io_sem is taken; NULL with
+ * *err set on a bad request.
+ */
+static struct pvgpu_wait_one *pvgpu_wait_any_targets(const struct pvgpu_ioc_wait_any *req,
+						     long *err)
 {
-	struct pvgpu_ioc_wait_any req;
 	struct pvgpu_wait_target *targets;
 	struct pvgpu_wait_one *t;
 	u32 i;
-	long ret;
 
-	if (copy_from_user(&req, arg, sizeof(req)))
-		return -EFAULT;
-	if (req.size != sizeof(req) || req.flags || req.reserved0 || req.reserved1 ||
-	    req.reserved[0] || req.reserved[1])
-		return -EINVAL;
-	if (req.count == 0 || req.count > PVGPU_WAIT_ANY_MAX)
-		return -EINVAL;
+	*err = -EINVAL;
+	if (req->size != sizeof(*req) || req->flags || req->reserved0 || req->reserved1 ||
+	    req->reserved[0] || req->reserved[1])
+		return NULL;
+	if (req->count == 0 || req->count > PVGPU_WAIT_ANY_MAX)
+		return NULL;
 
-	targets = memdup_user(u64_to_user_ptr(req.targets),
-			      req.count * sizeof(*targets));
-	if (IS_ERR(targets))
-		return PTR_ERR(targets);
-	t = kcalloc(req.count, sizeof(*t), GFP_KERNEL);
+	targets = memdup_user(u64_to_user_ptr(req->targets),
+			      req->count * sizeof(*targets));
+	if (IS_ERR(targets)) {
+		*err = PTR_ERR(targets);
+		return NULL;
+	}
+	t = kcalloc(req->count, sizeof(*t), GFP_KERNEL);
 	if (!t) {
 		kfree(targets);
-		return -ENOMEM;
+		*err = -ENOMEM;
+		return NULL;
 	}
-	for (i = 0; i < req.count; i++) {
+	for (i = 0; i < req->count; i++) {
 		t[i].handle = targets[i].handle;
 		t[i].waiter.fence = targets[i].fence;
 	}
 	kfree(targets);
-
-	ret = pvgpu_wait(pf, t, req.count, req.timeout_ns, &req.index, &req.status,
-			 &req.error);
-	kfree(t);
-	if (ret)
-		return ret;
-	return copy_to_user(arg, &req, sizeof(req)) ? -EFAULT : 0;
+	return t;
 }
 
-static long pvgpu_ioc_set_weight(struct pvgpu_file *pf, void __user *arg)
+static long pvgpu_ioc_set_weight(struct pvgpu_file *pf, const struct pvgpu_ioc_set_weight *r)
 {
 	struct pvgpu_dev *dev = pf->dev;
-	struct pvgpu_ioc_set_weight req;
+	struct pvgpu_ioc_set_weight req = *r;
 	struct task_struct *task;
 	struct pid *pid;
 	u32 r1 = 0;
 	int st, ret;
 
-	if (copy_from_user(&req, arg, sizeof(req)))
-		return -EFAULT;
 	if (req.size != sizeof(req) || req.flags || req.reserved)
 		return -EINVAL;
 	if (req.weight < PVGPU_WEIGHT_MIN || req.weight > PVGPU_WEIGHT_MAX || req.pid < 0)
@@ -1316,52 +1331,98 @@ out:
 	return ret;
 }
 
+union pvgpu_ioc_arg {
+	struct pvgpu_ioc_info info;
+	struct pvgpu_ioc_alloc alloc;
+	struct pvgpu_ioc_free free;
+	struct pvgpu_ioc_wait wait;
+	struct pvgpu_ioc_set_weight set_weight;
+	struct pvgpu_ioc_wait_any wait_any;
+};
+
+/*
+ * Arguments are copied in before io_sem is taken and back out after it is
+ * dropped: a copy may fault, and the fault takes mmap_lock, which mmap()
+ * holds while it takes io_sem; with remove waiting for io_sem as writer,
+ * the two readers would deadlock.
+ */
 static long pvgpu_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 {
 	struct pvgpu_file *pf = filp->private_data;
 	struct pvgpu_dev *dev = pf->dev;
 	void __user *uarg = (void __user *)arg;
+	struct pvgpu_wait_one *targets = NULL;
+	union pvgpu_ioc_arg a;
+	size_t size;
+	bool out;
 	long ret;
 
 	switch (cmd) {
 	case PVGPU_IOC_INFO:
 	case PVGPU_IOC_ALLOC:
-	case PVGPU_IOC_FREE:
 	case PVGPU_IOC_WAIT:
-	case PVGPU_IOC_SET_WEIGHT:
 	case PVGPU_IOC_WAIT_ANY:
+		out = true;
+		break;
+	case PVGPU_IOC_FREE:
+	case PVGPU_IOC_SET_WEIGHT:
+		out = false;
 		break;
 	default:
 		return -ENOTTY;
 	}
+	size = _IOC_SIZE(cmd);
+	BUILD_BUG_ON(sizeof(a) > 128);	/* on the stack */
+	if (copy_from_user(&a, uarg, size))
+		return -EFAULT;
+	if (cmd == PVGPU_IOC_WAIT_ANY) {
+		targets = pvgpu_wait_any_targets(&a.wait_any, &ret);
+		if (!targets)
+			return ret;
+	}
 
 	down_read(&dev->io_sem);
 	if (dev->dying) {
-		up_read(&dev->io_sem);
-		return -ENODEV;
+		ret = -ENODEV;
+		goto unlock;
 	}
 	switch (cmd) {
 	case PVGPU_IOC_INFO:
-		ret = pvgpu_ioc_info(pf, uarg);
+		ret = pvgpu_ioc_info(pf, &a.info);
 		break;
 	case PVGPU_IOC_ALLOC:
-		ret = pvgpu_ioc_alloc(pf, uarg);
+		ret = pvgpu_ioc_alloc(pf, &a.alloc);
 		break;
 	case PVGPU_IOC_FREE:
-		ret = pvgpu_ioc_free(pf, uarg);
+		ret = pvgpu_ioc_free(pf, &a.free);
 		break;
 	case PVGPU_IOC_WAIT:
-		ret = pvgpu_ioc_wait(pf, uarg);
+		ret = pvgpu_ioc_wait(pf, &a.wait);
 		break;
 	case PVGPU_IOC_WAIT_ANY:
-		ret = pvgpu_ioc_wait_any(pf, uarg);
+		ret = pvgpu_wait(pf, targets, a.wait_any.count, a.wait_any.timeout_ns,
+				 &a.wait_any.index, &a.wait_any.status, &a.wait_any.error);
 		break;
 	default:
-		ret = pvgpu_ioc_set_weight(pf, uarg);
+		ret = pvgpu_ioc_set_weight(pf, &a.set_weight);
 		break;
 	}
+unlock:
 	up_read(&dev->io_sem);
-	return ret;
+	kfree(targets);
+	if (ret || !out)
+		return ret;
+	if (copy_to_user(uarg, &a, size)) {
+		/* The caller never learns the handle: the channel goes back. */
+		if (cmd == PVGPU_IOC_ALLOC) {
+			down_read(&dev->io_sem);
+			if (!dev->dying)
+				pvgpu_free_handle(pf, a.alloc.handle);
+			up_read(&dev->io_sem);
+		}
+		return -EFAULT;
+	}
+	return 0;
 }
 
 /* A zapped or never-populated page of a channel mapping: no anonymous fill-in. */
@@ -1566,6 +1627,9 @@ static int pvgpu_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	ret = misc_register(&dev->misc);
 	if (ret) {
 		pvgpu_free_irqs(dev);
+		/* an interrupt may have queued them before misc_register failed */
+		cancel_work_sync(&dev->link_work);
+		cancel_work_sync(&dev->reap_work);
 		goto put;
 	}
 	dev->misc_registered = true;

@@ -867,6 +867,70 @@ static int cmd_fork(int argc, char **argv)
 	chan_close(&c);
 	if (info(fd).slots_used != before.slots_used)
 		fail("slots_used %u at the end, was %u", info(fd).slots_used, before.slots_used);
+
+	/*
+	 * An owner that closed its descriptor (keeping only the mapping) and
+	 * exited while its child still holds the file: no flush ran in its
+	 * context, so its channel is freed at the file's next close by anyone.
+	 */
+	int go[2], tell[2];
+	pid_t owner, holder;
+
+	if (pipe(go) || pipe(tell))
+		fail("pipe: %s", strerror(errno));
+	/* The holder is orphaned by the owner's exit: it becomes our child. */
+	if (prctl(PR_SET_CHILD_SUBREAPER, 1))
+		fail("PR_SET_CHILD_SUBREAPER: %s", strerror(errno));
+	owner = fork();
+	if (owner < 0)
+		fail("fork: %s", strerror(errno));
+	if (owner == 0) {
+		int f = dev_open();
+
+		subcommand = "fork (owner)";
+		chan_open(&c, f);
+		holder = fork();
+		if (holder < 0)
+			fail("fork: %s", strerror(errno));
+		if (holder == 0) {
+			uint32_t held, after;
+			char b;
+			int d;
+
+			subcommand = "fork (holder)";
+			close(go[1]);
+			if (read(go[0], &b, 1) != 1)	/* the owner has exited and been reaped */
+				fail("no word that the owner exited");
+			held = info(f).slots_used;
+			d = dup(f);
+			if (d < 0)
+				fail("dup: %s", strerror(errno));
+			close(d);
+			after = info(f).slots_used;
+			if (after + 1 != held)
+				fail("the exited owner's channel outlived a close: slots_used %u, was %u",
+				     after, held);
+			_exit(0);
+		}
+		if (write(tell[1], &holder, sizeof(holder)) != sizeof(holder))
+			_exit(3);
+		close(f);	/* the mapping stays until the exit */
+		_exit(0);
+	}
+	close(tell[1]);
+	reap_ok(owner, "fork (owner)");
+	if (read(tell[0], &holder, sizeof(holder)) != sizeof(holder))
+		fail("the owner died before it forked the holder");
+	if (write(go[1], "g", 1) != 1)
+		fail("pipe write: %s", strerror(errno));
+	reap_ok(holder, "fork (holder)");
+	prctl(PR_SET_CHILD_SUBREAPER, 0);
+	close(go[0]);
+	close(go[1]);
+	close(tell[0]);
+	if (info(fd).slots_used != before.slots_used)
+		fail("slots_used %u after the holder exited, was %u", info(fd).slots_used,
+		     before.slots_used);
 	close(fd);
 	note("all checks passed");
 	return 0;
@@ -1170,7 +1234,7 @@ static const struct {
 	  "WAIT_ANY: argument checks, the second of two channels ends the wait, ETIME" },
 	{ "submit", "N KERNEL_US", cmd_submit, "submit N kernels, WAIT for the last one" },
 	{ "cycles", "N", cmd_cycles, "N alloc/map/free cycles; slots_used back where it was" },
-	{ "fork", "", cmd_fork, "a child with the inherited fd cannot use the parent's channels" },
+	{ "fork", "", cmd_fork, "a child with the inherited fd cannot use the parent's channels; an exited owner's are freed while a child holds the file" },
 	{ "kill-submit", "", cmd_kill_submit, "SIGKILL a submitting child; its channel is freed" },
 	{ "kill-wait", "", cmd_kill_wait, "SIGKILL a child blocked in WAIT; its channel is freed" },
 	{ "fill-ring", "", cmd_fill_ring, "a child fills its ring and exits; channel freed" },
