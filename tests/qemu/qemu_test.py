@@ -27,7 +27,7 @@ Cases:
   hardening a fake pvgpud: another device's DMA into BAR2 outliving CHAN_FREE
             (run against the ASan build it catches a use-after-free), an
             IB_PUT store behind the shadow's back, a PONG answering CHAN_ALLOC, channel memory not sealed against
-            shrinking, a send failing while a daemon message is processed.
+            shrinking, a doorbell fd that is not an eventfd, a send failing while a daemon message is processed.
 
 usage: qemu_test.py --qemu PATH [--asan] --pvgpud PATH --pvgpuctl PATH [--load PATH] CASE|all
 --asan: PATH is the sanitizer build (qemu-patches/build-qemu.sh --asan); a
@@ -466,6 +466,7 @@ class FakeDaemon:
         self.task_weight_status = E_OK
         self.hold_task_weight = False  # never answer TASK_WEIGHT
         self.seal = True               # seal channel memfds like pvgpud (F_SEAL_SHRINK)
+        self.bell_pipe = False         # send a pipe, not an eventfd, as the doorbell
         self.pong_alloc = False        # answer CHAN_ALLOC with a PONG of its seq
         self.eofs = 0                  # connections the VMM closed
         self.memfds = {}               # chan -> memfd kept open (when not sealed)
@@ -555,7 +556,11 @@ class FakeDaemon:
                             fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
             else:
                 self.memfds[chan] = os.dup(mfd)
-            efd = os.eventfd(0, os.EFD_NONBLOCK)
+            if self.bell_pipe:
+                efd, wfd = os.pipe()
+                os.close(wfd)
+            else:
+                efd = os.eventfd(0, os.EFD_NONBLOCK)
             mem = mmap.mmap(mfd, CHAN_MEM_SIZE)
             self.channels[chan] = {"mem": mem, "bell": efd, "pid_hint": pid_hint,
                                    "task_name": task_name}
@@ -1428,6 +1433,26 @@ def check_unsealed_memfd(dev, fake):
     check(q.alive(), "QEMU died")
 
 
+def check_bell_not_eventfd(dev, fake):
+    """A doorbell fd that is not an eventfd is refused at CHAN_ALLOC (and
+    the channel given back): under KVM, registering it as an ioeventfd
+    would abort QEMU."""
+    q = dev.q
+    fake.bell_pipe = True
+    try:
+        st, slot, r1 = dev.command(CMD_CHAN_ALLOC, 0x64)
+    finally:
+        fake.bell_pipe = False
+    chan = fake.next_chan - 1
+    check((st, r1) == (CMDST_E_DAEMON, E_INTERNAL), f"CHAN_ALLOC with a pipe for a doorbell: {st}/{r1}")
+    wait_for(lambda: chan in fake.frees, 5, "the refused channel to be given back")
+    check(all(dev.slot_reg(i, SLOT_STATE) == SLOT_FREE for i in range(dev.slots)), "a slot leaked")
+    check(q.alive(), "QEMU died")
+    slot, _ = dev.alloc(0x65)              # the next channel (an eventfd) works
+    check(dev.slot_reg(slot, SLOT_STATE) == SLOT_LIVE, "no channel after the refused one")
+    dev.free(slot)
+
+
 def check_send_failure_mid_message(dev, fake, qmp):
     """Item 6: the daemon answers HELLO and stops reading at once, so the
     device's re-allocation of a lost channel is written while the HELLO_REPLY
@@ -1490,6 +1515,7 @@ def case_hardening(bins, tmp):
         check_store_behind_shadow(dev, fake)
         check_pong_for_alloc(dev, fake)
         check_unsealed_memfd(dev, fake)
+        check_bell_not_eventfd(dev, fake)
         check_send_failure_mid_message(dev, fake, qmp)
         check(q.alive(), "QEMU died")
     finally:

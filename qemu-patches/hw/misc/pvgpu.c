@@ -1105,6 +1105,32 @@ static bool pvgpu_memfd_ok(int memfd)
     return true;
 }
 
+/*
+ * The doorbell fd becomes a KVM ioeventfd while the channel is direct, and
+ * KVM's memory listener aborts QEMU when KVM_IOEVENTFD refuses an fd that
+ * is not an eventfd.  Only an eventfd is taken from the daemon.
+ */
+static bool pvgpu_bellfd_ok(int bellfd)
+{
+    char path[64], target[32];
+    ssize_t n;
+
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", bellfd);
+    n = readlink(path, target, sizeof(target) - 1);
+    if (n < 0) {
+        warn_report("pvgpu: cannot tell what pvgpud's doorbell fd is (%s); "
+                    "channel refused", strerror(errno));
+        return false;
+    }
+    target[n] = 0;
+    if (strcmp(target, "anon_inode:[eventfd]") != 0) {
+        warn_report("pvgpu: pvgpud sent a doorbell fd that is not an eventfd "
+                    "(%s); channel refused", target);
+        return false;
+    }
+    return true;
+}
+
 /* Install a fresh daemon channel in @sl.  Takes ownership of the fds. */
 static bool slot_install(PvgpuSlot *sl, uint32_t chan_id, uint32_t mode,
                          int memfd, int bellfd)
@@ -1112,7 +1138,7 @@ static bool slot_install(PvgpuSlot *sl, uint32_t chan_id, uint32_t mode,
     PvgpuState *s = sl->dev;
 
     assert(!sl->installed);
-    if (!pvgpu_memfd_ok(memfd) || !slot_back(sl, memfd)) {
+    if (!pvgpu_memfd_ok(memfd) || !pvgpu_bellfd_ok(bellfd) || !slot_back(sl, memfd)) {
         goto fail;
     }
     close(memfd);
