@@ -2302,6 +2302,21 @@ static void pvgpu_realize(PCIDevice *pdev, Error **errp)
     return;
 
 fail:
+    /* The subregions the device owns hold references on it: without them
+     * gone a failed realize is never finalized (pvgpu_exit does the same). */
+    memory_region_transaction_begin();
+    for (i = 0; i < s->num_slots; i++) {
+        if (s->slots[i].doorbell.container) {
+            memory_region_del_subregion(&s->bar2, &s->slots[i].doorbell);
+        }
+    }
+    if (s->bar2_bg.container) {
+        memory_region_del_subregion(&s->bar2, &s->bar2_bg);
+    }
+    if (s->bar4_bg.container) {
+        memory_region_del_subregion(&s->bar4, &s->bar4_bg);
+    }
+    memory_region_transaction_commit();
     pvgpu_wn_cleanup(s);
     msix_uninit_exclusive_bar(pdev);      /* no-op when MSI-X is absent */
     migrate_del_blocker(s->migration_blocker);
