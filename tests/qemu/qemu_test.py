@@ -1416,15 +1416,22 @@ def check_pong_for_alloc(dev, fake):
              "the reconnect after the PONG")
 
 
+def alloc_with_fake(dev, fake, knob, value, pid_hint):
+    """CHAN_ALLOC while the fake daemon's `knob` is `value` (then restored):
+    returns (CMD_STATUS, RESULT0, RESULT1)."""
+    saved = getattr(fake, knob)
+    setattr(fake, knob, value)
+    try:
+        return dev.command(CMD_CHAN_ALLOC, pid_hint)
+    finally:
+        setattr(fake, knob, saved)
+
+
 def check_unsealed_memfd(dev, fake):
     """Item 8: channel memory the daemon could shrink is refused (and given
     back); shrinking it afterwards cannot hurt QEMU (SIGBUS if mapped)."""
     q = dev.q
-    fake.seal = False
-    try:
-        st, slot, r1 = dev.command(CMD_CHAN_ALLOC, 0x61)
-    finally:
-        fake.seal = True
+    st, slot, r1 = alloc_with_fake(dev, fake, "seal", False, 0x61)
     chan = max(fake.memfds)
     os.ftruncate(fake.memfds.pop(chan), 0)
     check(q.readl(dev.ctrl(slot, CTRL_FENCE)) == 0xFFFFFFFF, "the unsealed memory is mapped")
@@ -1438,11 +1445,7 @@ def check_bell_not_eventfd(dev, fake):
     the channel given back): under KVM, registering it as an ioeventfd
     would abort QEMU."""
     q = dev.q
-    fake.bell_pipe = True
-    try:
-        st, slot, r1 = dev.command(CMD_CHAN_ALLOC, 0x64)
-    finally:
-        fake.bell_pipe = False
+    st, slot, r1 = alloc_with_fake(dev, fake, "bell_pipe", True, 0x64)
     chan = fake.next_chan - 1
     check((st, r1) == (CMDST_E_DAEMON, E_INTERNAL), f"CHAN_ALLOC with a pipe for a doorbell: {st}/{r1}")
     wait_for(lambda: chan in fake.frees, 5, "the refused channel to be given back")
