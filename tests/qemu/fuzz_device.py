@@ -14,7 +14,9 @@ Each step is one random action of the guest or of a hostile daemon:
           modes and channel ids, NOTICEs, replies with stray sequence
           numbers or the wrong type, malformed headers, garbage bytes, ERROR,
           fds on a MODE, refused, bad-version or version-1 HELLO_REPLYs, dropped
-          connections, refused or malformed CHAN_REPLYs (no fds,
+          connections, stopping reading for a while (under a storm of
+          IB_PUT stores: the device's queue of unsent messages fills and
+          coalesces, or overflows), refused or malformed CHAN_REPLYs (no fds,
           unsealed memory, wrong size), and what the GPU (FENCE, STATUS,
           IB_GET, ERROR) or a stale vCPU store (IB_PUT) puts into the
           channel memory.
@@ -113,6 +115,8 @@ class Fuzzer:
         self.qmp = qt.Qmp(self.q.qmp_path)
         self.dev.wait_link()
         self.replugs = 0
+        self.pause_steps = 0       # the daemon reads nothing for this many steps
+        self.pauses = 0
         self.steps = 0
         self.reconnects = 0
         self.outcomes = set()      # (command, status)
@@ -198,7 +202,9 @@ class Fuzzer:
         chans = [c for c in fake.channels if c not in freed]   # mostly live ones
         chan = rng.choice(chans) if chans and rng.random() < 0.9 else rng.getrandbits(32)
         try:
-            if rng.random() < 0.015:
+            if rng.random() < 0.01:
+                self.daemon_stops_reading()
+            elif rng.random() < 0.015:
                 self.daemon_breaks_link(chan)
             elif rng.random() < 0.5:
                 fake.send(qt.MSG_MODE, 0, struct.pack("<IIII", chan, rng.randrange(3),
@@ -213,6 +219,21 @@ class Fuzzer:
                 fake.set_page(chan, off, self.rand32())
         except (TestFailure, OSError):
             pass              # no connection right now: the device is reconnecting
+
+    def daemon_stops_reading(self):
+        """The daemon reads nothing for a while, under a storm of stores
+        (trapped ones are reported; the device's send queue fills)."""
+        rng, fake = self.rng, self.fake
+        if rng.random() < 0.7:            # mostly trapped channels: their stores are reported
+            for chan in [c for c in fake.channels if c not in set(fake.frees)]:
+                fake.send(qt.MSG_MODE, 0, struct.pack("<IIII", chan, qt.MODE_TRAPPED,
+                                                      rng.getrandbits(32), 0))
+        fake.paused = True
+        self.pause_steps = rng.randrange(10, 200)
+        self.pauses += 1
+        stores = [(self.dev.ctrl(rng.randrange(SLOTS), qt.CTRL_IB_PUT), rng.getrandbits(8))
+                  for _ in range(rng.randrange(100, 2000))]
+        self.q.writel_many(stores)
 
     def daemon_breaks_link(self, chan):
         """What the device must answer by dropping the connection."""
@@ -251,8 +272,15 @@ class Fuzzer:
     # ---- one step
     def step(self):
         r = self.rng.random()
+        if self.pause_steps:
+            self.pause_steps -= 1
+            if not self.pause_steps:
+                self.fake.paused = False
         if r < 0.25:
-            self.mailbox()
+            if self.fake.paused:          # no reply can come: a store instead
+                self.submit()
+            else:
+                self.mailbox()
         elif r < 0.30:
             self.access(BAR0_GPA, PAGE)
         elif r < 0.38:
@@ -277,6 +305,8 @@ class Fuzzer:
         # Most of the device is behind a ready link: mostly wait out the
         # chardev's reconnect (1 s) rather than fuzz a disconnected device.
         if self.dev.reg(REG_LINK) != qt.LINK_READY and self.rng.random() < 0.9:
+            self.pause_steps = 0
+            self.fake.paused = False
             self.reconnects += 1
             qt.wait_for(lambda: self.dev.reg(REG_LINK) == qt.LINK_READY, 5,
                         "the daemon link to come back", step=0.01)
@@ -334,6 +364,9 @@ def main():
                 break
             fz.step()
         fz.sample()
+        for prop in ("tx-queued-max", "tx-coalesced"):     # of the device plugged now
+            fz.states.add((prop, fz.qmp.execute("qom-get", path="/machine/peripheral/pvgpu0",
+                                                property=prop)))
     except TestFailure as e:
         failure = str(e)
     finally:
@@ -370,6 +403,8 @@ def main():
     print("RESULT fuzz.daemon_connections=%d" % stats["daemon_connections"])
     stats["replugs"] = fz.replugs if fz else 0
     print("RESULT fuzz.replugs=%d" % stats["replugs"])
+    stats["daemon_pauses"] = fz.pauses if fz else 0
+    print("RESULT fuzz.daemon_pauses=%d" % stats["daemon_pauses"])
     if args.stats:
         with open(args.stats, "w") as f:
             json.dump(stats, f, indent=1)

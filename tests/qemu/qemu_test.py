@@ -156,6 +156,34 @@ class Qemu:
     def readl(self, addr):
         return int(self.cmd(f"readl 0x{addr:x}"), 16)
 
+    def writel_many(self, writes, chunk=256, timeout=10.0):
+        """Pipelined writel of (addr, val) pairs, `chunk` lines in flight
+        (well under the stdin pipe's 64 KiB: a QEMU that stops answering
+        fails the reply wait, it cannot block the write)."""
+        for i in range(0, len(writes), chunk):
+            part = writes[i:i + chunk]
+            self.proc.stdin.write(b"".join(f"writel 0x{a:x} 0x{v & 0xffffffff:x}\n".encode()
+                                           for a, v in part))
+            left = len(part)
+            while left:
+                nl = self.buf.find(b"\n")
+                if nl >= 0:
+                    reply, self.buf = self.buf[:nl].decode(), self.buf[nl + 1:]
+                    if reply.startswith("IRQ"):
+                        continue
+                    if not reply.startswith("OK"):
+                        raise TestFailure(f"qtest writel: {reply}")
+                    left -= 1
+                    continue
+                r, _, _ = select.select([self.proc.stdout], [], [], timeout)
+                if not r:
+                    raise TestFailure(f"qtest: {left} of {len(part)} writes after {i} unanswered "
+                                      f"within {timeout} s (QEMU hung?)")
+                chunk_in = os.read(self.proc.stdout.fileno(), 65536)
+                if not chunk_in:
+                    raise TestFailure(f"qtest: QEMU exited ({self.proc.poll()})")
+                self.buf += chunk_in
+
     def writel(self, addr, val):
         self.cmd(f"writel 0x{addr:x} 0x{val & 0xffffffff:x}")
 
@@ -471,6 +499,7 @@ class FakeDaemon:
         self.eofs = 0                  # connections the VMM closed
         self.memfds = {}               # chan -> memfd kept open (when not sealed)
         self.paused = False   # stop reading (timing runs: keep Python off the CPU)
+        self.not_reading = threading.Event()   # set by serve() once paused takes hold
         self.thread = threading.Thread(target=self.serve, daemon=True)
         self.thread.start()
 
@@ -479,6 +508,8 @@ class FakeDaemon:
             with self.lock:
                 conn = self.conn
             socks = [self.lsock] + ([conn] if conn and not self.paused else [])
+            if self.paused:
+                self.not_reading.set()
             r, _, _ = select.select(socks, [], [], 0.05)
             if self.lsock in r:
                 c, _ = self.lsock.accept()
@@ -607,6 +638,13 @@ class FakeDaemon:
         n = len(self.acks)
         self.send(MSG_MODE, 0, struct.pack("<IIII", chan, mode, seq, 0))
         return n
+
+    def pause(self):
+        """Stop reading the VMM's socket; returns once serve() no longer reads."""
+        self.not_reading.clear()
+        self.paused = True
+        if not self.not_reading.wait(5):
+            raise TestFailure("fake daemon: did not pause")
 
     def drop(self):
         with self.lock:
@@ -1502,6 +1540,74 @@ def check_send_failure_mid_message(dev, fake, qmp):
     return dev
 
 
+def check_daemon_stops_reading(dev, fake, qmp):
+    """A daemon that stops reading must not freeze the VM: before, each
+    trapped store's report was written with qemu_chr_fe_write_all under the
+    BQL, and a full socket (a few hundred small messages) stopped the vCPU
+    and the main loop until the daemon read again.  Reports now wait in the
+    device, one per channel (the daemon needs only the latest IB_PUT), and
+    reach the daemon when it reads again; the link stays up."""
+    q = dev.q
+    slot, chan = dev.alloc(0x66)
+    n = fake.push_mode(chan, MODE_TRAPPED, 1)
+    wait_for(lambda: len(fake.acks) > n, 5, "the TRAPPED ack")
+    gen = dev.reg(REG_LINK_GEN)
+    reports = len(fake.reports)
+    stores = 5000
+    fake.pause()
+    try:
+        t0 = time.monotonic()
+        q.writel_many([(dev.ctrl(slot, CTRL_IB_PUT), put) for put in range(1, stores + 1)])
+        took = time.monotonic() - t0
+        check(fake.page(chan, CTRL_IB_PUT) == stores, "the stores were not forwarded to the GPU")
+        queued = qmp.execute("qom-get", path="/machine/peripheral/pvgpu0", property="tx-queued-max")
+        coalesced = qmp.execute("qom-get", path="/machine/peripheral/pvgpu0", property="tx-coalesced")
+    finally:
+        fake.paused = False
+    result("hardening.unread_daemon_stores", f"{stores} in {took:.2f} s, reports coalesced {coalesced}, "
+           f"most bytes queued {queued}")
+    check(coalesced > 0, "the socket never filled: the case tests nothing")
+    check(queued < 64 * 1024, f"{queued} bytes queued for one trapped channel")
+    wait_for(lambda: fake.reports and fake.reports[-1] == (chan, stores), 5, "the latest IB_PUT to reach the daemon")
+    got = len(fake.reports) - reports
+    check(got + coalesced == stores, f"{got} reports and {coalesced} coalesced for {stores} stores")
+    check(dev.reg(REG_LINK_GEN) == gen and dev.reg(REG_LINK) == LINK_READY, "the link dropped")
+    dev.free(slot)
+
+
+def check_daemon_never_reads(dev, fake, qmp):
+    """A daemon that sends and never reads costs the device bounded memory:
+    past 1 MiB queued the link is dropped (and comes back on reconnect),
+    the VM keeps running.  Here each MODE push needs a MODE_ACK."""
+    q = dev.q
+    slot, chan = dev.alloc(0x67)
+    gen = dev.reg(REG_LINK_GEN)
+    pushes = 50000                      # 1.6 MB of acks
+    fake.pause()
+    try:
+        with fake.lock:
+            conn = fake.conn
+        msg = HDR.pack(MAGIC, MSG_MODE, 0, 16, 0)
+        data = b"".join(msg + struct.pack("<IIII", chan, MODE_DIRECT, k, 0) for k in range(pushes))
+        try:
+            conn.sendall(data)
+        except OSError:
+            pass                        # the device dropped the link first
+        wait_for(lambda: dev.reg(REG_LINK) == LINK_DOWN or dev.reg(REG_LINK_GEN) > gen, 20,
+                 "the link to drop")
+        check(q.alive() and dev.reg(REG_LINK_GEN) >= gen, "QEMU died")
+    finally:
+        fake.paused = False
+    wait_for(lambda: dev.reg(REG_LINK_GEN) > gen and dev.reg(REG_LINK) == LINK_READY, 10,
+             "the reconnect")
+    queued = qmp.execute("qom-get", path="/machine/peripheral/pvgpu0", property="tx-queued-max")
+    result("hardening.never_reading_daemon_queued_max", queued)
+    check(queued <= 1024 * 1024, f"{queued} bytes queued")
+    check("pvgpud does not read" in q.read_stderr(), "no warning says why the link dropped")
+    wait_for(lambda: dev.slot_reg(slot, SLOT_STATE) == SLOT_LIVE, 10, "the lost channel's re-allocation")
+    dev.free(slot)
+
+
 def case_hardening(bins, tmp):
     sock = os.path.join(tmp, "fake.sock")
     fake = FakeDaemon(sock)
@@ -1519,6 +1625,8 @@ def case_hardening(bins, tmp):
         check_pong_for_alloc(dev, fake)
         check_unsealed_memfd(dev, fake)
         check_bell_not_eventfd(dev, fake)
+        check_daemon_stops_reading(dev, fake, qmp)
+        check_daemon_never_reads(dev, fake, qmp)
         check_send_failure_mid_message(dev, fake, qmp)
         check(q.alive(), "QEMU died")
     finally:

@@ -168,6 +168,15 @@ OBJECT_DECLARE_SIMPLE_TYPE(PvgpuState, PVGPU)
 #define PVGPU_SHADOW_REFRESH_MS 1
 #define PVGPU_FENCE_POLL_NS     (200 * 1000)  /* fence wait check while armed */
 #define PVGPU_MAX_REQUESTS      (PVGPU_MAX_SLOTS + 4)
+/*
+ * Messages the daemon's socket has not taken yet wait in the device (it
+ * never blocks the vCPU or the main loop on pvgpud).  Past this many unsent
+ * bytes the daemon is taken to have stopped reading and the link is dropped.
+ */
+#define PVGPU_TX_LIMIT          (1024 * 1024)
+#define PVGPU_TX_COMPACT        (64 * 1024)
+#define PVGPU_REPORT_MSG_SIZE   (sizeof(struct pvgpu_msg_hdr) + \
+                                 sizeof(struct pvgpu_trap_report))
 
 /* Slot registers, then wait registers, then TASK_NAME: no overlap. */
 QEMU_BUILD_BUG_ON(REG_SLOT_BASE + PVGPU_MAX_SLOTS * REG_SLOT_STRIDE > REG_WAIT_BASE);
@@ -272,6 +281,19 @@ struct PvgpuState {
     int rx_fds[PVGPU_PROTO_MAX_FDS];
     int rx_nfds;
 
+    /*
+     * Outgoing bytes the socket did not take (pvgpu_send): tx->data[0,
+     * tx_head) is sent.  tx->data[tx_reports, len) holds TRAP_REPORTs only,
+     * where a new report for a channel replaces that channel's unsent one.
+     */
+    GByteArray *tx;
+    uint32_t tx_head;
+    uint32_t tx_reports;
+    guint tx_watch;                   /* G_IO_OUT watch while bytes wait */
+    bool tx_failed;                   /* a write failed or the limit was hit */
+    const char *tx_why;
+    QEMUBH *tx_bh;                    /* drops the link after a failed write */
+
     /* MODE pushes read in one go, applied together (see pvgpu_apply_modes) */
     struct pvgpu_mode mode_batch[PVGPU_MAX_SLOTS];
     unsigned mode_batch_len;
@@ -297,6 +319,8 @@ struct PvgpuState {
     uint64_t switches_to_trapped, switch_to_trapped_ns;
     uint64_t switches_to_direct, switch_to_direct_ns;
     uint64_t unshadows;               /* slots that left SHADOWED */
+    uint64_t tx_queued_max;           /* most unsent bytes seen */
+    uint64_t tx_coalesced;            /* TRAP_REPORTs merged while queued */
 };
 
 static void pvgpu_link_lost_full(PvgpuState *s, const char *why, bool closed);
@@ -352,25 +376,161 @@ static void pvgpu_write_config(PCIDevice *pdev, uint32_t addr, uint32_t val,
 /* ------------------------------------------------------------------------ */
 /* Daemon protocol: sending                                                 */
 
+/* Forget what was queued for a connection that is gone. */
+static void pvgpu_tx_reset(PvgpuState *s)
+{
+    if (s->tx_watch) {
+        g_source_remove(s->tx_watch);
+        s->tx_watch = 0;
+    }
+    if (s->tx) {
+        g_byte_array_set_size(s->tx, 0);
+    }
+    s->tx_head = s->tx_reports = 0;
+    s->tx_failed = false;
+    s->tx_why = NULL;
+}
+
+/* The link goes down outside the sender: pvgpu_send runs inside MMIO
+ * handlers and loops over slots that the link loss would rewrite. */
+static void pvgpu_tx_fail(PvgpuState *s, const char *why)
+{
+    if (!s->tx_failed) {
+        s->tx_failed = true;
+        s->tx_why = why;
+        qemu_bh_schedule(s->tx_bh);
+    }
+}
+
+static void pvgpu_tx_fail_bh(void *opaque)
+{
+    PvgpuState *s = opaque;
+
+    if (s->tx_failed) {
+        pvgpu_link_lost(s, s->tx_why ? s->tx_why : "write to pvgpud failed");
+    }
+}
+
+static gboolean pvgpu_tx_ready(void *do_not_use, GIOCondition cond, void *opaque);
+
+/* Write what waits until the socket is full; then wait for G_IO_OUT. */
+static void pvgpu_tx_flush(PvgpuState *s)
+{
+    while (!s->tx_failed && s->tx_head < s->tx->len) {
+        int n = qemu_chr_fe_write(&s->chr, s->tx->data + s->tx_head,
+                                  s->tx->len - s->tx_head);
+        int err = errno;
+
+        if (n > 0) {
+            s->tx_head += n;
+            continue;
+        }
+        if (n < 0 && err == EAGAIN) {
+            if (!s->tx_watch) {
+                s->tx_watch = qemu_chr_fe_add_watch(&s->chr,
+                                                    G_IO_OUT | G_IO_HUP,
+                                                    pvgpu_tx_ready, s);
+            }
+            if (!s->tx_watch) {
+                pvgpu_tx_fail(s, "cannot watch the pvgpud socket");
+            }
+            break;
+        }
+        /* The write may have dropped the link itself (the chardev reports
+         * CLOSED from inside it), which emptied the queue. */
+        if (s->link != LINK_DOWN) {
+            pvgpu_tx_fail(s, "write to pvgpud failed");
+        }
+        return;
+    }
+    if (s->tx_head == s->tx->len) {
+        g_byte_array_set_size(s->tx, 0);
+        s->tx_head = s->tx_reports = 0;
+    } else if (s->tx_head >= PVGPU_TX_COMPACT && s->tx_head * 2 >= s->tx->len) {
+        uint32_t run = s->tx_reports;
+
+        if (run < s->tx_head) {       /* a report half sent leaves the run */
+            run += QEMU_ALIGN_UP(s->tx_head - run, PVGPU_REPORT_MSG_SIZE);
+        }
+        g_byte_array_remove_range(s->tx, 0, s->tx_head);
+        s->tx_reports = run - s->tx_head;
+        s->tx_head = 0;
+    }
+}
+
+static gboolean pvgpu_tx_ready(void *do_not_use, GIOCondition cond,
+                               void *opaque)
+{
+    PvgpuState *s = opaque;
+
+    s->tx_watch = 0;
+    pvgpu_tx_flush(s);
+    return G_SOURCE_REMOVE;
+}
+
+/* A queued, unsent TRAP_REPORT for @t's channel takes @t's IB_PUT: the
+ * daemon only needs the latest value.  Only within the trailing run of
+ * reports, so nothing moves past another kind of message. */
+static bool pvgpu_tx_coalesce(PvgpuState *s, const struct pvgpu_trap_report *t)
+{
+    uint32_t off = s->tx_reports;
+
+    if (off < s->tx_head) {
+        off += QEMU_ALIGN_UP(s->tx_head - off, PVGPU_REPORT_MSG_SIZE);
+    }
+    for (; off + PVGPU_REPORT_MSG_SIZE <= s->tx->len;
+         off += PVGPU_REPORT_MSG_SIZE) {
+        uint8_t *q = s->tx->data + off + sizeof(struct pvgpu_msg_hdr);
+        struct pvgpu_trap_report queued;
+
+        memcpy(&queued, q, sizeof(queued));
+        if (queued.chan_id == t->chan_id) {
+            queued.put = t->put;
+            memcpy(q, &queued, sizeof(queued));
+            s->tx_coalesced++;
+            return true;
+        }
+    }
+    return false;
+}
+
+/*
+ * Queue one message and write what the socket takes now.  Never blocks:
+ * false when the link is failing (the link loss follows from a BH).
+ */
 static bool pvgpu_send(PvgpuState *s, uint16_t type, uint32_t seq,
                        const void *body, uint32_t len)
 {
-    uint8_t buf[sizeof(struct pvgpu_msg_hdr) + PVGPU_PROTO_MAX_PAYLOAD];
     struct pvgpu_msg_hdr h = {
         .magic = PVGPU_PROTO_MAGIC, .type = type, .flags = 0,
         .len = len, .seq = seq,
     };
-    int total = sizeof(h) + len;
+    uint32_t total = sizeof(h) + len;
+    bool report = type == PVGPU_MSG_TRAP_REPORT;
 
     assert(len <= PVGPU_PROTO_MAX_PAYLOAD);
-    memcpy(buf, &h, sizeof(h));
-    if (len) {
-        memcpy(buf + sizeof(h), body, len);
-    }
-    if (qemu_chr_fe_write_all(&s->chr, buf, total) != total) {
+    if (s->tx_failed) {
         return false;
     }
-    return true;
+    if (report && s->tx_head < s->tx->len && pvgpu_tx_coalesce(s, body)) {
+        return true;
+    }
+    if (s->tx->len - s->tx_head + total > PVGPU_TX_LIMIT) {
+        pvgpu_tx_fail(s, "pvgpud does not read (1 MiB queued)");
+        return false;
+    }
+    if (!report) {
+        s->tx_reports = s->tx->len + total;
+    }
+    g_byte_array_append(s->tx, (const guint8 *)&h, sizeof(h));
+    if (len) {
+        g_byte_array_append(s->tx, body, len);
+    }
+    s->tx_queued_max = MAX(s->tx_queued_max, s->tx->len - s->tx_head);
+    if (!s->tx_watch) {
+        pvgpu_tx_flush(s);
+    }
+    return !s->tx_failed && s->link != LINK_DOWN;
 }
 
 /*
@@ -1753,6 +1913,7 @@ static void pvgpu_link_lost_full(PvgpuState *s, const char *why, bool closed)
     s->link_version = 0;
     s->req_count = 0;
     pvgpu_rx_reset(s);
+    pvgpu_tx_reset(s);
     for (i = 0; i < s->num_slots; i++) {
         PvgpuSlot *sl = &s->slots[i];
         switch (sl->state) {
@@ -2111,6 +2272,7 @@ static void pvgpu_chr_event(void *opaque, QEMUChrEvent event)
             return;
         }
         pvgpu_rx_reset(s);
+        pvgpu_tx_reset(s);
         s->req_count = 0;
         pvgpu_send_hello(s);
         break;
@@ -2296,6 +2458,8 @@ static void pvgpu_realize(PCIDevice *pdev, Error **errp)
     s->link = LINK_DOWN;
     s->refresh = timer_new_ms(QEMU_CLOCK_REALTIME, pvgpu_refresh_cb, s);
     s->fence_timer = timer_new_ns(QEMU_CLOCK_REALTIME, pvgpu_fence_cb, s);
+    s->tx = g_byte_array_new();
+    s->tx_bh = qemu_bh_new(pvgpu_tx_fail_bh, s);
 
     qemu_chr_fe_set_handlers(&s->chr, pvgpu_chr_can_read, pvgpu_chr_read,
                              pvgpu_chr_event, NULL, s, NULL, true);
@@ -2344,6 +2508,11 @@ static void pvgpu_exit(PCIDevice *pdev)
     qemu_chr_fe_deinit(&s->chr, false);
     s->link = LINK_DOWN;
     s->req_count = 0;
+    pvgpu_tx_reset(s);
+    g_byte_array_free(s->tx, true);
+    s->tx = NULL;
+    qemu_bh_delete(s->tx_bh);
+    s->tx_bh = NULL;
     if (s->refresh) {
         timer_free(s->refresh);
         s->refresh = NULL;
@@ -2502,6 +2671,10 @@ static void pvgpu_instance_init(Object *obj)
     object_property_add_uint64_ptr(obj, "switch-to-direct-ns",
                                    &s->switch_to_direct_ns, OBJ_PROP_FLAG_READ);
     object_property_add_uint64_ptr(obj, "unshadows", &s->unshadows,
+                                   OBJ_PROP_FLAG_READ);
+    object_property_add_uint64_ptr(obj, "tx-queued-max", &s->tx_queued_max,
+                                   OBJ_PROP_FLAG_READ);
+    object_property_add_uint64_ptr(obj, "tx-coalesced", &s->tx_coalesced,
                                    OBJ_PROP_FLAG_READ);
 }
 
