@@ -751,9 +751,11 @@ def case_fake(bins, tmp):
     sock = os.path.join(tmp, "fake.sock")
     fake = FakeDaemon(sock)
     vm_uuid = uuidlib.uuid4()
-    q = Qemu(bins.qemu, tmp, sock, vm_uuid, name="vm-fake", slots=4)
+    q = Qemu(bins.qemu, tmp, sock, vm_uuid, name="vm-fake", slots=4, qmp=True)
+    qmp = None
     try:
         dev = Device(q)
+        qmp = Qmp(q.qmp_path)
         probe(dev, 4)
         dev.wait_link()
         check(fake.hellos and fake.hellos[0][1] == 1, f"HELLO {fake.hellos}")
@@ -845,7 +847,7 @@ def case_fake(bins, tmp):
 
         # MSI-X vectors and the INTx fallback; fence waits.
         check_interrupts(dev, fake, slot, chan)
-        check_fence_waits_fake(dev, fake)
+        check_fence_waits_fake(dev, fake, qmp)
 
         # Cost of a doorbell store: direct (RAM device page) vs trapped (MMIO exit,
         # TRAP_REPORT, eventfd).  Each qtest write is a round trip through QEMU's
@@ -861,12 +863,12 @@ def case_fake(bins, tmp):
             direct.append(time_writes(q, dev.ctrl(slot, CTRL_IB_PUT), N, lambda i: 12))
             n = fake.push_mode(chan, MODE_TRAPPED, seq)
             wait_for(lambda: len(fake.acks) > n, 5, f"ack {seq}")
-            before = len(fake.reports)
-            fake.paused = True      # N reports fit in the socket buffer
-            time.sleep(0.06)
+            before = len(fake.reports) + qom(qmp, "tx-coalesced")
+            fake.pause()            # N reports fit in the socket buffer
             trapped.append(time_writes(q, dev.ctrl(slot, CTRL_IB_PUT), N, lambda i: 12))
             fake.paused = False
-            wait_for(lambda: len(fake.reports) >= before + N, 10, "the trap reports of a timing block")
+            wait_for(lambda: len(fake.reports) + qom(qmp, "tx-coalesced") >= before + N, 10,
+                     "the trap reports of a timing block")
             n = fake.push_mode(chan, MODE_DIRECT, seq + 1)
             wait_for(lambda: len(fake.acks) > n, 5, f"ack {seq + 1}")
             seq += 2
@@ -971,6 +973,8 @@ def case_fake(bins, tmp):
         check_task_weights_fake(dev, fake)
         check(q.alive(), "QEMU died")
     finally:
+        if qmp:
+            qmp.close()
         rc = q.close()
         fake.close()
         err = q.read_stderr() if os.path.exists(q.stderr_path) else ""
@@ -1065,7 +1069,12 @@ def check_interrupts(dev, fake, slot, chan):
     result("msix.vectors_checked", 3)
 
 
-def check_fence_waits_fake(dev, fake):
+def qom(qmp, prop, dev_id="pvgpu0"):
+    """A read-only counter of the device (qom-get)."""
+    return qmp.execute("qom-get", path=f"/machine/peripheral/{dev_id}", property=prop)
+
+
+def check_fence_waits_fake(dev, fake, qmp):
     """FENCE_WAIT against a fake daemon that sets FENCE/STATUS by hand."""
     q = dev.q
     slot, chan = dev.alloc(pid_hint=0x77)
@@ -1098,6 +1107,14 @@ def check_fence_waits_fake(dev, fake):
     fake.set_page(chan, CTRL_FENCE, 8)
     time.sleep(0.02)
     check(dev.wait_reg(slot, WAIT_STATUS) == WAIT_ARMED, "wait ended before FENCE got there")
+    # The wait is older than 16 ms: checked at most once a millisecond
+    # (a fixed 200 us poll ran 5 times as often).
+    p0, w0 = qom(qmp, "fence-polls"), time.monotonic()
+    time.sleep(0.5)
+    p1, w1 = qom(qmp, "fence-polls"), time.monotonic()
+    result("fence_wait.polls_per_s_armed_idle", f"{(p1 - p0) / (w1 - w0):.0f}")
+    check(0 < p1 - p0 <= (w1 - w0) * 1000 + 2,
+          f"{p1 - p0} checks of an armed wait in {(w1 - w0) * 1e3:.0f} ms")
     t0 = time.monotonic()
     fake.set_page(chan, CTRL_FENCE, 9)
     ws = dev.wait_ended(slot, 2, "the wait for fence 9")
@@ -1560,8 +1577,8 @@ def check_daemon_stops_reading(dev, fake, qmp):
         q.writel_many([(dev.ctrl(slot, CTRL_IB_PUT), put) for put in range(1, stores + 1)])
         took = time.monotonic() - t0
         check(fake.page(chan, CTRL_IB_PUT) == stores, "the stores were not forwarded to the GPU")
-        queued = qmp.execute("qom-get", path="/machine/peripheral/pvgpu0", property="tx-queued-max")
-        coalesced = qmp.execute("qom-get", path="/machine/peripheral/pvgpu0", property="tx-coalesced")
+        queued = qom(qmp, "tx-queued-max")
+        coalesced = qom(qmp, "tx-coalesced")
     finally:
         fake.paused = False
     result("hardening.unread_daemon_stores", f"{stores} in {took:.2f} s, reports coalesced {coalesced}, "
@@ -1600,7 +1617,7 @@ def check_daemon_never_reads(dev, fake, qmp):
         fake.paused = False
     wait_for(lambda: dev.reg(REG_LINK_GEN) > gen and dev.reg(REG_LINK) == LINK_READY, 10,
              "the reconnect")
-    queued = qmp.execute("qom-get", path="/machine/peripheral/pvgpu0", property="tx-queued-max")
+    queued = qom(qmp, "tx-queued-max")
     result("hardening.never_reading_daemon_queued_max", queued)
     check(queued <= 1024 * 1024, f"{queued} bytes queued")
     check("pvgpud does not read" in q.read_stderr(), "no warning says why the link dropped")

@@ -166,7 +166,15 @@ OBJECT_DECLARE_SIMPLE_TYPE(PvgpuState, PVGPU)
 
 #define PVGPU_MAX_SLOTS         64
 #define PVGPU_SHADOW_REFRESH_MS 1
-#define PVGPU_FENCE_POLL_NS     (200 * 1000)  /* fence wait check while armed */
+/*
+ * Armed fence waits are checked every elapsed/16 of the youngest armed wait,
+ * within [200 us, 1 ms]: a wait ends at most 6.25% (and 1 ms) late, and a
+ * guest that keeps a wait armed on an idle channel costs QEMU 1000 wake-ups
+ * a second, not 5000.
+ */
+#define PVGPU_FENCE_POLL_MIN_NS (200 * 1000)
+#define PVGPU_FENCE_POLL_MAX_NS (1000 * 1000)
+#define PVGPU_FENCE_POLL_SHIFT  4
 #define PVGPU_MAX_REQUESTS      (PVGPU_MAX_SLOTS + 4)
 /*
  * Messages the daemon's socket has not taken yet wait in the device (it
@@ -225,6 +233,7 @@ typedef struct PvgpuSlot {
 
     uint32_t wait_status;             /* WAIT_* */
     uint32_t wait_fence;              /* the target of the last FENCE_WAIT */
+    int64_t wait_since;               /* when it was armed (REALTIME, ns) */
     uint32_t wait_error;              /* channel ERROR when WAIT_E_DEAD */
 
     /*
@@ -319,6 +328,7 @@ struct PvgpuState {
     uint64_t switches_to_trapped, switch_to_trapped_ns;
     uint64_t switches_to_direct, switch_to_direct_ns;
     uint64_t unshadows;               /* slots that left SHADOWED */
+    uint64_t fence_polls;             /* runs of the fence-wait timer */
     uint64_t tx_queued_max;           /* most unsent bytes seen */
     uint64_t tx_coalesced;            /* TRAP_REPORTs merged while queued */
 };
@@ -1212,17 +1222,33 @@ static void slot_wait_cancel(PvgpuSlot *sl)
     s->fence_done &= ~(1ull << sl->index);
 }
 
-/* The fence timer runs while a wait is armed and is idle otherwise. */
+/* The fence timer runs while a wait is armed and is idle otherwise; its
+ * period grows with the age of the youngest armed wait. */
 static void pvgpu_fence_arm(PvgpuState *s)
 {
+    int64_t now, youngest = INT64_MIN, period, when;
+    unsigned i;
+
     if (!s->fence_timer) {
         return;
     }
     if (!s->waits_armed) {
         timer_del(s->fence_timer);
-    } else if (!timer_pending(s->fence_timer)) {
-        timer_mod_ns(s->fence_timer, qemu_clock_get_ns(QEMU_CLOCK_REALTIME) +
-                     PVGPU_FENCE_POLL_NS);
+        return;
+    }
+    now = qemu_clock_get_ns(QEMU_CLOCK_REALTIME);
+    for (i = 0; i < s->num_slots; i++) {
+        if (s->slots[i].wait_status == WAIT_ARMED) {
+            youngest = MAX(youngest, s->slots[i].wait_since);
+        }
+    }
+    period = MAX(0, now - youngest) >> PVGPU_FENCE_POLL_SHIFT;
+    period = MIN(MAX(period, PVGPU_FENCE_POLL_MIN_NS), PVGPU_FENCE_POLL_MAX_NS);
+    when = now + period;
+    /* A new wait may want the check sooner than the one pending. */
+    if (!timer_pending(s->fence_timer) ||
+        (int64_t)timer_expire_time_ns(s->fence_timer) > when) {
+        timer_mod_ns(s->fence_timer, when);
     }
 }
 
@@ -1238,7 +1264,10 @@ static void pvgpu_fence_check(PvgpuState *s)
 
 static void pvgpu_fence_cb(void *opaque)
 {
-    pvgpu_fence_check(opaque);
+    PvgpuState *s = opaque;
+
+    s->fence_polls++;
+    pvgpu_fence_check(s);
 }
 
 /*
@@ -1673,6 +1702,7 @@ static void pvgpu_cmd_fence_wait(PvgpuState *s)
     }
     sl->wait_fence = s->arg[1];
     sl->wait_error = 0;
+    sl->wait_since = qemu_clock_get_ns(QEMU_CLOCK_REALTIME);
     sl->wait_status = WAIT_ARMED;
     s->waits_armed++;
     s->fence_done &= ~(1ull << idx);
@@ -2671,6 +2701,8 @@ static void pvgpu_instance_init(Object *obj)
     object_property_add_uint64_ptr(obj, "switch-to-direct-ns",
                                    &s->switch_to_direct_ns, OBJ_PROP_FLAG_READ);
     object_property_add_uint64_ptr(obj, "unshadows", &s->unshadows,
+                                   OBJ_PROP_FLAG_READ);
+    object_property_add_uint64_ptr(obj, "fence-polls", &s->fence_polls,
                                    OBJ_PROP_FLAG_READ);
     object_property_add_uint64_ptr(obj, "tx-queued-max", &s->tx_queued_max,
                                    OBJ_PROP_FLAG_READ);
