@@ -231,24 +231,17 @@ def run(args, tmp):
     with open(script, "w") as f:
         f.write(L1_SCRIPT.replace("QOM_PROPS", " ".join(QOM)).replace("RUNS", "\n".join(runs)))
 
-    daemon = Daemon(args, tmp)  # the pvgpu device of L1 itself needs a pvgpud
-    daemon.start()
-    try:
-        cmd = [sys.executable, VM, "--socket", daemon.socket, "--name", "kvm-qemu",
-               "--uuid", "5f0c1a2e-8d1b-4c55-9a10-6e0d2f5b9c60", "--module", "",
-               "--cpus", "2", "--mem", "1024", "--timeout", "240",
-               "--qemu-arg=-cpu", "--qemu-arg=max",
-               "--console-log", os.path.join(tmp, "console.log"),
-               "--copy-exe", qemu, "--copy-exe", args.pvgpud, "--copy-exe", args.pvgpuctl,
-               "--copy-as", f"{script}:bin/l1-run.sh",
-               "--copy-as", f"{kernel}:l2/vmlinuz", "--copy-as", f"{l2_initrd}:l2/initrd"]
-        for f in fw:
-            cmd += ["--copy-as", f"{f}:fw/{os.path.basename(f)}"]
-        for f in mods:
-            cmd += ["--copy", f]
-        proc = subprocess.run(cmd + ["--", "sh /bin/l1-run.sh"], capture_output=True, text=True)
-    finally:
-        daemon.stop()
+    proc = run_l1(args, tmp, qemu, kernel, l2_initrd, fw, mods, script)
+    if stopped_at_start(proc):
+        # Once in about twenty runs (CI, 5c61584) L1's kernel stopped within
+        # the first 5 s of the command, while it loads the KVM modules and
+        # starts pvgpud, before any L2 exists: vCPU 0 spinning with
+        # interrupts off and the timer and a call-function IPI pending (the
+        # TCG SMP fault family of docs/guest.md).  Nothing of pvgpu has run
+        # in L2 by then; the case runs once more and says so.
+        sys.stderr.write(proc.stderr)
+        result("kvm-qemu.l1_stopped_at_start", 1)
+        proc = run_l1(args, tmp, qemu, kernel, l2_initrd, fw, mods, script)
     out = proc.stdout
     sys.stdout.write(out)
     sys.stderr.write(proc.stderr)
@@ -327,6 +320,36 @@ def run(args, tmp):
                f"kernel={per['on']:.1f} mmio={per['off']:.1f} ratio={per['off'] / per['on']:.1f} "
                f"switches={runs['on']['qom'][f'switches-to-{way}']},"
                f"{runs['off']['qom'][f'switches-to-{way}']}")
+
+
+def run_l1(args, tmp, qemu, kernel, l2_initrd, fw, mods, script):
+    """One L1 guest running the script; its CompletedProcess."""
+    daemon = Daemon(args, tmp)  # the pvgpu device of L1 itself needs a pvgpud
+    daemon.start()
+    try:
+        cmd = [sys.executable, VM, "--socket", daemon.socket, "--name", "kvm-qemu",
+               "--uuid", "5f0c1a2e-8d1b-4c55-9a10-6e0d2f5b9c60", "--module", "",
+               "--cpus", "2", "--mem", "1024", "--timeout", "240",
+               "--qemu-arg=-cpu", "--qemu-arg=max",
+               "--console-log", os.path.join(tmp, "console.log"),
+               "--copy-exe", qemu, "--copy-exe", args.pvgpud, "--copy-exe", args.pvgpuctl,
+               "--copy-as", f"{script}:bin/l1-run.sh",
+               "--copy-as", f"{kernel}:l2/vmlinuz", "--copy-as", f"{l2_initrd}:l2/initrd"]
+        for f in fw:
+            cmd += ["--copy-as", f"{f}:fw/{os.path.basename(f)}"]
+        for f in mods:
+            cmd += ["--copy", f]
+        proc = subprocess.run(cmd + ["--", "sh /bin/l1-run.sh"], capture_output=True, text=True)
+    finally:
+        daemon.stop()
+    return proc
+
+
+def stopped_at_start(proc):
+    """pvgpu-vm saw L1's kernel stop before its first heartbeat (5 s after
+    init handed over to the command)."""
+    return (proc.returncode in (125, 126) and "no heartbeat" in proc.stderr and
+            "pvgpu-vm: alive" not in proc.stderr)
 
 
 def main():

@@ -135,6 +135,10 @@ class Qemu:
 
     def cmd(self, line, timeout=10.0):
         self.proc.stdin.write(line.encode() + b"\n")
+        return self.reply(f"qtest '{line}'", timeout)
+
+    def reply(self, what, timeout):
+        """The next reply that is not an IRQ line, without its "OK"."""
         while True:
             nl = self.buf.find(b"\n")
             if nl >= 0:
@@ -142,14 +146,14 @@ class Qemu:
                 if reply.startswith("IRQ"):
                     continue
                 if not reply.startswith("OK"):
-                    raise TestFailure(f"qtest '{line}': {reply}")
+                    raise TestFailure(f"{what}: {reply}")
                 return reply[3:]
             r, _, _ = select.select([self.proc.stdout], [], [], timeout)
             if not r:
-                raise TestFailure(f"qtest '{line}': no reply within {timeout} s (QEMU hung?)")
+                raise TestFailure(f"{what}: no reply within {timeout} s (QEMU hung?)")
             chunk = os.read(self.proc.stdout.fileno(), 65536)
             if not chunk:
-                raise TestFailure(f"qtest '{line}': QEMU exited ({self.proc.poll()}); "
+                raise TestFailure(f"{what}: QEMU exited ({self.proc.poll()}); "
                                   f"stderr: {self.read_stderr()[-2000:]}")
             self.buf += chunk
 
@@ -164,25 +168,8 @@ class Qemu:
             part = writes[i:i + chunk]
             self.proc.stdin.write(b"".join(f"writel 0x{a:x} 0x{v & 0xffffffff:x}\n".encode()
                                            for a, v in part))
-            left = len(part)
-            while left:
-                nl = self.buf.find(b"\n")
-                if nl >= 0:
-                    reply, self.buf = self.buf[:nl].decode(), self.buf[nl + 1:]
-                    if reply.startswith("IRQ"):
-                        continue
-                    if not reply.startswith("OK"):
-                        raise TestFailure(f"qtest writel: {reply}")
-                    left -= 1
-                    continue
-                r, _, _ = select.select([self.proc.stdout], [], [], timeout)
-                if not r:
-                    raise TestFailure(f"qtest: {left} of {len(part)} writes after {i} unanswered "
-                                      f"within {timeout} s (QEMU hung?)")
-                chunk_in = os.read(self.proc.stdout.fileno(), 65536)
-                if not chunk_in:
-                    raise TestFailure(f"qtest: QEMU exited ({self.proc.poll()})")
-                self.buf += chunk_in
+            for k in range(len(part)):
+                self.reply(f"qtest: write {i + k} of {len(writes)} (pipelined)", timeout)
 
     def writel(self, addr, val):
         self.cmd(f"writel 0x{addr:x} 0x{val & 0xffffffff:x}")
