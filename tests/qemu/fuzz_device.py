@@ -365,8 +365,7 @@ def main():
             fz.step()
         fz.sample()
         for prop in ("tx-queued-max", "tx-coalesced"):     # of the device plugged now
-            fz.states.add((prop, fz.qmp.execute("qom-get", path="/machine/peripheral/pvgpu0",
-                                                property=prop)))
+            fz.states.add((prop, qt.qom(fz.qmp, prop)))
     except TestFailure as e:
         failure = str(e)
     finally:

@@ -1599,7 +1599,7 @@ def check_daemon_never_reads(dev, fake, qmp):
             pass                        # the device dropped the link first
         wait_for(lambda: dev.reg(REG_LINK) == LINK_DOWN or dev.reg(REG_LINK_GEN) > gen, 20,
                  "the link to drop")
-        check(q.alive() and dev.reg(REG_LINK_GEN) >= gen, "QEMU died")
+        check(q.alive(), "QEMU died")
     finally:
         fake.paused = False
     wait_for(lambda: dev.reg(REG_LINK_GEN) > gen and dev.reg(REG_LINK) == LINK_READY, 10,

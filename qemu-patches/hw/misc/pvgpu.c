@@ -300,7 +300,7 @@ struct PvgpuState {
     uint32_t tx_reports;
     guint tx_watch;                   /* G_IO_OUT watch while bytes wait */
     bool tx_failed;                   /* a write failed or the limit was hit */
-    const char *tx_why;
+    const char *tx_why;               /* set with tx_failed */
     QEMUBH *tx_bh;                    /* drops the link after a failed write */
 
     /* MODE pushes read in one go, applied together (see pvgpu_apply_modes) */
@@ -417,11 +417,23 @@ static void pvgpu_tx_fail_bh(void *opaque)
     PvgpuState *s = opaque;
 
     if (s->tx_failed) {
-        pvgpu_link_lost(s, s->tx_why ? s->tx_why : "write to pvgpud failed");
+        pvgpu_link_lost(s, s->tx_why);
     }
 }
 
 static gboolean pvgpu_tx_ready(void *do_not_use, GIOCondition cond, void *opaque);
+
+/* Where the trailing run's first report not yet written at all begins (a
+ * report half sent is out of reach: the socket has part of it). */
+static uint32_t pvgpu_tx_unsent_reports(const PvgpuState *s)
+{
+    uint32_t run = s->tx_reports;
+
+    if (run < s->tx_head) {
+        run += QEMU_ALIGN_UP(s->tx_head - run, PVGPU_REPORT_MSG_SIZE);
+    }
+    return run;
+}
 
 /* Write what waits until the socket is full; then wait for G_IO_OUT. */
 static void pvgpu_tx_flush(PvgpuState *s)
@@ -457,11 +469,8 @@ static void pvgpu_tx_flush(PvgpuState *s)
         g_byte_array_set_size(s->tx, 0);
         s->tx_head = s->tx_reports = 0;
     } else if (s->tx_head >= PVGPU_TX_COMPACT && s->tx_head * 2 >= s->tx->len) {
-        uint32_t run = s->tx_reports;
+        uint32_t run = pvgpu_tx_unsent_reports(s);
 
-        if (run < s->tx_head) {       /* a report half sent leaves the run */
-            run += QEMU_ALIGN_UP(s->tx_head - run, PVGPU_REPORT_MSG_SIZE);
-        }
         g_byte_array_remove_range(s->tx, 0, s->tx_head);
         s->tx_reports = run - s->tx_head;
         s->tx_head = 0;
@@ -483,12 +492,9 @@ static gboolean pvgpu_tx_ready(void *do_not_use, GIOCondition cond,
  * reports, so nothing moves past another kind of message. */
 static bool pvgpu_tx_coalesce(PvgpuState *s, const struct pvgpu_trap_report *t)
 {
-    uint32_t off = s->tx_reports;
+    uint32_t off;
 
-    if (off < s->tx_head) {
-        off += QEMU_ALIGN_UP(s->tx_head - off, PVGPU_REPORT_MSG_SIZE);
-    }
-    for (; off + PVGPU_REPORT_MSG_SIZE <= s->tx->len;
+    for (off = pvgpu_tx_unsent_reports(s); off + PVGPU_REPORT_MSG_SIZE <= s->tx->len;
          off += PVGPU_REPORT_MSG_SIZE) {
         uint8_t *q = s->tx->data + off + sizeof(struct pvgpu_msg_hdr);
         struct pvgpu_trap_report queued;
