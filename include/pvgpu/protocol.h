@@ -13,8 +13,9 @@
  * types are errors; new message types need a new version and are used only
  * once HELLO agreed on it.  Version 2 adds TASK_WEIGHT / TASK_WEIGHT_REPLY;
  * version 3 adds the completion notifier of host clients' channels (a third
- * fd on CHAN_REPLY, see struct pvgpu_chan_reply); everything else is as in
- * version 1.
+ * fd on CHAN_REPLY, see struct pvgpu_chan_reply); version 4 lets HELLO name
+ * the GPU (struct pvgpu_hello.gpu, which older versions sent as a reserved
+ * zero); everything else is as in version 1.
  *
  * Admin clients (pvgpuctl) use a separate socket speaking newline-delimited
  * JSON; see docs/protocol.md.
@@ -25,9 +26,10 @@
 #include "abi.h"
 
 #define PVGPU_PROTO_MAGIC 0x55504750u /* "PGPU" little-endian */
-#define PVGPU_PROTO_VERSION 3u
+#define PVGPU_PROTO_VERSION 4u
 #define PVGPU_PROTO_VERSION_TASK_WEIGHT 2u /* first version with TASK_WEIGHT */
 #define PVGPU_PROTO_VERSION_COMPLETION 3u  /* first version with completion notifiers */
+#define PVGPU_PROTO_VERSION_GPU 4u         /* first version whose HELLO may name a GPU */
 #define PVGPU_PROTO_MAX_PAYLOAD 1024u /* a larger len is a protocol error */
 #define PVGPU_PROTO_MAX_FDS 3u        /* fds one message may carry */
 
@@ -73,8 +75,17 @@ struct pvgpu_hello {
 	pvgpu_u8 uuid[16];             /* VMM: the VM's UUID; host: zero */
 	char name[PVGPU_NAME_LEN];     /* VM or task name, NUL-padded */
 	pvgpu_u32 pid;                 /* informational */
-	pvgpu_u32 reserved;
+	pvgpu_u32 gpu;                 /* PVGPU_GPU_ANY: the daemon places the client;
+	                                * PVGPU_GPU_INDEX(n): GPU n (v4; zero before) */
 };
+
+/* pvgpu_hello.gpu: a host has at most PVGPU_MAX_GPUS GPUs, numbered from 0.
+ * Zero (what clients before version 4 send) leaves the choice to pvgpud.
+ * A HELLO naming a GPU the host lacks is refused with an ERROR saying why
+ * (PVGPU_E_INVALID) followed by the HELLO_REPLY. */
+#define PVGPU_MAX_GPUS 16u
+#define PVGPU_GPU_ANY 0u
+#define PVGPU_GPU_INDEX(n) ((pvgpu_u32)(n) + 1u)
 
 /* Status codes in replies */
 enum pvgpu_status {

@@ -83,7 +83,9 @@ std::optional<std::string> check_body(std::uint16_t type, std::span<const std::b
             for (auto u : b.uuid)
                 if (u != 0) return R("uuid must be zero for role HOST");
         }
-        if (b.reserved != 0) return R("reserved field is not zero");
+        if (b.gpu > PVGPU_GPU_INDEX(PVGPU_MAX_GPUS - 1))
+            return "gpu " + std::to_string(b.gpu) + " is out of range (0: any, n + 1: GPU n < " +
+                   std::to_string(PVGPU_MAX_GPUS) + ")";
         return check_name(b.name, sizeof b.name, "name");
     }
     case PVGPU_MSG_CHAN_ALLOC: {

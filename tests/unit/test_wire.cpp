@@ -382,8 +382,10 @@ TEST_CASE("wire: payload rules", "[wire][validate]") {
                        Catch::Contains("role " + std::to_string(role) + " is neither VMM (1) nor HOST (2)"));
         }
         h = hello_body();
-        h.reserved = 1;
-        CHECK_THAT(*check(PVGPU_MSG_HELLO, h), Catch::Contains("reserved field is not zero"));
+        h.gpu = PVGPU_GPU_INDEX(PVGPU_MAX_GPUS - 1);
+        CHECK_FALSE(check(PVGPU_MSG_HELLO, h));
+        h.gpu = PVGPU_GPU_INDEX(PVGPU_MAX_GPUS);
+        CHECK_THAT(*check(PVGPU_MSG_HELLO, h), Catch::Contains("gpu 17 is out of range"));
         h = hello_body();
         h.role = PVGPU_ROLE_HOST;
         CHECK_THAT(*check(PVGPU_MSG_HELLO, h), Catch::Contains("uuid must be zero for role HOST"));
