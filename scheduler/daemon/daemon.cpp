@@ -90,7 +90,8 @@ Daemon::Daemon(Config cfg)
       loop_(g_main_loop_new(ctx_.get(), FALSE)),
       timers_(ctx_.get()),
       mux_(ctx_.get()),
-      store_(cfg_.state_dir) {
+      store_(cfg_.state_dir),
+      weights_(state_, [this] { save_state(); }) {
     started_ = clock_.now();
     // Completion notifiers are pipes: a write to one whose client closed
     // its end must be an EPIPE, not the end of pvgpud (main() does the same;
@@ -498,7 +499,7 @@ void Daemon::on_hello(Client& cl, const wire::Message& m) {
         Gpu& g = *gpus_[*gpu];
         EntityTree& tree = g.sched->entities();
         std::string name = unique_root_name(tree, "", raw.empty() ? uuid : sanitize_name(raw), uuid.substr(0, 8));
-        std::uint32_t weight = vm_weight(uuid, raw, name);
+        std::uint32_t weight = weights_.vm(uuid, raw, name);
         EntityId e = tree.add(kRootEntity, name, EntityKind::Vm, weight);
         g.meta[e] = Meta{Kind::Vm, uuid, uuid, 0, {}};
         vms_[{uuid, *gpu}] = Vm{uuid, *gpu, raw, e, conn.id(), {}, {}};
@@ -548,8 +549,7 @@ bool Daemon::hello_host(Client& cl, const std::string& raw, std::uint32_t pid, s
     EntityTree& tree = g.sched->entities();
     auto [u, fresh] = host_users_.try_emplace({user, *gpu});
     if (fresh) {
-        auto w = state_.host_users.find(user);
-        std::uint32_t weight = w == state_.host_users.end() ? PVGPU_WEIGHT_DEFAULT : w->second;
+        const std::uint32_t weight = weights_.host_user(user);
         if (tree.find_child(kRootEntity, "host:" + user)) {
             host_users_.erase(u);
             error = "entity host:" + user + " exists";
@@ -571,18 +571,7 @@ bool Daemon::hello_host(Client& cl, const std::string& raw, std::uint32_t pid, s
     for (int k = 1; tree.find_child(group, name); ++k)
         name = with_suffix(base, "-" + std::to_string(cl.conn->id()) + (k > 1 ? "-" + std::to_string(k) : ""));
     const std::string key = user_key + "/" + name;
-    auto w = state_.host_tasks.find(key);
-    if (w == state_.host_tasks.end()) {
-        // A weight saved before host paths had a user: its name's first
-        // taker gets it (see State::host_tasks), under the new key from now.
-        if (auto legacy = state_.host_tasks.find("host/" + name); legacy != state_.host_tasks.end()) {
-            w = state_.host_tasks.emplace(key, legacy->second).first;
-            state_.host_tasks.erase(legacy);
-            log_info("saved weight of host/", name, " now belongs to ", key);
-            save_state();
-        }
-    }
-    std::uint32_t weight = w == state_.host_tasks.end() ? PVGPU_WEIGHT_DEFAULT : w->second;
+    const std::uint32_t weight = weights_.host_task(key, name);
     EntityId e = tree.add(group, name, EntityKind::Task, weight);
     g.meta[e] = Meta{Kind::Host, {}, key, 0, {}};
     cl.host_entity = e;
@@ -645,20 +634,6 @@ void Daemon::remember_placement(const std::string& key, std::uint32_t gpu, std::
     save_state();
 }
 
-std::uint32_t Daemon::vm_weight(const std::string& uuid, const std::string& hello_name,
-                                const std::string& name) const {
-    // By UUID wins over a weight set by name before the VM ever connected.
-    if (auto v = state_.vms.find(uuid); v != state_.vms.end()) return v->second.weight;
-    for (const auto& n : {hello_name, name})
-        if (auto w = state_.vm_names.find(n); !n.empty() && w != state_.vm_names.end()) return w->second;
-    return PVGPU_WEIGHT_DEFAULT;
-}
-
-std::uint32_t Daemon::admin_task_weight(const std::string& uuid, const std::string& key) const {
-    auto w = state_.tasks.find(uuid + "/" + key);
-    return w == state_.tasks.end() ? PVGPU_WEIGHT_DEFAULT : w->second;
-}
-
 // ---------------------------------------------------------------- channels
 
 Daemon::Channel* Daemon::owned(const Client& cl, std::uint32_t chan_id) {
@@ -700,7 +675,8 @@ EntityId Daemon::leaf_for(Client& cl, std::uint64_t pid_hint, const std::string&
     // What the guest asked for this task wins: it is newer than any admin
     // weight saved for a hint (a guest pid) from an earlier session.
     auto gw = vm.guest_weights.find(pid_hint);
-    std::uint32_t weight = gw != vm.guest_weights.end() ? gw->second : admin_task_weight(vm.uuid, name);
+    const std::uint32_t weight = weights_.vm_task(
+        vm.uuid, name, gw == vm.guest_weights.end() ? std::nullopt : std::optional(gw->second));
     EntityId e = tree.add(vm.entity, name, EntityKind::Task, weight);
     g.meta[e] = Meta{Kind::VmTask, vm.uuid, name, pid_hint, sanitize_name(task_name, 32)};
     vm.tasks[pid_hint] = e;
@@ -849,7 +825,7 @@ void Daemon::on_task_weight(Client& cl, const wire::Message& m) {
     std::uint32_t applied;
     if (t.weight == 0) {
         vm.guest_weights.erase(t.pid_hint);
-        applied = admin_task_weight(vm.uuid, key);
+        applied = weights_.vm_task(vm.uuid, key, std::nullopt);
     } else {
         // Remembered hints are bounded (the guest could name any number of
         // tasks that never allocate a channel); changing a known one is fine.
@@ -860,7 +836,7 @@ void Daemon::on_task_weight(Client& cl, const wire::Message& m) {
             return answer(PVGPU_E_LIMIT);
         }
         vm.guest_weights[t.pid_hint] = t.weight;
-        applied = t.weight;
+        applied = weights_.vm_task(vm.uuid, key, t.weight);
     }
     if (task != vm.tasks.end()) {
         Gpu& g = *gpus_[vm.gpu];
@@ -1308,12 +1284,7 @@ void Daemon::domain_down(const std::string& uuid, const std::string& name) {
 }
 
 void Daemon::apply_vm_weight(const std::string& uuid, const std::string& name, std::uint32_t weight) {
-    auto saved = state_.vms.find(uuid);
-    const bool changed = saved == state_.vms.end() || saved->second.weight != weight;
-    if (changed) {
-        state_.vms[uuid] = State::Vm{name, weight};
-        save_state();
-    }
+    const bool changed = weights_.set_vm(uuid, name, weight);
     const std::set<std::uint32_t> on = gpus_of_vm(uuid);
     for (std::uint32_t gpu : on) {
         EntityTree& tree = gpus_[gpu]->sched->entities();
@@ -1354,24 +1325,22 @@ json Daemon::admin_set_weight(const json& req) {
             path = admin_path(*g, id);
             if (auto m = g->meta.find(id); m != g->meta.end()) {
                 const Meta& meta = m->second;
-                if (meta.kind == Kind::Vm) state_.vms[meta.uuid] = State::Vm{tree.get(id).name, weight};
+                if (meta.kind == Kind::Vm) weights_.set_vm(meta.uuid, tree.get(id).name, weight);
                 if (meta.kind == Kind::VmTask) {
-                    state_.tasks[meta.uuid + "/" + meta.key] = weight;
+                    weights_.set_vm_task(meta.uuid, meta.key, weight);
                     // The latest word wins: a guest request made before this
                     // would otherwise come back when the task re-appears.
                     if (auto v = vms_.find({meta.uuid, g->index}); v != vms_.end())
                         v->second.guest_weights.erase(meta.pid_hint);
                 }
-                if (meta.kind == Kind::Host) state_.host_tasks[meta.key] = weight;
-                if (meta.kind == Kind::HostUser) state_.host_users[meta.key.substr(5)] = weight;
+                if (meta.kind == Kind::Host) weights_.set_host_task(meta.key, weight);
+                if (meta.kind == Kind::HostUser) weights_.set_host_user(meta.key.substr(5), weight);
             }
             log_info("weight of ", path, " on GPU ", g->index, " set to ", weight);
         }
-        save_state();
         return {{"ok", true}, {"path", path}, {"weight", weight}};
     };
     auto pending = [&]() -> json {
-        save_state();
         log_info("weight ", weight, " remembered for VM ", target, " (not connected)");
         return {{"ok", true}, {"path", target}, {"weight", weight}, {"pending", true}};
     };
@@ -1381,7 +1350,7 @@ json Daemon::admin_set_weight(const json& req) {
         const std::string uuid = format_uuid(*u);
         for (std::uint32_t gpu : gpus_of_vm(uuid)) found.push_back({gpus_[gpu].get(), vms_.at({uuid, gpu}).entity});
         if (!found.empty()) return apply(found);
-        state_.vms[uuid].weight = weight;
+        weights_.set_vm(uuid, "", weight);
         return pending();
     }
     if (target.find('/') == std::string::npos) {
@@ -1394,10 +1363,7 @@ json Daemon::admin_set_weight(const json& req) {
                 found.push_back({g, vm.entity});
         }
         if (!found.empty()) return apply(found);
-        state_.vm_names[target] = weight;
-        // Remembered VMs of that name follow, or their UUID entry would win.
-        for (auto& [uuid, vm] : state_.vms)
-            if (vm.name == target) vm.weight = weight;
+        weights_.set_vm_name(target, weight);
         return pending();
     }
     if (target.rfind("host/", 0) == 0) {
@@ -1417,8 +1383,7 @@ json Daemon::admin_set_weight(const json& req) {
         const bool connected = std::any_of(host_users_.begin(), host_users_.end(),
                                            [&](const auto& kv) { return kv.first.first == user; });
         if (!connected && slash == std::string::npos && sanitize_name(user) == user && user_id(user)) {
-            state_.host_users[user] = weight;
-            save_state();
+            weights_.set_host_user(user, weight);
             log_info("weight ", weight, " remembered for host user ", target, " (not connected)");
             return {{"ok", true}, {"path", target}, {"weight", weight}, {"pending", true}};
         }

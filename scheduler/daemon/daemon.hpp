@@ -52,6 +52,7 @@
 #include "gsource.hpp"
 #include "share_monitor.hpp"
 #include "state_store.hpp"
+#include "weights.hpp"
 
 namespace pvgpu::sim {
 class SimGpu;
@@ -252,10 +253,6 @@ private:
     // --- entities and weights ---
     std::string admin_path(const Gpu& g, EntityId id) const;
     std::string admin_path(const Channel& ch) const { return admin_path(*gpus_.at(ch.gpu), ch.leaf); }
-    std::uint32_t vm_weight(const std::string& uuid, const std::string& hello_name,
-                            const std::string& name) const;
-    // A VM task's weight without a guest request: the admin's, else the default.
-    std::uint32_t admin_task_weight(const std::string& uuid, const std::string& key) const;
     void remove_entity(Gpu& g, EntityId id);
     void save_state();
 
@@ -292,6 +289,7 @@ private:
     FdMux mux_;
     StateStore store_;
     State state_;
+    WeightBook weights_;  // every weight's source (weights.hpp)
     std::vector<std::unique_ptr<Gpu>> gpus_;
     std::unique_ptr<TextfileExporter> metrics_file_;
     Time started_ = 0;
