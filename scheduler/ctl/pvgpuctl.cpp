@@ -606,7 +606,7 @@ std::optional<std::string> set_domain_weight(const Args& a, const std::string& t
     if (!old && !has_device(xml.get())) return std::nullopt;  // not a pvgpu domain
     unsigned flags = VIR_DOMAIN_AFFECT_CONFIG;
     if (virDomainIsActive(dom.get()) == 1) flags |= VIR_DOMAIN_AFFECT_LIVE;
-    write_gpu_metadata(dom.get(), GpuMetadata{weight}, flags);
+    write_gpu_metadata(dom.get(), GpuMetadata{weight, old ? old->device : std::nullopt}, flags);
     return uuid_of(dom.get());
 }
 #endif
