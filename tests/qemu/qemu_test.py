@@ -550,12 +550,16 @@ class FakeDaemon:
             gpu = struct.unpack_from("<I", body, 92)[0]
             self.hellos.append((version, role, uuid, name, gpu))
             if self.refuse_hello:
-                # As pvgpud refuses a GPU it lacks: why, then the reply.
+                # As pvgpud refuses a GPU it lacks: why, then the reply, then
+                # the end of what it sends (a half-close: a full close would
+                # hang up before QEMU's socket chardev read the ERROR, which
+                # it drops on G_IO_HUP), and the VMM closes.
                 self.send(MSG_ERROR, 0, struct.pack("<II120s", E_INVALID, 0, self.refuse_hello.encode()),
                           conn=conn)
                 with contextlib.suppress(OSError):   # the device may have hung up already
                     self.send(MSG_HELLO_REPLY, seq, struct.pack("<IIII", E_INVALID, PROTO_VERSION, 1, 16),
                               conn=conn)
+                    conn.shutdown(socket.SHUT_WR)
                 return
             if self.hold_hello:
                 self.held_hellos.append((conn, seq, version))
