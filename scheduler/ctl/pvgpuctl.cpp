@@ -29,6 +29,7 @@
 #include "pvgpu_paths.h"
 #ifdef PVGPU_HAVE_LIBVIRT
 #include <libvirt/virterror.h>
+#include <pvgpu/protocol.h>  // PVGPU_MAX_GPUS (attach --gpu)
 
 #include "virt.hpp"
 #endif
@@ -69,7 +70,7 @@ Commands:
   top [--interval S] [--count N]
                                 live view, refreshed every S seconds
   version                       versions of pvgpuctl and pvgpud
-  attach DOMAIN [--weight W] [--socket PATH] [--emulator PATH]
+  attach DOMAIN [--weight W] [--gpu N] [--socket PATH] [--emulator PATH]
                                 give a libvirt domain the pvgpu device
   detach DOMAIN                 take it away again
   help [COMMAND]                help on a command (also: COMMAND --help)
@@ -114,7 +115,7 @@ and in the persistent definition, so `virsh dumpxml` and the scheduler
 agree and the weight survives a host reboot; pvgpud applies it from
 libvirt's event at once.  -c/--connect selects the libvirt URI.
 )"},
-    {"attach", R"(usage: pvgpuctl [-c URI] attach DOMAIN [--weight W] [--socket PATH] [--emulator PATH]
+    {"attach", R"(usage: pvgpuctl [-c URI] attach DOMAIN [--weight W] [--gpu N] [--socket PATH] [--emulator PATH]
 
 Edits the persistent definition of the libvirt domain DOMAIN (name or UUID)
 so that it gets the pvgpu device at its next start: a <qemu:commandline>
@@ -122,7 +123,10 @@ with a chardev to pvgpud's client socket (--socket, default
 $PVGPU_SOCKET or )" PVGPU_SOCKET_PATH R"(; reconnecting, so a pvgpud restart
 is survived) and `-device pvgpu`, plus the GPU share in the domain's
 metadata (namespace http://pvgpu.org/xmlns/domain/1.0, --weight, default:
-the weight already there, else 100).  --emulator PATH also sets the
+the weight already there, else 100).  --gpu N puts the domain on the
+host's GPU N (0..15): device="N" in the metadata and gpu=N on the device;
+--gpu any lets pvgpud place it; default: the GPU already in the metadata,
+else any.  --emulator PATH also sets the
 domain's <emulator> to the pvgpu-patched QEMU; the domain must run it.
 Attaching again replaces the wiring (a new socket path, say).  Needs the
 right to define domains on that libvirt connection.
@@ -278,6 +282,7 @@ struct Args {
     std::optional<unsigned long> count;
     std::string libvirt_uri;             // empty: libvirt's default
     std::optional<std::string> weight;   // attach
+    std::optional<std::string> gpu;      // attach
     std::string client_socket;           // attach
     std::string emulator;                // attach
     bool help = false;
@@ -323,6 +328,8 @@ Args parse_args(int argc, char** argv) {
             a.libvirt_uri = value();
         } else if (key == "--weight") {
             a.weight = value();
+        } else if (key == "--gpu") {
+            a.gpu = value();
         } else if (key == "--socket") {
             a.client_socket = value();
             if (a.client_socket.empty()) throw UsageError{"--socket needs a path"};
@@ -606,7 +613,7 @@ std::optional<std::string> set_domain_weight(const Args& a, const std::string& t
     if (!old && !has_device(xml.get())) return std::nullopt;  // not a pvgpu domain
     unsigned flags = VIR_DOMAIN_AFFECT_CONFIG;
     if (virDomainIsActive(dom.get()) == 1) flags |= VIR_DOMAIN_AFFECT_LIVE;
-    write_gpu_metadata(dom.get(), GpuMetadata{weight}, flags);
+    write_gpu_metadata(dom.get(), GpuMetadata{weight, old ? old->device : std::nullopt}, flags);
     return uuid_of(dom.get());
 }
 #endif
@@ -847,45 +854,65 @@ int print_help(const std::string& topic) {
 }
 
 #ifdef PVGPU_HAVE_LIBVIRT
+// attach --gpu: "any" (nullopt: pvgpud places the domain) or an index 0..15.
+std::optional<std::uint32_t> parse_attach_gpu(const std::string& text) {
+    if (text == "any") return std::nullopt;
+    unsigned long n = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+    if (ec != std::errc{} || end != text.data() + text.size() || n >= PVGPU_MAX_GPUS)
+        throw UsageError{"--gpu must be a GPU index in 0.." + std::to_string(PVGPU_MAX_GPUS - 1) +
+                         " or 'any', got '" + text + "'"};
+    return static_cast<std::uint32_t>(n);
+}
+
 int cmd_attach(const Args& a, bool attach) {
     using namespace pvgpu::virt;
     expect_operands(a, 1, 1);
     std::optional<unsigned> weight;
     if (a.weight) weight = parse_weight(*a.weight);
+    const std::optional<std::uint32_t> gpu = a.gpu ? parse_attach_gpu(*a.gpu) : std::nullopt;
     Connection conn = open(a.libvirt_uri);
     Domain dom = lookup(conn.get(), a.operands[0]);
     const std::string name = name_of(dom.get());
     std::unique_ptr<char, decltype(&free)> xml(
         virDomainGetXMLDesc(dom.get(), VIR_DOMAIN_XML_INACTIVE | VIR_DOMAIN_XML_SECURE), free);
     if (!xml) fail("domain '" + name + "'");
+    // The metadata first: the device's gpu property follows its device attribute.
+    std::optional<GpuMetadata> meta;
+    if (attach) {
+        try {
+            meta = read_gpu_metadata(dom.get(), VIR_DOMAIN_AFFECT_CONFIG);
+        } catch (const XmlError&) {
+            meta.reset();  // malformed: replaced
+        }
+        if (!meta) meta = GpuMetadata{kWeightDefault};
+        if (weight) meta->weight = *weight;
+        if (a.gpu) meta->device = gpu;
+    }
     std::string edited;
     try {
-        edited = attach ? attach_device(xml.get(), DeviceWiring{a.client_socket, 0, a.emulator})
+        edited = attach ? attach_device(xml.get(), DeviceWiring{a.client_socket, 0, a.emulator, meta->device})
                         : detach_device(xml.get());
     } catch (const XmlError& e) {
         throw std::runtime_error("domain '" + name + "': " + e.what());
     }
     Domain defined(virDomainDefineXML(conn.get(), edited.c_str()));
     if (!defined) fail("redefining domain '" + name + "'");
-    std::optional<GpuMetadata> meta;
-    if (attach) {
-        try {
-            meta = read_gpu_metadata(defined.get(), VIR_DOMAIN_AFFECT_CONFIG);
-        } catch (const XmlError&) {
-            meta.reset();  // malformed: replaced
-        }
-        if (weight || !meta) meta = GpuMetadata{weight.value_or(kWeightDefault)};
-    }
     write_gpu_metadata(defined.get(), meta, VIR_DOMAIN_AFFECT_CONFIG);
     const bool running = virDomainIsActive(defined.get()) == 1;
     if (a.json_output) {
         json out = {{"ok", true}, {"domain", name}, {"uuid", uuid_of(defined.get())}, {"attached", attach},
                     {"running", running}};
-        if (attach) out["weight"] = meta->weight, out["socket"] = a.client_socket;
+        if (attach) {
+            out["weight"] = meta->weight, out["socket"] = a.client_socket;
+            out["gpu"] = meta->device ? json(*meta->device) : json(nullptr);
+        }
         print_json(out);
     } else if (attach) {
-        std::printf("%s: pvgpu device attached (socket %s), weight %u%s\n", name.c_str(), a.client_socket.c_str(),
-                    meta->weight, running ? "; the running domain gets it at its next start" : "");
+        const std::string on = meta->device ? "GPU " + std::to_string(*meta->device) : "any GPU (pvgpud places it)";
+        std::printf("%s: pvgpu device attached (socket %s), weight %u, %s%s\n", name.c_str(),
+                    a.client_socket.c_str(), meta->weight, on.c_str(),
+                    running ? "; the running domain gets it at its next start" : "");
     } else {
         std::printf("%s: pvgpu device detached%s\n", name.c_str(),
                     running ? "; the running domain keeps it until it shuts down" : "");
@@ -907,8 +934,8 @@ int dispatch(const Args& a) {
     if (a.help) return print_help(a.command);
     if ((a.interval_s || a.count) && a.command != "top")
         throw UsageError{"--interval and --count are options of top"};
-    if (a.command != "attach" && (a.weight || !a.emulator.empty()))
-        throw UsageError{"--weight and --emulator are options of attach"};
+    if (a.command != "attach" && (a.weight || a.gpu || !a.emulator.empty()))
+        throw UsageError{"--weight, --gpu and --emulator are options of attach"};
     if (a.command == "attach" || a.command == "detach") {
 #ifdef PVGPU_HAVE_LIBVIRT
         return cmd_attach(a, a.command == "attach");

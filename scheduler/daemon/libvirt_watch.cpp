@@ -271,6 +271,7 @@ struct LibvirtWatch::Impl {
             try {
                 if (auto m = virt::read_gpu_metadata(dom, VIR_DOMAIN_AFFECT_LIVE)) {
                     d.weight = m->weight;
+                    d.gpu = m->device;
                     pvgpu = true;
                 }
             } catch (const virt::XmlError& e) {

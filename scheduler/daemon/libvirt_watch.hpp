@@ -1,5 +1,5 @@
-// pvgpud follows libvirt: which domains run, their GPU weight (the
-// <pvgpu:gpu weight="N"/> metadata element) and the pid of their QEMU, so a
+// pvgpud follows libvirt: which domains run, their GPU weight and GPU (the
+// <pvgpu:gpu weight="N" device="G"/> metadata element) and the pid of their QEMU, so a
 // VMM's HELLO can be checked against it.  The connection is driven by the
 // daemon's own GLib main context (libvirt's event API implemented on it):
 // lifecycle and METADATA_CHANGE events arrive as main-loop callbacks, a
@@ -30,6 +30,7 @@ struct DomainInfo {
     std::string uuid;
     std::string name;
     std::uint32_t weight = 0;      // from the metadata, else the default
+    std::optional<std::uint32_t> gpu;  // the metadata's device="N" (0..15); nullopt: pvgpud places it
     std::string metadata_error;    // non-empty: the metadata was invalid
     pid_t pid = 0;                 // its QEMU, from libvirt's pid file; 0 unknown
 };

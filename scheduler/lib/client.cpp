@@ -20,6 +20,7 @@
 #include <deque>
 #include <map>
 #include <optional>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -43,6 +44,21 @@ const char* transport_name(Transport t) {
     case Transport::Device: return "device";
     }
     return "?";
+}
+
+std::uint32_t parse_gpu(std::string_view text, std::string_view what) {
+    const auto bad = [&] {
+        return ClientError(std::string(what) + ": '" + std::string(text) + "' is not a GPU index (an integer in 0.." +
+                           std::to_string(kMaxGpus - 1) + ")");
+    };
+    std::uint32_t gpu = 0;
+    for (const char c : text) {
+        if (c < '0' || c > '9') throw bad();
+        gpu = gpu * 10 + static_cast<std::uint32_t>(c - '0');
+        if (gpu >= kMaxGpus) throw bad();
+    }
+    if (text.empty()) throw bad();
+    return gpu;
 }
 
 namespace detail {

@@ -65,6 +65,12 @@ class DeviceTransport final : public TransportBackend {
 public:
     DeviceTransport(std::unique_ptr<DeviceOps> ops, const ClientOptions& options)
         : ops_(std::move(ops)), options_(options) {
+        // The VM's GPU is its device's, chosen by the host admin; $PVGPU_GPU,
+        // which a host-wide environment may set, is ignored here.
+        if (options_.gpu)
+            throw ClientError("a GPU (" + std::to_string(*options_.gpu) +
+                              ") can be named only by a host client (socket transport); inside a VM the "
+                              "GPU is the pvgpu device's (QEMU property gpu=N, set on the host)");
         info_ = query_info();
         if (info_.abi_version != PVGPU_GUEST_ABI_VERSION)
             throw ClientError(ops_->path() + " speaks guest ABI version " + std::to_string(info_.abi_version) +

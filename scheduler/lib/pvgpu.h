@@ -41,9 +41,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace pvgpu {
 
@@ -65,6 +67,10 @@ extern const char* const kDefaultSocketPath;
 inline constexpr const char* kDefaultDevicePath = "/dev/pvgpu";
 // Environment variable naming the device node when ClientOptions::device_path is empty.
 inline constexpr const char* kDeviceEnv = "PVGPU_DEVICE";
+// Environment variable naming a host client's GPU when ClientOptions::gpu is unset.
+inline constexpr const char* kGpuEnv = "PVGPU_GPU";
+// A host has at most this many GPUs, numbered from 0 (protocol.h PVGPU_MAX_GPUS).
+inline constexpr std::uint32_t kMaxGpus = 16;
 
 enum class Transport {
     Auto,    // the device if its node exists (a guest), else the socket
@@ -74,6 +80,11 @@ enum class Transport {
 
 // "auto", "socket", "device".
 const char* transport_name(Transport t);
+
+// A GPU index as $PVGPU_GPU and `pvgpu-load --gpu` take it: a decimal
+// integer in 0..kMaxGpus-1, nothing else (no sign, no blanks).  Throws
+// ClientError naming `what` (the variable or option) and the text.
+std::uint32_t parse_gpu(std::string_view text, std::string_view what = kGpuEnv);
 
 struct ClientOptions {
     Transport transport = Transport::Auto;
@@ -95,6 +106,19 @@ struct ClientOptions {
     // the protocol gives host tasks no say in their own weight (the admin sets
     // it with `pvgpuctl set-weight host/NAME W`).
     std::uint32_t weight = 0;
+
+    // Socket transport: the host's GPU this client runs on, 0..kMaxGpus-1.
+    // Unset: $PVGPU_GPU if it is set and not empty (parsed by parse_gpu), else
+    // none, and pvgpud places the client (its `placement` setting).  Read
+    // once, when the Client is constructed; an index of 16 or more, or a
+    // $PVGPU_GPU that is not one, is a ClientError there.  pvgpud refuses a
+    // GPU the host lacks at HELLO, and the ClientError carries its reason
+    // ("pvgpud refused HELLO: no GPU 5 on this host (2 GPUs)"); a pvgpud
+    // older than protocol version 4 cannot place clients and refuses them
+    // too.  Device transport: the GPU is the VM's pvgpu device's
+    // (the host admin's QEMU property gpu=N), so setting this is a
+    // ClientError there, and $PVGPU_GPU is ignored.
+    std::optional<std::uint32_t> gpu;
 
     // Reconnection after the daemon closed the socket.  Attempts start after
     // `reconnect_initial_backoff` and double up to `reconnect_max_backoff`;
@@ -147,6 +171,9 @@ struct TransportInfo {
     std::uint32_t protocol_version = 0;
     std::uint32_t client_id = 0;
     std::uint32_t max_channels = 0;
+    // The GPU this client asked for in HELLO (ClientOptions::gpu or
+    // $PVGPU_GPU); nullopt: none, pvgpud placed it.
+    std::optional<std::uint32_t> gpu;
 
     // Device: PVGPU_IOC_INFO, read when info() is called.
     std::uint32_t abi_version = 0;

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <vector>
@@ -57,6 +58,14 @@ public:
             throw ClientError("a task weight (" + std::to_string(options_.weight) +
                               ") applies only inside a VM (device transport); a host task's weight "
                               "is set by the admin: pvgpuctl set-weight host/USER/NAME W");
+        if (options_.gpu) {
+            if (*options_.gpu >= kMaxGpus)
+                throw ClientError("GPU " + std::to_string(*options_.gpu) + " is out of range 0.." +
+                                  std::to_string(kMaxGpus - 1));
+            gpu_ = options_.gpu;
+        } else if (const char* env = std::getenv(kGpuEnv); env && *env) {
+            gpu_ = parse_gpu(env, kGpuEnv);
+        }
     }
 
     pvgpu::Transport kind() const override { return pvgpu::Transport::Socket; }
@@ -83,6 +92,7 @@ public:
         sock_ = std::move(fd);
         reader_ = wire::Reader{};
         daemon_error_.clear();
+        daemon_message_.clear();
         reply_.reset();
         awaited_seq_ = 0;
 
@@ -91,12 +101,24 @@ public:
         hello.role = PVGPU_ROLE_HOST;
         wire::set_name(hello.name, sizeof hello.name, options_.name);
         hello.pid = static_cast<std::uint32_t>(::getpid());
-        const wire::Message m = request(PVGPU_MSG_HELLO, hello);
+        hello.gpu = gpu_ ? PVGPU_GPU_INDEX(*gpu_) : PVGPU_GPU_ANY;
+        wire::Message m;
+        try {
+            m = request(PVGPU_MSG_HELLO, hello);
+        } catch (const LinkLost& e) {
+            // An ERROR (with seq 0) and the close: the daemon's reason is the
+            // refusal, not a lost link to retry.
+            if (!e.refused || daemon_message_.empty()) throw;
+            throw ClientError(hello_refused(PVGPU_E_INVALID));
+        }
         if (m.hdr.type != PVGPU_MSG_HELLO_REPLY)
             throw ClientError("pvgpud answered HELLO with " + std::string(wire::type_name(m.hdr.type)));
         const auto r = m.as<pvgpu_hello_reply>();
-        if (r.status != PVGPU_OK)
-            throw ClientError("pvgpud refused HELLO: " + std::string(status_text(r.status)));
+        if (r.status != PVGPU_OK) throw ClientError(hello_refused(r.status));
+        if (gpu_ && r.version < PVGPU_PROTO_VERSION_GPU)
+            throw ClientError("pvgpud at " + options_.socket_path + " speaks protocol version " +
+                              std::to_string(r.version) + ", which cannot place a client on a GPU (version " +
+                              std::to_string(PVGPU_PROTO_VERSION_GPU) + " can); name none to let it choose");
         hello_ = r;
         connected_ = true;
     }
@@ -204,6 +226,7 @@ public:
         i.protocol_version = hello_.version;
         i.client_id = hello_.client_id;
         i.max_channels = hello_.max_channels;
+        i.gpu = gpu_;
         return i;
     }
     std::uint32_t client_id() const override { return hello_.client_id; }
@@ -212,6 +235,19 @@ public:
 private:
     void log(const std::string& line) const {
         if (options_.log) options_.log(line);
+    }
+
+    // Why HELLO was refused: the daemon's ERROR message when it sent one
+    // (pvgpud says why before its HELLO_REPLY), else the reply's status.
+    std::string hello_refused(std::uint32_t status) const {
+        if (daemon_message_.empty()) return "pvgpud refused HELLO: " + std::string(status_text(status));
+        std::string why = "pvgpud refused HELLO: " + daemon_message_;
+        // A pvgpud before protocol version 4 takes a named GPU for a
+        // protocol error (the field was reserved, and zero).
+        if (gpu_ && daemon_message_.find("reserved field is not zero") != std::string::npos)
+            why += "; this pvgpud predates protocol version " + std::to_string(PVGPU_PROTO_VERSION_GPU) +
+                   " and cannot place a client on a GPU (name none to let it choose)";
+        return why;
     }
 
     static void kick(ChannelLink& link) {
@@ -279,6 +315,10 @@ private:
         reply_.reset();
         if (m.hdr.type == PVGPU_MSG_ERROR) {
             const auto e = m.as<pvgpu_error>();
+            if (type == PVGPU_MSG_HELLO) {
+                daemon_message_ = wire::name_of(e.message, sizeof e.message);
+                throw ClientError(hello_refused(e.status));
+            }
             throw ClientError("pvgpud rejected " + std::string(wire::type_name(type)) + ": " +
                               wire::name_of(e.message, sizeof e.message) + " (" + status_text(e.status) + ")");
         }
@@ -374,8 +414,8 @@ private:
             } else {
                 const auto e = m.as<pvgpu_error>();
                 // The daemon closes right after this: the reason for the loss.
-                daemon_error_ = "pvgpud error: " + wire::name_of(e.message, sizeof e.message) + " (" +
-                                status_text(e.status) + ")";
+                daemon_message_ = wire::name_of(e.message, sizeof e.message);
+                daemon_error_ = "pvgpud error: " + daemon_message_ + " (" + status_text(e.status) + ")";
             }
             return;
         case PVGPU_MSG_HELLO_REPLY:
@@ -396,6 +436,8 @@ private:
     wire::Reader reader_;
     bool connected_ = false;
     std::string daemon_error_;          // ERROR pushed on this connection, if any
+    std::string daemon_message_;        // its message
+    std::optional<std::uint32_t> gpu_;  // the GPU HELLO names (ClientOptions::gpu, $PVGPU_GPU)
     pvgpu_hello_reply hello_{};
     std::uint32_t next_seq_ = 1;
     std::uint32_t awaited_seq_ = 0;     // request whose reply we are waiting for

@@ -3,6 +3,7 @@
 #include <libxml/parser.h>
 #include <libxml/tree.h>
 #include <pvgpu/abi.h>
+#include <pvgpu/protocol.h>
 
 #include <charconv>
 #include <cstring>
@@ -133,26 +134,35 @@ GpuMetadata parse_gpu_metadata(std::string_view xml) {
     for (xmlNode* c = root->children; c; c = c->next)
         if (c->type == XML_ELEMENT_NODE)
             throw XmlError("pvgpu metadata: unexpected element <" + str(c->name) + "> inside <gpu>");
-    GpuMetadata m{PVGPU_WEIGHT_DEFAULT};
+    GpuMetadata m{PVGPU_WEIGHT_DEFAULT, std::nullopt};
     for (xmlAttr* a = root->properties; a; a = a->next) {
         const std::string name = str(a->name);
-        if (name != "weight" || a->ns) throw XmlError("pvgpu metadata: unknown attribute '" + name + "' of <gpu>");
+        if ((name != "weight" && name != "device") || a->ns)
+            throw XmlError("pvgpu metadata: unknown attribute '" + name + "' of <gpu>");
         xmlChar* v = xmlNodeListGetString(doc.get(), a->children, 1);
         const std::string value = str(v);
         xmlFree(v);
-        std::uint64_t w = 0;
-        auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), w);
-        if (value.empty() || ec != std::errc{} || end != value.data() + value.size() || w < PVGPU_WEIGHT_MIN ||
-            w > PVGPU_WEIGHT_MAX)
-            throw XmlError("pvgpu metadata: weight '" + value + "' is not an integer in " +
-                           std::to_string(PVGPU_WEIGHT_MIN) + ".." + std::to_string(PVGPU_WEIGHT_MAX));
-        m.weight = static_cast<std::uint32_t>(w);
+        const bool weight = name == "weight";
+        const std::uint64_t lo = weight ? PVGPU_WEIGHT_MIN : 0;
+        const std::uint64_t hi = weight ? PVGPU_WEIGHT_MAX : PVGPU_MAX_GPUS - 1;
+        std::uint64_t n = 0;
+        auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+        if (value.empty() || ec != std::errc{} || end != value.data() + value.size() || n < lo || n > hi)
+            throw XmlError("pvgpu metadata: " + name + " '" + value + "' is not " +
+                           (weight ? "an integer" : "a GPU index") + " in " + std::to_string(lo) + ".." +
+                           std::to_string(hi));
+        if (weight)
+            m.weight = static_cast<std::uint32_t>(n);
+        else
+            m.device = static_cast<std::uint32_t>(n);
     }
     return m;
 }
 
 std::string format_gpu_metadata(const GpuMetadata& m) {
-    return "<gpu weight=\"" + std::to_string(m.weight) + "\"/>";
+    std::string xml = "<gpu weight=\"" + std::to_string(m.weight) + "\"";
+    if (m.device) xml += " device=\"" + std::to_string(*m.device) + "\"";
+    return xml + "/>";
 }
 
 std::string attach_device(std::string_view domain_xml, const DeviceWiring& w) {
@@ -169,6 +179,12 @@ std::string attach_device(std::string_view domain_xml, const DeviceWiring& w) {
         cmdline = xmlNewChild(root, ns, x("commandline"), nullptr);
     std::string device = std::string("pvgpu,chardev=") + kChardevId;
     if (w.slots) device += ",slots=" + std::to_string(w.slots);
+    if (w.gpu) {
+        if (*w.gpu >= PVGPU_MAX_GPUS)
+            throw XmlError("pvgpu GPU " + std::to_string(*w.gpu) + " is not a GPU index in 0.." +
+                           std::to_string(PVGPU_MAX_GPUS - 1));
+        device += ",gpu=" + std::to_string(*w.gpu);
+    }
     const std::string chardev = std::string("socket,id=") + kChardevId + ",path=" + w.socket + ",reconnect=1";
     for (const std::string& v : {std::string("-chardev"), chardev, std::string("-device"), device}) {
         xmlNode* arg = xmlNewChild(cmdline, ns, x("arg"), nullptr);

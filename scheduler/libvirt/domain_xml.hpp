@@ -23,14 +23,17 @@ public:
     using std::runtime_error::runtime_error;
 };
 
-// <pvgpu:gpu weight="200"/>: the VM's weight (1..10000, default 100).
+// <pvgpu:gpu weight="200" device="1"/>: the VM's weight (1..10000, default
+// 100) and the host GPU it runs on (0..15; absent: pvgpud places it).
 struct GpuMetadata {
     std::uint32_t weight;
+    std::optional<std::uint32_t> device = std::nullopt;
 };
 
 // Parses the element virDomainGetMetadata returns.  Strict: the element is
-// `gpu` (in our namespace if it names one), `weight` is a decimal in range,
-// nothing else is allowed (a typo must not silently mean the default).
+// `gpu` (in our namespace if it names one), `weight` and `device` are
+// decimals in range, nothing else is allowed (a typo must not silently mean
+// the default); the error names the attribute.
 GpuMetadata parse_gpu_metadata(std::string_view xml);
 // The element virDomainSetMetadata is given (prefix and namespace are the
 // API's arguments, so the element itself carries neither).
@@ -41,6 +44,7 @@ struct DeviceWiring {
     std::string socket;    // pvgpud's client socket
     std::uint32_t slots = 0;  // 0: the device's default
     std::string emulator;  // non-empty: also set <emulator> to the patched QEMU
+    std::optional<std::uint32_t> gpu = std::nullopt;  // the device's `gpu` (0..15); nullopt: pvgpud places it
 };
 
 // Adds (or replaces) the pvgpu chardev and device in the domain's

@@ -45,7 +45,7 @@ constexpr int kExitInterrupted = 3;
 
 constexpr const char* kUsage = R"(usage: pvgpu-load throttle --kernel-us N [--channels K] [--duration-s S] [OPTIONS]
        pvgpu-load bench --kernel-us N --kernels M [--channels K] [OPTIONS]
-       pvgpu-load info [--socket PATH | --device PATH] [--weight W]
+       pvgpu-load info [--socket PATH | --device PATH] [--weight W] [--gpu N]
 
 Generates GPU load on pvgpud through libpvgpu, from a host process (pvgpud's
 socket) or from inside a VM (the guest driver's device node).
@@ -77,6 +77,10 @@ Options:
   --weight W          in a VM: this task's weight among the VM's tasks,
                       1..10000 (default: leave it, 100); not on the host,
                       where the admin sets it (pvgpuctl set-weight)
+  --gpu N             host: run on pvgpud's GPU N, 0..15 (default: $PVGPU_GPU
+                      if set, else pvgpud places the task); pvgpud refuses a
+                      GPU the host lacks.  Not in a VM, whose GPU is its pvgpu
+                      device's (there $PVGPU_GPU is ignored)
   --report-interval-s R
                       every R seconds print to stderr:
                       "pvgpu-load: t=<CLOCK_MONOTONIC s> completed=<kernels so
@@ -91,9 +95,9 @@ Output (stdout, one key=value per line):
   throttle: kernels, elapsed_ms, rate, gpu_ms, reconnects, resubmitted,
             mode_messages, polls, cpu_ms
   info:     transport, then socket: socket, protocol_version, client_id,
-            max_channels; device: device, abi_version, device_version, slots,
-            slots_used, link, link_gen, irq_mode, pid_hints, channels,
-            pid_hint, weight
+            max_channels, gpu (the one asked for, or "any"); device:
+            device, abi_version, device_version, slots, slots_used, link,
+            link_gen, irq_mode, pid_hints, channels, pid_hint, weight
 
 Exit status:
   0  success (throttle: also when stopped by SIGINT/SIGTERM or --duration-s)
@@ -123,6 +127,7 @@ struct Options {
     std::string socket;
     std::string device;
     std::uint32_t weight = 0;
+    std::optional<std::uint32_t> gpu;
     std::string name;
     double report_interval_s = 0;
     double reconnect_timeout_s = 30;
@@ -187,7 +192,7 @@ Options parse_args(int argc, char** argv) {
             if (i + 1 >= args.size()) throw UsageError{std::string(key) + " needs a value"};
             return args[++i];
         };
-        if (key != "--socket" && key != "--device" && key != "--weight" && key != "--name" &&
+        if (key != "--socket" && key != "--device" && key != "--weight" && key != "--gpu" && key != "--name" &&
             key != "--reconnect-timeout-s")
             workload_option = key;
         if (key == "--kernel-us") {
@@ -216,6 +221,8 @@ Options parse_args(int argc, char** argv) {
                 throw UsageError{std::string(key) + ": empty path"};
         } else if (key == "--weight") {
             o.weight = static_cast<std::uint32_t>(parse_count(key, value(), 1, 10000));
+        } else if (key == "--gpu") {
+            o.gpu = static_cast<std::uint32_t>(parse_count(key, value(), 0, pvgpu::kMaxGpus - 1));
         } else if (key == "--name") {
             o.name = value();
         } else if (key == "--report-interval-s") {
@@ -287,6 +294,10 @@ int print_info(const pvgpu::TransportInfo& i) {
         std::printf("protocol_version=%u\n", i.protocol_version);
         std::printf("client_id=%u\n", i.client_id);
         std::printf("max_channels=%u\n", i.max_channels);
+        if (i.gpu)
+            std::printf("gpu=%u\n", *i.gpu);
+        else
+            std::printf("gpu=any\n");
     } else {
         std::printf("device=%s\n", i.path.c_str());
         std::printf("abi_version=%u\n", i.abi_version);
@@ -311,6 +322,7 @@ int run(const Options& o) {
     copt.socket_path = o.socket;
     copt.device_path = o.device;
     copt.weight = o.weight;
+    copt.gpu = o.gpu;
     copt.name = o.name;
     copt.reconnect_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.reconnect_timeout_s * 1000));
     copt.log = [](const std::string& line) { std::fprintf(stderr, "pvgpu-load: %s\n", line.c_str()); };

@@ -929,6 +929,9 @@ class FakeDaemon:
         self.acks = []
         self.lock = threading.Lock()
         self.stop = threading.Event()
+        self.hello_gpus = []        # pvgpu_hello.gpu of every HELLO
+        self.hello_version = 1      # what HELLO_REPLY agrees on at most
+        self.refuse_hello = None    # (message, with_seq): ERROR, then (seq 0) HELLO_REPLY, and close
 
     def accept(self, timeout=10):
         self.listener.settimeout(timeout)
@@ -963,10 +966,20 @@ class FakeDaemon:
 
     def handle(self, mtype, seq, payload):
         if mtype == MSG_HELLO:
-            version, role, _, _, _, _ = struct.unpack("<II16s64sII", payload)
+            version, role, _, _, _, gpu = struct.unpack("<II16s64sII", payload)
             check(version == PROTO_VERSION and role == ROLE_HOST, f"HELLO version {version} role {role}")
-            # Answered as a version-1 daemon would: libpvgpu needs nothing newer.
-            self.send(MSG_HELLO_REPLY, struct.pack("<IIII", E_OK, 1, 7, 4), seq)
+            self.hello_gpus.append(gpu)
+            if self.refuse_hello:
+                # As pvgpud refuses a GPU it lacks: the reason in an ERROR,
+                # then the HELLO_REPLY; or (with_seq) the ERROR as the reply.
+                message, with_seq = self.refuse_hello
+                self.send(MSG_ERROR, struct.pack("<II120s", E_INVALID, 0, message.encode()), seq if with_seq else 0)
+                if not with_seq:
+                    self.send(MSG_HELLO_REPLY, struct.pack("<IIII", E_INVALID, PROTO_VERSION, 7, 4), seq)
+                self.conn.shutdown(socket.SHUT_WR)
+                return
+            # Answered as a version-1 daemon would by default: libpvgpu needs nothing newer.
+            self.send(MSG_HELLO_REPLY, struct.pack("<IIII", E_OK, min(version, self.hello_version), 7, 4), seq)
         elif mtype == MSG_CHAN_ALLOC:
             memfd = os.memfd_create("fake-chan")
             os.ftruncate(memfd, CHAN_MEM_SIZE)
@@ -1047,7 +1060,7 @@ def check_load_info(bins, d, tmp):
     host, the device node whenever it exists ($PVGPU_DEVICE), --weight refused
     on the socket."""
     def load(*args, **env_extra):
-        env = {k: v for k, v in os.environ.items() if k not in ("PVGPU_DEVICE", "PVGPU_SOCKET")}
+        env = {k: v for k, v in os.environ.items() if k not in ("PVGPU_DEVICE", "PVGPU_SOCKET", "PVGPU_GPU")}
         env.update(env_extra)
         return subprocess.run([bins.load, *args], env=env, capture_output=True, text=True, timeout=15)
 
@@ -1055,11 +1068,14 @@ def check_load_info(bins, d, tmp):
     check(p.returncode == 0, f"info: exit {p.returncode}: {p.stderr}")
     info = dict(line.split("=", 1) for line in p.stdout.splitlines())
     log(f"pvgpu-load info: {info}")
-    check(list(info) == ["transport", "socket", "protocol_version", "client_id", "max_channels"],
+    check(list(info) == ["transport", "socket", "protocol_version", "client_id", "max_channels", "gpu"],
           f"info keys: {list(info)}")
-    check(info["transport"] == "socket" and info["socket"] == d.socket, f"info: {info}")
+    check(info["transport"] == "socket" and info["socket"] == d.socket and info["gpu"] == "any", f"info: {info}")
     check(int(info["protocol_version"]) >= 1 and int(info["client_id"]) >= 1 and int(info["max_channels"]) >= 1,
           f"info values: {info}")
+    # Every host has a GPU 0.
+    p = load("info", "--gpu", "0", PVGPU_SOCKET=d.socket, PVGPU_DEVICE=os.path.join(tmp, "no-such-device"))
+    check(p.returncode == 0 and "gpu=0" in p.stdout.splitlines(), f"info --gpu 0: exit {p.returncode}: {p.stderr}")
 
     # A device node that exists wins over the socket (here a regular file, so
     # the first ioctl fails and says so); --socket forces the socket.
@@ -1079,11 +1095,80 @@ def check_load_info(bins, d, tmp):
     check(p.returncode == 2 and "out of range 1..10000" in p.stderr, f"--weight 10001: exit {p.returncode}")
 
 
+def check_hello_gpu(bins, tmp):
+    """The GPU a host client names in HELLO (pvgpu_hello.gpu): none by default,
+    $PVGPU_GPU, `pvgpu-load --gpu` over it, bad values refused before
+    connecting, and pvgpud's reason reaching the user when it refuses one."""
+    fake = FakeDaemon(os.path.join(tmp, "gpu.sock"))
+
+    def info(*args, serve=True, **env_extra):
+        env = {k: v for k, v in os.environ.items() if k not in ("PVGPU_DEVICE", "PVGPU_SOCKET", "PVGPU_GPU")}
+        env["PVGPU_DEVICE"] = os.path.join(tmp, "no-such-device")
+        env.update(env_extra)
+        proc = subprocess.Popen([bins.load, "info", "--socket", fake.socket, *args], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if serve:
+            fake.accept()
+            deadline = time.monotonic() + 10
+            while fake.serve_once():
+                check(time.monotonic() < deadline, "pvgpu-load info did not finish")
+            fake.conn.close()
+            fake.buf = b""
+        out, err = proc.communicate(timeout=15)
+        return proc.returncode, dict(line.split("=", 1) for line in out.splitlines()), err.strip()
+
+    try:
+        fake.hello_version = PROTO_VERSION
+        rc, out, err = info()
+        check(rc == 0 and fake.hello_gpus[-1] == 0 and out.get("gpu") == "any",
+              f"no GPU named: exit {rc}, HELLO gpu {fake.hello_gpus}, info {out}, {err}")
+        rc, out, err = info(PVGPU_GPU="1")
+        check(rc == 0 and fake.hello_gpus[-1] == 2 and out.get("gpu") == "1",
+              f"PVGPU_GPU=1: exit {rc}, HELLO gpu {fake.hello_gpus[-1]} (want 2), info {out}, {err}")
+        rc, out, err = info("--gpu", "3", PVGPU_GPU="1")
+        check(rc == 0 and fake.hello_gpus[-1] == 4 and out.get("gpu") == "3",
+              f"--gpu 3 over PVGPU_GPU=1: exit {rc}, HELLO gpu {fake.hello_gpus[-1]} (want 4), {err}")
+        rc, out, err = info(PVGPU_GPU="")
+        check(rc == 0 and fake.hello_gpus[-1] == 0, f"PVGPU_GPU empty: exit {rc}, HELLO gpu {fake.hello_gpus[-1]}")
+        n = len(fake.hello_gpus)
+        rc, _, err = info(serve=False, PVGPU_GPU="16")
+        check(rc == 1 and err == "pvgpu-load: PVGPU_GPU: '16' is not a GPU index (an integer in 0..15)",
+              f"PVGPU_GPU=16: exit {rc}, {err!r}")
+        rc, _, err = info("--gpu", "16", serve=False)
+        check(rc == 2 and "--gpu: 16 is out of range 0..15" in err, f"--gpu 16: exit {rc}, {err!r}")
+        check(len(fake.hello_gpus) == n, "a bad GPU index reached the daemon")
+        # pvgpud's refusal: its ERROR message is what the user reads, whether
+        # the ERROR comes before the HELLO_REPLY (seq 0) or is the reply.
+        for with_seq in (False, True):
+            fake.refuse_hello = ("no GPU 5 on this host (2 GPUs)", with_seq)
+            rc, out, err = info("--gpu", "5")
+            check(rc == 1 and fake.hello_gpus[-1] == 6 and not out and
+                  "pvgpud refused HELLO: no GPU 5 on this host (2 GPUs)" in err,
+                  f"refused GPU 5 (ERROR {'as the reply' if with_seq else 'first'}): exit {rc}, {err!r}")
+        # A pvgpud before version 4 cannot place clients: it takes the field
+        # for its reserved one (a protocol error), or agrees on an old version.
+        fake.refuse_hello = ("protocol error: HELLO: reserved field is not zero", False)
+        rc, _, err = info("--gpu", "1")
+        check(rc == 1 and "reserved field is not zero; this pvgpud predates protocol version 4" in err,
+              f"GPU named to a version-3 pvgpud: exit {rc}, {err!r}")
+        fake.refuse_hello = None
+        fake.hello_version = 3
+        rc, _, err = info(PVGPU_GPU="1")
+        check(rc == 1 and "speaks protocol version 3, which cannot place a client on a GPU" in err,
+              f"GPU named, version 3 agreed: exit {rc}, {err!r}")
+        rc, out, err = info()
+        check(rc == 0 and out.get("protocol_version") == "3", f"no GPU, version 3: exit {rc}, {err!r}")
+        result("client.hello_gpu_cases", "ok")
+    finally:
+        fake.close()
+
+
 def case_client(bins, tmp):
     """libpvgpu against a fake daemon: MODE shadow/unshadow handling and acks,
-    a watchdog NOTICE killing a channel."""
+    a watchdog NOTICE killing a channel; the GPU named in HELLO."""
     if not hasattr(os, "eventfd") or not hasattr(os, "memfd_create"):
         raise Skip("needs Python >= 3.10 (os.eventfd, os.memfd_create)")
+    check_hello_gpu(bins, tmp)
     fake = FakeDaemon(os.path.join(tmp, "fake.sock"))
     gpu = threading.Thread(target=fake.run_gpu, daemon=True)
     gpu.start()

@@ -158,7 +158,7 @@ def check_exported_symbols(lib):
     names = [re.sub(r"@@?PVGPU_0$", "", line.split(" ", 2)[2]) for line in syms if len(line.split(" ", 2)) == 3]
     check("pvgpu::version()" in names, f"{lib} does not export pvgpu::version(): {names[:10]}")
     check(any(n.startswith("pvgpu::Client::Client(") for n in names), f"{lib} does not export pvgpu::Client")
-    public = re.compile(r"^(PVGPU_0|pvgpu::(version|transport_name|kDefaultSocketPath|Client::(?!Impl::)|Channel::)"
+    public = re.compile(r"^(PVGPU_0|pvgpu::(version|transport_name|parse_gpu|kDefaultSocketPath|Client::(?!Impl::)|Channel::)"
                         r"|(typeinfo|typeinfo name|vtable) for pvgpu::ClientError$)")
     private = [n for n in names if not public.match(n)]
     check(not private, f"{lib} exports internals: {private[:10]}")

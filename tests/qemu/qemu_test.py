@@ -37,6 +37,7 @@ Exit status 77 (skip) when the QEMU binary does not exist.
 """
 
 import argparse
+import contextlib
 import fcntl
 import json
 import mmap
@@ -72,7 +73,7 @@ MSG_TASK_WEIGHT = 7
 MSG_HELLO_REPLY, MSG_CHAN_REPLY, MSG_FREE_REPLY, MSG_MODE, MSG_NOTICE, MSG_ERROR, MSG_PONG = (
     64, 65, 66, 67, 68, 69, 70)
 MSG_TASK_WEIGHT_REPLY = 71
-PROTO_VERSION = 2
+PROTO_VERSION = 4  # the device's PVGPU_DEVICE_PROTO_VERSION (4: HELLO names the GPU)
 E_OK, E_VERSION, E_INVALID, E_STATE, E_LIMIT = 0, 1, 2, 3, 4
 E_INTERNAL = 6
 WEIGHT_MAX = 10000
@@ -111,7 +112,7 @@ PCI_DEV = 4  # -device pvgpu,addr=04.0
 
 class Qemu:
     def __init__(self, binary, workdir, chardev_path, vm_uuid, name="vm-qt", slots=16,
-                 machine="q35", extra_args=(), qmp=False):
+                 machine="q35", extra_args=(), qmp=False, device_props=""):
         self.workdir = workdir
         bios = os.path.join(workdir, "bios.bin")
         if not os.path.exists(bios):
@@ -124,7 +125,7 @@ class Qemu:
                 "-qtest-log", "/dev/null", "-display", "none", "-nodefaults", "-m", "64",
                 "-bios", bios, "-uuid", str(vm_uuid), "-name", name,
                 "-chardev", f"socket,id=pv,path={chardev_path},reconnect=1",
-                "-device", pvgpu_device_arg(slots)] + list(extra_args)
+                "-device", pvgpu_device_arg(slots) + device_props] + list(extra_args)
         self.qmp_path = os.path.join(workdir, f"qmp-{name}.sock") if qmp else None
         if qmp:
             args += ["-qmp", f"unix:{self.qmp_path},server=on,wait=off"]
@@ -477,6 +478,7 @@ class FakeDaemon:
         self.version = PROTO_VERSION   # what HELLO_REPLY agrees on at most
         self.hold_hello = False        # leave HELLOs unanswered (LINK stays HELLO)
         self.held_hellos = []          # (conn, seq, version) of unanswered HELLOs
+        self.refuse_hello = None       # a message: ERROR (seq 0) with it, HELLO_REPLY E_INVALID
         self.task_weights = []         # (seq, pid_hint, weight, reserved) received
         self.task_weight_status = E_OK
         self.hold_task_weight = False  # never answer TASK_WEIGHT
@@ -545,7 +547,20 @@ class FakeDaemon:
             version, role = struct.unpack_from("<II", body)
             uuid = bytes(body[8:24])
             name = body[24:88].split(b"\0")[0].decode()
-            self.hellos.append((version, role, uuid, name))
+            gpu = struct.unpack_from("<I", body, 92)[0]
+            self.hellos.append((version, role, uuid, name, gpu))
+            if self.refuse_hello:
+                # As pvgpud refuses a GPU it lacks: why, then the reply, then
+                # the end of what it sends (a half-close: a full close would
+                # hang up before QEMU's socket chardev read the ERROR, which
+                # it drops on G_IO_HUP), and the VMM closes.
+                self.send(MSG_ERROR, 0, struct.pack("<II120s", E_INVALID, 0, self.refuse_hello.encode()),
+                          conn=conn)
+                with contextlib.suppress(OSError):   # the device may have hung up already
+                    self.send(MSG_HELLO_REPLY, seq, struct.pack("<IIII", E_INVALID, PROTO_VERSION, 1, 16),
+                              conn=conn)
+                    conn.shutdown(socket.SHUT_WR)
+                return
             if self.hold_hello:
                 self.held_hellos.append((conn, seq, version))
                 return
@@ -749,8 +764,10 @@ def case_fake(bins, tmp):
         check(fake.hellos[0][0] == PROTO_VERSION, f"HELLO offers version {fake.hellos[0][0]}")
         check(fake.hellos[0][2] == vm_uuid.bytes, "HELLO carries a different UUID")
         check(fake.hellos[0][3] == "vm-fake", f"HELLO name {fake.hellos[0][3]!r}")
+        check(fake.hellos[0][4] == 0, f"HELLO gpu {fake.hellos[0][4]} without the property (want 0: any)")
 
         check_slots_limit(bins, tmp, sock, vm_uuid)
+        check_gpu_property(bins, tmp, vm_uuid)
 
         slot, chan = dev.alloc(pid_hint=0x1_0000_0042)
         check(fake.channels[chan]["pid_hint"] == 0x1_0000_0042, "pid hint lost on the way")
@@ -1168,6 +1185,44 @@ def check_slots_limit(bins, tmp, sock, vm_uuid):
                   "(KVM_CAP_PVGPU_WRITE_NOTIFY): this VM does not run under KVM")
     realize_fails(bins, tmp, sock, vm_uuid, "kernel-wn=yes",
                   "Parameter 'kernel-wn' does not accept value 'yes'")
+    realize_fails(bins, tmp, sock, vm_uuid, "gpu=16",
+                  "pvgpu: 'gpu' must be a GPU index in 0..15, or unset to let pvgpud place the device "
+                  "(got 16)")
+
+
+def check_gpu_property(bins, tmp, vm_uuid):
+    """gpu=1 goes out in HELLO as 2 (PVGPU_GPU_INDEX); a refusal's ERROR is
+    what QEMU logs; a pvgpud agreeing on a version before 4 is refused while
+    a GPU is named, and the link comes up again with one that can."""
+    sock = os.path.join(tmp, "fake-gpu.sock")
+    fake = FakeDaemon(sock)
+    q = Qemu(bins.qemu, tmp, sock, vm_uuid, name="vm-gpu", slots=4, device_props=",gpu=1")
+    try:
+        dev = Device(q)
+        dev.wait_link()
+        check(fake.hellos and fake.hellos[-1][4] == 2, f"HELLO gpu with gpu=1: {fake.hellos}")
+        gen = dev.reg(REG_LINK_GEN)
+        fake.refuse_hello = "no GPU 1 on this host (1 GPUs)"
+        fake.drop()
+        wait_for(lambda: "pvgpu: pvgpud refused HELLO: no GPU 1 on this host (1 GPUs)" in q.read_stderr(), 10,
+                 "QEMU to log pvgpud's refusal")
+        check(dev.reg(REG_LINK) != LINK_READY and dev.reg(REG_LINK_GEN) == gen, "a refused HELLO made the link READY")
+        fake.refuse_hello = None
+        fake.version = 3
+        fake.drop()
+        wait_for(lambda: "pvgpud speaks protocol version 3, which cannot place a device on a GPU (gpu=1 needs "
+                 "version 4)" in q.read_stderr(), 10, "QEMU to refuse a version-3 session with gpu=1")
+        check(dev.reg(REG_LINK_GEN) == gen, "a version-3 session with gpu=1 became READY")
+        fake.version = PROTO_VERSION
+        fake.drop()
+        wait_for(lambda: dev.reg(REG_LINK) == LINK_READY and dev.reg(REG_LINK_GEN) > gen, 10,
+                 "the link with a version-4 pvgpud again")
+        check(fake.hellos[-1][4] == 2, f"HELLO gpu after reconnects: {fake.hellos[-1]}")
+        result("gpu.fake_cases", "ok")
+    finally:
+        rc = q.close()
+        fake.close()
+    check(rc == 0, f"QEMU (gpu=1) exit status {rc}")
 
 
 def check_task_names_fake(dev, fake):

@@ -53,6 +53,57 @@ TEST_CASE("gpu metadata: anything else is a clear error", "[libvirt]") {
     }
 }
 
+TEST_CASE("gpu metadata: the device attribute names the GPU", "[libvirt]") {
+    const GpuMetadata m = parse_gpu_metadata(R"(<gpu weight="200" device="1"/>)");
+    CHECK(m.weight == 200);
+    CHECK(m.device == 1u);
+    CHECK_FALSE(parse_gpu_metadata(R"(<gpu weight="200"/>)").device);  // pvgpud places it
+    const GpuMetadata only = parse_gpu_metadata(
+        R"(<pvgpu:gpu xmlns:pvgpu="http://pvgpu.org/xmlns/domain/1.0" device="15"/>)");
+    CHECK(only.weight == 100);
+    CHECK(only.device == 15u);
+    CHECK(parse_gpu_metadata(R"(<gpu device="0"/>)").device == 0u);
+    CHECK(format_gpu_metadata({200, 1}) == R"(<gpu weight="200" device="1"/>)");
+    CHECK(format_gpu_metadata({200}) == R"(<gpu weight="200"/>)");
+    const GpuMetadata back = parse_gpu_metadata(format_gpu_metadata({345, 7}));
+    CHECK(back.weight == 345);
+    CHECK(back.device == 7u);
+}
+
+TEST_CASE("gpu metadata: a bad device is an error naming the attribute", "[libvirt]") {
+    for (const char* bad : {R"(<gpu device="16"/>)", R"(<gpu device="-1"/>)", R"(<gpu device=""/>)",
+                            R"(<gpu device="one"/>)", R"(<gpu device=" 1"/>)", R"(<gpu device="1.0"/>)",
+                            R"(<gpu weight="200" device="99999999999999999999"/>)", R"(<gpu devcie="1"/>)"}) {
+        INFO(bad);
+        CHECK_THROWS_AS(parse_gpu_metadata(bad), XmlError);
+    }
+    try {
+        parse_gpu_metadata(R"(<gpu weight="200" device="16"/>)");
+        FAIL("accepted");
+    } catch (const XmlError& e) {
+        CHECK(std::string(e.what()) == "pvgpu metadata: device '16' is not a GPU index in 0..15");
+    }
+    try {
+        parse_gpu_metadata(R"(<gpu weight="0" device="1"/>)");
+        FAIL("accepted");
+    } catch (const XmlError& e) {
+        CHECK(std::string(e.what()).find("weight '0'") != std::string::npos);
+    }
+}
+
+TEST_CASE("attach writes the device's gpu property", "[libvirt]") {
+    std::string xml = attach_device(kDomain, {"/s.sock", 0, "", 1});
+    CHECK(count(xml, "pvgpu,chardev=pvgpu0,gpu=1") == 1);
+    xml = attach_device(xml, {"/s.sock", 32, "", 15});
+    CHECK(count(xml, "-device") == 1);
+    CHECK(count(xml, "pvgpu,chardev=pvgpu0,slots=32,gpu=15") == 1);
+    // Attached again without a GPU: pvgpud places it, no gpu= left.
+    xml = attach_device(xml, {"/s.sock", 0, ""});
+    CHECK(count(xml, "gpu=") == 0);
+    CHECK(count(xml, "pvgpu,chardev=pvgpu0") == 1);
+    CHECK_THROWS_AS(attach_device(kDomain, {"/s.sock", 0, "", 16}), XmlError);
+}
+
 TEST_CASE("attach adds the device once and keeps the admin's arguments", "[libvirt]") {
     std::string xml = attach_device(kDomain, {"/run/pvgpu/pvgpud.sock", 0, ""});
     CHECK(has_device(xml));

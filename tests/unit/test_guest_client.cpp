@@ -730,3 +730,46 @@ TEST_CASE("every slot in use is a clear error") {
     CHECK(dev->frees == 1);
     CHECK(client.alloc_channel());
 }
+
+TEST_CASE("GPU index: PVGPU_GPU and ClientOptions::gpu on the socket, the device's own GPU in a VM") {
+    CHECK(pvgpu::parse_gpu("0") == 0);
+    CHECK(pvgpu::parse_gpu("15") == 15);
+    CHECK(pvgpu::parse_gpu("007") == 7);
+    for (const char* bad : {"16", "-1", "+1", "", " 1", "1 ", "x", "1x", "0x1", "99999999999999999999"}) {
+        INFO(bad);
+        CHECK_THROWS_WITH(pvgpu::parse_gpu(bad),
+                          "PVGPU_GPU: '" + std::string(bad) + "' is not a GPU index (an integer in 0..15)");
+    }
+    CHECK_THROWS_WITH(pvgpu::parse_gpu("16", "--gpu"), Contains("--gpu: '16'"));
+
+    pvgpu::ClientOptions s;
+    s.transport = pvgpu::Transport::Socket;
+    s.socket_path = "/nonexistent/pvgpud.sock";
+    SECTION("a bad PVGPU_GPU is an error before connecting") {
+        ScopedEnv env("PVGPU_GPU", "two");
+        CHECK_THROWS_WITH(pvgpu::Client(s), "PVGPU_GPU: 'two' is not a GPU index (an integer in 0..15)");
+    }
+    SECTION("a good or empty PVGPU_GPU gets as far as the socket") {
+        ScopedEnv env("PVGPU_GPU", "3");
+        CHECK_THROWS_WITH(pvgpu::Client(s), Contains("cannot connect to /nonexistent/pvgpud.sock"));
+        ScopedEnv empty("PVGPU_GPU", "");
+        CHECK_THROWS_WITH(pvgpu::Client(s), Contains("cannot connect to /nonexistent/pvgpud.sock"));
+    }
+    SECTION("the option wins over PVGPU_GPU, and is range-checked") {
+        ScopedEnv env("PVGPU_GPU", "two");
+        s.gpu = 1;
+        CHECK_THROWS_WITH(pvgpu::Client(s), Contains("cannot connect to /nonexistent/pvgpud.sock"));
+        s.gpu = 16;
+        CHECK_THROWS_WITH(pvgpu::Client(s), "GPU 16 is out of range 0..15");
+    }
+    SECTION("the device ignores PVGPU_GPU and refuses the option") {
+        ScopedEnv env("PVGPU_GPU", "two");
+        pvgpu::Client c = fake_client(std::make_shared<FakeDevice>());
+        CHECK(c.transport() == pvgpu::Transport::Device);
+        CHECK_FALSE(c.info().gpu);
+        pvgpu::ClientOptions o = fast_options();
+        o.gpu = 1;
+        CHECK_THROWS_WITH(fake_client(std::make_shared<FakeDevice>(), o),
+                          Contains("a GPU (1) can be named only by a host client") && Contains("gpu=N"));
+    }
+}

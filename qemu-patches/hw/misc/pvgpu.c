@@ -68,11 +68,15 @@ int kvm_vm_check_extension(KVMState *s, unsigned int extension);
 #define TYPE_PVGPU "pvgpu"
 
 /*
- * The newest client protocol version this device implements.  Version 3
- * only adds host clients' completion notifiers; a VMM has its own completion
- * path (the guest interrupt), so the device keeps speaking version 2.
+ * The newest client protocol version this device implements: 4, whose HELLO
+ * may name the GPU (property "gpu").  Version 3 only adds host clients'
+ * completion notifiers; a VMM has its own completion path (the guest
+ * interrupt), so a version-3 session is a version-2 one to the device.
  */
-#define PVGPU_DEVICE_PROTO_VERSION PVGPU_PROTO_VERSION_TASK_WEIGHT
+#define PVGPU_DEVICE_PROTO_VERSION PVGPU_PROTO_VERSION_GPU
+
+/* Property "gpu" unset: pvgpud places the device on a GPU. */
+#define PVGPU_DEVICE_GPU_AUTO UINT32_MAX
 OBJECT_DECLARE_SIMPLE_TYPE(PvgpuState, PVGPU)
 
 /* ------------------------------------------------------------------------ */
@@ -311,6 +315,8 @@ struct PvgpuState {
     QEMUTimer *fence_timer;           /* runs while a fence wait is armed */
     Error *migration_blocker;
     PvgpuSlot slots[PVGPU_MAX_SLOTS];
+
+    uint32_t gpu;                     /* property: the host's GPU, or GPU_AUTO */
 
     /* In-kernel write notify: property, decision at realize, listener */
     OnOffAuto kernel_wn;
@@ -1908,6 +1914,8 @@ static void pvgpu_send_hello(PvgpuState *s)
         h.name[i] = (name[i] >= 0x20 && name[i] <= 0x7e) ? name[i] : '?';
     }
     h.pid = getpid();
+    h.gpu = s->gpu == PVGPU_DEVICE_GPU_AUTO ? PVGPU_GPU_ANY
+                                            : PVGPU_GPU_INDEX(s->gpu);
     s->link = LINK_HELLO;
     if (!pvgpu_request(s, PVGPU_MSG_HELLO, &h, sizeof(h), -1, false)) {
         pvgpu_link_lost(s, "cannot send HELLO");
@@ -2022,6 +2030,15 @@ static void pvgpu_on_reply(PvgpuState *s, const struct pvgpu_msg_hdr *h,
                          "%u (this device speaks 1..%u)", hr.version,
                          PVGPU_DEVICE_PROTO_VERSION);
             pvgpu_link_lost(s, "HELLO_REPLY with a version never offered");
+            return;
+        }
+        if (s->gpu != PVGPU_DEVICE_GPU_AUTO &&
+            hr.version < PVGPU_PROTO_VERSION_GPU) {
+            error_report("pvgpu: pvgpud speaks protocol version %u, which "
+                         "cannot place a device on a GPU (gpu=%u needs "
+                         "version %u)", hr.version, s->gpu,
+                         PVGPU_PROTO_VERSION_GPU);
+            pvgpu_link_lost(s, "HELLO named a GPU pvgpud cannot place");
             return;
         }
         s->link_version = hr.version;
@@ -2199,6 +2216,17 @@ static void pvgpu_on_message(PvgpuState *s)
         struct pvgpu_error e;
         memcpy(&e, body, sizeof(e));
         e.message[sizeof(e.message) - 1] = 0;
+        if (s->link == LINK_HELLO) {
+            /* Why pvgpud refuses the HELLO (a GPU it lacks, say); one
+             * before version 4 takes a named GPU for a protocol error. */
+            error_report("pvgpu: pvgpud refused HELLO: %s%s", e.message,
+                         s->gpu != PVGPU_DEVICE_GPU_AUTO &&
+                         strstr(e.message, "reserved field is not zero") ?
+                         " (this pvgpud predates protocol version 4 and "
+                         "cannot place a device on a GPU: drop 'gpu')" : "");
+            pvgpu_link_lost(s, "HELLO refused");
+            return;
+        }
         error_report("pvgpu: pvgpud: %s", e.message);
         pvgpu_link_lost(s, "daemon sent ERROR");
         return;
@@ -2371,6 +2399,12 @@ static void pvgpu_realize(PCIDevice *pdev, Error **errp)
         (s->num_slots & (s->num_slots - 1))) {
         error_setg(errp, "pvgpu: 'slots' must be a power of two in 1..%d "
                    "(got %u)", PVGPU_MAX_SLOTS, s->num_slots);
+        return;
+    }
+    if (s->gpu != PVGPU_DEVICE_GPU_AUTO && s->gpu >= PVGPU_MAX_GPUS) {
+        error_setg(errp, "pvgpu: 'gpu' must be a GPU index in 0..%u, or "
+                   "unset to let pvgpud place the device (got %u)",
+                   PVGPU_MAX_GPUS - 1, s->gpu);
         return;
     }
     s->use_kernel_wn = s->kernel_wn != ON_OFF_AUTO_OFF && pvgpu_wn_version() > 0;
@@ -2654,6 +2688,7 @@ static void pvgpu_reset(DeviceState *dev)
 static Property pvgpu_properties[] = {
     DEFINE_PROP_CHR("chardev", PvgpuState, chr),
     DEFINE_PROP_UINT32("slots", PvgpuState, num_slots, 16),
+    DEFINE_PROP_UINT32("gpu", PvgpuState, gpu, PVGPU_DEVICE_GPU_AUTO),
     DEFINE_PROP_ON_OFF_AUTO("kernel-wn", PvgpuState, kernel_wn, ON_OFF_AUTO_AUTO),
     DEFINE_PROP_END_OF_LIST(),
 };
