@@ -1601,7 +1601,7 @@ def case_metrics(bins, tmp):
                     return float(line.rsplit(" ", 1)[1])
             return None
 
-        labels = f'kind="host",vm="",task="{USER}/prom"'
+        labels = f'kind="host",vm="",task="{USER}/prom",gpu="0"'
         first = None
         deadline = time.monotonic() + 10
         mtime = os.stat(prom).st_mtime_ns
@@ -1622,7 +1622,8 @@ def case_metrics(bins, tmp):
             time.sleep(0.05)  # watching a file's mtime: there is nothing to block on
         check(values[1][0] > values[0][0] and values[1][1] > values[0][1],
               f"counters did not grow under load: {values}")
-        for name in ("pvgpu_policy_info{policy=\"none\"} 1", "pvgpu_jain_index", "pvgpu_daemon_cpu_seconds_total",
+        for name in ("pvgpu_policy_info{policy=\"none\",gpu=\"0\"} 1", "pvgpu_gpu_info{gpu=\"0\",name=\"gpu0\"",
+                     "pvgpu_gpu_busy_ratio{gpu=\"0\"}", "pvgpu_jain_index{gpu=\"0\"}", "pvgpu_daemon_cpu_seconds_total",
                      "pvgpu_watchdog_kills_total", "pvgpu_protocol_errors_total", "pvgpu_mode_switches_total",
                      "pvgpu_traps_total", "pvgpu_entity_weight{" + labels + "} 100"):
             check(name in first, f"textfile lacks {name}")
