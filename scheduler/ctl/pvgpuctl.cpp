@@ -49,6 +49,11 @@ constexpr int kExitUsage = 2;
 constexpr const char* kDefaultAdminSocket = PVGPU_ADMIN_SOCKET_PATH;
 constexpr const char* kDefaultClientSocket = PVGPU_SOCKET_PATH;
 constexpr auto kReplyTimeout = std::chrono::seconds(10);
+// A move answers when it has finished: pvgpud drains the VM's work from the
+// GPU first (bounded by the GPU watchdog), which may take seconds.
+constexpr auto kMoveTimeout = std::chrono::seconds(60);
+// The admin protocol version that reports per GPU ("gpus") and has move.
+constexpr int kAdminProtocolGpus = 4;
 constexpr unsigned kWeightMin = 1;      // PVGPU_WEIGHT_MIN
 constexpr unsigned kWeightMax = 10000;  // PVGPU_WEIGHT_MAX
 constexpr unsigned kWeightDefault = 100;  // PVGPU_WEIGHT_DEFAULT
@@ -62,12 +67,14 @@ Administers pvgpud, the pvgpu GPU scheduling daemon.
 Commands:
   list [--gpu N]                entity tree with weights and shares, per GPU
   set-weight TARGET WEIGHT      set an admin weight (1..10000)
-  set-policy NAME [KEY=VALUE]...
-                                switch the scheduling policy
+  set-policy NAME [KEY=VALUE]... [--gpu N]
+                                switch the scheduling policy (of every GPU,
+                                or of GPU N)
   policy [--gpu N]              show the active policy and its parameters
   stats [--gpu N]               daemon statistics and fairness metrics
   top [--interval S] [--count N] [--gpu N]
                                 live view, refreshed every S seconds
+  move VM --gpu N [--from M]    move a running VM's channels to GPU N, live
   version                       versions of pvgpuctl and pvgpud
   attach DOMAIN [--weight W] [--socket PATH] [--emulator PATH]
                                 give a libvirt domain the pvgpu device
@@ -140,12 +147,14 @@ Removes the pvgpu device wiring and the pvgpu metadata from the persistent
 definition of the libvirt domain DOMAIN.  A running domain keeps its device
 until it is shut down.
 )"},
-    {"set-policy", R"(usage: pvgpuctl set-policy NAME [KEY=VALUE]...
+    {"set-policy", R"(usage: pvgpuctl set-policy NAME [KEY=VALUE]... [--gpu N]
 
 Switches the scheduling policy at run time: none, timeslice, dfq or hfq.
 KEY=VALUE pairs set numeric policy parameters; omitted ones take their
-defaults (pvgpuctl policy shows the effective ones).  Example:
+defaults (pvgpuctl policy shows the effective ones).  Every GPU has its own
+policy: --gpu N switches GPU N's only; without it every GPU's.  Example:
   pvgpuctl set-policy hfq threshold_ms=4
+  pvgpuctl set-policy timeslice --gpu 1
 Needs root, the daemon's uid or its admin group.
 )"},
     {"policy", R"(usage: pvgpuctl [--json] policy [--gpu N]
@@ -167,6 +176,20 @@ Live view of the entity tree, redrawn every S seconds (default 1), per GPU
 as in list (--gpu N: GPU N only).  NOW is the share of its GPU each entity
 used since the previous refresh.  Quit with q or Ctrl-C; --count N exits
 after N refreshes.
+)"},
+    {"move", R"(usage: pvgpuctl [--json] move VM --gpu N [--from M]
+
+Moves a running VM (name or UUID) to GPU N, live and without the guest's
+help: pvgpud holds the VM's channels back (the guest keeps writing), waits
+for the work already on the GPU to complete, recreates each channel on GPU N
+with the same ring and fences, and lets it go.  The guest sees a pause,
+printed per channel:
+  channel 3: paused 12.5 ms
+  vm2 moved from gpu0 to gpu1 (2 channels, longest pause 12.5 ms)
+--from M names the GPU to move from when the VM has devices on several.
+A move that fails leaves the VM running where it was; pvgpud's message is
+printed and the exit status is 1.  Waits up to )" + std::to_string(kMoveTimeout.count()) + R"( s for pvgpud.
+Needs root, the daemon's uid or its admin group.
 )"},
     {"version", R"(usage: pvgpuctl [--json] version
 
@@ -198,8 +221,9 @@ class AdminConnection {
 public:
     explicit AdminConnection(std::string path) : path_(std::move(path)) {}
 
-    // One request, one reply.  ok:false replies are returned, not thrown.
-    json request(const json& req) {
+    // One request, one reply, within `timeout`.  ok:false replies are
+    // returned, not thrown.
+    json request(const json& req, std::chrono::seconds timeout = kReplyTimeout) {
         if (!fd_) connect();
         std::string line = req.dump() + "\n";
         std::string_view rest = line;
@@ -213,7 +237,7 @@ public:
             }
             rest.remove_prefix(static_cast<std::size_t>(n));
         }
-        const auto deadline = SteadyClock::now() + kReplyTimeout;
+        const auto deadline = SteadyClock::now() + timeout;
         for (;;) {
             if (const auto nl = buf_.find('\n'); nl != std::string::npos) {
                 const std::string reply_line = buf_.substr(0, nl);
@@ -227,8 +251,7 @@ public:
             }
             const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
             if (left.count() <= 0)
-                throw DaemonError{"pvgpud did not answer within " +
-                                      std::to_string(kReplyTimeout.count()) + " s",
+                throw DaemonError{"pvgpud did not answer within " + std::to_string(timeout.count()) + " s",
                                   {}};
             pollfd p{fd_.get(), POLLIN, 0};
             const int rc = ::poll(&p, 1, static_cast<int>(left.count()));
@@ -292,7 +315,8 @@ struct Args {
     std::optional<std::string> weight;   // attach
     std::string client_socket;           // attach
     std::string emulator;                // attach
-    std::optional<unsigned> gpu;         // list, top, stats, policy
+    std::optional<unsigned> gpu;         // list, top, stats, policy, set-policy, move
+    std::optional<unsigned> from_gpu;    // move
     bool help = false;
 };
 
@@ -352,13 +376,13 @@ Args parse_args(int argc, char** argv) {
             if (v.empty() || *end != '\0' || !std::isfinite(s) || s < 0.05 || s > 3600)
                 throw UsageError{"--interval must be a number of seconds in 0.05..3600"};
             a.interval_s = s;
-        } else if (key == "--gpu") {
+        } else if (key == "--gpu" || key == "--from") {
             const std::string v = value();
             unsigned n = 0;
             const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
             if (ec != std::errc{} || end != v.data() + v.size())
                 throw UsageError{std::string(key) + " must be a GPU index (0, 1, ...), got '" + v + "'"};
-            a.gpu = n;
+            (key == "--gpu" ? a.gpu : a.from_gpu) = n;
         } else if (key == "--count") {
             const std::string v = value();
             unsigned long n = 0;
@@ -617,6 +641,13 @@ json select_gpus(const json& gpus, std::optional<unsigned> only) {
                      (gpus.size() == 1 ? "one GPU, " : "GPUs ") + known};
 }
 
+// GPU N's name, as pvgpud names it ("gpuN" by default).
+std::string gpu_name(const json& gpus, long long index) {
+    for (const json& g : gpus)
+        if (gpu_index(g) == index && g.value("name", json()).is_string()) return g["name"].get<std::string>();
+    return "gpu" + std::to_string(index);
+}
+
 // GPU 1 gpu1  policy hfq  busy 99.8%  VMs 2
 std::string gpu_header(const json& g) {
     const json policy = g.value("policy", json());
@@ -669,8 +700,8 @@ void print_policy(const json& reply) {
 // ---- commands ---------------------------------------------------------------------
 
 // Sends a request; ok:false becomes a DaemonError carrying the reply.
-json call(AdminConnection& conn, const json& req) {
-    json reply = conn.request(req);
+json call(AdminConnection& conn, const json& req, std::chrono::seconds timeout = kReplyTimeout) {
+    json reply = conn.request(req, timeout);
     if (!reply["ok"].get<bool>()) {
         const json err = reply.value("error", json("unspecified error"));
         throw DaemonError{err.is_string() ? err.get<std::string>() : err.dump(), reply};
@@ -818,11 +849,28 @@ int cmd_set_policy(const Args& a, AdminConnection& conn) {
         else
             params[key] = v;
     }
-    const json reply = call(conn, {{"cmd", "set-policy"}, {"policy", a.operands[0]}, {"params", params}});
-    if (a.json_output)
+    json req = {{"cmd", "set-policy"}, {"policy", a.operands[0]}, {"params", params}};
+    if (a.gpu) {
+        // Refuse an unknown GPU here, as list does.  An older pvgpud has
+        // one GPU and no "gpu" in its requests: GPU 0 is all of it.
+        const json current = call(conn, {{"cmd", "get-policy"}});
+        json gpus = has_gpus(current) ? current["gpus"] : json::array({{{"index", 0}, {"name", "gpu0"}}});
+        select_gpus(gpus, a.gpu);
+        if (has_gpus(current)) req["gpu"] = *a.gpu;
+    }
+    const json reply = call(conn, req);
+    if (a.json_output) {
         print_json(reply);
-    else
-        print_policy(reply);
+        return kExitOk;
+    }
+    print_policy(reply);
+    // Which GPUs changed, where that is news: --gpu, or several GPUs.
+    const json changed = reply.value("gpus", json());
+    if (changed.is_array() && (a.gpu || changed.size() > 1)) {
+        std::string list;
+        for (const json& i : changed) list += (list.empty() ? "" : ", ") + number(i);
+        std::printf("on GPU%s %s\n", changed.size() == 1 ? "" : "s", list.c_str());
+    }
     return kExitOk;
 }
 
@@ -886,6 +934,62 @@ int cmd_stats(const Args& a, AdminConnection& conn) {
             print_flat(g, "", stdout, "  ");
         }
     }
+    return kExitOk;
+}
+
+int cmd_move(const Args& a, AdminConnection& conn) {
+    expect_operands(a, 1, 1);
+    const std::string& vm = a.operands[0];
+    if (vm.empty()) throw UsageError{"move: empty VM"};
+    if (!a.gpu) throw UsageError{"move: --gpu N (the GPU to move the VM to) is required"};
+    if (a.from_gpu && *a.from_gpu == *a.gpu) throw UsageError{"move: --from and --gpu name the same GPU"};
+    json req = {{"cmd", "move"}, {"target", vm}, {"gpu", *a.gpu}};
+    if (a.from_gpu) req["from"] = *a.from_gpu;
+    json reply;
+    try {
+        reply = call(conn, req, kMoveTimeout);
+    } catch (const DaemonError& e) {
+        // An older pvgpud drives one GPU and does not know move: say so.
+        int protocol = kAdminProtocolGpus;
+        if (e.reply) {
+            try {
+                protocol = admin_protocol(conn);
+            } catch (const DaemonError&) {
+            }
+        }
+        if (protocol >= kAdminProtocolGpus) throw;
+        throw DaemonError{"this pvgpud (admin protocol " + std::to_string(protocol) +
+                              ") drives one GPU and cannot move VMs: " + e.message,
+                          e.reply};
+    }
+    if (a.json_output) {
+        print_json(reply);
+        return kExitOk;
+    }
+    // The GPUs' names, for the summary (the move has happened: a failure
+    // here only leaves the default names).
+    json gpus = json::array();
+    try {
+        gpus = gpus_of(call(conn, {{"cmd", "list"}}));
+    } catch (const DaemonError&) {
+    }
+    const json channels = reply.value("channels", json::array());
+    double longest = 0;
+    for (const json& c : channels) {
+        if (!c.is_object()) continue;
+        const json pause = c.value("pause_ms", json());
+        std::printf("channel %s: paused %s ms\n", number(c.value("chan_id", json())).c_str(),
+                    number(pause, "%.1f").c_str());
+        if (pause.is_number()) longest = std::max(longest, pause.get<double>());
+    }
+    auto name_of = [&](const char* key) {
+        const json i = reply.value(key, json());
+        return i.is_number_integer() ? gpu_name(gpus, i.get<long long>()) : std::string("?");
+    };
+    std::string summary = std::to_string(channels.size()) + (channels.size() == 1 ? " channel" : " channels");
+    if (!channels.empty()) summary += ", longest pause " + fmt("%.1f", longest) + " ms";
+    std::printf("%s moved from %s to %s (%s)\n", reply.value("path", vm).c_str(), name_of("from").c_str(),
+                name_of("to").c_str(), summary.c_str());
     return kExitOk;
 }
 
@@ -1130,8 +1234,10 @@ int dispatch(const Args& a) {
         throw UsageError{"--interval and --count are options of top"};
     if (a.command != "attach" && (a.weight || !a.emulator.empty()))
         throw UsageError{"--weight and --emulator are options of attach"};
-    if (a.gpu && a.command != "list" && a.command != "top" && a.command != "stats" && a.command != "policy")
-        throw UsageError{"--gpu is an option of list, top, stats and policy"};
+    if (a.gpu && a.command != "list" && a.command != "top" && a.command != "stats" && a.command != "policy" &&
+        a.command != "set-policy" && a.command != "move")
+        throw UsageError{"--gpu is an option of list, top, stats, policy, set-policy and move"};
+    if (a.from_gpu && a.command != "move") throw UsageError{"--from is an option of move"};
     if (a.command == "attach" || a.command == "detach") {
 #ifdef PVGPU_HAVE_LIBVIRT
         return cmd_attach(a, a.command == "attach");
@@ -1147,6 +1253,7 @@ int dispatch(const Args& a) {
     if (a.command == "policy") return cmd_policy(a, conn);
     if (a.command == "stats") return cmd_stats(a, conn);
     if (a.command == "top") return cmd_top(a, conn);
+    if (a.command == "move") return cmd_move(a, conn);
     return cmd_version(a, conn);
 }
 

@@ -1663,8 +1663,9 @@ def sections(out):
 
 def case_ctl_gpus(bins, tmp):
     """pvgpuctl's per-GPU views against an admin-protocol-4 pvgpud with two
-    GPUs (a fake): header lines, --gpu, --json list, stats sections, policy;
-    and against one GPU and an older pvgpud, only the header line differs."""
+    GPUs (a fake): header lines, --gpu, --json list, stats sections, policy,
+    set-policy --gpu, move (output, errors, a slow move); and against one GPU
+    and an older pvgpud, only the header line differs."""
     fixture = gpu_fixture()
     fake = FakeAdmin(os.path.join(tmp, "admin-v4.sock"), fixture)
     d = FakeAdminDaemon(fake.path)
@@ -1731,10 +1732,52 @@ def case_ctl_gpus(bins, tmp):
         out = ctl(bins, d, "stats", "--gpu", "0").stdout
         check(list(sections(out)) == [h0], f"stats --gpu 0:\n{out}")
 
-        # policy, per GPU.
+        # policy per GPU, set-policy --gpu.
         out = ctl(bins, d, "policy").stdout
         check("GPU 1 gpu1  policy timeslice\n  slice_ms = 10" in out and "GPU 0 gpu0  policy hfq" in out,
               f"policy of two GPUs:\n{out}")
+        fake.bodies.clear()
+        out = ctl(bins, d, "set-policy", "timeslice", "--gpu", "1").stdout
+        sent = [b for b in fake.bodies if b["cmd"] == "set-policy"]
+        check(len(sent) == 1 and sent[0].get("gpu") == 1, f"set-policy --gpu 1 sent {sent}")
+        check("policy: timeslice" in out and "on GPU 1\n" in out, f"set-policy --gpu 1:\n{out}")
+        fake.bodies.clear()
+        out = ctl(bins, d, "set-policy", "hfq", "threshold_ms=2").stdout
+        sent = [b for b in fake.bodies if b["cmd"] == "set-policy"]
+        check(len(sent) == 1 and "gpu" not in sent[0], f"set-policy without --gpu sent {sent}")
+        check("on GPUs 0, 1" in out, f"set-policy of every GPU:\n{out}")
+        p = ctl(bins, d, "set-policy", "hfq", "--gpu", "3", check_rc=False)
+        check(p.returncode == 2 and "no GPU 3" in p.stderr, f"set-policy --gpu 3: exit {p.returncode}: {p.stderr}")
+
+        # move: a line per channel and a summary; the daemon's errors.
+        fake.bodies.clear()
+        out = ctl(bins, d, "move", "vm2", "--gpu", "1").stdout
+        check(out == "channel 3: paused 12.5 ms\nchannel 4: paused 3.2 ms\n"
+                     "vm2 moved from gpu0 to gpu1 (2 channels, longest pause 12.5 ms)\n", f"move:\n{out}")
+        sent = [b for b in fake.bodies if b["cmd"] == "move"]
+        check(sent == [{"cmd": "move", "target": "vm2", "gpu": 1}], f"move sent {sent}")
+        fake.bodies.clear()
+        ctl(bins, d, "move", "vm1", "--gpu", "0", "--from", "1")
+        sent = [b for b in fake.bodies if b["cmd"] == "move"]
+        check(sent == [{"cmd": "move", "target": "vm1", "gpu": 0, "from": 1}], f"move --from 1 sent {sent}")
+        j = ctl_json(bins, d, "move", "vm2", "--gpu", "1")
+        check(j["channels"][0]["pause_ms"] == 12.5 and j["to"] == 1, f"--json move: {j}")
+        p = ctl(bins, d, "move", "vm9", "--gpu", "1", check_rc=False)
+        check(p.returncode == 1 and p.stderr.strip() == "pvgpuctl: no such VM: vm9" and not p.stdout,
+              f"move of an unknown VM: exit {p.returncode}: {p.stdout} {p.stderr}")
+        p = ctl(bins, d, "move", "vm2", "--gpu", "7", check_rc=False)
+        check(p.returncode == 1 and "no GPU 7" in p.stderr, f"move to GPU 7: exit {p.returncode}: {p.stderr}")
+        for args, what in ((("move", "vm2"), "--gpu"), (("move", "--gpu", "1"), "missing"),
+                           (("move", "vm2", "--gpu", "1", "--from", "1"), "same GPU"),
+                           (("list", "--from", "1"), "--from"), (("version", "--gpu", "1"), "--gpu")):
+            p = ctl(bins, d, *args, check_rc=False)
+            check(p.returncode == 2 and what in p.stderr, f"{' '.join(args)}: exit {p.returncode}: {p.stderr}")
+        check("move VM --gpu N" in ctl(bins, d, "--help").stdout, "move is not in pvgpuctl --help")
+        check("--from M" in ctl(bins, d, "move", "--help").stdout, "move --help")
+        # A move takes as long as the drain: pvgpuctl waits past its usual 10 s.
+        t0 = time.monotonic()
+        out = ctl(bins, d, "move", "slow", "--gpu", "1", timeout=60).stdout
+        check("slow moved from gpu0 to gpu1" in out and time.monotonic() - t0 >= 10, f"slow move:\n{out}")
     finally:
         fake.close()
 
@@ -1766,6 +1809,13 @@ def case_ctl_gpus(bins, tmp):
                 check(ctl(bins, d, "list", "--gpu", "0").stdout == outputs[name]["list"], "list --gpu 0 of a v3")
                 p = ctl(bins, d, "list", "--gpu", "1", check_rc=False)
                 check(p.returncode == 2 and "one GPU, 0 (gpu0)" in p.stderr, f"list --gpu 1 of a v3: {p.stderr}")
+                p = ctl(bins, d, "move", "vm2", "--gpu", "1", check_rc=False)
+                check(p.returncode == 1 and "admin protocol 3" in p.stderr and "unknown command" in p.stderr,
+                      f"move on a v3 daemon: exit {p.returncode}: {p.stderr}")
+                fake.bodies.clear()
+                ctl(bins, d, "set-policy", "hfq", "--gpu", "0")
+                sent = [b for b in fake.bodies if b["cmd"] == "set-policy"]
+                check(len(sent) == 1 and "gpu" not in sent[0], f"set-policy --gpu 0 to a v3 daemon sent {sent}")
         finally:
             fake.close()
     log(f"list of one GPU:\n{outputs['v4']['list']}")
