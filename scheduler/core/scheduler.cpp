@@ -107,10 +107,11 @@ void Scheduler::deliver_accounting() {
     try {
         for (; i < accounting_events_.size(); ++i) {
             const Accounting::Event e = accounting_events_[i];
-            if (e.is_charge)
-                policy_->charged(e.ch, e.d);
-            else
-                policy_->engine_changed(e.running);
+            if (e.is_charge) {
+                if (!hidden(e.ch)) policy_->charged(e.ch, e.d);
+            } else {
+                policy_->engine_changed(e.running && hidden(*e.running) ? std::nullopt : e.running);
+            }
         }
     } catch (...) {
         // Delivered once, the failed one included: the rest come next time.
@@ -135,7 +136,8 @@ void Scheduler::set_policy(std::unique_ptr<Policy> policy) {
     policy_ = std::move(policy);
     call_policy([&] { policy_->start(*this); });
     std::vector<ChannelId> ids;
-    for (auto& [ch, st] : channels_) ids.push_back(ch);
+    for (auto& [ch, st] : channels_)
+        if (!st.draining) ids.push_back(ch);
     std::sort(ids.begin(), ids.end());
     for (ChannelId ch : ids) call_policy([&] { policy_->channel_added(ch, channels_.at(ch).owner); });
 }
@@ -168,10 +170,45 @@ ChannelId Scheduler::open_channel(EntityId leaf, ChannelMemory mem) {
     return ch;
 }
 
+void Scheduler::drain(ChannelId ch) {
+    ChannelState& st = state(ch);
+    if (st.draining) return;
+    st.draining = true;
+    auto& v = by_entity_[st.owner];
+    v.erase(std::find(v.begin(), v.end(), ch));
+    call_policy([&] { policy_->channel_removed(ch, st.owner); });
+    update_mode(ch);
+}
+
+bool Scheduler::drained(ChannelId ch) const {
+    const ChannelState& st = state(ch);
+    return st.draining && st.shadow->mode() == ChannelMode::Shadowed && !st.remap_timer->armed() &&
+           !gpu_.pending(ch);
+}
+
+void Scheduler::undrain(ChannelId ch) {
+    ChannelState& st = state(ch);
+    if (!st.draining) return;
+    st.draining = false;
+    by_entity_[st.owner].push_back(ch);
+    // The policy starts from a direct channel, as after set_policy.
+    st.wanted = ChannelMode::Direct;
+    call_policy([&] { policy_->channel_added(ch, st.owner); });
+    update_mode(ch);
+}
+
+Scheduler::Position Scheduler::detach(ChannelId ch) {
+    const ChannelState& st = state(ch);
+    Position p{gpu_.read_ib_get(ch), gpu_.read_fence(ch), st.shadow->guest_read_put()};
+    close_channel(ch);
+    return p;
+}
+
 void Scheduler::close_channel(ChannelId ch) {
     auto it = channels_.find(ch);
     if (it == channels_.end()) throw std::out_of_range("no channel " + std::to_string(ch));
     EntityId leaf = it->second.owner;
+    const bool draining = it->second.draining;
     it->second.closing = true;
     // Whatever a callback throws, the channel leaves every table and the
     // GPU before the error goes on: half-closed, it was closed again at its
@@ -186,14 +223,21 @@ void Scheduler::close_channel(ChannelId ch) {
     };
     // Not among its leaf's channels while the policy hears of the close (it
     // would feed it or read its GPU state meanwhile).
-    auto& v = by_entity_[leaf];
-    v.erase(std::find(v.begin(), v.end(), ch));
-    step([&] { call_policy([&] { policy_->channel_removed(ch, leaf); }); });
+    if (!draining) {  // a draining channel left the policy already
+        auto& v = by_entity_[leaf];
+        v.erase(std::find(v.begin(), v.end(), ch));
+        step([&] { call_policy([&] { policy_->channel_removed(ch, leaf); }); });
+    }
     step([&] { tree_.detach_channel(leaf); });
     step([&] { accounting_.channel_removed(ch); });
     channels_.erase(ch);
     step([&] { gpu_.destroy_channel(ch); });
     if (failed) std::rethrow_exception(failed);
+}
+
+bool Scheduler::hidden(ChannelId ch) const {
+    auto it = channels_.find(ch);
+    return it != channels_.end() && (it->second.closing || it->second.draining);
 }
 
 Scheduler::ChannelState& Scheduler::state(ChannelId ch) {
@@ -226,6 +270,7 @@ void Scheduler::set_mode(ChannelId ch, ChannelMode m) {
 }
 
 ChannelMode Scheduler::effective(const ChannelState& st) {
+    if (st.draining) return ChannelMode::Shadowed;
     return st.wanted == ChannelMode::Direct && st.accounting_trap ? ChannelMode::Trapped : st.wanted;
 }
 
@@ -293,8 +338,7 @@ std::optional<ChannelId> Scheduler::engine_status() {
     // channel until it lets go of it, and ignores it after); to the policy,
     // which heard of the close first, the engine drops it next.
     accounting_.observed(running);
-    if (auto it = running ? channels_.find(*running) : channels_.end(); it != channels_.end() && it->second.closing)
-        return std::nullopt;
+    if (running && hidden(*running)) return std::nullopt;
     return running;
 }
 
@@ -314,13 +358,13 @@ void Scheduler::on_trap(ChannelId ch, std::uint32_t put) {
     // What the GPU had before this doorbell: the host's own last store, or
     // a read after a direct spell.
     accounting_.doorbell_forwarded(ch, gpu_put(ch));
-    call_policy([&] { policy_->doorbell_trapped(ch, put); });
+    if (!hidden(ch)) call_policy([&] { policy_->doorbell_trapped(ch, put); });
 }
 
 void Scheduler::on_held(ChannelId ch, std::uint32_t held) {
     ++stats_.held_reports;
     stats_.mechanism_cpu += costs_.trap;
-    call_policy([&] { policy_->work_held(ch, held); });
+    if (!hidden(ch)) call_policy([&] { policy_->work_held(ch, held); });
 }
 
 void Scheduler::on_fence(ChannelId ch, std::uint32_t fence) {
@@ -331,7 +375,7 @@ void Scheduler::on_fence(ChannelId ch, std::uint32_t fence) {
     call_policy([&] {
         accounting_.fence(ch);
         deliver_accounting();
-        policy_->fence(ch, fence);
+        if (!hidden(ch)) policy_->fence(ch, fence);
     });
     if (fence_listener_) fence_listener_(ch, fence);
 }
@@ -342,7 +386,7 @@ void Scheduler::on_channel_error(ChannelId ch, std::uint32_t error) {
     ++stats_.channel_errors;
     it->second.shadow->set_dead();
     accounting_.channel_error(ch);
-    call_policy([&] { policy_->channel_error(ch, error); });
+    if (!hidden(ch)) call_policy([&] { policy_->channel_error(ch, error); });
     if (error_listener_) error_listener_(ch, it->second.owner, error);
 }
 

@@ -73,6 +73,23 @@ public:
 
     ChannelId open_channel(EntityId leaf, ChannelMemory mem = {});
     void close_channel(ChannelId ch);
+
+    // Drain (the first half of moving a channel to another GPU or host):
+    // the channel is shadowed whatever the policy wants, so the guest's new
+    // work is held, and the policy hears it closed, so nothing is released
+    // and nobody waits for it; the accounting goes on charging what still
+    // runs.  drained() once the shadow is mapped and the GPU finished all
+    // the work it had.  Then detach() reads where the channel stands and
+    // closes it, or undrain() gives it back to the policy as it was.
+    void drain(ChannelId ch);
+    bool drained(ChannelId ch) const;
+    void undrain(ChannelId ch);
+    struct Position {
+        std::uint32_t get = 0;    // the GPU's IB_GET: every entry before it ran
+        std::uint32_t fence = 0;  // the GPU's FENCE
+        std::uint32_t put = 0;    // the guest's IB_PUT: held work runs from get to here
+    };
+    Position detach(ChannelId ch);
     ShadowChannel& channel(ChannelId ch);
     bool has_channel(ChannelId ch) const { return channels_.count(ch) != 0; }
 
@@ -120,6 +137,8 @@ private:
         // Set while close_channel tells the policy and the accounting: the
         // GPU still has it, but to the policy it is gone (engine_status).
         bool closing = false;
+        // drain(): shadowed whatever the policy wants, and gone to the policy.
+        bool draining = false;
     };
 
     void on_fence(ChannelId ch, std::uint32_t fence) override;
@@ -139,6 +158,8 @@ private:
     void update_mode(ChannelId ch);
     ChannelState& state(ChannelId ch);
     const ChannelState& state(ChannelId ch) const;
+    // Closing or draining: gone to the policy, still on the GPU.
+    bool hidden(ChannelId ch) const;
 
     // Runs a policy callback and charges its CPU time.
     template <class F> void call_policy(F&& f);

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <memory>
 #include <cstring>
 
 #include "log.hpp"
@@ -77,7 +78,8 @@ std::string AdminPolicy::denied(const std::string& cmd) const {
 }
 
 std::optional<json> handle_admin_request(const std::string& line, const PeerCred& peer,
-                                         const AdminPolicy& rights, AdminBackend& backend) {
+                                         const AdminPolicy& rights, AdminBackend& backend,
+                                         const AdminReply& later) {
     if (line.find_first_not_of(" \t\r\n") == std::string::npos) return std::nullopt;
     json req;
     try {
@@ -98,6 +100,12 @@ std::optional<json> handle_admin_request(const std::string& line, const PeerCred
         if (cmd == "list") return backend.admin_list();
         if (cmd == "get-policy") return backend.admin_get_policy();
         if (cmd == "stats") return backend.admin_stats();
+        if (cmd == "move") {
+            if (!rights.may_mutate(peer)) return admin_error(rights.denied(cmd));
+            if (!later) return admin_error("move is not available on this connection");
+            backend.admin_move(req, later);
+            return json(nullptr);
+        }
         if (cmd == "set-weight" || cmd == "set-policy") {
             if (!rights.may_mutate(peer)) return admin_error(rights.denied(cmd));
             return cmd == "set-weight" ? backend.admin_set_weight(req) : backend.admin_set_policy(req);
@@ -124,6 +132,9 @@ struct AdminServer::Conn {
     bool closing = false;   // close once `out` is written
     bool draining = false;  // closing: output shut down, input discarded until EOF
     bool dead = false;
+    std::uint64_t id = 0;
+    bool waiting = false;     // a deferred command's response is due: read nothing
+    bool in_handler = false;  // inside handle_admin_request
 };
 
 AdminServer::AdminServer(GMainContext* ctx, const Clock& clock, Timers& timers, Options opt,
@@ -176,6 +187,7 @@ void AdminServer::accept_some() {
             continue;
         }
         auto c = std::make_unique<Conn>();
+        c->id = next_conn_++;
         Conn& conn = *c;
         conn.fd = std::move(fd);
         conn.peer = std::move(peer);
@@ -222,7 +234,7 @@ void AdminServer::on_io(Conn& c, GIOCondition cond) {
 }
 
 void AdminServer::process(Conn& c) {
-    while (!c.dead && !c.closing) {
+    while (!c.dead && !c.closing && !c.waiting) {
         // One response queued at a time: the next request waits until the
         // socket took the last one.
         if (!c.out.empty() && (!write_out(c) || !c.out.empty())) break;
@@ -258,12 +270,27 @@ void AdminServer::process(Conn& c) {
         c.tokens -= 1;
         std::string line = c.in.substr(0, last ? len : nl);
         c.in.erase(0, len);
-        if (auto resp = handle_admin_request(line, c.peer, rights_, backend_)) {
+        const std::uint64_t id = c.id;
+        bool answered = false;
+        auto later = std::make_shared<bool>(false);  // set once the reply came
+        c.in_handler = true;
+        auto resp = handle_admin_request(line, c.peer, rights_, backend_,
+                                         [this, id, later](json r) {
+                                             *later = true;
+                                             answer(id, std::move(r));
+                                         });
+        c.in_handler = false;
+        answered = *later;
+        if (resp && resp->is_null()) {
+            // Deferred: nothing more is read until the answer (maybe given already).
+            c.waiting = !answered;
+            if (c.waiting) c.idle.cancel();
+        } else if (resp) {
             c.out += dump_line(*resp);
             c.idle.arm(now + opt_.idle_timeout, [this, &c] { drop(c); });
         }
     }
-    if (!c.dead && c.eof && !c.paused && c.in.find('\n') == std::string::npos && c.in.empty())
+    if (!c.dead && c.eof && !c.paused && !c.waiting && c.in.find('\n') == std::string::npos && c.in.empty())
         c.closing = true;
     flush(c);
 }
@@ -306,6 +333,18 @@ void AdminServer::update(Conn& c) {
     if (!c.closing && !c.eof && !c.paused && room) cond |= G_IO_IN;
     if (!c.out.empty()) cond |= G_IO_OUT;
     c.watch.set_condition(static_cast<GIOCondition>(cond));
+}
+
+void AdminServer::answer(std::uint64_t id, json resp) {
+    for (auto& p : conns_) {
+        if (p->id != id || p->dead) continue;
+        Conn& c = *p;
+        c.out += dump_line(resp);
+        c.waiting = false;
+        c.idle.arm(clock_.now() + opt_.idle_timeout, [this, &c] { drop(c); });
+        if (!c.in_handler) process(c);  // else the loop in process() goes on
+        return;
+    }
 }
 
 void AdminServer::drop(Conn& c) {

@@ -12,6 +12,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -28,7 +29,9 @@ namespace pvgpu::daemon {
 // true), `kernels` per entity, `process_cpu_s` and `counters.accounting_reads`
 // in stats.  3: host tasks grouped per user, host/<user>/<name> under an
 // entity of kind "user", host/<user>.
-inline constexpr int kAdminProtocolVersion = 3;
+// 4: several GPUs ("gpus" in list, stats and get-policy, "gpu" per
+// entity, set-policy's "gpu"), move.
+inline constexpr int kAdminProtocolVersion = 4;
 inline constexpr std::size_t kAdminMaxLine = 65536;  // bytes, newline included
 
 struct PeerCred {
@@ -38,11 +41,18 @@ struct PeerCred {
     std::vector<gid_t> groups;  // supplementary (SO_PEERGROUPS)
 };
 
+// The answer to a command that finishes later (move): called once, on the
+// loop; it does nothing when the connection has gone meanwhile.
+using AdminReply = std::function<void(nlohmann::json)>;
+
 // What the commands do; the server only frames, parses and checks rights.
-// Every method returns a whole response object ({"ok":...}).
+// Every method returns a whole response object ({"ok":...}), or hands one
+// to its AdminReply later.
 class AdminBackend {
 public:
     virtual ~AdminBackend() = default;
+    // Mutating, answered when done; the connection reads nothing meanwhile.
+    virtual void admin_move(const nlohmann::json& req, AdminReply reply) = 0;
     virtual nlohmann::json admin_list() = 0;
     virtual nlohmann::json admin_set_weight(const nlohmann::json& req) = 0;
     virtual nlohmann::json admin_set_policy(const nlohmann::json& req) = 0;
@@ -66,9 +76,11 @@ private:
     std::string admin_group_;
 };
 
-// One request line -> one response object; nullopt for a blank line.
+// One request line -> one response object; nullopt for a blank line; a
+// JSON null for a command answered through `later` (the caller waits).
 std::optional<nlohmann::json> handle_admin_request(const std::string& line, const PeerCred& peer,
-                                                   const AdminPolicy& rights, AdminBackend& backend);
+                                                   const AdminPolicy& rights, AdminBackend& backend,
+                                                   const AdminReply& later = {});
 
 class AdminServer {
 public:
@@ -102,6 +114,8 @@ private:
     bool write_out(Conn& c);
     void update(Conn& c);
     void drop(Conn& c);
+    // A deferred command's response for connection `id`, if it is still there.
+    void answer(std::uint64_t id, nlohmann::json resp);
 
     GMainContext* ctx_;
     const Clock& clock_;
@@ -112,6 +126,7 @@ private:
     UniqueFd listen_fd_;
     FdWatch listen_watch_;
     std::list<std::unique_ptr<Conn>> conns_;
+    std::uint64_t next_conn_ = 1;
     Source reaper_;
     std::vector<Conn*> dead_;
 };

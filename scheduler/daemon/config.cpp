@@ -97,6 +97,14 @@ private:
     std::map<std::string, int> groups_;
 };
 
+// "gpu.N" with N a GPU index written plainly (no sign, no leading zero).
+std::optional<std::uint32_t> gpu_group_index(const std::string& group) {
+    if (group.rfind("gpu.", 0) != 0) return std::nullopt;
+    const std::string n = group.substr(4);
+    if (n.size() > 1 && n[0] == '0') return std::nullopt;
+    return whole_number<std::uint32_t>(n, 0, kMaxGpus - 1);
+}
+
 class Reader {
 public:
     Reader(GKeyFile* kf, const LineMap& lines) : kf_(kf), lines_(lines) {}
@@ -156,9 +164,10 @@ public:
             std::string g = groups[i];
             if (g.rfind("policy.", 0) == 0) continue;  // checked against the catalog
             static const std::set<std::string> known = {"daemon", "scheduler", "gpu", "limits", "metrics", "libvirt"};
-            if (!known.count(g))
+            if (!known.count(g) && !gpu_group_index(g))
                 throw ConfigError(lines_.where_group(g) +
-                                  ": unknown group (known: daemon, scheduler, gpu, limits, metrics, libvirt, policy.NAME)");
+                                  ": unknown group (known: daemon, scheduler, gpu, gpu.N, limits, metrics, "
+                                  "libvirt, policy.NAME)");
             gsize nkeys = 0;
             gchar** keys = g_key_file_get_keys(kf_, groups[i], &nkeys, nullptr);
             std::unique_ptr<gchar*, decltype(&g_strfreev)> kfree(keys, g_strfreev);
@@ -214,6 +223,72 @@ void read_policy_groups(Reader& r, Config& cfg) {
     }
 }
 
+GpuConfig read_gpu_group(Reader& r, const std::string& g, std::uint32_t index) {
+    const char* group = g.c_str();
+    GpuConfig gpu;
+    gpu.name = "gpu" + std::to_string(index);
+    r.string(group, "name", gpu.name);
+    if (gpu.name.empty() || gpu.name.size() > 32 ||
+        gpu.name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.") !=
+            std::string::npos)
+        throw ConfigError(r.lines().where(g, "name") + ": '" + gpu.name +
+                          "' is not a name of 1-32 letters, digits, '-', '_' or '.'");
+    r.string(group, "backend", gpu.backend);
+    if (gpu.backend != "sim" && (gpu.backend.empty() || gpu.backend[0] != '/'))
+        throw ConfigError(r.lines().where(g, "backend") + ": '" + gpu.backend +
+                          "' is neither sim nor the absolute path of a backend module");
+    if (auto v = r.raw(group, "arbitration")) {
+        if (*v != "round-robin" && *v != "timeslice")
+            throw ConfigError(r.lines().where(g, "arbitration") + ": '" + *v + "' is not round-robin or timeslice");
+        gpu.arbitration = *v;
+    }
+    auto number = [&](const char* key, std::optional<std::int64_t>& out, std::int64_t min, std::int64_t max) {
+        if (!r.raw(group, key)) return;
+        std::int64_t v = 0;
+        r.number<std::int64_t>(group, key, v, min, max);
+        out = v;
+    };
+    number("timeslice_us", gpu.timeslice_us, 1, 10'000'000);
+    number("ctxsw_us", gpu.ctxsw_us, 0, 1'000'000);
+    number("preempt_us", gpu.preempt_us, 0, 1'000'000);
+    number("watchdog_ms", gpu.watchdog_ms, 0, 3'600'000);
+    return gpu;
+}
+
+// [gpu] is the one GPU gpu0; [gpu.0] .. [gpu.N-1] are N GPUs, numbered
+// without gaps.  Both kinds in one file, a gap or a name used twice is an
+// error naming the group.
+void read_gpu_groups(Reader& r, Config& cfg) {
+    gsize ngroups = 0;
+    gchar** groups = g_key_file_get_groups(r.kf(), &ngroups);
+    std::unique_ptr<gchar*, decltype(&g_strfreev)> gfree(groups, g_strfreev);
+    std::map<std::uint32_t, std::string> numbered;
+    bool plain = false;
+    for (gsize i = 0; i < ngroups; ++i) {
+        const std::string g = groups[i];
+        if (g == "gpu") plain = true;
+        if (auto n = gpu_group_index(g)) numbered[*n] = g;
+    }
+    if (plain && !numbered.empty())
+        throw ConfigError(r.lines().where_group(numbered.begin()->second) +
+                          ": [gpu] and [gpu.N] groups in one file (use [gpu.0] for the first GPU)");
+    cfg.gpus.clear();
+    if (numbered.empty()) {
+        cfg.gpus.push_back(read_gpu_group(r, "gpu", 0));
+        return;
+    }
+    for (const auto& [n, g] : numbered) {
+        if (n != cfg.gpus.size())
+            throw ConfigError(r.lines().where_group(g) + ": there is no [gpu." + std::to_string(cfg.gpus.size()) +
+                              "] (number GPUs from 0 without gaps)");
+        cfg.gpus.push_back(read_gpu_group(r, g, n));
+        for (std::size_t k = 0; k + 1 < cfg.gpus.size(); ++k)
+            if (cfg.gpus[k].name == cfg.gpus.back().name)
+                throw ConfigError(r.lines().where(g, "name") + ": '" + cfg.gpus.back().name +
+                                  "' is already the name of GPU " + std::to_string(k));
+    }
+}
+
 // The chosen policy must build with its parameters.
 void check_policy(const Config& cfg, const std::string& origin) {
     try {
@@ -224,6 +299,16 @@ void check_policy(const Config& cfg, const std::string& origin) {
 }
 
 }  // namespace
+
+std::vector<std::string> backend_options(const GpuConfig& g) {
+    std::vector<std::string> o;
+    if (g.arbitration) o.push_back("arbitration=" + *g.arbitration);
+    if (g.timeslice_us) o.push_back("timeslice_us=" + std::to_string(*g.timeslice_us));
+    if (g.ctxsw_us) o.push_back("ctxsw_us=" + std::to_string(*g.ctxsw_us));
+    if (g.preempt_us) o.push_back("preempt_us=" + std::to_string(*g.preempt_us));
+    if (g.watchdog_ms) o.push_back("watchdog_ms=" + std::to_string(*g.watchdog_ms));
+    return o;
+}
 
 PolicyParams params_for(const Config& cfg, const std::string& policy) {
     auto it = cfg.policy_params.find(policy);
@@ -267,6 +352,15 @@ Config parse_config(const std::string& text, const std::string& name) {
                               "' is not one of error, warning, info, debug");
         cfg.log_level = *l;
     }
+    if (auto v = r.raw("daemon", "placement")) {
+        if (*v == "spread")
+            cfg.placement = Placement::Spread;
+        else if (*v == "pack")
+            cfg.placement = Placement::Pack;
+        else
+            throw ConfigError(lines.where("daemon", "placement") + ": '" + *v + "' is not spread or pack");
+    }
+    r.number<std::uint32_t>("daemon", "pack_limit", cfg.pack_limit, 1, 65536);
     for (const auto* key : {"socket", "admin_socket", "state_dir"}) {
         std::string v = key == std::string("socket")         ? cfg.socket
                         : key == std::string("admin_socket") ? cfg.admin_socket
@@ -280,19 +374,7 @@ Config parse_config(const std::string& text, const std::string& name) {
     r.duration("scheduler", "poll_us", cfg.costs.poll, kMicrosecond, 0, 1'000'000);
     read_policy_groups(r, cfg);
 
-    if (auto v = r.raw("gpu", "arbitration")) {
-        if (*v == "round-robin")
-            cfg.gpu.arbitration = sim::Arbitration::RoundRobin;
-        else if (*v == "timeslice")
-            cfg.gpu.arbitration = sim::Arbitration::Timeslice;
-        else
-            throw ConfigError(lines.where("gpu", "arbitration") + ": '" + *v +
-                              "' is not round-robin or timeslice");
-    }
-    r.duration("gpu", "timeslice_us", cfg.gpu.timeslice, kMicrosecond, 1, 10'000'000);
-    r.duration("gpu", "ctxsw_us", cfg.gpu.ctxsw, kMicrosecond, 0, 1'000'000);
-    r.duration("gpu", "preempt_us", cfg.gpu.preempt, kMicrosecond, 0, 1'000'000);
-    r.duration("gpu", "watchdog_ms", cfg.gpu.watchdog, kMillisecond, 0, 3'600'000);
+    read_gpu_groups(r, cfg);
 
     Limits& l = cfg.limits;
     r.number<std::uint32_t>("limits", "max_clients", l.max_clients, 1, 65536);
@@ -369,6 +451,19 @@ Config load_config(const CliOptions& cli) {
                               "' is not a whole number from 0 to 99");
         cfg.realtime_priority = *n;
     }
+    if (cli.gpus) {
+        // N GPUs configured like the first (tests, the demo).
+        const std::optional<std::uint32_t> n = whole_number<std::uint32_t>(*cli.gpus, 1, kMaxGpus);
+        if (!n)
+            throw ConfigError("--gpus: '" + *cli.gpus + "' is not a whole number from 1 to " +
+                              std::to_string(kMaxGpus));
+        const GpuConfig first = cfg.gpus.front();
+        cfg.gpus.clear();
+        for (std::uint32_t i = 0; i < *n; ++i) {
+            cfg.gpus.push_back(first);
+            cfg.gpus.back().name = "gpu" + std::to_string(i);
+        }
+    }
     if (cli.policy) {
         cfg.policy = *cli.policy;
         cfg.policy_overridden = true;
@@ -383,7 +478,7 @@ Config load_config(const CliOptions& cli) {
 
 std::string usage() {
     return "Usage: pvgpud [OPTION]...\n"
-           "pvgpu host scheduler daemon: shares the GPU by weight between VMs and host tasks.\n"
+           "pvgpu host scheduler daemon: shares GPUs by weight between VMs and host tasks.\n"
            "\n"
            "  -c, --config FILE        configuration file (default " PVGPU_CONFIG_FILE ")\n"
            "  -s, --socket PATH        client socket (default " PVGPU_SOCKET_PATH ")\n"
@@ -391,6 +486,7 @@ std::string usage() {
            "  -d, --state-dir DIR      persistent state (default " PVGPU_STATE_DIR ")\n"
            "  -p, --policy NAME        scheduling policy: none, timeslice, dfq, hfq\n"
            "  -g, --admin-group NAME   group allowed to change weights and policy ('' for none)\n"
+           "  -G, --gpus N             run N GPUs (1-16), each configured as the first\n"
            "  -r, --realtime-priority N  run at SCHED_FIFO priority N (1-99; 0 keeps the policy\n"
            "                           pvgpud was started with)\n"
            "  -f, --foreground         run in the foreground (the default; pvgpud never forks)\n"
@@ -410,6 +506,7 @@ CliOptions parse_cli(int argc, char** argv) {
         {"policy", required_argument, nullptr, 'p'},
         {"admin-group", required_argument, nullptr, 'g'},
         {"realtime-priority", required_argument, nullptr, 'r'},
+        {"gpus", required_argument, nullptr, 'G'},
         {"foreground", no_argument, nullptr, 'f'},
         {"verbose", no_argument, nullptr, 'v'},
         {"help", no_argument, nullptr, 'h'},
@@ -420,7 +517,7 @@ CliOptions parse_cli(int argc, char** argv) {
     optind = 0;  // full re-initialisation: parse_cli may run more than once (tests)
     opterr = 0;  // errors are ours to word
     for (;;) {
-        int c = getopt_long(argc, argv, ":c:s:a:d:p:g:r:fvhV", longopts, nullptr);
+        int c = getopt_long(argc, argv, ":c:s:a:d:p:g:r:G:fvhV", longopts, nullptr);
         if (c == -1) break;
         switch (c) {
         case 'c': o.config = optarg; break;
@@ -430,6 +527,7 @@ CliOptions parse_cli(int argc, char** argv) {
         case 'p': o.policy = optarg; break;
         case 'g': o.admin_group = optarg; break;
         case 'r': o.realtime_priority = optarg; break;
+        case 'G': o.gpus = optarg; break;
         case 'f': break;
         case 'v': ++o.verbose; break;
         case 'h': o.help = true; break;

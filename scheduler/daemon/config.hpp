@@ -12,9 +12,9 @@
 
 #include "core/policy.hpp"
 #include "core/scheduler.hpp"
+#include <pvgpu/protocol.h>
 #include "log.hpp"
 #include "pvgpu_paths.h"  // generated: the configured default paths
-#include "sim/sim_gpu.hpp"
 
 namespace pvgpu::daemon {
 
@@ -63,6 +63,26 @@ struct LibvirtConfig {
     std::string pid_dir = "/run/libvirt/qemu";  // where libvirt writes NAME.pid
 };
 
+// [gpu] or [gpu.N]: one GPU of the host as its backend opens it.  The
+// engine keys are handed to the backend as "key=value" options, only those
+// the file sets: a backend keeps its own defaults (the simulated GPU's are
+// in pvgpud.conf) and refuses what it cannot do.
+struct GpuConfig {
+    std::string name = "gpu0";    // shown in every view; default gpuN
+    std::string backend = "sim";  // "sim" (built in) or a backend module's path
+    std::optional<std::string> arbitration;  // round-robin | timeslice
+    std::optional<std::int64_t> timeslice_us, ctxsw_us, preempt_us, watchdog_ms;
+};
+// The backend options of `g`, e.g. {"arbitration=timeslice", "timeslice_us=2000"}.
+std::vector<std::string> backend_options(const GpuConfig& g);
+
+// [daemon] placement: where a VM or host user that names no GPU goes.
+// spread: the GPU with the least total weight placed on it (ties: the lowest
+// index); pack: the lowest-index GPU with fewer than pack_limit placed.
+enum class Placement { Spread, Pack };
+
+inline constexpr std::uint32_t kMaxGpus = PVGPU_MAX_GPUS;
+
 struct Config {
     // [daemon]
     std::string socket = PVGPU_SOCKET_PATH;
@@ -83,8 +103,11 @@ struct Config {
     bool policy_overridden = false;  // --policy given: wins over the state file
     std::map<std::string, PolicyParams> policy_params;
     MechanismCosts costs;
-    // [gpu]
-    sim::SimGpuConfig gpu;
+    // [daemon] placement, pack_limit
+    Placement placement = Placement::Spread;
+    std::uint32_t pack_limit = 8;
+    // [gpu] or [gpu.0] .. [gpu.15], in index order; never empty.
+    std::vector<GpuConfig> gpus{GpuConfig{}};
     // [limits]
     Limits limits;
     // [metrics]
@@ -97,6 +120,7 @@ struct Config {
 struct CliOptions {
     std::optional<std::string> config, socket, admin_socket, state_dir, policy, admin_group;
     std::optional<std::string> realtime_priority;
+    std::optional<std::string> gpus;  // --gpus N
     int verbose = 0;
     bool help = false;
     bool version = false;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "log.hpp"
+#include "sim/sim_gpu.hpp"  // TEMP
 #include "names.hpp"
 #include "unix_socket.hpp"
 
@@ -64,6 +65,17 @@ constexpr double kMaxUnfairness = 1e6;
 
 double finite_or(double v, double cap) { return std::isfinite(v) ? std::min(v, cap) : cap; }
 
+// A name free under the root: base, then base-<suffix>, then numbered.
+std::string unique_root_name(const EntityTree& tree, const std::string& prefix, const std::string& base,
+                             const std::string& suffix) {
+    std::string name = base;
+    for (int k = 1; tree.find_child(kRootEntity, prefix + name); ++k) {
+        std::string s = "-" + suffix + (k > 1 ? "-" + std::to_string(k) : "");
+        name = with_suffix(base, s, 64 - prefix.size());
+    }
+    return name;
+}
+
 const PolicyInfo* find_policy(const std::string& name) {
     for (const auto& p : policy_catalog())
         if (p.name == name) return &p;
@@ -92,35 +104,11 @@ Daemon::Daemon(Config cfg)
     for (const auto& w : loaded.warnings) log_warning(w);
     state_ = std::move(loaded.state);
 
-    // Policy: --policy, else what an admin chose at run time, else the config.
-    policy_name_ = cfg_.policy;
-    policy_params_ = params_for(cfg_, policy_name_);
-    std::string origin = cfg_.policy_overridden ? "--policy" : "configuration";
-    std::unique_ptr<Policy> policy;
-    if (!cfg_.policy_overridden && state_.policy) {
-        try {
-            policy = make_policy(*state_.policy, state_.policy_params);
-            policy_name_ = *state_.policy;
-            policy_params_ = state_.policy_params;
-            origin = store_.path() + ", set at run time";
-        } catch (const std::exception& e) {
-            log_warning("ignoring the policy saved in ", store_.path(), ": ", e.what());
-        }
-    }
-    if (!policy) policy = make_policy(policy_name_, policy_params_);
-
     std::vector<std::string> unknown_users;
     vmm_users_ = VmmUsers(cfg_.vmm_users, &unknown_users);
     for (const auto& u : unknown_users) log_warning("vmm_users: no such user '", u, "' (ignored)");
 
-    gpu_ = std::make_unique<sim::SimGpu>(clock_, timers_.device(), cfg_.gpu);
-    sched_ = std::make_unique<Scheduler>(*gpu_, clock_, timers_, std::move(policy), cfg_.costs);
-    sched_->seed_accounting(host_entropy());
-    sched_->set_mode_listener([this](ChannelId ch, ChannelMode m) { on_mode_change(ch, m); });
-    sched_->set_error_listener(
-        [this](ChannelId ch, EntityId, std::uint32_t err) { on_channel_error(ch, err); });
-    sched_->set_fence_listener([this](ChannelId ch, std::uint32_t fence) { on_fence(ch, fence); });
-    monitor_ = std::make_unique<ShareMonitor>(*sched_, *gpu_, clock_, timers_);
+    open_gpus();
     accept_pause_.bind(timers_);
     scan_timer_.bind(timers_);
 
@@ -164,8 +152,8 @@ Daemon::Daemon(Config cfg)
         log_info("SIGHUP: the configuration is read at start only; restart pvgpud to apply changes");
     });
 
-    log_info("pvgpud ", PVGPU_VERSION, ": policy ", policy_name_, " (", origin, "), simulated GPU ",
-             sim::to_string(cfg_.gpu.arbitration), ", watchdog ", cfg_.gpu.watchdog / kMillisecond, " ms");
+    log_info("pvgpud ", PVGPU_VERSION, ": ", gpus_.size(), gpus_.size() == 1 ? " GPU" : " GPUs", ", placement ",
+             cfg_.placement == Placement::Spread ? "spread" : "pack");
     log_info("client socket ", cfg_.socket, ", admin socket ", cfg_.admin_socket, ", state ", store_.path());
     if (cfg_.libvirt.uri != "none") {
 #ifdef PVGPU_HAVE_LIBVIRT
@@ -188,9 +176,68 @@ Daemon::~Daemon() {
     if (listen_fd_) ::unlink(cfg_.socket.c_str());
     // The scheduler holds timers on the GPU and both on timers_: drop in order.
     metrics_file_.reset();
-    monitor_.reset();
-    sched_.reset();
-    gpu_.reset();
+    move_.reset();
+    for (auto& g : gpus_) {
+        g->monitor.reset();
+        g->sched.reset();
+        g->dev.reset();
+    }
+}
+
+// Each GPU: its backend, then its policy: --policy, else what an admin chose
+// at run time for this GPU or for all, else the configuration.
+void Daemon::open_gpus() {
+    for (std::uint32_t i = 0; i < cfg_.gpus.size(); ++i) {
+        const GpuConfig& gc = cfg_.gpus[i];
+        auto g = std::make_unique<Gpu>();
+        g->index = i;
+        g->name = gc.name;
+        auto opened = open_gpu_device(gc, clock_, timers_.device());
+        g->dev = std::move(opened.device);
+        g->arbitration = opened.arbitration;
+        std::string name = cfg_.policy, origin = cfg_.policy_overridden ? "--policy" : "configuration";
+        PolicyParams params = params_for(cfg_, name);
+        std::unique_ptr<Policy> policy;
+        std::optional<State::GpuPolicy> saved;
+        if (auto sp = state_.gpu_policies.find(i); sp != state_.gpu_policies.end())
+            saved = sp->second;
+        else if (state_.policy)
+            saved = State::GpuPolicy{*state_.policy, state_.policy_params};
+        if (!cfg_.policy_overridden && saved) {
+            try {
+                policy = make_policy(saved->name, saved->params);
+                name = saved->name;
+                params = saved->params;
+                origin = store_.path() + ", set at run time";
+            } catch (const std::exception& e) {
+                log_warning("GPU ", i, ": ignoring the policy saved in ", store_.path(), ": ", e.what());
+            }
+        }
+        if (!policy) policy = make_policy(name, params);
+        g->policy_name = name;
+        g->policy_params = params;
+        g->sched = std::make_unique<Scheduler>(*g->dev, clock_, timers_, std::move(policy), cfg_.costs);
+        g->sched->seed_accounting(host_entropy());
+        Gpu* gp = g.get();
+        g->sched->set_mode_listener([this, gp](ChannelId local, ChannelMode m) {
+            if (ChannelId id = chan_id(*gp, local)) on_mode_change(id, m);
+        });
+        g->sched->set_error_listener([this, gp](ChannelId local, EntityId, std::uint32_t err) {
+            if (ChannelId id = chan_id(*gp, local)) on_channel_error(id, err);
+        });
+        g->sched->set_fence_listener([this, gp](ChannelId local, std::uint32_t fence) {
+            if (ChannelId id = chan_id(*gp, local)) on_fence(id, fence);
+        });
+        g->sim = opened.sim;
+        g->monitor = std::make_unique<ShareMonitor>(*g->sched, *opened.sim, clock_, timers_);
+        log_info("GPU ", i, " ", g->name, ": ", opened.description, ", policy ", name, " (", origin, ")");
+        gpus_.push_back(std::move(g));
+    }
+}
+
+ChannelId Daemon::chan_id(const Gpu& g, ChannelId local) const {
+    auto it = g.chan_of.find(local);
+    return it == g.chan_of.end() ? 0 : it->second;
 }
 
 int Daemon::run() {
@@ -327,18 +374,23 @@ void Daemon::teardown(std::uint32_t client_id) {
     auto it = clients_.find(client_id);
     if (it == clients_.end()) return;
     Client& cl = it->second;
+    if (move_ && move_->client == client_id) move_abort("the VM disconnected");
     std::vector<ChannelId> chans(cl.channels.begin(), cl.channels.end());
     for (ChannelId ch : chans) close_channel(ch);
-    if (cl.role == PVGPU_ROLE_VMM) {
-        if (auto v = vms_.find(cl.uuid); v != vms_.end() && v->second.client == client_id) {
-            for (auto [hint, task] : v->second.tasks) remove_entity(task);
-            remove_entity(v->second.entity);
-            vms_.erase(v);
+    if (!cl.hello) {
+        // nothing placed
+    } else if (cl.role == PVGPU_ROLE_VMM) {
+        if (Vm* v = vm_of(cl)) {
+            Gpu& g = *gpus_[v->gpu];
+            for (auto [hint, task] : v->tasks) remove_entity(g, task);
+            remove_entity(g, v->entity);
+            vms_.erase({v->uuid, v->gpu});
         }
     } else if (cl.host_entity != kNoEntity) {
-        remove_entity(cl.host_entity);
-        if (auto u = host_users_.find(cl.host_user); u != host_users_.end() && --u->second.clients == 0) {
-            remove_entity(u->second.entity);
+        Gpu& g = *gpus_[cl.gpu];
+        remove_entity(g, cl.host_entity);
+        if (auto u = host_users_.find({cl.host_user, cl.gpu}); u != host_users_.end() && --u->second.clients == 0) {
+            remove_entity(g, u->second.entity);
             host_users_.erase(u);
         }
     }
@@ -395,17 +447,25 @@ void Daemon::on_hello(Client& cl, const wire::Message& m) {
         return refuse(PVGPU_E_LIMIT, "too many clients");
     }
 
-    EntityTree& tree = sched_->entities();
     const std::string raw = wire::name_of(h.name, sizeof h.name);
-    // A name free under the root: base, then base-<suffix>, then numbered.
-    auto unique_root_name = [&](const std::string& prefix, std::string base, const std::string& suffix) {
-        std::string name = base;
-        for (int k = 1; tree.find_child(kRootEntity, prefix + name); ++k) {
-            std::string s = "-" + suffix + (k > 1 ? "-" + std::to_string(k) : "");
-            name = with_suffix(base, s, 64 - prefix.size());
+    // The GPU the client named, if any; pvgpud's placement otherwise.
+    std::optional<std::uint32_t> asked;
+    if (h.gpu != PVGPU_GPU_ANY) {
+        asked = h.gpu - 1;
+        if (*asked >= gpus_.size()) {
+            const std::string why = "no GPU " + std::to_string(*asked) + " on this host (" +
+                                    std::to_string(gpus_.size()) + (gpus_.size() == 1 ? " GPU)" : " GPUs)");
+            log_warning("client ", conn.id(), " (pid ", conn.peer().pid, ", ",
+                        h.role == PVGPU_ROLE_VMM ? "VM " + (raw.empty() ? std::string("?") : raw) : "host", "): ",
+                        why);
+            // The reply has no room for words: an ERROR before it says why.
+            pvgpu_error e{};
+            e.status = PVGPU_E_INVALID;
+            wire::set_name(e.message, sizeof e.message, why);
+            conn.send_struct(PVGPU_MSG_ERROR, 0, e);
+            return refuse(PVGPU_E_INVALID, why);
         }
-        return name;
-    };
+    }
 
     if (h.role == PVGPU_ROLE_VMM) {
         Uuid u{};
@@ -425,18 +485,28 @@ void Daemon::on_hello(Client& cl, const wire::Message& m) {
             // E_STATE, not a new status: clients of every version know it.
             return refuse(PVGPU_E_STATE, *denied);
         }
-        if (vms_.count(uuid)) return refuse(PVGPU_E_STATE, "VM " + uuid + " is already connected");
+        // One device per GPU: a second device of the VM goes elsewhere.
+        const std::set<std::uint32_t> taken = gpus_of_vm(uuid);
+        if (asked && taken.count(*asked))
+            return refuse(PVGPU_E_STATE, "VM " + uuid + " is already connected on GPU " + std::to_string(*asked));
+        std::string error;
+        const auto gpu = place("vm/" + uuid, asked, taken, error);
+        if (!gpu) return refuse(PVGPU_E_STATE, "VM " + uuid + " " + error);
         // A libvirt domain's weight is its metadata's: saved before it is read.
         if (libvirt_)
             if (auto d = libvirt_->domain(uuid)) domain_up(*d);
-        std::string name = unique_root_name("", raw.empty() ? uuid : sanitize_name(raw), uuid.substr(0, 8));
+        Gpu& g = *gpus_[*gpu];
+        EntityTree& tree = g.sched->entities();
+        std::string name = unique_root_name(tree, "", raw.empty() ? uuid : sanitize_name(raw), uuid.substr(0, 8));
         std::uint32_t weight = vm_weight(uuid, raw, name);
         EntityId e = tree.add(kRootEntity, name, EntityKind::Vm, weight);
-        meta_[e] = Meta{Kind::Vm, uuid, uuid, 0, {}};
-        vms_[uuid] = Vm{uuid, raw, e, conn.id(), {}, {}};
+        g.meta[e] = Meta{Kind::Vm, uuid, uuid, 0, {}};
+        vms_[{uuid, *gpu}] = Vm{uuid, *gpu, raw, e, conn.id(), {}, {}};
         cl.uuid = uuid;
-        log_info("client ", conn.id(), ": VM ", name, " (", uuid, "), pid ", conn.peer().pid, ", weight ",
-                 weight);
+        cl.gpu = *gpu;
+        remember_placement("vm/" + uuid, *gpu);
+        log_info("client ", conn.id(), ": VM ", name, " (", uuid, "), pid ", conn.peer().pid, ", weight ", weight,
+                 ", on GPU ", *gpu, " ", g.name, asked ? " (asked for)" : " (placed)");
     } else if (h.role == PVGPU_ROLE_HOST) {
         const Usage mine = usage(false, cl.uid, conn.id());
         if (mine.clients >= cfg_.limits.host_clients_per_uid)
@@ -447,7 +517,7 @@ void Daemon::on_hello(Client& cl, const wire::Message& m) {
             return refuse(PVGPU_E_LIMIT, "too many host clients");
         std::uint32_t pid = h.pid ? h.pid : static_cast<std::uint32_t>(conn.peer().pid);
         std::string error;
-        if (!hello_host(cl, raw, pid, error)) return refuse(PVGPU_E_INTERNAL, error);
+        if (!hello_host(cl, raw, pid, asked, error)) return refuse(PVGPU_E_INTERNAL, error);
     } else {
         return refuse(PVGPU_E_INVALID, "unknown role " + std::to_string(h.role));
     }
@@ -459,11 +529,24 @@ void Daemon::on_hello(Client& cl, const wire::Message& m) {
     conn.send_struct(PVGPU_MSG_HELLO_REPLY, m.hdr.seq, r);
 }
 
-bool Daemon::hello_host(Client& cl, const std::string& raw, std::uint32_t pid, std::string& error) {
-    EntityTree& tree = sched_->entities();
+bool Daemon::hello_host(Client& cl, const std::string& raw, std::uint32_t pid, std::optional<std::uint32_t> asked,
+                        std::string& error) {
     const std::string user = sanitize_name(user_name(cl.uid));
     const std::string user_key = "host/" + user;
-    auto [u, fresh] = host_users_.try_emplace(user);
+    // A user's clients share one GPU unless one names another: an unnamed
+    // client joins the user where it already runs.
+    std::optional<std::uint32_t> gpu = asked;
+    if (!gpu)
+        for (const auto& [key, hu] : host_users_)
+            if (key.first == user) {
+                gpu = key.second;
+                break;
+            }
+    if (!gpu) gpu = place("user/" + user, std::nullopt, {}, error);
+    if (!gpu) return false;
+    Gpu& g = *gpus_[*gpu];
+    EntityTree& tree = g.sched->entities();
+    auto [u, fresh] = host_users_.try_emplace({user, *gpu});
     if (fresh) {
         auto w = state_.host_users.find(user);
         std::uint32_t weight = w == state_.host_users.end() ? PVGPU_WEIGHT_DEFAULT : w->second;
@@ -473,11 +556,13 @@ bool Daemon::hello_host(Client& cl, const std::string& raw, std::uint32_t pid, s
             return false;
         }
         u->second.entity = tree.add(kRootEntity, "host:" + user, EntityKind::Vm, weight);
-        meta_[u->second.entity] = Meta{Kind::HostUser, {}, user_key, 0, {}};
-        log_info("host user ", user_key, " (uid ", cl.uid, "), weight ", weight);
+        g.meta[u->second.entity] = Meta{Kind::HostUser, {}, user_key, 0, {}};
+        remember_placement("user/" + user, *gpu);
+        log_info("host user ", user_key, " (uid ", cl.uid, "), weight ", weight, ", on GPU ", *gpu, " ", g.name);
     }
     ++u->second.clients;
     cl.host_user = user;
+    cl.gpu = *gpu;
     const EntityId group = u->second.entity;
 
     // A name free under the user: base, then base-<client id>, then numbered.
@@ -499,10 +584,65 @@ bool Daemon::hello_host(Client& cl, const std::string& raw, std::uint32_t pid, s
     }
     std::uint32_t weight = w == state_.host_tasks.end() ? PVGPU_WEIGHT_DEFAULT : w->second;
     EntityId e = tree.add(group, name, EntityKind::Task, weight);
-    meta_[e] = Meta{Kind::Host, {}, key, 0, {}};
+    g.meta[e] = Meta{Kind::Host, {}, key, 0, {}};
     cl.host_entity = e;
-    log_info("client ", cl.conn->id(), ": host task ", key, ", pid ", cl.conn->peer().pid, ", weight ", weight);
+    log_info("client ", cl.conn->id(), ": host task ", key, ", pid ", cl.conn->peer().pid, ", weight ", weight,
+             ", GPU ", *gpu);
     return true;
+}
+
+// ---------------------------------------------------------------- placement
+
+std::set<std::uint32_t> Daemon::gpus_of_vm(const std::string& uuid) const {
+    std::set<std::uint32_t> out;
+    for (auto it = vms_.lower_bound({uuid, 0}); it != vms_.end() && it->first.first == uuid; ++it)
+        out.insert(it->first.second);
+    return out;
+}
+
+Daemon::Vm* Daemon::vm_of(const Client& cl) {
+    auto it = vms_.find({cl.uuid, cl.gpu});
+    return it == vms_.end() || it->second.client != cl.conn->id() ? nullptr : &it->second;
+}
+
+std::optional<std::uint32_t> Daemon::place(const std::string& key, std::optional<std::uint32_t> asked,
+                                           const std::set<std::uint32_t>& taken, std::string& error) {
+    if (asked) return asked;
+    // Where it was, if that GPU is still there and free for it.
+    if (auto p = state_.placements.find(key); p != state_.placements.end())
+        for (std::uint32_t g : p->second)
+            if (g < gpus_.size() && !taken.count(g)) return g;
+    // Load per GPU: the VMs and host users placed there, and their weights.
+    std::vector<std::uint64_t> count(gpus_.size()), weight(gpus_.size());
+    for (const auto& [k, vm] : vms_) {
+        ++count[vm.gpu];
+        weight[vm.gpu] += gpus_[vm.gpu]->sched->entities().get(vm.entity).weight;
+    }
+    for (const auto& [k, hu] : host_users_) {
+        ++count[k.second];
+        weight[k.second] += gpus_[k.second]->sched->entities().get(hu.entity).weight;
+    }
+    std::optional<std::uint32_t> best;
+    for (std::uint32_t g = 0; g < gpus_.size(); ++g) {
+        if (taken.count(g)) continue;
+        if (cfg_.placement == Placement::Pack && count[g] < cfg_.pack_limit) return g;
+        // spread, and pack once every GPU holds pack_limit: the least loaded.
+        const auto& load = cfg_.placement == Placement::Spread ? weight : count;
+        if (!best || load[g] < load[*best]) best = g;
+    }
+    if (!best) error = "has a device on every GPU of this host";
+    return best;
+}
+
+void Daemon::remember_placement(const std::string& key, std::uint32_t gpu, std::optional<std::uint32_t> from) {
+    auto& list = state_.placements[key];
+    if (from) std::erase(list, *from);
+    if (std::find(list.begin(), list.end(), gpu) != list.end() && !from) return;
+    std::erase(list, gpu);
+    list.push_back(gpu);
+    // Bounded: a VM has at most one device per GPU.
+    if (list.size() > gpus_.size()) list.resize(gpus_.size());
+    save_state();
 }
 
 std::uint32_t Daemon::vm_weight(const std::string& uuid, const std::string& hello_name,
@@ -545,8 +685,9 @@ std::string Daemon::channel_limit(const Client& cl) const {
 EntityId Daemon::leaf_for(Client& cl, std::uint64_t pid_hint, const std::string& task_name,
                           std::string& error) {
     if (cl.role == PVGPU_ROLE_HOST) return cl.host_entity;
-    EntityTree& tree = sched_->entities();
-    Vm& vm = vms_.at(cl.uuid);
+    Gpu& g = *gpus_[cl.gpu];
+    EntityTree& tree = g.sched->entities();
+    Vm& vm = *vm_of(cl);
     const Entity& ve = tree.get(vm.entity);
     // No hint: the VM itself, as a guest without the driver's hints looks.
     if (pid_hint == 0 && ve.children.empty()) return vm.entity;
@@ -558,10 +699,10 @@ EntityId Daemon::leaf_for(Client& cl, std::uint64_t pid_hint, const std::string&
     std::string name = "task-" + std::to_string(pid_hint);
     // What the guest asked for this task wins: it is newer than any admin
     // weight saved for a hint (a guest pid) from an earlier session.
-    auto g = vm.guest_weights.find(pid_hint);
-    std::uint32_t weight = g != vm.guest_weights.end() ? g->second : admin_task_weight(vm.uuid, name);
+    auto gw = vm.guest_weights.find(pid_hint);
+    std::uint32_t weight = gw != vm.guest_weights.end() ? gw->second : admin_task_weight(vm.uuid, name);
     EntityId e = tree.add(vm.entity, name, EntityKind::Task, weight);
-    meta_[e] = Meta{Kind::VmTask, vm.uuid, name, pid_hint, sanitize_name(task_name, 32)};
+    g.meta[e] = Meta{Kind::VmTask, vm.uuid, name, pid_hint, sanitize_name(task_name, 32)};
     vm.tasks[pid_hint] = e;
     return e;
 }
@@ -590,15 +731,21 @@ void Daemon::on_alloc(Client& cl, const wire::Message& m) {
             ch->notifier = CompletionNotifier::create();
     } catch (const std::system_error& e) {
         log_warning("client ", conn.id(), ": cannot create channel memory: ", e.what());
-        remove_if_empty_task(leaf);
+        remove_if_empty_task(*gpus_[cl.gpu], leaf);
         return refuse(PVGPU_E_INTERNAL, e.what());
     }
-    const ChannelId id = sched_->open_channel(leaf, ch->mem.memory());
+    Gpu& g = *gpus_[cl.gpu];
+    const ChannelId local = g.sched->open_channel(leaf, ch->mem.memory());
+    while (next_chan_ == 0 || channels_.count(next_chan_)) ++next_chan_;
+    const ChannelId id = next_chan_++;
     // Recorded at once: the GPU now uses this memory, only close_channel()
     // may let go of it.
     Channel& rec = *channels_.emplace(id, std::move(ch)).first->second;
+    g.chan_of[local] = id;
     cl.channels.insert(id);
     rec.id = id;
+    rec.gpu = g.index;
+    rec.local = local;
     rec.client = conn.id();
     rec.vmm = cl.role == PVGPU_ROLE_VMM;
     rec.pid_hint = hint;
@@ -606,7 +753,9 @@ void Daemon::on_alloc(Client& cl, const wire::Message& m) {
     rec.ack_timer.bind(timers_);
     rec.watch = MuxWatch(mux_, rec.bell.fd(), G_IO_IN, [this, id](GIOCondition) { on_doorbell(id); });
     // Switches that landed while opening are in this mode; pushes follow.
-    rec.pushed = sched_->channel(id).mode();
+    rec.pushed = g.sched->channel(local).mode();
+    // A channel opened while its VM moves moves too.
+    if (move_ && move_->client == conn.id()) move_drain(id);
     r.status = PVGPU_OK;
     r.chan_id = id;
     // A host client is never pushed a switch (daemon.hpp) and does not ring
@@ -617,7 +766,7 @@ void Daemon::on_alloc(Client& cl, const wire::Message& m) {
     // write end (send() duplicates, so this copy closes on return).
     const UniqueFd reader = rec.notifier.take_reader();
     const int fds[3] = {rec.mem.fd(), rec.bell.fd(), reader.get()};
-    log_debug("client ", conn.id(), ": channel ", id, " on ", admin_path(leaf));
+    log_debug("client ", conn.id(), ": channel ", id, " on ", admin_path(rec), ", GPU ", g.index);
     // The memfd stays alive while the reply waits: it counts as queued.
     conn.send_struct(PVGPU_MSG_CHAN_REPLY, m.hdr.seq, r, std::span<const int>(fds, reader ? 3 : 2),
                      PVGPU_CHAN_MEM_SIZE);
@@ -660,15 +809,16 @@ void Daemon::on_trap_report(Client& cl, const wire::Message& m) {
     if (!ch) return;
     // A shadowed channel's report is work the guest stored into its shadow
     // page: held here, and the scheduler sees the channel is backlogged.
-    if (sched_->channel(ch->id).mode() == ChannelMode::Shadowed) {
+    Scheduler& sched = sched_of(*ch);
+    if (sched.channel(ch->local).mode() == ChannelMode::Shadowed) {
         if (deliver_put(*ch, t.put)) ++counters_.held_reports;
         return;
     }
     ++counters_.trap_reports;
-    const auto before = sched_->stats().traps;
+    const auto before = sched.stats().traps;
     // In any mode: a store racing a switch must not be lost.  The channel's
     // ShadowChannel counts it when trapped here too.
-    if (deliver_put(*ch, t.put) && sched_->stats().traps == before) ++counters_.untrapped_reports;
+    if (deliver_put(*ch, t.put) && sched_of(*ch).stats().traps == before) ++counters_.untrapped_reports;
 }
 
 // The guest's weight for one of its tasks.  A child of the VM entity, so it
@@ -693,7 +843,7 @@ void Daemon::on_task_weight(Client& cl, const wire::Message& m) {
         conn.send_struct(PVGPU_MSG_TASK_WEIGHT_REPLY, m.hdr.seq, r);
     };
     if (t.pid_hint == 0 || t.weight > PVGPU_WEIGHT_MAX) return answer(PVGPU_E_INVALID);
-    Vm& vm = vms_.at(cl.uuid);
+    Vm& vm = *vm_of(cl);
     const std::string key = "task-" + std::to_string(t.pid_hint);
     auto task = vm.tasks.find(t.pid_hint);
     std::uint32_t applied;
@@ -713,8 +863,9 @@ void Daemon::on_task_weight(Client& cl, const wire::Message& m) {
         applied = t.weight;
     }
     if (task != vm.tasks.end()) {
-        sched_->entities().set_weight(task->second, applied);
-        log_debug("client ", conn.id(), ": guest set the weight of ", admin_path(task->second), " to ", applied);
+        Gpu& g = *gpus_[vm.gpu];
+        g.sched->entities().set_weight(task->second, applied);
+        log_debug("client ", conn.id(), ": guest set the weight of ", admin_path(g, task->second), " to ", applied);
     } else {
         log_debug("client ", conn.id(), ": guest weight ", t.weight, " remembered for ", key);
     }
@@ -731,13 +882,13 @@ void Daemon::on_doorbell(ChannelId id) {
 }
 
 bool Daemon::deliver_put(Channel& ch, std::uint32_t put) {
-    ShadowChannel& sc = sched_->channel(ch.id);
+    ShadowChannel& sc = sched_of(ch).channel(ch.local);
     // Only forward puts ahead of the last one: doorbells, trap reports and
     // acks race each other, and a stale value must not move IB_PUT back.  A
     // put too far ahead is the GPU's to reject (BAD_ENTRY kills the channel).
     if (static_cast<std::int32_t>(put - sc.guest_read_put()) <= 0) return false;
     sc.guest_write_put(put);
-    monitor_->activity();
+    gpu_of(ch).monitor->activity();
     if (!scan_timer_.armed()) scan_timer_.arm(clock_.now() + kPutScanPeriod, [this] { scan_puts(); });
     return true;
 }
@@ -746,7 +897,8 @@ void Daemon::scan_puts() {
     bool busy = false;
     for (auto& [id, ch] : channels_) {
         deliver_put(*ch, ch->mem.client_put());
-        busy = busy || gpu_->pending(id) || sched_->held(id) > 0;
+        Gpu& g = gpu_of(*ch);
+        busy = busy || g.dev->pending(ch->local) || g.sched->held(ch->local) > 0;
     }
     // Only while work is in flight: an idle daemon does not poll.
     if (busy && !scan_timer_.armed()) scan_timer_.arm(clock_.now() + kPutScanPeriod, [this] { scan_puts(); });
@@ -758,30 +910,34 @@ void Daemon::close_channel(ChannelId id) {
     // The GPU lets go of the channel before its memory is unmapped.  A
     // callback that fails the close still leaves it closed (see
     // Scheduler::close_channel): the rest of the teardown goes on.
+    Channel& ch = *it->second;
+    Gpu& g = gpu_of(ch);
+    if (move_) move_forget(id);
     try {
-        sched_->close_channel(id);
+        g.sched->close_channel(ch.local);
     } catch (const std::exception& e) {
         log_error("internal error closing channel ", id, ": ", e.what());
     }
-    EntityId leaf = it->second->leaf;
-    if (auto c = clients_.find(it->second->client); c != clients_.end()) c->second.channels.erase(id);
+    g.chan_of.erase(ch.local);
+    EntityId leaf = ch.leaf;
+    if (auto c = clients_.find(ch.client); c != clients_.end()) c->second.channels.erase(id);
     channels_.erase(it);
-    remove_if_empty_task(leaf);
+    remove_if_empty_task(g, leaf);
 }
 
-void Daemon::remove_if_empty_task(EntityId leaf) {
-    auto m = meta_.find(leaf);
-    if (m == meta_.end() || m->second.kind != Kind::VmTask) return;
-    if (sched_->entities().get(leaf).channels != 0) return;
-    if (auto v = vms_.find(m->second.uuid); v != vms_.end()) v->second.tasks.erase(m->second.pid_hint);
-    remove_entity(leaf);
+void Daemon::remove_if_empty_task(Gpu& g, EntityId leaf) {
+    auto m = g.meta.find(leaf);
+    if (m == g.meta.end() || m->second.kind != Kind::VmTask) return;
+    if (g.sched->entities().get(leaf).channels != 0) return;
+    if (auto v = vms_.find({m->second.uuid, g.index}); v != vms_.end()) v->second.tasks.erase(m->second.pid_hint);
+    remove_entity(g, leaf);
 }
 
-void Daemon::remove_entity(EntityId id) {
-    if (!sched_->entities().valid(id)) return;
-    sched_->entities().remove(id);
-    meta_.erase(id);
-    monitor_->forget(id);
+void Daemon::remove_entity(Gpu& g, EntityId id) {
+    if (!g.sched->entities().valid(id)) return;
+    g.sched->entities().remove(id);
+    g.meta.erase(id);
+    g.monitor->forget(id);
 }
 
 void Daemon::on_mode_change(ChannelId id, ChannelMode mode) {
@@ -865,7 +1021,7 @@ void Daemon::on_channel_error(ChannelId id, std::uint32_t error) {
     ch.notifier.signal();  // its waits end: the NOTICE says why
     const bool watchdog = error == PVGPU_CHAN_ERR_WATCHDOG;
     ++(watchdog ? counters_.watchdog_kills : counters_.bad_entry_kills);
-    log_info("channel ", id, " of client ", ch.client, " (", admin_path(ch.leaf), ", pid hint ", ch.pid_hint,
+    log_info("channel ", id, " of client ", ch.client, " (", admin_path(ch), ", GPU ", ch.gpu, ", pid hint ", ch.pid_hint,
              ") stopped: ", watchdog ? "a kernel ran past the watchdog" : "bad ring entry or IB_PUT");
     pvgpu_notice n{};
     n.kind = watchdog ? PVGPU_NOTICE_WATCHDOG : PVGPU_NOTICE_BAD_ENTRY;
@@ -875,13 +1031,166 @@ void Daemon::on_channel_error(ChannelId id, std::uint32_t error) {
         c->second.conn->send_struct(PVGPU_MSG_NOTICE, 0, n);
 }
 
+// ---------------------------------------------------------------- move
+
+namespace {
+// How often a move looks whether its channels have drained: the drain ends
+// with the kernel on the engine, so this is the pause it may add.
+constexpr Duration kMovePoll = 1 * kMillisecond;
+}  // namespace
+
+void Daemon::admin_move(const json& req, AdminReply reply) {
+    auto fail = [&](const std::string& why) { reply(admin_error(why)); };
+    auto t = req.find("target");
+    if (t == req.end() || !t->is_string() || t->get<std::string>().empty())
+        return fail("bad request: missing \"target\" (a VM name or UUID)");
+    const std::string target = t->get<std::string>();
+    auto index = [&](const char* key) -> std::optional<std::uint32_t> {
+        auto v = req.find(key);
+        if (v == req.end() || v->is_null()) return std::nullopt;
+        if (!v->is_number_unsigned() || v->get<std::uint64_t>() >= gpus_.size()) return kMaxGpus;
+        return v->get<std::uint32_t>();
+    };
+    const auto to = index("gpu"), from = index("from");
+    if (!to) return fail("bad request: missing \"gpu\" (the GPU to move to)");
+    for (auto g : {to, from})
+        if (g && *g == kMaxGpus)
+            return fail("no such GPU (this host has " + std::to_string(gpus_.size()) + ": 0.." +
+                        std::to_string(gpus_.size() - 1) + ")");
+    if (move_) return fail("a move is under way (VM " + move_->uuid + "); try again when it is done");
+    // The VM's devices by UUID, name or the name it said at HELLO.
+    std::vector<const Vm*> found;
+    const auto u = parse_uuid(target);
+    for (const auto& [key, vm] : vms_)
+        if (u ? vm.uuid == format_uuid(*u)
+              : gpus_[vm.gpu]->sched->entities().get(vm.entity).name == target || vm.hello_name == target)
+            found.push_back(&vm);
+    if (found.empty()) return fail("no such VM connected: " + target);
+    const std::string uuid = found[0]->uuid;
+    std::erase_if(found, [&](const Vm* v) { return v->uuid != uuid || (from && v->gpu != *from); });
+    if (found.empty()) return fail("VM " + target + " has no device on GPU " + std::to_string(*from));
+    if (found.size() > 1) return fail("VM " + target + " has devices on several GPUs: name the one to move (from)");
+    const Vm& vm = *found[0];
+    if (vm.gpu == *to) return fail("VM " + target + " is on GPU " + std::to_string(*to) + " already");
+    if (gpus_of_vm(uuid).count(*to))
+        return fail("VM " + target + " has another device on GPU " + std::to_string(*to));
+
+    move_ = std::make_unique<Move>();
+    Move& mv = *move_;
+    mv.client = vm.client;
+    mv.uuid = uuid;
+    mv.from = vm.gpu;
+    mv.to = *to;
+    mv.reply = std::move(reply);
+    // Work on the engine completes within the watchdog; without one, a
+    // kernel may run for ever: then the move gives up after a minute.
+    const std::int64_t wd = cfg_.gpus[mv.from].watchdog_ms.value_or(2000);
+    mv.deadline = clock_.now() + (wd > 0 ? wd * kMillisecond + kSecond : 60 * kSecond);
+    mv.poll.bind(timers_);
+    log_info("moving VM ", uuid, " from GPU ", mv.from, " to GPU ", mv.to);
+    for (ChannelId id : clients_.at(vm.client).channels) move_drain(id);
+    move_poll();
+}
+
+void Daemon::move_drain(ChannelId id) {
+    Channel& ch = *channels_.at(id);
+    sched_of(ch).drain(ch.local);
+    move_->draining.emplace(id, clock_.now());
+}
+
+void Daemon::move_forget(ChannelId id) { move_->draining.erase(id); }
+
+void Daemon::move_poll() {
+    Move& mv = *move_;
+    bool all = true;
+    for (const auto& [id, since] : mv.draining) {
+        const Channel& ch = *channels_.at(id);
+        all = all && sched_of(ch).drained(ch.local);
+    }
+    if (all) return move_switch();
+    if (clock_.now() >= mv.deadline) return move_abort("the work on GPU " + std::to_string(mv.from) +
+                                                       " did not complete in time");
+    mv.poll.arm(clock_.now() + kMovePoll, [this] { move_poll(); });
+}
+
+EntityId Daemon::moved_leaf(Gpu& g, Vm& vm, const Channel& ch, std::uint32_t weight, const std::string& task_name) {
+    EntityTree& tree = g.sched->entities();
+    if (ch.pid_hint == 0 && tree.get(vm.entity).children.empty()) return vm.entity;
+    if (auto t = vm.tasks.find(ch.pid_hint); t != vm.tasks.end()) return t->second;
+    const std::string name = "task-" + std::to_string(ch.pid_hint);
+    EntityId e = tree.add(vm.entity, name, EntityKind::Task, weight);
+    g.meta[e] = Meta{Kind::VmTask, vm.uuid, name, ch.pid_hint, task_name};
+    vm.tasks[ch.pid_hint] = e;
+    return e;
+}
+
+// Every channel drained: each is re-created on the target where it stopped,
+// with the guest's held work, and the VM's entities follow.
+void Daemon::move_switch() {
+    std::unique_ptr<Move> mv = std::move(move_);
+    Gpu& a = *gpus_[mv->from];
+    Gpu& b = *gpus_[mv->to];
+    Client& cl = clients_.at(mv->client);
+    Vm old = vms_.at({mv->uuid, mv->from});
+    vms_.erase({mv->uuid, mv->from});
+    EntityTree& ta = a.sched->entities();
+    const std::string name = unique_root_name(b.sched->entities(), "", ta.get(old.entity).name, mv->uuid.substr(0, 8));
+    EntityId ve = b.sched->entities().add(kRootEntity, name, EntityKind::Vm, ta.get(old.entity).weight);
+    b.meta[ve] = Meta{Kind::Vm, mv->uuid, mv->uuid, 0, {}};
+    Vm& vm = vms_[{mv->uuid, mv->to}] = Vm{mv->uuid, mv->to, old.hello_name, ve, mv->client, {}, old.guest_weights};
+    cl.gpu = mv->to;
+    json channels = json::array();
+    double longest = 0;
+    for (const auto& [id, since] : mv->draining) {
+        Channel& ch = *channels_.at(id);
+        const std::uint32_t weight = ta.get(ch.leaf).weight;
+        auto m = a.meta.find(ch.leaf);
+        const std::string task_name = m == a.meta.end() ? std::string() : m->second.task_name;
+        const Scheduler::Position pos = a.sched->detach(ch.local);
+        a.chan_of.erase(ch.local);
+        ch.leaf = moved_leaf(b, vm, ch, weight, task_name);
+        ch.local = b.sched->open_channel(ch.leaf, ch.mem.memory() /*MERGE, ChannelStart{pos.get, pos.fence}*/);
+        ch.gpu = mv->to;
+        b.chan_of[ch.local] = id;
+        // What the guest stored while shadowed is B's policy's to release.
+        if (pos.put != pos.get) b.sched->channel(ch.local).guest_write_put(pos.put);
+        on_mode_change(id, b.sched->channel(ch.local).mode());
+        const double pause = to_ms(clock_.now() - since);
+        longest = std::max(longest, pause);
+        channels.push_back({{"chan_id", id}, {"pause_ms", pause}, {"get", pos.get}, {"fence", pos.fence}});
+    }
+    for (auto [hint, task] : old.tasks) remove_entity(a, task);
+    remove_entity(a, old.entity);
+    remember_placement("vm/" + mv->uuid, mv->to, mv->from);
+    ++counters_.moves;
+    b.monitor->activity();
+    log_info("VM ", name, " (", mv->uuid, ") moved from GPU ", mv->from, " to GPU ", mv->to, ": ",
+             mv->draining.size(), " channels, longest pause ", longest, " ms");
+    mv->reply({{"ok", true},
+               {"path", name},
+               {"uuid", mv->uuid},
+               {"from", mv->from},
+               {"to", mv->to},
+               {"channels", std::move(channels)}});
+}
+
+void Daemon::move_abort(const std::string& why) {
+    std::unique_ptr<Move> mv = std::move(move_);
+    for (const auto& [id, since] : mv->draining) {
+        Channel& ch = *channels_.at(id);
+        sched_of(ch).undrain(ch.local);
+    }
+    log_warning("move of VM ", mv->uuid, " to GPU ", mv->to, " failed: ", why, "; it stays on GPU ", mv->from);
+    mv->reply(admin_error("move failed: " + why + "; the VM stays on GPU " + std::to_string(mv->from)));
+}
+
 // ---------------------------------------------------------------- admin
 
-std::string Daemon::admin_path(EntityId id) const {
-    if (auto m = meta_.find(id);
-        m != meta_.end() && (m->second.kind == Kind::Host || m->second.kind == Kind::HostUser))
+std::string Daemon::admin_path(const Gpu& g, EntityId id) const {
+    if (auto m = g.meta.find(id);
+        m != g.meta.end() && (m->second.kind == Kind::Host || m->second.kind == Kind::HostUser))
         return m->second.key;
-    return sched_->entities().path(id);
+    return g.sched->entities().path(id);
 }
 
 void Daemon::save_state() {
@@ -892,9 +1201,10 @@ void Daemon::save_state() {
     }
 }
 
-json Daemon::admin_list() {
-    const auto snap = monitor_->snapshot();
-    const EntityTree& tree = sched_->entities();
+// One GPU's entities, in path order, each as the admin protocol shows it.
+json Daemon::list_gpu(Gpu& g) {
+    const auto snap = g.monitor->snapshot();
+    const EntityTree& tree = g.sched->entities();
     json entities = json::array();
     std::function<std::uint32_t(EntityId)> channels = [&](EntityId id) {
         const Entity& e = tree.get(id);
@@ -904,13 +1214,13 @@ json Daemon::admin_list() {
     };
     std::function<void(EntityId)> visit = [&](EntityId parent) {
         std::vector<std::pair<std::string, EntityId>> kids;
-        for (EntityId c : tree.get(parent).children) kids.push_back({admin_path(c), c});
+        for (EntityId c : tree.get(parent).children) kids.push_back({admin_path(g, c), c});
         std::sort(kids.begin(), kids.end());
         for (const auto& [path, id] : kids) {
             const Entity& e = tree.get(id);
             const auto& sh = snap.entities.at(id);
-            auto m = meta_.find(id);
-            Kind kind = m == meta_.end() ? Kind::VmTask : m->second.kind;
+            auto m = g.meta.find(id);
+            Kind kind = m == g.meta.end() ? Kind::VmTask : m->second.kind;
             json o = {{"path", path},
                       {"kind", kind == Kind::Vm         ? "vm"
                                : kind == Kind::Host     ? "host"
@@ -921,14 +1231,15 @@ json Daemon::admin_list() {
                       {"achieved_share", sh.achieved},
                       {"gpu_time_ms", to_ms(sh.gpu_time)},
                       {"kernels", sh.kernels},
-                      {"channels", channels(id)}};
-            if (kind == Kind::Vm && m != meta_.end()) o["uuid"] = m->second.uuid;
-            if (kind == Kind::VmTask && m != meta_.end()) {
+                      {"channels", channels(id)},
+                      {"gpu", g.index}};
+            if (kind == Kind::Vm && m != g.meta.end()) o["uuid"] = m->second.uuid;
+            if (kind == Kind::VmTask && m != g.meta.end()) {
                 o["pid_hint"] = m->second.pid_hint;
                 if (!m->second.task_name.empty()) o["task_name"] = m->second.task_name;
-                if (auto v = vms_.find(m->second.uuid); v != vms_.end()) {
+                if (auto v = vms_.find({m->second.uuid, g.index}); v != vms_.end()) {
                     const auto& gw = v->second.guest_weights;
-                    if (auto g = gw.find(m->second.pid_hint); g != gw.end()) o["guest_weight"] = g->second;
+                    if (auto w = gw.find(m->second.pid_hint); w != gw.end()) o["guest_weight"] = w->second;
                 }
             }
             entities.push_back(std::move(o));
@@ -936,11 +1247,28 @@ json Daemon::admin_list() {
         }
     };
     visit(kRootEntity);
+    std::size_t vms = 0;
+    for (const auto& [key, vm] : vms_) vms += vm.gpu == g.index ? 1 : 0;
+    return {{"index", g.index},           {"name", g.name},
+            {"policy", g.policy_name},    {"arbitration", g.arbitration},
+            {"busy_fraction", snap.busy_fraction}, {"vms", vms},
+            {"window_s", to_ms(snap.window) / 1000.0}, {"entities", std::move(entities)}};
+}
+
+json Daemon::admin_list() {
+    json gpus = json::array();
+    json all = json::array();
+    for (auto& g : gpus_) {
+        json one = list_gpu(*g);
+        for (const auto& e : one["entities"]) all.push_back(e);
+        gpus.push_back(std::move(one));
+    }
     return {{"ok", true},
-            {"policy", policy_name_},
+            {"policy", gpus_[0]->policy_name},
             {"accounting", true},
-            {"window_s", to_ms(snap.window) / 1000.0},
-            {"entities", std::move(entities)}};
+            {"window_s", gpus[0]["window_s"]},
+            {"entities", std::move(all)},
+            {"gpus", std::move(gpus)}};
 }
 
 // ---------------------------------------------------------------- libvirt
@@ -958,21 +1286,24 @@ void Daemon::domain_up(const DomainInfo& d) {
     }
     apply_vm_weight(d.uuid, d.name, weight);
     // A VM that connected before libvirt told us its QEMU's pid is checked now.
-    if (auto v = vms_.find(d.uuid); v != vms_.end() && d.pid > 0) {
-        if (auto c = clients_.find(v->second.client); c != clients_.end() && c->second.conn->peer().pid != d.pid) {
-            log_warning("client ", c->first, ": VM ", d.uuid, " is libvirt domain ", d.name, " whose QEMU is pid ",
-                        d.pid, ", not this peer (pid ", c->second.conn->peer().pid, "): disconnected");
-            c->second.conn->close("not the QEMU of libvirt domain " + d.name);
+    if (d.pid > 0)
+        for (std::uint32_t gpu : gpus_of_vm(d.uuid)) {
+            const Vm& v = vms_.at({d.uuid, gpu});
+            if (auto c = clients_.find(v.client); c != clients_.end() && c->second.conn->peer().pid != d.pid) {
+                log_warning("client ", c->first, ": VM ", d.uuid, " is libvirt domain ", d.name,
+                            " whose QEMU is pid ", d.pid, ", not this peer (pid ", c->second.conn->peer().pid,
+                            "): disconnected");
+                c->second.conn->close("not the QEMU of libvirt domain " + d.name);
+            }
         }
-    }
 }
 
 void Daemon::domain_down(const std::string& uuid, const std::string& name) {
     metadata_errors_.erase(uuid);
     log_info("libvirt domain ", name, " (", uuid, ") stopped");
     // Its QEMU is gone; a connection still open under its UUID is stale.
-    if (auto v = vms_.find(uuid); v != vms_.end())
-        if (auto c = clients_.find(v->second.client); c != clients_.end())
+    for (std::uint32_t gpu : gpus_of_vm(uuid))
+        if (auto c = clients_.find(vms_.at({uuid, gpu}).client); c != clients_.end())
             c->second.conn->close("libvirt domain " + name + " stopped");
 }
 
@@ -983,14 +1314,17 @@ void Daemon::apply_vm_weight(const std::string& uuid, const std::string& name, s
         state_.vms[uuid] = State::Vm{name, weight};
         save_state();
     }
-    if (auto v = vms_.find(uuid); v != vms_.end()) {
-        EntityTree& tree = sched_->entities();
-        if (tree.get(v->second.entity).weight != weight) {
-            tree.set_weight(v->second.entity, weight);
-            log_info("weight of VM ", tree.get(v->second.entity).name, " set to ", weight, " (libvirt domain ", name,
-                     ")");
+    const std::set<std::uint32_t> on = gpus_of_vm(uuid);
+    for (std::uint32_t gpu : on) {
+        EntityTree& tree = gpus_[gpu]->sched->entities();
+        const EntityId e = vms_.at({uuid, gpu}).entity;
+        if (tree.get(e).weight != weight) {
+            tree.set_weight(e, weight);
+            log_info("weight of VM ", tree.get(e).name, " on GPU ", gpu, " set to ", weight, " (libvirt domain ",
+                     name, ")");
         }
-    } else if (changed) {
+    }
+    if (on.empty() && changed) {
         log_info("weight ", weight, " remembered for libvirt domain ", name, " (", uuid, ")");
     }
 }
@@ -1008,25 +1342,33 @@ json Daemon::admin_set_weight(const json& req) {
     auto t = req.find("target");
     if (t == req.end() || !t->is_string()) return admin_error("bad request: missing \"target\"");
     const std::string target = t->get<std::string>();
-    EntityTree& tree = sched_->entities();
 
-    auto apply = [&](EntityId id) -> json {
-        tree.set_weight(id, weight);
-        if (auto m = meta_.find(id); m != meta_.end()) {
-            const Meta& meta = m->second;
-            if (meta.kind == Kind::Vm) state_.vms[meta.uuid] = State::Vm{tree.get(id).name, weight};
-            if (meta.kind == Kind::VmTask) {
-                state_.tasks[meta.uuid + "/" + meta.key] = weight;
-                // The latest word wins: a guest request made before this
-                // would otherwise come back when the task re-appears.
-                if (auto v = vms_.find(meta.uuid); v != vms_.end()) v->second.guest_weights.erase(meta.pid_hint);
+    // Every entity the target names: a VM or host user on several GPUs has
+    // one on each, all given the weight.
+    using Found = std::vector<std::pair<Gpu*, EntityId>>;
+    auto apply = [&](const Found& found) -> json {
+        std::string path;
+        for (auto [g, id] : found) {
+            EntityTree& tree = g->sched->entities();
+            tree.set_weight(id, weight);
+            path = admin_path(*g, id);
+            if (auto m = g->meta.find(id); m != g->meta.end()) {
+                const Meta& meta = m->second;
+                if (meta.kind == Kind::Vm) state_.vms[meta.uuid] = State::Vm{tree.get(id).name, weight};
+                if (meta.kind == Kind::VmTask) {
+                    state_.tasks[meta.uuid + "/" + meta.key] = weight;
+                    // The latest word wins: a guest request made before this
+                    // would otherwise come back when the task re-appears.
+                    if (auto v = vms_.find({meta.uuid, g->index}); v != vms_.end())
+                        v->second.guest_weights.erase(meta.pid_hint);
+                }
+                if (meta.kind == Kind::Host) state_.host_tasks[meta.key] = weight;
+                if (meta.kind == Kind::HostUser) state_.host_users[meta.key.substr(5)] = weight;
             }
-            if (meta.kind == Kind::Host) state_.host_tasks[meta.key] = weight;
-            if (meta.kind == Kind::HostUser) state_.host_users[meta.key.substr(5)] = weight;
+            log_info("weight of ", path, " on GPU ", g->index, " set to ", weight);
         }
         save_state();
-        log_info("weight of ", admin_path(id), " set to ", weight);
-        return {{"ok", true}, {"path", admin_path(id)}, {"weight", weight}};
+        return {{"ok", true}, {"path", path}, {"weight", weight}};
     };
     auto pending = [&]() -> json {
         save_state();
@@ -1034,9 +1376,11 @@ json Daemon::admin_set_weight(const json& req) {
         return {{"ok", true}, {"path", target}, {"weight", weight}, {"pending", true}};
     };
 
+    Found found;
     if (auto u = parse_uuid(target)) {
         const std::string uuid = format_uuid(*u);
-        if (auto v = vms_.find(uuid); v != vms_.end()) return apply(v->second.entity);
+        for (std::uint32_t gpu : gpus_of_vm(uuid)) found.push_back({gpus_[gpu].get(), vms_.at({uuid, gpu}).entity});
+        if (!found.empty()) return apply(found);
         state_.vms[uuid].weight = weight;
         return pending();
     }
@@ -1044,43 +1388,62 @@ json Daemon::admin_set_weight(const json& req) {
         if (target == "host")
             return admin_error("no such entity: host (host users are host/<user>, their tasks host/<user>/<name>)");
         if (target.empty()) return admin_error("no such entity: \"\"");
-        for (const auto& [uuid, vm] : vms_)
-            if (tree.get(vm.entity).name == target || vm.hello_name == target) return apply(vm.entity);
+        for (const auto& [key, vm] : vms_) {
+            Gpu* g = gpus_[vm.gpu].get();
+            if (g->sched->entities().get(vm.entity).name == target || vm.hello_name == target)
+                found.push_back({g, vm.entity});
+        }
+        if (!found.empty()) return apply(found);
         state_.vm_names[target] = weight;
         // Remembered VMs of that name follow, or their UUID entry would win.
         for (auto& [uuid, vm] : state_.vms)
             if (vm.name == target) vm.weight = weight;
         return pending();
     }
-    std::optional<EntityId> id;
     if (target.rfind("host/", 0) == 0) {
         // host/<user> or host/<user>/<name>; a user not connected is
         // remembered like a VM that is not.
         const std::string rest = target.substr(5);
         const auto slash = rest.find('/');
         const std::string user = rest.substr(0, slash);
-        if (auto u = host_users_.find(user); u != host_users_.end()) {
-            id = slash == std::string::npos ? std::optional(u->second.entity)
-                                            : tree.find_child(u->second.entity, rest.substr(slash + 1));
-        } else if (slash == std::string::npos && sanitize_name(user) == user && user_id(user)) {
+        for (const auto& [key, hu] : host_users_) {
+            if (key.first != user) continue;
+            Gpu* g = gpus_[key.second].get();
+            const auto id = slash == std::string::npos
+                                ? std::optional(hu.entity)
+                                : g->sched->entities().find_child(hu.entity, rest.substr(slash + 1));
+            if (id) found.push_back({g, *id});
+        }
+        const bool connected = std::any_of(host_users_.begin(), host_users_.end(),
+                                           [&](const auto& kv) { return kv.first.first == user; });
+        if (!connected && slash == std::string::npos && sanitize_name(user) == user && user_id(user)) {
             state_.host_users[user] = weight;
             save_state();
             log_info("weight ", weight, " remembered for host user ", target, " (not connected)");
             return {{"ok", true}, {"path", target}, {"weight", weight}, {"pending", true}};
         }
     } else {
-        id = tree.find_path(target);
+        for (auto& g : gpus_)
+            if (auto id = g->sched->entities().find_path(target); id && *id != kRootEntity)
+                found.push_back({g.get(), *id});
     }
-    if (!id || *id == kRootEntity) return admin_error("no such entity: " + target);
-    return apply(*id);
+    if (found.empty()) return admin_error("no such entity: " + target);
+    return apply(found);
 }
 
-json Daemon::effective_params() const {
+json Daemon::effective_params(const Gpu& g) const {
     json p = json::object();
-    if (const PolicyInfo* info = find_policy(policy_name_))
+    if (const PolicyInfo* info = find_policy(g.policy_name))
         for (const auto& [name, def, doc] : info->params) p[name] = def;
-    for (const auto& [k, v] : policy_params_) p[k] = v;
+    for (const auto& [k, v] : g.policy_params) p[k] = v;
     return p;
+}
+
+void Daemon::set_gpu_policy(Gpu& g, const std::string& name, const PolicyParams& params) {
+    g.sched->set_policy(make_policy(name, params));
+    g.policy_name = name;
+    g.policy_params = params;
+    log_info("policy of GPU ", g.index, " ", g.name, " set to ", name);
 }
 
 json Daemon::admin_set_policy(const json& req) {
@@ -1110,50 +1473,110 @@ json Daemon::admin_set_policy(const json& req) {
             params[k] = d;
         }
     }
-    std::unique_ptr<Policy> policy;
+    std::optional<std::uint32_t> only;
+    if (auto gi = req.find("gpu"); gi != req.end() && !gi->is_null()) {
+        if (!gi->is_number_unsigned() || gi->get<std::uint64_t>() >= gpus_.size())
+            return admin_error("no GPU " + gi->dump() + " on this host (" + std::to_string(gpus_.size()) +
+                               (gpus_.size() == 1 ? " GPU)" : " GPUs)"));
+        only = gi->get<std::uint32_t>();
+    }
     try {
-        policy = make_policy(name, params);
+        make_policy(name, params);  // checked before any GPU changes
     } catch (const std::invalid_argument& e) {
         return admin_error(std::string("bad parameter: ") + e.what());
     }
-    sched_->set_policy(std::move(policy));
-    policy_name_ = name;
-    policy_params_ = params;
-    state_.policy = name;
-    state_.policy_params = params;
+    json changed = json::array();
+    for (auto& g : gpus_) {
+        if (only && g->index != *only) continue;
+        set_gpu_policy(*g, name, params);
+        changed.push_back(g->index);
+    }
+    if (only) {
+        state_.gpu_policies[*only] = State::GpuPolicy{name, params};
+    } else {
+        state_.policy = name;
+        state_.policy_params = params;
+        state_.gpu_policies.clear();
+    }
     save_state();
-    log_info("policy set to ", name);
-    return {{"ok", true}, {"policy", name}, {"params", effective_params()}};
+    const Gpu& first = *gpus_[only.value_or(0)];
+    return {{"ok", true}, {"policy", name}, {"params", effective_params(first)}, {"gpus", std::move(changed)}};
 }
 
 json Daemon::admin_get_policy() {
-    return {{"ok", true}, {"policy", policy_name_}, {"params", effective_params()}};
+    json gpus = json::array();
+    for (const auto& g : gpus_)
+        gpus.push_back(
+            {{"index", g->index}, {"name", g->name}, {"policy", g->policy_name}, {"params", effective_params(*g)}});
+    return {{"ok", true},
+            {"policy", gpus_[0]->policy_name},
+            {"params", effective_params(*gpus_[0])},
+            {"gpus", std::move(gpus)}};
+}
+
+// One GPU's utilisation, fairness and scheduler figures.
+json Daemon::stats_gpu(Gpu& g) {
+    const auto snap = g.monitor->snapshot();
+    const SchedulerStats& st = g.sched->stats();
+    std::size_t channels = 0, vms = 0;
+    for (const auto& [id, ch] : channels_) channels += ch->gpu == g.index ? 1 : 0;
+    for (const auto& [key, vm] : vms_) vms += vm.gpu == g.index ? 1 : 0;
+    return {{"index", g.index},
+            {"name", g.name},
+            {"policy", g.policy_name},
+            {"arbitration", g.arbitration},
+            {"busy_fraction", snap.busy_fraction},
+            {"busy_s", to_ms(g.sim->busy_time_now()) / 1000.0},
+            {"idle_with_demand_fraction", snap.idle_with_demand_fraction},
+            {"context_switches", g.sim->context_switches()},
+            {"channels", channels},
+            {"vms", vms},
+            {"scheduler_cpu_s", to_ms(st.policy_cpu) / 1000.0},
+            {"metrics",
+             {{"max_share_error", snap.metrics.max_share_error},
+              {"jain_index", snap.metrics.jain_index},
+              {"unfairness", finite_or(snap.metrics.unfairness, kMaxUnfairness)},
+              {"scheduler_cpu_us_per_s", snap.scheduler_cpu_us_per_s}}},
+            {"policy_counters", g.sched->policy().counters()}};
 }
 
 json Daemon::admin_stats() {
-    const auto snap = monitor_->snapshot();
-    const SchedulerStats& st = sched_->stats();
+    // The whole daemon's figures; per-GPU ones under "gpus", GPU 0's also
+    // where one GPU's were reported before there were several.
+    json gpus = json::array();
+    SchedulerStats st;
+    for (auto& g : gpus_) {
+        gpus.push_back(stats_gpu(*g));
+        const SchedulerStats& s = g->sched->stats();
+        st.traps += s.traps;
+        st.remaps += s.remaps;
+        st.polls += s.polls;
+        st.accounting_reads += s.accounting_reads;
+        st.register_reads += s.register_reads;
+        st.fences += s.fences;
+        st.released_entries += s.released_entries;
+        st.policy_cpu += s.policy_cpu;
+    }
+    const auto snap = gpus_[0]->monitor->snapshot();
+    const json& first = gpus[0];
     std::size_t clients = 0;
     for (const auto& [id, cl] : clients_) clients += cl.closing ? 0 : 1;
+    json metrics = first["metrics"];
+    metrics["process_cpu_us_per_s"] = snap.process_cpu_us_per_s;
     return {
         {"ok", true},
         {"uptime_s", to_ms(clock_.now() - started_) / 1000.0},
-        {"policy", policy_name_},
+        {"policy", first["policy"]},
         {"clients", clients},
         {"channels", channels_.size()},
         {"window_s", to_ms(snap.window) / 1000.0},
         {"gpu",
-         {{"busy_fraction", snap.busy_fraction},
-          {"busy_s", to_ms(gpu_->busy_time_now()) / 1000.0},
-          {"idle_with_demand_fraction", snap.idle_with_demand_fraction},
-          {"arbitration", sim::to_string(cfg_.gpu.arbitration)},
-          {"context_switches", gpu_->context_switches()}}},
-        {"metrics",
-         {{"max_share_error", snap.metrics.max_share_error},
-          {"jain_index", snap.metrics.jain_index},
-          {"unfairness", finite_or(snap.metrics.unfairness, kMaxUnfairness)},
-          {"scheduler_cpu_us_per_s", snap.scheduler_cpu_us_per_s},
-          {"process_cpu_us_per_s", snap.process_cpu_us_per_s}}},
+         {{"busy_fraction", first["busy_fraction"]},
+          {"busy_s", first["busy_s"]},
+          {"idle_with_demand_fraction", first["idle_with_demand_fraction"]},
+          {"arbitration", first["arbitration"]},
+          {"context_switches", first["context_switches"]}}},
+        {"metrics", std::move(metrics)},
         {"process_cpu_s", to_ms(snap.process_cpu) / 1000.0},
         {"scheduler_cpu_s", to_ms(st.policy_cpu) / 1000.0},
         {"counters",
@@ -1166,6 +1589,7 @@ json Daemon::admin_stats() {
           {"held_reports", counters_.held_reports},
           {"doorbells", counters_.doorbells},
           {"degraded_channels", counters_.degraded},
+          {"moves", counters_.moves},
           {"remaps", st.remaps},
           {"polls", st.polls},
           {"accounting_reads", st.accounting_reads},
@@ -1174,9 +1598,11 @@ json Daemon::admin_stats() {
           {"released_entries", st.released_entries},
           {"clients_total", counters_.clients_total},
           {"timer_wakeups", timers_.wakeups()}}},
-        // The active policy's own counters since it started (hfq: blocks,
-        // covers, ...; docs/scenarios.md lists them per policy).
-        {"policy_counters", sched_->policy().counters()},
+        // GPU 0's policy's own counters since it started (hfq: blocks,
+        // covers, ...; docs/scenarios.md lists them per policy); each
+        // GPU's under "gpus".
+        {"policy_counters", first["policy_counters"]},
+        {"gpus", std::move(gpus)},
     };
 }
 

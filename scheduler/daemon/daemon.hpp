@@ -1,6 +1,14 @@
 // pvgpud: the scheduling core running in real time on a GLib main loop
-// against the GPU backend (the simulated GPU by default), serving VMMs and
-// host processes on the client socket and administrators on the admin socket.
+// against the host's GPUs (backends; the simulated GPU by default), serving
+// VMMs and host processes on the client socket and administrators on the
+// admin socket.
+//
+// GPUs: each has its own scheduler, policy, entity tree and share monitor,
+// scheduled independently of the others.  A VMM connection (one pvgpu
+// device) and a host user live on one GPU each, named in HELLO or placed
+// by pvgpud (Placement); a VM with a device on two GPUs has a VM entity on
+// each.  Clients see pvgpud's channel ids, which stay when `move` carries a
+// VM's channels to another GPU (Daemon::Move).
 //
 // Entities (docs/protocol.md 1.2): a VMM's VM is a child of the root keyed
 // by UUID; its channels go to "task-<pid hint>" children (hint 0: the VM
@@ -37,13 +45,17 @@
 #include "config.hpp"
 #include "core/scheduler.hpp"
 #include "glib_clock.hpp"
+#include "gpu_open.hpp"
 #include "identity.hpp"
 #include "libvirt_watch.hpp"
 #include "metrics.hpp"
 #include "gsource.hpp"
 #include "share_monitor.hpp"
-#include "sim/sim_gpu.hpp"
 #include "state_store.hpp"
+
+namespace pvgpu::sim {
+class SimGpu;
+}
 
 namespace pvgpu::daemon {
 
@@ -58,6 +70,7 @@ struct DaemonCounters {
     std::uint64_t watchdog_kills = 0;
     std::uint64_t bad_entry_kills = 0;
     std::uint64_t degraded = 0;
+    std::uint64_t moves = 0;
 };
 
 class Daemon final : private ClientConn::Handler, private AdminBackend, private LibvirtWatch::Listener {
@@ -88,8 +101,10 @@ private:
         std::uint64_t pid_hint = 0;
         std::string task_name;  // VmTask: display name from CHAN_ALLOC
     };
+    // One VMM connection's VM on its GPU (a VM with two devices has two).
     struct Vm {
         std::string uuid;
+        std::uint32_t gpu = 0;
         std::string hello_name;
         EntityId entity = kNoEntity;
         std::uint32_t client = 0;
@@ -100,7 +115,9 @@ private:
         std::map<std::uint64_t, std::uint32_t> guest_weights;
     };
     struct Channel {
-        ChannelId id = 0;
+        ChannelId id = 0;        // pvgpud's, what the client sees
+        std::uint32_t gpu = 0;   // where it runs now
+        ChannelId local = 0;     // the GPU's channel
         std::uint32_t client = 0;
         bool vmm = false;
         std::uint64_t pid_hint = 0;
@@ -119,7 +136,38 @@ private:
         Timer ack_timer;
         bool degraded = false;
     };
-    // A uid with host clients: its entity lives while it has any.
+    // One GPU of the host: the device (a backend), its scheduler and policy,
+    // its share monitor, and what pvgpud knows of the entities in its tree.
+    struct Gpu {
+        std::uint32_t index = 0;
+        const sim::SimGpu* sim = nullptr;  // TEMP
+        std::string name;
+        std::unique_ptr<GpuDevice> dev;
+        std::unique_ptr<Scheduler> sched;
+        std::unique_ptr<ShareMonitor> monitor;
+        std::string policy_name;
+        PolicyParams policy_params;  // as given (defaults filled in on output)
+        std::unordered_map<EntityId, Meta> meta;
+        std::unordered_map<ChannelId, ChannelId> chan_of;  // the GPU's channel -> pvgpud's
+        std::string arbitration;                            // as the backend reports it
+    };
+    // A VM device's channels on their way to another GPU (admin `move`):
+    // every channel drains on `from` (new ones too), then all are re-created
+    // on `to` with their positions and the VM's entities follow.  Until the
+    // switch nothing has changed on `to`, so a move that fails (the drain
+    // outlasts the watchdog, the VM disconnects) leaves the VM where it was.
+    struct Move {
+        std::uint32_t client = 0;
+        std::string uuid;
+        std::uint32_t from = 0, to = 0;
+        std::map<ChannelId, Time> draining;  // pvgpud's id -> when it was shadowed
+        Time deadline = 0;
+        Timer poll;
+        AdminReply reply;
+    };
+    using VmKey = std::pair<std::string, std::uint32_t>;  // UUID, GPU
+    using UserKey = std::pair<std::string, std::uint32_t>;  // user name, GPU
+    // A uid with host clients on a GPU: its entity lives while it has any.
     struct HostUser {
         EntityId entity = kNoEntity;
         std::uint32_t clients = 0;
@@ -134,6 +182,7 @@ private:
         std::string uuid;                  // VMM
         EntityId host_entity = kNoEntity;  // HOST
         std::string host_user;             // HOST: key of host_users_
+        std::uint32_t gpu = 0;             // after HELLO: the GPU it is on
         std::set<ChannelId> channels;
         bool closing = false;
     };
@@ -160,15 +209,39 @@ private:
     Usage usage(bool vmm_budget, std::optional<uid_t> uid, std::uint32_t except = 0) const;
     // Why a new channel for `cl` would break a limit, or empty.
     std::string channel_limit(const Client& cl) const;
-    bool hello_host(Client& cl, const std::string& raw, std::uint32_t pid, std::string& error);
+    bool hello_host(Client& cl, const std::string& raw, std::uint32_t pid, std::optional<std::uint32_t> asked,
+                    std::string& error);
+    // --- GPUs and placement ---
+    Gpu& gpu_of(const Channel& ch) { return *gpus_.at(ch.gpu); }
+    Scheduler& sched_of(const Channel& ch) { return *gpus_.at(ch.gpu)->sched; }
+    void open_gpus();
+    void set_gpu_policy(Gpu& g, const std::string& name, const PolicyParams& params);
+    // The GPU for a new VM device or host user named `key` ("vm/<uuid>",
+    // "user/<name>"): the one asked for, else where it was, else by the
+    // configured placement; never one in `taken`.  nullopt with `error`.
+    std::optional<std::uint32_t> place(const std::string& key, std::optional<std::uint32_t> asked,
+                                       const std::set<std::uint32_t>& taken, std::string& error);
+    void remember_placement(const std::string& key, std::uint32_t gpu, std::optional<std::uint32_t> from = {});
+    Vm* vm_of(const Client& cl);
+    // --- moving a VM between GPUs ---
+    void move_drain(ChannelId id);
+    void move_poll();
+    void move_switch();
+    void move_abort(const std::string& why);
+    void move_forget(ChannelId id);
+    // The entity a moved channel of `vm` joins on its GPU `g`.
+    EntityId moved_leaf(Gpu& g, Vm& vm, const Channel& ch, std::uint32_t weight, const std::string& task_name);
+    std::set<std::uint32_t> gpus_of_vm(const std::string& uuid) const;
     // --- channels ---
     Channel* owned(const Client& cl, std::uint32_t chan_id);
     EntityId leaf_for(Client& cl, std::uint64_t pid_hint, const std::string& task_name, std::string& error);
     void on_doorbell(ChannelId ch);
+    // A scheduler callback's channel (the GPU's id) as pvgpud's, or 0.
+    ChannelId chan_id(const Gpu& g, ChannelId local) const;
     // Stores a put the client reported (doorbell, trap report, mode ack).
     bool deliver_put(Channel& ch, std::uint32_t put);
     void close_channel(ChannelId ch);
-    void remove_if_empty_task(EntityId leaf);
+    void remove_if_empty_task(Gpu& g, EntityId leaf);
     void on_mode_change(ChannelId ch, ChannelMode mode);
     void push_mode(Channel& ch, ChannelMode mode);
     void check_ack(ChannelId ch);
@@ -177,12 +250,13 @@ private:
     void scan_puts();
 
     // --- entities and weights ---
-    std::string admin_path(EntityId id) const;
+    std::string admin_path(const Gpu& g, EntityId id) const;
+    std::string admin_path(const Channel& ch) const { return admin_path(*gpus_.at(ch.gpu), ch.leaf); }
     std::uint32_t vm_weight(const std::string& uuid, const std::string& hello_name,
                             const std::string& name) const;
     // A VM task's weight without a guest request: the admin's, else the default.
     std::uint32_t admin_task_weight(const std::string& uuid, const std::string& key) const;
-    void remove_entity(EntityId id);
+    void remove_entity(Gpu& g, EntityId id);
     void save_state();
 
     // --- admin ---
@@ -191,7 +265,10 @@ private:
     nlohmann::json admin_set_policy(const nlohmann::json& req) override;
     nlohmann::json admin_get_policy() override;
     nlohmann::json admin_stats() override;
-    nlohmann::json effective_params() const;
+    void admin_move(const nlohmann::json& req, AdminReply reply) override;
+    nlohmann::json effective_params(const Gpu& g) const;
+    nlohmann::json list_gpu(Gpu& g);
+    nlohmann::json stats_gpu(Gpu& g);
 
     // --- libvirt (the domains' metadata is the truth for their weights) ---
     void domain_up(const DomainInfo& d) override;
@@ -215,20 +292,17 @@ private:
     FdMux mux_;
     StateStore store_;
     State state_;
-    std::string policy_name_;
-    PolicyParams policy_params_;  // as given (defaults filled in on output)
-    std::unique_ptr<sim::SimGpu> gpu_;
-    std::unique_ptr<Scheduler> sched_;
-    std::unique_ptr<ShareMonitor> monitor_;
+    std::vector<std::unique_ptr<Gpu>> gpus_;
     std::unique_ptr<TextfileExporter> metrics_file_;
     Time started_ = 0;
 
-    std::unordered_map<EntityId, Meta> meta_;
-    std::map<std::string, Vm> vms_;  // connected VMs by UUID
-    std::map<std::string, HostUser> host_users_;  // by user name
+    std::map<VmKey, Vm> vms_;              // connected VMs
+    std::map<UserKey, HostUser> host_users_;
+    ChannelId next_chan_ = 1;
+    std::unique_ptr<Move> move_;  // the one move under way
     VmmUsers vmm_users_;
     std::vector<std::unique_ptr<VmmIdentityCheck>> vmm_checks_;
-    std::map<ChannelId, std::unique_ptr<Channel>> channels_;
+    std::map<ChannelId, std::unique_ptr<Channel>> channels_;  // by pvgpud's id
     std::map<std::uint32_t, Client> clients_;
     std::uint32_t next_client_ = 1;
     std::set<std::uint32_t> to_reap_;

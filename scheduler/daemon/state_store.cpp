@@ -14,6 +14,8 @@
 #include <stdexcept>
 #include <system_error>
 
+#include <pvgpu/protocol.h>
+
 #include "proto/unique_fd.hpp"
 
 namespace pvgpu::daemon {
@@ -44,6 +46,28 @@ std::map<std::string, std::uint32_t> weights_at(const json& j, const char* key) 
     std::map<std::string, std::uint32_t> out;
     for (const auto& [k, v] : object_at(j, key).items()) out[k] = weight_of(v, std::string(key) + "." + k);
     return out;
+}
+
+State::GpuPolicy policy_of(const json& p, const std::string& where) {
+    if (!p.is_object() || !p.contains("name") || !p["name"].is_string())
+        throw std::runtime_error(where + " needs a string name");
+    State::GpuPolicy out;
+    out.name = p["name"].get<std::string>();
+    for (const auto& [k, v] : object_at(p, "params").items()) {
+        if (!v.is_number()) throw std::runtime_error(where + ".params." + k + " is not a number");
+        out.params[k] = v.get<double>();
+    }
+    return out;
+}
+
+std::uint32_t gpu_index(const std::string& key, const std::string& where) {
+    std::uint32_t n = 0;
+    for (char c : key) {
+        if (c < '0' || c > '9' || n >= PVGPU_MAX_GPUS) throw std::runtime_error(where + ": '" + key + "' is not a GPU index");
+        n = n * 10 + static_cast<std::uint32_t>(c - '0');
+    }
+    if (key.empty() || n >= PVGPU_MAX_GPUS) throw std::runtime_error(where + ": '" + key + "' is not a GPU index");
+    return n;
 }
 
 [[noreturn]] void fail(const std::string& what) {
@@ -78,13 +102,18 @@ State state_from_json(const std::string& text) {
     s.host_tasks = weights_at(j, "host_tasks");
     s.host_users = weights_at(j, "host_users");
     if (j.contains("policy")) {
-        const json& p = j["policy"];
-        if (!p.is_object() || !p.contains("name") || !p["name"].is_string())
-            throw std::runtime_error("policy needs a string name");
-        s.policy = p["name"].get<std::string>();
-        for (const auto& [k, v] : object_at(p, "params").items()) {
-            if (!v.is_number()) throw std::runtime_error("policy.params." + k + " is not a number");
-            s.policy_params[k] = v.get<double>();
+        State::GpuPolicy p = policy_of(j["policy"], "policy");
+        s.policy = p.name;
+        s.policy_params = p.params;
+    }
+    for (const auto& [k, v] : object_at(j, "gpu_policies").items())
+        s.gpu_policies[gpu_index(k, "gpu_policies")] = policy_of(v, "gpu_policies." + k);
+    for (const auto& [k, v] : object_at(j, "placements").items()) {
+        if (!v.is_array()) throw std::runtime_error("placements." + k + " is not an array");
+        for (const auto& g : v) {
+            if (!g.is_number_unsigned() || g.get<std::uint64_t>() >= PVGPU_MAX_GPUS)
+                throw std::runtime_error("placements." + k + ": " + g.dump() + " is not a GPU index");
+            s.placements[k].push_back(g.get<std::uint32_t>());
         }
     }
     return s;
@@ -94,6 +123,12 @@ std::string state_to_json(const State& s) {
     json j = json::object();
     j["version"] = kStateVersion;
     if (s.policy) j["policy"] = {{"name", *s.policy}, {"params", s.policy_params}};
+    if (!s.gpu_policies.empty()) {
+        json g = json::object();
+        for (const auto& [n, p] : s.gpu_policies) g[std::to_string(n)] = {{"name", p.name}, {"params", p.params}};
+        j["gpu_policies"] = g;
+    }
+    if (!s.placements.empty()) j["placements"] = s.placements;
     json vms = json::object();
     for (const auto& [uuid, vm] : s.vms) vms[uuid] = {{"name", vm.name}, {"weight", vm.weight}};
     j["vms"] = vms;

@@ -31,8 +31,19 @@ struct State {
     // it gains nothing over other users).
     std::map<std::string, std::uint32_t> host_tasks;
     std::map<std::string, std::uint32_t> host_users;  // "<user>" -> weight of host/<user>
-    std::optional<std::string> policy;                // set at run time (set-policy)
+    std::optional<std::string> policy;                // set at run time (set-policy), every GPU
     PolicyParams policy_params;
+    // set-policy --gpu N: GPU N's own choice, over `policy`.
+    struct GpuPolicy {
+        std::string name;
+        PolicyParams params;
+        bool operator==(const GpuPolicy&) const = default;
+    };
+    std::map<std::uint32_t, GpuPolicy> gpu_policies;
+    // Where each VM ("vm/<uuid>") and host user ("user/<name>") was placed,
+    // by GPU index, one entry per device: a client that comes back without
+    // naming a GPU lands where it was.
+    std::map<std::string, std::vector<std::uint32_t>> placements;
 
     bool operator==(const State&) const = default;
 };

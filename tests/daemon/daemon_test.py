@@ -367,8 +367,10 @@ class RawClient:
                 return True
         return self.closed
 
-    def hello(self, name, role=ROLE_HOST, uuid=b"\0" * 16, expect_status=E_OK, version=1):
-        payload = struct.pack("<II16s64sII", version, role, uuid, name.encode(), os.getpid(), 0)
+    def hello(self, name, role=ROLE_HOST, uuid=b"\0" * 16, expect_status=E_OK, version=1, gpu=None):
+        """gpu: None lets pvgpud place the client; n asks for GPU n (version 4)."""
+        payload = struct.pack("<II16s64sII", version, role, uuid, name.encode(), os.getpid(),
+                              0 if gpu is None else gpu + 1)
         seq = self.send(MSG_HELLO, payload)
         msg = self.expect(seq)
         check(msg[0] == MSG_HELLO_REPLY, f"HELLO answered with type {msg[0]}")
@@ -2332,6 +2334,246 @@ def case_completion(bins, tmp):
         d.stop()
 
 
+# ---- several GPUs: placement, per-GPU shares, moving a VM ------------------------
+
+def admin_request(daemon, req, timeout=15.0):
+    """One admin request on its own connection; the decoded reply."""
+    s = admin_connect(daemon.admin)
+    s.settimeout(timeout)
+    try:
+        s.sendall((json.dumps(req) + "\n").encode())
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = s.recv(65536)
+            check(chunk, f"admin connection closed before the reply to {req}")
+            data += chunk
+        return json.loads(data.decode().splitlines()[0])
+    finally:
+        s.close()
+
+
+def gpu_of(listing, path):
+    return [e["gpu"] for e in listing["entities"] if e["path"] == path]
+
+
+def case_gpus(bins, tmp):
+    """Two GPUs (round-robin, timeslice): each splits by its own weights,
+    clients name their GPU (pvgpu-load --gpu) and the Prometheus textfile
+    agrees with the clients' own counts."""
+    prom = os.path.join(tmp, "textfile", "pvgpu.prom")
+    os.makedirs(os.path.dirname(prom))
+    with open(os.path.join(tmp, "pvgpud.conf"), "w") as f:
+        f.write("[libvirt]\nuri = none\n[metrics]\ntextfile = " + prom + "\ninterval_s = 1\n"
+                "[gpu.0]\narbitration = round-robin\n[gpu.1]\nname = slices\narbitration = timeslice\n")
+    d = Daemon(bins, tmp)
+    d.start()
+    loads = []
+    try:
+        listing = ctl_json(bins, d, "list")
+        gpus = listing.get("gpus", [])
+        check([(g["index"], g["name"], g["arbitration"]) for g in gpus] ==
+              [(0, "gpu0", "round-robin"), (1, "slices", "timeslice")], f"GPUs as listed: {gpus}")
+        # Weights 100:300 on gpu0, 100:100 on gpu1; kernels of four lengths.
+        spec = [("a0", 0, 1000, 100), ("b0", 0, 400, 300), ("a1", 1, 1500, 100), ("b1", 1, 300, 100)]
+        for name, gpu, kernel_us, weight in spec:
+            ctl(bins, d, "set-weight", f"{HOST}/{name}", str(weight))
+        for name, gpu, kernel_us, weight in spec:
+            loads.append(Load(bins, d, "throttle", "--kernel-us", kernel_us, "--batch", 4, "--depth", 2,
+                              "--duration-s", 30, "--report-interval-s", "0.1", "--gpu", gpu, name=name))
+        shares, _ = measure_window(loads, [k for _, _, k, _ in spec], warmup=1.5, window=5.0)
+        listing = ctl_json(bins, d, "list")
+        for (name, gpu, kernel_us, weight) in spec:
+            check(gpu_of(listing, f"{HOST}/{name}") == [gpu], f"{name} is on {gpu_of(listing, f'{HOST}/{name}')}")
+        # Per GPU: each task's part of its GPU's work, by its own counts.
+        for gpu, want in ((0, [0.25, 0.75]), (1, [0.5, 0.5])):
+            idx = [i for i, s_ in enumerate(spec) if s_[1] == gpu]
+            total = sum(shares[i] for i in idx)
+            got = [shares[i] / total for i in idx]
+            for i, g, w in zip(idx, got, want):
+                result(f"gpus.gpu{gpu}.{spec[i][0]}.share", f"{g:.3f}")
+            # 0.02: the issue's bound; each GPU's split is its own scheduler's.
+            check(all(abs(g - w) <= 0.02 for g, w in zip(got, want)),
+                  f"GPU {gpu}: shares {[round(x, 3) for x in got]}, expected {want} +- 0.02")
+        # The textfile: one busy series per GPU, every entity series labelled.
+        with open(prom) as f:
+            text = f.read()
+        for gpu in (0, 1):
+            check(f'gpu="{gpu}"' in text, f"textfile has no series with gpu=\"{gpu}\"")
+    finally:
+        for load in loads:
+            load.finish(sig=signal.SIGTERM)
+        d.stop()
+
+
+def case_placement(bins, tmp):
+    """Spread and pack place VMs as configured; a GPU a client names is
+    honoured or refused with a reason; placements survive a restart."""
+    uuids = [bytes([i]) * 16 for i in range(1, 6)]
+    text = ["-".join([u.hex()[:8], u.hex()[8:12], u.hex()[12:16], u.hex()[16:20], u.hex()[20:]]) for u in uuids]
+    with open(os.path.join(tmp, "pvgpud.conf"), "w") as f:
+        f.write("[libvirt]\nuri = none\n[gpu.0]\n[gpu.1]\n[gpu.2]\n")
+    d = Daemon(bins, tmp)
+    d.start()
+    clients = []
+
+    def vm(i, gpu=None, status=E_OK):
+        c = RawClient(d.socket)
+        c.hello(f"vm{i}", role=ROLE_VMM, uuid=uuids[i], version=PROTO_VERSION, gpu=gpu, expect_status=status)
+        clients.append(c)
+        return c
+
+    def placed():
+        listing = ctl_json(bins, d, "list")
+        out = {}
+        for e in listing["entities"]:
+            if e["kind"] == "vm":
+                out[e["path"]] = e["gpu"] if e["path"] not in out else sorted([out[e["path"]], e["gpu"]])
+        return out
+
+    try:
+        # spread: the GPU with the least weight placed; ties to the lowest.
+        ctl(bins, d, "set-weight", text[0], "300")
+        vm(0)
+        vm(1)
+        vm(2)
+        vm(3)
+        check(placed() == {"vm0": 0, "vm1": 1, "vm2": 2, "vm3": 1}, f"spread placed {placed()}")
+        # Named: honoured, even where spread would not go.
+        vm(4, gpu=0)
+        check(placed()["vm4"] == 0, f"vm4 asked for GPU 0: {placed()}")
+        # Out of range: an ERROR saying why, then the refusal.
+        bad = RawClient(d.socket)
+        payload = struct.pack("<II16s64sII", PROTO_VERSION, ROLE_VMM, bytes([9]) * 16, b"bad", os.getpid(), 4)
+        seq = bad.send(MSG_HELLO, payload)
+        msg = bad.recv()
+        check(msg and msg[0] == MSG_ERROR, f"no ERROR before the refusal: {msg}")
+        check(b"no GPU 3 on this host (3 GPUs)" in msg[2], f"ERROR says {msg[2]!r}")
+        msg = bad.expect(seq)
+        check(msg[0] == MSG_HELLO_REPLY and struct.unpack_from("<I", msg[2])[0] == E_INVALID,
+              f"HELLO for GPU 3 answered {msg}")
+        check(bad.wait_closed(), "refused client not closed")
+        bad.close()
+        check(any("no GPU 3 on this host" in line for line in d.lines), "refusal not logged")
+        # A second device of vm1 on another GPU; the same GPU again is refused.
+        vm(1, gpu=2)
+        vm(1, gpu=2, status=E_STATE)
+        listing = ctl_json(bins, d, "list")
+        check(sorted(gpu_of(listing, "vm1")) == [1, 2], f"vm1's devices: {gpu_of(listing, 'vm1')}")
+        # Restart: every VM comes back where it was without naming a GPU.
+        before = placed()
+        for c in clients:
+            c.close()
+        clients.clear()
+        d.stop()
+        d.start()
+        for i in (3, 2, 1, 0, 4, 1):  # another order than before; vm1's two devices
+            vm(i)
+        check(placed() == before, f"after a restart {placed()}, before {before}")
+    finally:
+        for c in clients:
+            c.close()
+        d.stop()
+    # pack: fill GPU 0 up to pack_limit before GPU 1.
+    tmp2 = os.path.join(tmp, "pack")
+    os.makedirs(tmp2)
+    with open(os.path.join(tmp2, "pvgpud.conf"), "w") as f:
+        f.write("[libvirt]\nuri = none\n[daemon]\nplacement = pack\npack_limit = 2\n[gpu.0]\n[gpu.1]\n")
+    d = Daemon(bins, tmp2)
+    d.start()
+    try:
+        for i in range(4):
+            vm(i)
+        check(placed() == {"vm0": 0, "vm1": 0, "vm2": 1, "vm3": 1}, f"pack placed {placed()}")
+    finally:
+        for c in clients:
+            c.close()
+        d.stop()
+
+
+def case_move(bins, tmp):
+    """pvgpuctl's move: a VM's channel goes to another GPU while it runs,
+    without a lost, repeated or reordered kernel; bad moves change nothing."""
+    with open(os.path.join(tmp, "pvgpud.conf"), "w") as f:
+        f.write("[libvirt]\nuri = none\n[gpu.0]\n[gpu.1]\narbitration = timeslice\n")
+    d = Daemon(bins, tmp)
+    d.start()
+    c = RawClient(d.socket)
+    try:
+        c.hello("mover", role=ROLE_VMM, uuid=VM_UUID, version=PROTO_VERSION, gpu=0)
+        status, chan_id, fds = c.alloc()
+        check(status == E_OK, f"CHAN_ALLOC status {status}")
+        ch = RawChannel(fds)
+        kernels, seen, errors = 3000, [], []
+
+        def run():
+            try:
+                ch.run(500_000, kernels, timeout=60)
+            except TestFailure as e:
+                errors.append(str(e))
+
+        def watch():
+            last = 0
+            while not done.is_set():
+                f = ch.fence()
+                if f < last:
+                    seen.append((last, f))
+                last = f
+                time.sleep(0.0005)
+
+        done = threading.Event()
+        threads = [threading.Thread(target=run), threading.Thread(target=watch)]
+        for t in threads:
+            t.start()
+        try:
+            while ch.fence() < 200:
+                time.sleep(0.01)
+            for bad, why in ((dict(target="mover", gpu=5), "no such GPU"),
+                             (dict(target="nobody", gpu=1), "no such VM connected"),
+                             (dict(target="mover", gpu=0), "is on GPU 0 already")):
+                r = admin_request(d, dict(cmd="move", **bad))
+                check(not r["ok"] and why in r["error"], f"move {bad}: {r}")
+            moves = []
+            for to in (1, 0, 1):
+                r = admin_request(d, {"cmd": "move", "target": "mover", "gpu": to})
+                check(r.get("ok"), f"move to GPU {to}: {r}")
+                check([x["chan_id"] for x in r["channels"]] == [chan_id], f"moved channels {r['channels']}")
+                moves.append(r["channels"][0]["pause_ms"])
+                check(gpu_of(ctl_json(bins, d, "list"), "mover") == [to], "the VM is not where it moved")
+                time.sleep(0.2)
+            for i, p in enumerate(moves):
+                result(f"move.pause_ms.{i}", f"{p:.2f}")
+        finally:
+            threads[0].join(90)
+            done.set()
+            threads[1].join(5)
+        check(not errors, f"the channel's work did not complete: {errors}")
+        check(ch.fence() == kernels, f"fence {ch.fence()} after {kernels} kernels")
+        check(not seen, f"FENCE went backwards: {seen[:3]}")
+        # Every kernel ran once: the GPUs' accounts add up to the work.
+        stats = ctl_json(bins, d, "stats")
+        check(stats["counters"]["moves"] == 3, f"moves counted: {stats['counters']['moves']}")
+        busy = sum(g["busy_s"] for g in stats["gpus"])
+        result("move.busy_s", f"{busy:.3f}")
+        check(abs(busy - kernels * 0.0005) <= 0.05 * kernels * 0.0005,
+              f"the GPUs were busy {busy:.3f} s for {kernels * 0.0005:.3f} s of kernels")
+        # A VM that disconnects while its long kernel drains: the move fails
+        # and says so; pvgpud goes on.
+        ch.fill(400_000_000, 1)
+        time.sleep(0.05)
+        reply = {}
+        t = threading.Thread(target=lambda: reply.update(admin_request(d, {"cmd": "move", "target": "mover", "gpu": 0})))
+        t.start()
+        time.sleep(0.1)
+        ch.close()
+        c.close()
+        t.join(10)
+        check(not reply.get("ok") and "disconnected" in reply.get("error", ""), f"move of a leaving VM: {reply}")
+        check(d.alive(), "pvgpud died")
+        check(admin_request(d, {"cmd": "list"})["ok"], "pvgpud does not answer after the failed move")
+    finally:
+        d.stop()
+
+
 CASES = {
     "identity": case_identity,
     "migrate": case_migrate,
@@ -2353,6 +2595,9 @@ CASES = {
     "metrics": case_metrics,
     "completion": case_completion,
     "cheat": case_cheat,
+    "gpus": case_gpus,
+    "placement": case_placement,
+    "move": case_move,
 }
 
 

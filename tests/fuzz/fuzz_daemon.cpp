@@ -135,7 +135,13 @@ public:
         cfg.limits.host_channels_per_uid = 4;
         cfg.limits.max_queue_fds = 4;
         cfg.limits.max_queue_bytes = 16 * 1024;
-        cfg.gpu.watchdog = 5 * kMillisecond;
+        // Two GPUs: placement, a HELLO naming either (or a third, refused)
+        // and VMs with a device on each are reached too.
+        cfg.gpus.assign(2, GpuConfig{});
+        for (std::uint32_t i = 0; i < 2; ++i) {
+            cfg.gpus[i].name = "gpu" + std::to_string(i);
+            cfg.gpus[i].watchdog_ms = 5;
+        }
         daemon_ = std::make_unique<Daemon>(std::move(cfg));
     }
 
@@ -246,6 +252,7 @@ private:
         if (!(b & 0x40)) std::memset(h.uuid, kUuidByte[(b >> 7) & 1], sizeof h.uuid);
         wire::set_name(h.name, sizeof h.name, in.text(8));
         h.pid = in.byte();
+        h.gpu = in.byte() % 4;  // any, GPU 0, GPU 1, or a GPU the host lacks
         send(c, PVGPU_MSG_HELLO, h);
     }
 
@@ -340,6 +347,10 @@ private:
             R"({"cmd":"set-weight","target":"11111111-1111-1111-1111-111111111111","weight":50})",
             R"({"cmd":"set-policy","policy":"dfq"})", R"({"cmd":"set-policy","policy":"hfq"})",
             R"({"cmd":"set-weight","target":"host/root/x","weight":7})", R"({"cmd":"get-policy"})",
+            R"({"cmd":"move","target":"11111111-1111-1111-1111-111111111111","gpu":1})",
+            R"({"cmd":"move","target":"11111111-1111-1111-1111-111111111111","gpu":0})",
+            R"({"cmd":"move","target":"22222222-2222-2222-2222-222222222222","gpu":1,"from":0})",
+            R"({"cmd":"set-policy","policy":"timeslice","gpu":1})",
         };
         const std::uint8_t b = in.byte();
         std::string line = (b & 0x80) ? in.text(24) : kLines[b % std::size(kLines)];

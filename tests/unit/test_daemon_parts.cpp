@@ -550,9 +550,13 @@ TEST_CASE("config: an empty file gives the defaults", "[daemon][config]") {
     CHECK(c.admin_group == "pvgpu");
     CHECK(c.state_dir == PVGPU_STATE_DIR);
     CHECK(c.policy == "hfq");
-    CHECK(c.gpu.arbitration == sim::Arbitration::RoundRobin);
-    CHECK(c.gpu.timeslice == 2 * kMillisecond);
-    CHECK(c.gpu.watchdog == 2 * kSecond);
+    // One GPU, gpu0, on the built-in simulated GPU with its own defaults.
+    REQUIRE(c.gpus.size() == 1);
+    CHECK(c.gpus[0].name == "gpu0");
+    CHECK(c.gpus[0].backend == "sim");
+    CHECK(backend_options(c.gpus[0]).empty());
+    CHECK(c.placement == Placement::Spread);
+    CHECK(c.pack_limit == 8u);
     CHECK(c.limits.max_channels_per_client == 64u);
     CHECK(c.limits.hello_timeout == 5 * kSecond);
     CHECK(c.limits.mode_ack_timeout == 1 * kSecond);
@@ -604,10 +608,10 @@ max_queue_kib=64
     CHECK(params_for(c, "dfq").at("threshold_ms") == 3.5);
     CHECK(params_for(c, "hfq").at("poll_us") == 250);
     CHECK(params_for(c, "none").empty());
-    CHECK(c.gpu.arbitration == sim::Arbitration::Timeslice);
-    CHECK(c.gpu.timeslice == kMillisecond);
-    CHECK(c.gpu.preempt == 50 * kMicrosecond);
-    CHECK(c.gpu.watchdog == 0);
+    REQUIRE(c.gpus.size() == 1);
+    CHECK(c.gpus[0].name == "gpu0");
+    CHECK(backend_options(c.gpus[0]) ==
+          std::vector<std::string>{"arbitration=timeslice", "timeslice_us=1000", "preempt_us=50", "watchdog_ms=0"});
     CHECK(c.limits.max_channels_per_client == 8u);
     CHECK(c.limits.mode_ack_timeout == 250 * kMillisecond);
     CHECK(c.limits.max_queue_bytes == 64u * 1024u);
@@ -669,6 +673,69 @@ TEST_CASE("config: malformed input names the file, line and key", "[daemon][conf
     CHECK(e.find("[daemon] realtime_priority") != std::string::npos);
     CHECK(e.find("0..99") != std::string::npos);
     CHECK(parse_config("[daemon]\nrealtime_priority = 10\n", "t.conf").realtime_priority == 10u);
+}
+
+TEST_CASE("config: several GPUs in [gpu.N] groups", "[daemon][config][gpus]") {
+    Config c = parse_config(R"([daemon]
+placement = pack
+pack_limit = 2
+[gpu.1]
+arbitration = timeslice
+name = big
+[gpu.0]
+watchdog_ms = 500
+)",
+                            "gpus.conf");
+    REQUIRE(c.gpus.size() == 2);
+    CHECK(c.gpus[0].name == "gpu0");
+    CHECK(backend_options(c.gpus[0]) == std::vector<std::string>{"watchdog_ms=500"});
+    CHECK(c.gpus[1].name == "big");
+    CHECK(backend_options(c.gpus[1]) == std::vector<std::string>{"arbitration=timeslice"});
+    CHECK(c.placement == Placement::Pack);
+    CHECK(c.pack_limit == 2u);
+    CHECK(parse_config("[gpu.0]\nbackend = /opt/x/libpvgpu-backend-x.so\n", "t").gpus[0].backend ==
+          "/opt/x/libpvgpu-backend-x.so");
+
+    // Each mistake is named with its file, line and group.
+    std::string e = config_error("[gpu]\n[gpu.0]\n");
+    CHECK(e.find("test.conf:2: [gpu.0]") != std::string::npos);
+    CHECK(e.find("[gpu] and [gpu.N]") != std::string::npos);
+    e = config_error("[gpu.0]\n[gpu.2]\n");
+    CHECK(e.find("test.conf:2: [gpu.2]") != std::string::npos);
+    CHECK(e.find("no [gpu.1]") != std::string::npos);
+    e = config_error("[gpu.1]\n");
+    CHECK(e.find("no [gpu.0]") != std::string::npos);
+    e = config_error("[gpu.0]\nname = a\n[gpu.1]\nname = a\n");
+    CHECK(e.find("test.conf:4: [gpu.1] name") != std::string::npos);
+    CHECK(e.find("already the name of GPU 0") != std::string::npos);
+    e = config_error("[gpu.0]\n\ncolour = red\n");
+    CHECK(e.find("test.conf:3: [gpu.0] colour: unknown key") != std::string::npos);
+    for (const char* group : {"[gpu.16]", "[gpu.01]", "[gpu.x]", "[gpu.-1]"})
+        CHECK(config_error(std::string(group) + "\n").find("unknown group") != std::string::npos);
+    CHECK(config_error("[gpu.0]\nname = a b\n").find("[gpu.0] name") != std::string::npos);
+    CHECK(config_error("[gpu.0]\nbackend = relative.so\n").find("[gpu.0] backend") != std::string::npos);
+    CHECK(config_error("[gpu.0]\narbitration = fifo\n").find("[gpu.0] arbitration") != std::string::npos);
+    CHECK(config_error("[daemon]\nplacement = random\n").find("[daemon] placement") != std::string::npos);
+    CHECK(config_error("[daemon]\npack_limit = 0\n").find("[daemon] pack_limit") != std::string::npos);
+}
+
+TEST_CASE("config: --gpus N runs N GPUs configured as the first", "[daemon][config][gpus]") {
+    TempDir dir;
+    const std::string conf = dir / "pvgpud.conf";
+    write_file(conf, "[gpu]\narbitration = timeslice\n");
+    auto load = [&](std::vector<std::string> args) {
+        args.insert(args.begin(), {"pvgpud", "-c", conf});
+        std::vector<char*> argv;
+        for (auto& a : args) argv.push_back(a.data());
+        return load_config(parse_cli(static_cast<int>(argv.size()), argv.data()));
+    };
+    Config c = load({"--gpus", "3"});
+    REQUIRE(c.gpus.size() == 3);
+    for (std::uint32_t i = 0; i < 3; ++i) {
+        CHECK(c.gpus[i].name == "gpu" + std::to_string(i));
+        CHECK(c.gpus[i].arbitration == "timeslice");
+    }
+    for (const char* bad : {"0", "17", "two", ""}) CHECK_THROWS_AS(load({"--gpus", bad}), ConfigError);
 }
 
 TEST_CASE("config: command-line options override the file", "[daemon][config]") {
@@ -887,6 +954,11 @@ namespace {
 
 struct FakeBackend final : AdminBackend {
     int mutations = 0;
+    AdminReply later;  // the last move's
+    void admin_move(const nlohmann::json&, AdminReply reply) override {
+        ++mutations;
+        later = std::move(reply);
+    }
     nlohmann::json admin_list() override { return {{"ok", true}, {"entities", nlohmann::json::array()}}; }
     nlohmann::json admin_set_weight(const nlohmann::json&) override {
         ++mutations;
@@ -917,13 +989,13 @@ TEST_CASE("admin: requests, errors and permissions", "[daemon][admin]") {
     owner.uid = 1000;
 
     auto ask = [&](const std::string& line, const PeerCred& who) {
-        return handle_admin_request(line, who, rights, be);
+        return handle_admin_request(line, who, rights, be, [](nlohmann::json) {});
     };
     CHECK_FALSE(ask("   \t", root).has_value());
     auto v = *ask(R"({"cmd":"version"})", stranger);
     CHECK(v["ok"] == true);
     CHECK(v["protocol"] == PVGPU_PROTO_VERSION);
-    CHECK(v["admin_protocol"] == 3);
+    CHECK(v["admin_protocol"] == 4);
     CHECK((*ask("{oops", root))["error"].get<std::string>().rfind("bad request: ", 0) == 0);
     CHECK((*ask("[1]", root))["error"].get<std::string>().rfind("bad request: ", 0) == 0);
     CHECK((*ask(R"({"cmd":5})", root))["error"] == "bad request: missing \"cmd\"");
@@ -942,6 +1014,15 @@ TEST_CASE("admin: requests, errors and permissions", "[daemon][admin]") {
     primary.gid = 2000;
     CHECK((*ask(R"({"cmd":"set-weight","target":"vm1","weight":5})", primary))["ok"] == true);
     CHECK(be.mutations == 4);
+    // A move is answered later, through the reply it was handed; the
+    // request itself answers JSON null ("wait").
+    CHECK((*ask(R"({"cmd":"move","target":"vm1","gpu":1})", stranger))["error"] ==
+          "permission denied: move needs root, uid 1000 or group pvgpu");
+    auto deferred = ask(R"({"cmd":"move","target":"vm1","gpu":1})", root);
+    REQUIRE(deferred.has_value());
+    CHECK(deferred->is_null());
+    CHECK(be.mutations == 5);
+    CHECK(be.later);
 
     AdminPolicy no_group(0, static_cast<gid_t>(-1), "");
     CHECK(no_group.denied("set-policy") == "permission denied: set-policy needs root");
