@@ -57,7 +57,7 @@ done
 if [ -n "$gpus" ]; then
     "$pvgpud" --help | grep -q -- '--gpus' ||
         { echo "pvgpu-demo: $pvgpud has no --gpus option; rebuild" >&2; exit 1; }
-    "$load" --help 2>&1 | grep -q -- '--gpu ' ||
+    [ "$gpus" -lt 2 ] || "$load" --help 2>&1 | grep -q -- '--gpu ' ||
         { echo "pvgpu-demo: $load has no --gpu option; rebuild" >&2; exit 1; }
 fi
 
@@ -89,7 +89,7 @@ two=""
 # With several GPUs each task names its GPU (pvgpu-load --gpu); pvgpud would
 # otherwise place all of one user's tasks on one GPU.
 on0=""
-[ -n "$gpus" ] && on0="--gpu 0"
+[ -n "$two" ] && on0="--gpu 0"
 
 if [ -n "$two" ]; then
     echo "== pvgpud (policy hfq, $gpus simulated round-robin GPUs) with five host tasks:"
