@@ -50,6 +50,11 @@ constexpr int kExitUsage = 2;
 constexpr const char* kDefaultAdminSocket = PVGPU_ADMIN_SOCKET_PATH;
 constexpr const char* kDefaultClientSocket = PVGPU_SOCKET_PATH;
 constexpr auto kReplyTimeout = std::chrono::seconds(10);
+// A move answers when it has finished: pvgpud drains the VM's work from the
+// GPU first (bounded by the GPU watchdog), which may take seconds.
+constexpr auto kMoveTimeout = std::chrono::seconds(60);
+// The admin protocol version that reports per GPU ("gpus") and has move.
+constexpr int kAdminProtocolGpus = 4;
 constexpr unsigned kWeightMin = 1;      // PVGPU_WEIGHT_MIN
 constexpr unsigned kWeightMax = 10000;  // PVGPU_WEIGHT_MAX
 constexpr unsigned kWeightDefault = 100;  // PVGPU_WEIGHT_DEFAULT
@@ -61,14 +66,16 @@ constexpr const char* kUsage = R"(usage: pvgpuctl [--admin-socket PATH] [--json]
 Administers pvgpud, the pvgpu GPU scheduling daemon.
 
 Commands:
-  list                          entity tree with weights and shares
+  list [--gpu N]                entity tree with weights and shares, per GPU
   set-weight TARGET WEIGHT      set an admin weight (1..10000)
-  set-policy NAME [KEY=VALUE]...
-                                switch the scheduling policy
-  policy                        show the active policy and its parameters
-  stats                         daemon statistics and fairness metrics
-  top [--interval S] [--count N]
+  set-policy NAME [KEY=VALUE]... [--gpu N]
+                                switch the scheduling policy (of every GPU,
+                                or of GPU N)
+  policy [--gpu N]              show the active policy and its parameters
+  stats [--gpu N]               daemon statistics and fairness metrics
+  top [--interval S] [--count N] [--gpu N]
                                 live view, refreshed every S seconds
+  move VM --gpu N [--from M]    move a running VM's channels to GPU N, live
   version                       versions of pvgpuctl and pvgpud
   attach DOMAIN [--weight W] [--gpu N] [--socket PATH] [--emulator PATH]
                                 give a libvirt domain the pvgpu device
@@ -81,6 +88,8 @@ Options:
   -c, --connect URI     libvirt URI for attach, detach and the weights of
                         libvirt domains (default: libvirt's, e.g.
                         $LIBVIRT_DEFAULT_URI, else qemu:///system as root)
+  --gpu N               the GPU a command is about (its index, as in the
+                        GPU header lines); default: every GPU
   --json                print the daemon's JSON reply instead of a table
   -h, --help            this help
 
@@ -88,17 +97,22 @@ Exit status: 0 success, 1 daemon error or daemon unreachable, 2 bad usage.
 )";
 
 const std::map<std::string, std::string, std::less<>> kCommandHelp = {
-    {"list", R"(usage: pvgpuctl [--json] list
+    {"list", R"(usage: pvgpuctl [--json] list [--gpu N]
 
 Shows every scheduling entity as a tree: VMs, their guest tasks, host users
-(host/USER) and their tasks (host/USER/NAME).  Columns: WEIGHT (admin
-weight), TARGET (the share of the whole GPU it should get now), ACHIEVED (what it got over the daemon's recent window),
+(host/USER) and their tasks (host/USER/NAME), per GPU: a header line per
+GPU (GPU 1 gpu1  policy hfq  busy 99.8%  VMs 2), then that GPU's entities.
+A VM on two GPUs has an entity on each.  --gpu N shows GPU N only.
+Columns: WEIGHT (admin
+weight), TARGET (the share of its GPU it should get now), ACHIEVED (what it got over the daemon's recent window),
 GPU_MS (GPU time used since it appeared, subtree included), CHANNELS,
 KERNELS (kernels completed with a completion interrupt, subtree included).
 pvgpud measures GPU time itself, from completion interrupts and the GPU's
 engine status register, the same way under every policy.  An older pvgpud
 (admin protocol 1) measured nothing under policy none: its ACHIEVED and
-GPU_MS are then shown as '-', with a note.
+GPU_MS are then shown as '-', with a note.  A pvgpud before admin protocol 4
+drives one GPU, shown as GPU 0 gpu0.  --json prints the daemon's reply,
+with the entities per GPU in "gpus".
 )"},
     {"set-weight", R"(usage: pvgpuctl set-weight TARGET WEIGHT
 
@@ -137,28 +151,49 @@ Removes the pvgpu device wiring and the pvgpu metadata from the persistent
 definition of the libvirt domain DOMAIN.  A running domain keeps its device
 until it is shut down.
 )"},
-    {"set-policy", R"(usage: pvgpuctl set-policy NAME [KEY=VALUE]...
+    {"set-policy", R"(usage: pvgpuctl set-policy NAME [KEY=VALUE]... [--gpu N]
 
 Switches the scheduling policy at run time: none, timeslice, dfq or hfq.
 KEY=VALUE pairs set numeric policy parameters; omitted ones take their
-defaults (pvgpuctl policy shows the effective ones).  Example:
+defaults (pvgpuctl policy shows the effective ones).  Every GPU has its own
+policy: --gpu N switches GPU N's only; without it every GPU's.  Example:
   pvgpuctl set-policy hfq threshold_ms=4
+  pvgpuctl set-policy timeslice --gpu 1
 Needs root, the daemon's uid or its admin group.
 )"},
-    {"policy", R"(usage: pvgpuctl [--json] policy
+    {"policy", R"(usage: pvgpuctl [--json] policy [--gpu N]
 
-Shows the active policy and its effective parameters.
+Shows the active policy and its effective parameters; on a host with several
+GPUs, each GPU's (--gpu N: GPU N's).
 )"},
-    {"stats", R"(usage: pvgpuctl [--json] stats
+    {"stats", R"(usage: pvgpuctl [--json] stats [--gpu N]
 
 Shows daemon statistics: uptime, clients, channels, GPU busy fraction,
-fairness metrics (max share error, Jain's index, unfairness) and counters.
+fairness metrics (max share error, Jain's index, unfairness) and counters,
+then a section per GPU (--gpu N: GPU N's only) under its header line: its
+policy, arbitration, busy fraction and time, context switches, channels,
+VMs, scheduler CPU and fairness metrics.
 )"},
-    {"top", R"(usage: pvgpuctl top [--interval S] [--count N]
+    {"top", R"(usage: pvgpuctl top [--interval S] [--count N] [--gpu N]
 
-Live view of the entity tree, redrawn every S seconds (default 1).  NOW is
-the share of the GPU each entity used since the previous refresh.  Quit with
-q or Ctrl-C; --count N exits after N refreshes.
+Live view of the entity tree, redrawn every S seconds (default 1), per GPU
+as in list (--gpu N: GPU N only).  NOW is the share of its GPU each entity
+used since the previous refresh.  Quit with q or Ctrl-C; --count N exits
+after N refreshes.
+)"},
+    {"move", R"(usage: pvgpuctl [--json] move VM --gpu N [--from M]
+
+Moves a running VM (name or UUID) to GPU N, live and without the guest's
+help: pvgpud holds the VM's channels back (the guest keeps writing), waits
+for the work already on the GPU to complete, recreates each channel on GPU N
+with the same ring and fences, and lets it go.  The guest sees a pause,
+printed per channel:
+  channel 3: paused 12.5 ms
+  vm2 moved from gpu0 to gpu1 (2 channels, longest pause 12.5 ms)
+--from M names the GPU to move from when the VM has devices on several.
+A move that fails leaves the VM running where it was; pvgpud's message is
+printed and the exit status is 1.  Waits up to )" + std::to_string(kMoveTimeout.count()) + R"( s for pvgpud.
+Needs root, the daemon's uid or its admin group.
 )"},
     {"version", R"(usage: pvgpuctl [--json] version
 
@@ -190,8 +225,9 @@ class AdminConnection {
 public:
     explicit AdminConnection(std::string path) : path_(std::move(path)) {}
 
-    // One request, one reply.  ok:false replies are returned, not thrown.
-    json request(const json& req) {
+    // One request, one reply, within `timeout`.  ok:false replies are
+    // returned, not thrown.
+    json request(const json& req, std::chrono::seconds timeout = kReplyTimeout) {
         if (!fd_) connect();
         std::string line = req.dump() + "\n";
         std::string_view rest = line;
@@ -205,7 +241,7 @@ public:
             }
             rest.remove_prefix(static_cast<std::size_t>(n));
         }
-        const auto deadline = SteadyClock::now() + kReplyTimeout;
+        const auto deadline = SteadyClock::now() + timeout;
         for (;;) {
             if (const auto nl = buf_.find('\n'); nl != std::string::npos) {
                 const std::string reply_line = buf_.substr(0, nl);
@@ -219,8 +255,7 @@ public:
             }
             const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
             if (left.count() <= 0)
-                throw DaemonError{"pvgpud did not answer within " +
-                                      std::to_string(kReplyTimeout.count()) + " s",
+                throw DaemonError{"pvgpud did not answer within " + std::to_string(timeout.count()) + " s",
                                   {}};
             pollfd p{fd_.get(), POLLIN, 0};
             const int rc = ::poll(&p, 1, static_cast<int>(left.count()));
@@ -282,9 +317,11 @@ struct Args {
     std::optional<unsigned long> count;
     std::string libvirt_uri;             // empty: libvirt's default
     std::optional<std::string> weight;   // attach
-    std::optional<std::string> gpu;      // attach
+    std::optional<std::string> gpu_text;  // --gpu as given (attach also takes "any")
     std::string client_socket;           // attach
     std::string emulator;                // attach
+    std::optional<unsigned> gpu;         // list, top, stats, policy, set-policy, move
+    std::optional<unsigned> from_gpu;    // move
     bool help = false;
 };
 
@@ -328,8 +365,6 @@ Args parse_args(int argc, char** argv) {
             a.libvirt_uri = value();
         } else if (key == "--weight") {
             a.weight = value();
-        } else if (key == "--gpu") {
-            a.gpu = value();
         } else if (key == "--socket") {
             a.client_socket = value();
             if (a.client_socket.empty()) throw UsageError{"--socket needs a path"};
@@ -346,6 +381,15 @@ Args parse_args(int argc, char** argv) {
             if (v.empty() || *end != '\0' || !std::isfinite(s) || s < 0.05 || s > 3600)
                 throw UsageError{"--interval must be a number of seconds in 0.05..3600"};
             a.interval_s = s;
+        } else if (key == "--gpu" || key == "--from") {
+            const std::string v = value();
+            if (key == "--gpu") a.gpu_text = v;
+            if (key == "--gpu" && v == "any") continue;  // attach's: pvgpud places the device
+            unsigned n = 0;
+            const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+            if (ec != std::errc{} || end != v.data() + v.size())
+                throw UsageError{std::string(key) + " must be a GPU index (0, 1, ...), got '" + v + "'"};
+            (key == "--gpu" ? a.gpu : a.from_gpu) = n;
         } else if (key == "--count") {
             const std::string v = value();
             unsigned long n = 0;
@@ -508,15 +552,15 @@ void print_entities(const json& reply, const std::map<std::string, double>* now_
     print_table(table, out);
 }
 
-// Flattens nested objects into "a.b: value" lines.
-void print_flat(const json& obj, const std::string& prefix, std::FILE* out) {
+// Flattens nested objects into "a.b: value" lines, each after `indent`.
+void print_flat(const json& obj, const std::string& prefix, std::FILE* out, const char* indent = "") {
     for (const auto& [key, value] : obj.items()) {
         if (prefix.empty() && key == "ok") continue;
         const std::string name = prefix.empty() ? key : prefix + "." + key;
         if (value.is_object())
-            print_flat(value, name, out);
+            print_flat(value, name, out, indent);
         else
-            std::fprintf(out, "%s: %s\n", name.c_str(), scalar(value).c_str());
+            std::fprintf(out, "%s%s: %s\n", indent, name.c_str(), scalar(value).c_str());
     }
 }
 
@@ -539,6 +583,121 @@ json without_unmeasured(json list) {
     return list;
 }
 
+// ---- GPUs -------------------------------------------------------------------------
+//
+// Admin protocol 4 reports per GPU: `list` and `stats` carry "gpus", one
+// object per GPU with its "index", "name", "policy", "busy_fraction", "vms"
+// (and in `list` its "entities").  An older pvgpud drives one GPU: it is
+// shown as GPU 0, gpu0.
+
+bool has_gpus(const json& reply) { return reply.contains("gpus") && reply["gpus"].is_array(); }
+
+long long gpu_index(const json& g) {
+    const json i = g.value("index", json());
+    return i.is_number_integer() ? i.get<long long>() : -1;
+}
+
+// The object of GPU `index` in a reply's "gpus", or null.
+json gpu_in(const json& reply, long long index) {
+    if (has_gpus(reply))
+        for (const json& g : reply["gpus"])
+            if (g.is_object() && gpu_index(g) == index) return g;
+    return json();
+}
+
+// The GPUs of a `list` reply, each with its entities.  What a GPU lacks
+// (an older pvgpud's busy fraction) comes from `stats` when given.
+json gpus_of(const json& list, const json& stats = json()) {
+    json gpus = json::array();
+    if (has_gpus(list)) {
+        for (const json& g : list["gpus"])
+            if (g.is_object() && gpu_index(g) >= 0) gpus.push_back(g);
+    } else {
+        json entities = list.value("entities", json::array());
+        long long vms = 0;
+        for (json& e : entities) {
+            if (!e.is_object()) continue;
+            e["gpu"] = 0;
+            vms += e.value("kind", std::string{}) == "vm";
+        }
+        gpus.push_back({{"index", 0},
+                        {"name", "gpu0"},
+                        {"policy", list.value("policy", json())},
+                        {"vms", vms},
+                        {"entities", std::move(entities)}});
+    }
+    for (json& g : gpus) {
+        if (g.value("busy_fraction", json()).is_number()) continue;
+        json from = has_gpus(stats) ? gpu_in(stats, gpu_index(g)) : stats.value("gpu", json());
+        if (from.is_object()) g["busy_fraction"] = from.value("busy_fraction", json());
+    }
+    return gpus;
+}
+
+// The GPUs a command shows: all, or GPU `only` (a usage error if there is
+// no such GPU, naming the ones there are).
+json select_gpus(const json& gpus, std::optional<unsigned> only) {
+    if (!only) return gpus;
+    std::string known;
+    for (const json& g : gpus) {
+        if (gpu_index(g) == static_cast<long long>(*only)) return json::array({g});
+        known += (known.empty() ? "" : ", ") + std::to_string(gpu_index(g)) + " (" +
+                 g.value("name", std::string("?")) + ")";
+    }
+    throw UsageError{"no GPU " + std::to_string(*only) + ": this pvgpud has " +
+                     (gpus.size() == 1 ? "one GPU, " : "GPUs ") + known};
+}
+
+// GPU N's name, as pvgpud names it ("gpuN" by default).
+std::string gpu_name(const json& gpus, long long index) {
+    for (const json& g : gpus)
+        if (gpu_index(g) == index && g.value("name", json()).is_string()) return g["name"].get<std::string>();
+    return "gpu" + std::to_string(index);
+}
+
+// GPU 1 gpu1  policy hfq  busy 99.8%  VMs 2
+std::string gpu_header(const json& g) {
+    const json policy = g.value("policy", json());
+    return "GPU " + std::to_string(gpu_index(g)) + " " + g.value("name", std::string("?")) + "  policy " +
+           (policy.is_string() ? policy.get<std::string>() : "?") + "  busy " +
+           percent(g.value("busy_fraction", json())) + "  VMs " + number(g.value("vms", json()));
+}
+
+// The policy above a list: the GPUs' one policy, or "per GPU".
+std::string common_policy(const json& gpus) {
+    std::string common;
+    for (const json& g : gpus) {
+        const json p = g.value("policy", json());
+        const std::string name = p.is_string() ? p.get<std::string>() : "?";
+        if (!common.empty() && name != common) return "per GPU";
+        common = name;
+    }
+    return common.empty() ? "?" : common;
+}
+
+// A `list` reply for --json: the daemon's, with "gpus" (synthesized for an
+// older pvgpud, whose entities then gain "gpu": 0); with --gpu, that GPU's
+// part only.
+json list_with_gpus(json list, const json& gpus, std::optional<unsigned> only) {
+    if (!has_gpus(list) && list.contains("entities") && list["entities"].is_array())
+        for (json& e : list["entities"])
+            if (e.is_object()) e["gpu"] = 0;
+    list["gpus"] = gpus;
+    if (only) {
+        json kept = json::array();
+        for (const json& e : list.value("entities", json::array()))
+            if (e.is_object() && e.value("gpu", json()) == json(*only)) kept.push_back(e);
+        list["entities"] = std::move(kept);
+    }
+    return list;
+}
+
+// A `stats` reply with only GPU `only`'s part of "gpus".
+json stats_for(json stats, std::optional<unsigned> only) {
+    if (only && has_gpus(stats)) stats["gpus"] = json::array({gpu_in(stats, *only)});
+    return stats;
+}
+
 void print_policy(const json& reply) {
     std::printf("policy: %s\n", reply.value("policy", std::string("?")).c_str());
     const json params = reply.value("params", json::object());
@@ -548,8 +707,8 @@ void print_policy(const json& reply) {
 // ---- commands ---------------------------------------------------------------------
 
 // Sends a request; ok:false becomes a DaemonError carrying the reply.
-json call(AdminConnection& conn, const json& req) {
-    json reply = conn.request(req);
+json call(AdminConnection& conn, const json& req, std::chrono::seconds timeout = kReplyTimeout) {
+    json reply = conn.request(req, timeout);
     if (!reply["ok"].get<bool>()) {
         const json err = reply.value("error", json("unspecified error"));
         throw DaemonError{err.is_string() ? err.get<std::string>() : err.dump(), reply};
@@ -559,15 +718,37 @@ json call(AdminConnection& conn, const json& req) {
 
 void print_json(const json& reply) { std::printf("%s\n", reply.dump(2).c_str()); }
 
+// One GPU's entity table under its header line.
+void print_gpu(const json& g, const json& list, const std::map<std::string, double>* now_share, std::FILE* out) {
+    std::fprintf(out, "%s\n", gpu_header(g).c_str());
+    const json view = {{"accounting", measured(list)}, {"entities", g.value("entities", json::array())}};
+    print_entities(without_unmeasured(view), now_share, out);
+}
+
 int cmd_list(const Args& a, AdminConnection& conn) {
     expect_operands(a, 0, 0);
     const json reply = call(conn, {{"cmd", "list"}});
+    // An older pvgpud reports its one GPU's busy fraction in stats only.
+    json stats;
+    if (!has_gpus(reply)) {
+        try {
+            stats = call(conn, {{"cmd", "stats"}});
+        } catch (const DaemonError&) {
+            // busy shown as '-'
+        }
+    }
+    const json gpus = select_gpus(gpus_of(reply, stats), a.gpu);
     if (a.json_output) {
-        print_json(reply);
+        print_json(list_with_gpus(reply, gpus, a.gpu));
         return kExitOk;
     }
-    std::printf("policy: %s\n", reply.value("policy", std::string("?")).c_str());
-    print_entities(without_unmeasured(reply), nullptr, stdout);
+    std::printf("policy: %s\n", common_policy(gpus).c_str());
+    bool first = true;
+    for (const json& g : gpus) {
+        if (!first) std::printf("\n");
+        first = false;
+        print_gpu(g, reply, nullptr, stdout);
+    }
     if (!measured(reply)) std::printf("%s\n", kNotMeasured);
     return kExitOk;
 }
@@ -642,6 +823,19 @@ int cmd_set_weight(const Args& a, AdminConnection& conn) {
     return kExitOk;
 }
 
+// "GPU 0 gpu0  policy hfq" and its parameters, for each GPU of a
+// get-policy reply that has "gpus" (admin protocol 4).
+void print_gpu_policies(const json& gpus) {
+    for (const json& g : gpus) {
+        const json policy = g.value("policy", json());
+        std::printf("GPU %lld %s  policy %s\n", gpu_index(g), g.value("name", std::string("?")).c_str(),
+                    policy.is_string() ? policy.get<std::string>().c_str() : "?");
+        const json params = g.value("params", json::object());
+        for (const auto& [key, value] : params.items())
+            std::printf("  %s = %s\n", key.c_str(), scalar(value).c_str());
+    }
+}
+
 int cmd_set_policy(const Args& a, AdminConnection& conn) {
     expect_operands(a, 1, 64);
     json params = json::object();
@@ -662,21 +856,48 @@ int cmd_set_policy(const Args& a, AdminConnection& conn) {
         else
             params[key] = v;
     }
-    const json reply = call(conn, {{"cmd", "set-policy"}, {"policy", a.operands[0]}, {"params", params}});
-    if (a.json_output)
+    json req = {{"cmd", "set-policy"}, {"policy", a.operands[0]}, {"params", params}};
+    if (a.gpu) {
+        // Refuse an unknown GPU here, as list does.  An older pvgpud has
+        // one GPU and no "gpu" in its requests: GPU 0 is all of it.
+        const json current = call(conn, {{"cmd", "get-policy"}});
+        json gpus = has_gpus(current) ? current["gpus"] : json::array({{{"index", 0}, {"name", "gpu0"}}});
+        select_gpus(gpus, a.gpu);
+        if (has_gpus(current)) req["gpu"] = *a.gpu;
+    }
+    const json reply = call(conn, req);
+    if (a.json_output) {
         print_json(reply);
-    else
-        print_policy(reply);
+        return kExitOk;
+    }
+    print_policy(reply);
+    // Which GPUs changed, where that is news: --gpu, or several GPUs.
+    const json changed = reply.value("gpus", json());
+    if (changed.is_array() && (a.gpu || changed.size() > 1)) {
+        std::string list;
+        for (const json& i : changed) list += (list.empty() ? "" : ", ") + number(i);
+        std::printf("on GPU%s %s\n", changed.size() == 1 ? "" : "s", list.c_str());
+    }
     return kExitOk;
 }
 
 int cmd_policy(const Args& a, AdminConnection& conn) {
     expect_operands(a, 0, 0);
-    const json reply = call(conn, {{"cmd", "get-policy"}});
-    if (a.json_output)
+    json reply = call(conn, {{"cmd", "get-policy"}});
+    const json gpus = select_gpus(has_gpus(reply) ? reply["gpus"]
+                                                  : json::array({{{"index", 0},
+                                                                  {"name", "gpu0"},
+                                                                  {"policy", reply.value("policy", json())},
+                                                                  {"params", reply.value("params", json())}}}),
+                                  a.gpu);
+    if (a.json_output) {
+        if (a.gpu && has_gpus(reply)) reply["gpus"] = gpus;
         print_json(reply);
-    else
+    } else if (has_gpus(reply) && (a.gpu || gpus.size() > 1)) {
+        print_gpu_policies(gpus);
+    } else {
         print_policy(reply);
+    }
     return kExitOk;
 }
 
@@ -690,6 +911,10 @@ int admin_protocol(AdminConnection& conn) {
 int cmd_stats(const Args& a, AdminConnection& conn) {
     expect_operands(a, 0, 0);
     json reply = call(conn, {{"cmd", "stats"}});
+    if (a.gpu) {
+        select_gpus(has_gpus(reply) ? reply["gpus"] : json::array({{{"index", 0}, {"name", "gpu0"}}}), a.gpu);
+        reply = stats_for(std::move(reply), a.gpu);
+    }
     if (a.json_output) {
         print_json(reply);
         return kExitOk;
@@ -702,8 +927,76 @@ int cmd_stats(const Args& a, AdminConnection& conn) {
         for (auto& [key, value] : reply["metrics"].items())
             if (key != "scheduler_cpu_us_per_s" && key != "process_cpu_us_per_s") value = "n/a";
     }
-    print_flat(reply, "", stdout);
+    json flat = reply;
+    flat.erase("gpus");
+    print_flat(flat, "", stdout);
     if (unmeasured) std::printf("%s\n", kNotMeasured);
+    // A section per GPU under its header line (admin protocol 4; an older
+    // pvgpud's one GPU is the gpu.* lines above).
+    if (has_gpus(reply)) {
+        for (json g : reply["gpus"]) {
+            if (!g.is_object()) continue;
+            std::printf("\n%s\n", gpu_header(g).c_str());
+            for (const char* key : {"index", "name", "policy", "vms"}) g.erase(key);
+            print_flat(g, "", stdout, "  ");
+        }
+    }
+    return kExitOk;
+}
+
+int cmd_move(const Args& a, AdminConnection& conn) {
+    expect_operands(a, 1, 1);
+    const std::string& vm = a.operands[0];
+    if (vm.empty()) throw UsageError{"move: empty VM"};
+    if (!a.gpu) throw UsageError{"move: --gpu N (the GPU to move the VM to) is required"};
+    if (a.from_gpu && *a.from_gpu == *a.gpu) throw UsageError{"move: --from and --gpu name the same GPU"};
+    json req = {{"cmd", "move"}, {"target", vm}, {"gpu", *a.gpu}};
+    if (a.from_gpu) req["from"] = *a.from_gpu;
+    json reply;
+    try {
+        reply = call(conn, req, kMoveTimeout);
+    } catch (const DaemonError& e) {
+        // An older pvgpud drives one GPU and does not know move: say so.
+        int protocol = kAdminProtocolGpus;
+        if (e.reply) {
+            try {
+                protocol = admin_protocol(conn);
+            } catch (const DaemonError&) {
+            }
+        }
+        if (protocol >= kAdminProtocolGpus) throw;
+        throw DaemonError{"this pvgpud (admin protocol " + std::to_string(protocol) +
+                              ") drives one GPU and cannot move VMs: " + e.message,
+                          e.reply};
+    }
+    if (a.json_output) {
+        print_json(reply);
+        return kExitOk;
+    }
+    // The GPUs' names, for the summary (the move has happened: a failure
+    // here only leaves the default names).
+    json gpus = json::array();
+    try {
+        gpus = gpus_of(call(conn, {{"cmd", "list"}}));
+    } catch (const DaemonError&) {
+    }
+    const json channels = reply.value("channels", json::array());
+    double longest = 0;
+    for (const json& c : channels) {
+        if (!c.is_object()) continue;
+        const json pause = c.value("pause_ms", json());
+        std::printf("channel %s: paused %s ms\n", number(c.value("chan_id", json())).c_str(),
+                    number(pause, "%.1f").c_str());
+        if (pause.is_number()) longest = std::max(longest, pause.get<double>());
+    }
+    auto name_of = [&](const char* key) {
+        const json i = reply.value(key, json());
+        return i.is_number_integer() ? gpu_name(gpus, i.get<long long>()) : std::string("?");
+    };
+    std::string summary = std::to_string(channels.size()) + (channels.size() == 1 ? " channel" : " channels");
+    if (!channels.empty()) summary += ", longest pause " + fmt("%.1f", longest) + " ms";
+    std::printf("%s moved from %s to %s (%s)\n", reply.value("path", vm).c_str(), name_of("from").c_str(),
+                name_of("to").c_str(), summary.c_str());
     return kExitOk;
 }
 
@@ -766,7 +1059,8 @@ int cmd_top(const Args& a, AdminConnection& conn) {
     ::sigaction(SIGTERM, &sa, nullptr);
     RawTerminal terminal;
 
-    std::map<std::string, double> last_gpu_ms;
+    using GpuPath = std::pair<long long, std::string>;  // a VM on two GPUs has an entity on each
+    std::map<GpuPath, double> last_gpu_ms;
     auto last_time = SteadyClock::now();
     bool have_last = false;
     for (unsigned long frame = 1; !g_interrupted; ++frame) {
@@ -783,43 +1077,74 @@ int cmd_top(const Args& a, AdminConnection& conn) {
         const json stats = fetch({{"cmd", "stats"}});
         const auto now = SteadyClock::now();
 
-        // Share of the GPU in the last refresh interval, from GPU time deltas.
-        std::map<std::string, double> now_share;
-        std::map<std::string, double> gpu_ms;
+        const json all_gpus = gpus_of(list, stats);
+        const json gpus = select_gpus(all_gpus, a.gpu);
+
+        // Share of its GPU in the last refresh interval, from GPU time deltas.
+        std::map<long long, std::map<std::string, double>> now_share;  // by GPU index
+        std::map<GpuPath, double> gpu_ms;
         const double wall_ms = std::chrono::duration<double, std::milli>(now - last_time).count();
-        for (const json& e : list.value("entities", json::array())) {
-            const std::string path = e.value("path", std::string{});
-            const double g = e.value("gpu_time_ms", 0.0);
-            gpu_ms[path] = g;
-            if (have_last && wall_ms > 0 && measured(list)) {
-                const auto it = last_gpu_ms.find(path);
-                if (it != last_gpu_ms.end()) now_share[path] = std::max(0.0, g - it->second) / wall_ms;
+        for (const json& g : gpus) {
+            for (const json& e : g.value("entities", json::array())) {
+                const GpuPath key{gpu_index(g), e.value("path", std::string{})};
+                const double ms = e.value("gpu_time_ms", 0.0);
+                gpu_ms[key] = ms;
+                if (have_last && wall_ms > 0 && measured(list)) {
+                    const auto it = last_gpu_ms.find(key);
+                    if (it != last_gpu_ms.end())
+                        now_share[key.first][key.second] = std::max(0.0, ms - it->second) / wall_ms;
+                }
             }
         }
         last_gpu_ms = std::move(gpu_ms);
         last_time = now;
 
         if (a.json_output) {
-            std::printf("%s\n", json{{"list", list}, {"stats", stats}}.dump().c_str());
+            std::printf("%s\n",
+                        json{{"list", list_with_gpus(list, gpus, a.gpu)}, {"stats", stats_for(stats, a.gpu)}}
+                            .dump()
+                            .c_str());
         } else {
             if (tty_out) std::fputs("\033[H\033[2J", stdout);  // home, clear screen
             const std::time_t t = std::time(nullptr);
             char clock[16];
             std::strftime(clock, sizeof clock, "%H:%M:%S", std::localtime(&t));
-            const json gpu = stats.value("gpu", json::object());
-            std::printf("pvgpu top  %s  policy %s  clients %s  channels %s  GPU busy %s  (q quits)\n", clock,
-                        list.value("policy", std::string("?")).c_str(), number(stats.value("clients", json())).c_str(),
-                        number(stats.value("channels", json())).c_str(),
-                        percent(gpu.value("busy_fraction", json())).c_str());
-            const json metrics = stats.value("metrics", json::object());
-            if (measured(list))
-                std::printf("max share error %s  Jain %s  unfairness %s\n\n",
-                            percent(metrics.value("max_share_error", json())).c_str(),
-                            number(metrics.value("jain_index", json()), "%.4f").c_str(),
-                            number(metrics.value("unfairness", json()), "%.3f").c_str());
-            else
-                std::printf("%s\n\n", kNotMeasured);
-            print_entities(without_unmeasured(list), have_last ? &now_share : nullptr, stdout);
+            auto fairness = [&](const json& metrics) {
+                if (measured(list))
+                    std::printf("max share error %s  Jain %s  unfairness %s\n",
+                                percent(metrics.value("max_share_error", json())).c_str(),
+                                number(metrics.value("jain_index", json()), "%.4f").c_str(),
+                                number(metrics.value("unfairness", json()), "%.3f").c_str());
+                else
+                    std::printf("%s\n", kNotMeasured);
+            };
+            // One GPU: the first two lines as on a host of one GPU, then
+            // its table under its GPU line.  Several: the first line is the
+            // host's, and each GPU's fairness goes under its GPU line.
+            const bool several = all_gpus.size() > 1;
+            if (!several) {
+                const json gpu = stats.value("gpu", json::object());
+                std::printf("pvgpu top  %s  policy %s  clients %s  channels %s  GPU busy %s  (q quits)\n", clock,
+                            list.value("policy", std::string("?")).c_str(),
+                            number(stats.value("clients", json())).c_str(),
+                            number(stats.value("channels", json())).c_str(),
+                            percent(gpu.value("busy_fraction", json())).c_str());
+                fairness(stats.value("metrics", json::object()));
+            } else {
+                std::printf("pvgpu top  %s  GPUs %zu  clients %s  channels %s  (q quits)\n", clock, all_gpus.size(),
+                            number(stats.value("clients", json())).c_str(),
+                            number(stats.value("channels", json())).c_str());
+            }
+            for (const json& g : gpus) {
+                std::printf("\n%s\n", gpu_header(g).c_str());
+                if (several) {
+                    const json per_gpu = gpu_in(stats, gpu_index(g));
+                    fairness(per_gpu.is_object() ? per_gpu.value("metrics", json::object()) : json::object());
+                }
+                const json view = {{"accounting", measured(list)}, {"entities", g.value("entities", json::array())}};
+                // From the second refresh on, every GPU's table has NOW.
+                print_entities(without_unmeasured(view), have_last ? &now_share[gpu_index(g)] : nullptr, stdout);
+            }
             if (!tty_out) std::fputs("\n", stdout);
         }
         std::fflush(stdout);
@@ -870,7 +1195,7 @@ int cmd_attach(const Args& a, bool attach) {
     expect_operands(a, 1, 1);
     std::optional<unsigned> weight;
     if (a.weight) weight = parse_weight(*a.weight);
-    const std::optional<std::uint32_t> gpu = a.gpu ? parse_attach_gpu(*a.gpu) : std::nullopt;
+    const std::optional<std::uint32_t> gpu = a.gpu_text ? parse_attach_gpu(*a.gpu_text) : std::nullopt;
     Connection conn = open(a.libvirt_uri);
     Domain dom = lookup(conn.get(), a.operands[0]);
     const std::string name = name_of(dom.get());
@@ -887,7 +1212,7 @@ int cmd_attach(const Args& a, bool attach) {
         }
         if (!meta) meta = GpuMetadata{kWeightDefault};
         if (weight) meta->weight = *weight;
-        if (a.gpu) meta->device = gpu;
+        if (a.gpu_text) meta->device = gpu;
     }
     std::string edited;
     try {
@@ -934,8 +1259,13 @@ int dispatch(const Args& a) {
     if (a.help) return print_help(a.command);
     if ((a.interval_s || a.count) && a.command != "top")
         throw UsageError{"--interval and --count are options of top"};
-    if (a.command != "attach" && (a.weight || a.gpu || !a.emulator.empty()))
-        throw UsageError{"--weight, --gpu and --emulator are options of attach"};
+    if (a.command != "attach" && (a.weight || !a.emulator.empty()))
+        throw UsageError{"--weight and --emulator are options of attach"};
+    if (a.gpu_text && a.command != "attach" && a.command != "list" && a.command != "top" && a.command != "stats" &&
+        a.command != "policy" && a.command != "set-policy" && a.command != "move")
+        throw UsageError{"--gpu is an option of attach, list, top, stats, policy, set-policy and move"};
+    if (a.gpu_text && !a.gpu && a.command != "attach") throw UsageError{"--gpu any is an option of attach"};
+    if (a.from_gpu && a.command != "move") throw UsageError{"--from is an option of move"};
     if (a.command == "attach" || a.command == "detach") {
 #ifdef PVGPU_HAVE_LIBVIRT
         return cmd_attach(a, a.command == "attach");
@@ -951,6 +1281,7 @@ int dispatch(const Args& a) {
     if (a.command == "policy") return cmd_policy(a, conn);
     if (a.command == "stats") return cmd_stats(a, conn);
     if (a.command == "top") return cmd_top(a, conn);
+    if (a.command == "move") return cmd_move(a, conn);
     return cmd_version(a, conn);
 }
 

@@ -14,7 +14,11 @@
 
 namespace pvgpu::daemon {
 
-// The exposition text for one `list` and one `stats` reply (admin protocol 2).
+// The exposition text for one `list` and one `stats` reply (admin protocol 2
+// or later).  Every per-entity and per-GPU series carries a label gpu="N"
+// (the GPU's index; pvgpu_gpu_info maps it to the GPU's name).  Admin
+// protocol 4 reports per GPU in "gpus"; an older reply, without it, is one
+// GPU, gpu="0".
 std::string render_prometheus(const nlohmann::json& list, const nlohmann::json& stats);
 
 // Writes `text` to `path` atomically; throws std::runtime_error naming the

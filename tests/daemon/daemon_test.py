@@ -8,7 +8,7 @@ lines so they can go into docs/results.md.
 
 usage: daemon_test.py --pvgpud PATH --pvgpuctl PATH --load PATH [--libtest PATH] CASE
 CASE: client | library | fairness | weights | admin | restart | protocol |
-      permissions | monitoring | ctl-compat | metrics | identity | migrate |
+      permissions | monitoring | ctl-compat | ctl-gpus | metrics | identity | migrate |
       limits | queue-fds | admin-slots | completion | cheat | all
 Exit status: 0 pass, 1 fail, 77 skipped (meson's convention).
 """
@@ -1557,11 +1557,14 @@ def case_cheat(bins, tmp):
 
 class FakeAdmin:
     """An admin socket answering `version`, `list` and `stats` with canned
-    replies, one connection at a time: an older (or newer) pvgpud."""
+    replies, one connection at a time: an older (or newer) pvgpud.  A reply
+    may be a function of the request (a dict); every request is kept in
+    `bodies`."""
 
     def __init__(self, path, replies):
         self.path = path
         self.replies = replies
+        self.bodies = []
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(path)
         self.listener.listen(4)
@@ -1588,9 +1591,13 @@ class FakeAdmin:
                         buf += data
                         while b"\n" in buf:
                             line, buf = buf.split(b"\n", 1)
-                            cmd = json.loads(line).get("cmd")
+                            req = json.loads(line)
+                            cmd = req.get("cmd")
                             self.requests.append(cmd)
+                            self.bodies.append(req)
                             reply = self.replies.get(cmd, {"ok": False, "error": f"unknown command: {cmd}"})
+                            if callable(reply):
+                                reply = reply(req)
                             conn.sendall((json.dumps(reply) + "\n").encode())
                 except (socket.timeout, ConnectionError):
                     pass
@@ -1667,6 +1674,248 @@ def case_ctl_compat(bins, tmp):
         fake.close()
 
 
+def gpu_fixture():
+    """An admin-protocol-4 pvgpud with two GPUs: vm1 on both (a task on
+    gpu0), vm2 on gpu0, vm3 on gpu1."""
+    def ent(path, kind, gpu, weight, target, achieved, ms, kernels, **extra):
+        return dict({"path": path, "kind": kind, "weight": weight, "target_share": target,
+                     "achieved_share": achieved, "gpu_time_ms": ms, "kernels": kernels, "channels": 1,
+                     "gpu": gpu}, **extra)
+    gpu0 = [ent("vm1", "vm", 0, 200, 0.667, 0.66, 2000.0, 200, uuid="u1"),
+            ent("vm1/task-7", "task", 0, 100, 0.667, 0.66, 2000.0, 200, pid_hint=7),
+            ent("vm2", "vm", 0, 100, 0.333, 0.34, 1000.0, 100, uuid="u2")]
+    gpu1 = [ent("vm1", "vm", 1, 200, 0.5, 0.5, 700.0, 70, uuid="u1"),
+            ent("vm3", "vm", 1, 200, 0.5, 0.5, 700.0, 70, uuid="u3")]
+    gpus = [{"index": 0, "name": "gpu0", "policy": "hfq", "arbitration": "round-robin", "busy_fraction": 0.998,
+             "vms": 2, "entities": gpu0},
+            {"index": 1, "name": "gpu1", "policy": "timeslice", "arbitration": "timeslice", "busy_fraction": 0.5,
+             "vms": 2, "entities": gpu1}]
+    listing = {"ok": True, "policy": "hfq", "accounting": True, "window_s": 2.0, "entities": gpu0 + gpu1,
+               "gpus": gpus}
+    metrics = {"max_share_error": 0.01, "jain_index": 0.99, "unfairness": 1.1, "scheduler_cpu_us_per_s": 5.0,
+               "process_cpu_us_per_s": 50.0}
+    stats = {"ok": True, "uptime_s": 5.0, "policy": "hfq", "clients": 3, "channels": 5, "window_s": 2.0,
+             "gpu": {"busy_fraction": 0.998, "busy_s": 4.9, "idle_with_demand_fraction": 0.0,
+                     "arbitration": "round-robin", "context_switches": 10},
+             "metrics": metrics, "process_cpu_s": 1.0, "scheduler_cpu_s": 0.1,
+             "counters": {"traps": 0, "mode_switches": 0, "watchdog_kills": 0, "protocol_errors": 0},
+             "gpus": [{"index": 0, "name": "gpu0", "policy": "hfq", "arbitration": "round-robin",
+                       "busy_fraction": 0.998, "busy_s": 4.9, "idle_with_demand_fraction": 0.0,
+                       "context_switches": 10, "channels": 3, "vms": 2, "scheduler_cpu_s": 0.06,
+                       "metrics": {"max_share_error": 0.01, "jain_index": 0.99, "unfairness": 1.1,
+                                   "scheduler_cpu_us_per_s": 3.0}},
+                      {"index": 1, "name": "gpu1", "policy": "timeslice", "arbitration": "timeslice",
+                       "busy_fraction": 0.5, "busy_s": 2.5, "idle_with_demand_fraction": 0.125,
+                       "context_switches": 20, "channels": 2, "vms": 2, "scheduler_cpu_s": 0.04,
+                       "metrics": {"max_share_error": 0.02, "jain_index": 0.97, "unfairness": 1.2,
+                                   "scheduler_cpu_us_per_s": 2.0}}]}
+    params = {"hfq": {"threshold_ms": 2}, "timeslice": {"slice_ms": 10}}
+
+    def set_policy(req):
+        if req.get("policy") not in params:
+            return {"ok": False, "error": f"unknown policy '{req.get('policy')}'"}
+        changed = [req["gpu"]] if "gpu" in req else [0, 1]
+        return {"ok": True, "policy": req["policy"], "params": params[req["policy"]], "gpus": changed}
+
+    def move(req):
+        if req.get("target") == "vm9":
+            return {"ok": False, "error": "no such VM: vm9"}
+        if req.get("gpu") == 7:
+            return {"ok": False, "error": "no GPU 7 (this host has 2)"}
+        if req.get("target") == "slow":
+            time.sleep(11)  # longer than pvgpuctl waits for any other reply
+        return {"ok": True, "path": req["target"], "uuid": "u2", "from": req.get("from", 0), "to": req["gpu"],
+                "channels": [{"chan_id": 3, "pause_ms": 12.5}, {"chan_id": 4, "pause_ms": 3.24}]}
+
+    return {"version": {"ok": True, "version": "9.9", "protocol": 4, "admin_protocol": 4},
+            "list": listing, "stats": stats,
+            "get-policy": {"ok": True, "policy": "hfq", "params": params["hfq"],
+                           "gpus": [{"index": 0, "name": "gpu0", "policy": "hfq", "params": params["hfq"]},
+                                    {"index": 1, "name": "gpu1", "policy": "timeslice",
+                                     "params": params["timeslice"]}]},
+            "set-policy": set_policy, "move": move}
+
+
+def sections(out):
+    """pvgpuctl's output split at its GPU header lines: {header: lines below}."""
+    found, current = {}, None
+    for line in out.splitlines():
+        if line.startswith("GPU "):
+            current = line
+            found[current] = []
+        elif current is not None:
+            found[current].append(line)
+    return found
+
+
+def case_ctl_gpus(bins, tmp):
+    """pvgpuctl's per-GPU views against an admin-protocol-4 pvgpud with two
+    GPUs (a fake): header lines, --gpu, --json list, stats sections, policy,
+    set-policy --gpu, move (output, errors, a slow move); and against one GPU
+    and an older pvgpud, only the header line differs."""
+    fixture = gpu_fixture()
+    fake = FakeAdmin(os.path.join(tmp, "admin-v4.sock"), fixture)
+    d = FakeAdminDaemon(fake.path)
+    h0 = "GPU 0 gpu0  policy hfq  busy 99.8%  VMs 2"
+    h1 = "GPU 1 gpu1  policy timeslice  busy 50.0%  VMs 2"
+    try:
+        out = ctl(bins, d, "list").stdout
+        log(f"list of two GPUs:\n{out}")
+        secs = sections(out)
+        check(list(secs) == [h0, h1], f"list: GPU header lines {list(secs)}, expected {[h0, h1]}")
+        check(out.startswith("policy: per GPU\n"), f"list: the policy line of two policies:\n{out}")
+        for header, paths in ((h0, ["vm1", "task-7", "vm2"]), (h1, ["vm1", "vm3"])):
+            rows = [l.split()[0] for l in secs[header] if l.strip() and not l.startswith("ENTITY")]
+            check(secs[header][0].startswith("ENTITY") and rows == paths,
+                  f"list: {header}: rows {rows}, expected {paths}:\n{out}")
+        out = ctl(bins, d, "list", "--gpu", "1").stdout
+        check(list(sections(out)) == [h1] and "vm2" not in out and out.startswith("policy: timeslice\n"),
+              f"list --gpu 1:\n{out}")
+        p = ctl(bins, d, "list", "--gpu", "5", check_rc=False)
+        check(p.returncode == 2 and "no GPU 5" in p.stderr and "0 (gpu0), 1 (gpu1)" in p.stderr,
+              f"list --gpu 5: exit {p.returncode}: {p.stderr}")
+        p = ctl(bins, d, "top", "--gpu", "2", "--count", "1", check_rc=False)
+        check(p.returncode == 2 and "no GPU 2" in p.stderr, f"top --gpu 2: exit {p.returncode}: {p.stderr}")
+        p = ctl(bins, d, "list", "--gpu", "one", check_rc=False)
+        check(p.returncode == 2 and "--gpu" in p.stderr, f"list --gpu one: exit {p.returncode}: {p.stderr}")
+
+        # --json list: the daemon's reply, "gpus" kept; --gpu narrows it.
+        j = ctl_json(bins, d, "list")
+        check([g["index"] for g in j["gpus"]] == [0, 1] and j["gpus"][1]["name"] == "gpu1"
+              and len(j["gpus"][0]["entities"]) == 3 and len(j["entities"]) == 5,
+              f"--json list: {json.dumps(j)[:500]}")
+        j = ctl_json(bins, d, "list", "--gpu", "1")
+        check([g["index"] for g in j["gpus"]] == [1] and {e["gpu"] for e in j["entities"]} == {1}
+              and len(j["entities"]) == 2, f"--json list --gpu 1: {json.dumps(j)[:500]}")
+
+        # top: a first line for the host, then per GPU its header, fairness, table.
+        out = ctl(bins, d, "top", "--count", "2", "--interval", "0.1").stdout
+        log(f"top of two GPUs:\n{out}")
+        frames = [f for f in out.split("pvgpu top") if f.strip()]
+        check(len(frames) == 2, f"top: {len(frames)} frames:\n{out}")
+        for frame in frames:
+            check("GPUs 2" in frame.splitlines()[0] and "clients 3" in frame.splitlines()[0],
+                  f"top: first line {frame.splitlines()[0]!r}")
+            secs = sections(frame)
+            check(list(secs) == [h0, h1], f"top: GPU headers {list(secs)}")
+            check(secs[h1][0].startswith("max share error 2.0%  Jain 0.9700") and secs[h1][1].startswith("ENTITY"),
+                  f"top: gpu1's fairness line and table: {secs[h1][:2]}")
+        check("NOW" in frames[1], "top: no NOW column in the second frame")
+        out = ctl(bins, d, "top", "--gpu", "1", "--count", "2", "--interval", "0.1").stdout
+        check(out.count(h1) == 2 and "GPU 0 " not in out and "vm2" not in out and out.count("vm3") == 2,
+              f"top --gpu 1:\n{out}")
+        j = json.loads(ctl(bins, d, "--json", "top", "--gpu", "1", "--count", "1").stdout)
+        check([g["index"] for g in j["list"]["gpus"]] == [1] and [g["index"] for g in j["stats"]["gpus"]] == [1],
+              f"--json top --gpu 1: {json.dumps(j)[:300]}")
+
+        # stats: today's lines, then a section per GPU.
+        out = ctl(bins, d, "stats").stdout
+        log(f"stats of two GPUs:\n{out}")
+        check("gpu.busy_fraction: 0.998" in out and "metrics.jain_index: 0.99" in out, f"stats:\n{out}")
+        secs = sections(out)
+        check(list(secs) == [h0, h1], f"stats: GPU headers {list(secs)}")
+        check("  metrics.jain_index: 0.97" in secs[h1] and "  context_switches: 20" in secs[h1]
+              and "  arbitration: timeslice" in secs[h1], f"stats: gpu1's section {secs[h1]}")
+        out = ctl(bins, d, "stats", "--gpu", "0").stdout
+        check(list(sections(out)) == [h0], f"stats --gpu 0:\n{out}")
+
+        # policy per GPU, set-policy --gpu.
+        out = ctl(bins, d, "policy").stdout
+        check("GPU 1 gpu1  policy timeslice\n  slice_ms = 10" in out and "GPU 0 gpu0  policy hfq" in out,
+              f"policy of two GPUs:\n{out}")
+        fake.bodies.clear()
+        out = ctl(bins, d, "set-policy", "timeslice", "--gpu", "1").stdout
+        sent = [b for b in fake.bodies if b["cmd"] == "set-policy"]
+        check(len(sent) == 1 and sent[0].get("gpu") == 1, f"set-policy --gpu 1 sent {sent}")
+        check("policy: timeslice" in out and "on GPU 1\n" in out, f"set-policy --gpu 1:\n{out}")
+        fake.bodies.clear()
+        out = ctl(bins, d, "set-policy", "hfq", "threshold_ms=2").stdout
+        sent = [b for b in fake.bodies if b["cmd"] == "set-policy"]
+        check(len(sent) == 1 and "gpu" not in sent[0], f"set-policy without --gpu sent {sent}")
+        check("on GPUs 0, 1" in out, f"set-policy of every GPU:\n{out}")
+        p = ctl(bins, d, "set-policy", "hfq", "--gpu", "3", check_rc=False)
+        check(p.returncode == 2 and "no GPU 3" in p.stderr, f"set-policy --gpu 3: exit {p.returncode}: {p.stderr}")
+
+        # move: a line per channel and a summary; the daemon's errors.
+        fake.bodies.clear()
+        out = ctl(bins, d, "move", "vm2", "--gpu", "1").stdout
+        check(out == "channel 3: paused 12.5 ms\nchannel 4: paused 3.2 ms\n"
+                     "vm2 moved from gpu0 to gpu1 (2 channels, longest pause 12.5 ms)\n", f"move:\n{out}")
+        sent = [b for b in fake.bodies if b["cmd"] == "move"]
+        check(sent == [{"cmd": "move", "target": "vm2", "gpu": 1}], f"move sent {sent}")
+        fake.bodies.clear()
+        ctl(bins, d, "move", "vm1", "--gpu", "0", "--from", "1")
+        sent = [b for b in fake.bodies if b["cmd"] == "move"]
+        check(sent == [{"cmd": "move", "target": "vm1", "gpu": 0, "from": 1}], f"move --from 1 sent {sent}")
+        j = ctl_json(bins, d, "move", "vm2", "--gpu", "1")
+        check(j["channels"][0]["pause_ms"] == 12.5 and j["to"] == 1, f"--json move: {j}")
+        p = ctl(bins, d, "move", "vm9", "--gpu", "1", check_rc=False)
+        check(p.returncode == 1 and p.stderr.strip() == "pvgpuctl: no such VM: vm9" and not p.stdout,
+              f"move of an unknown VM: exit {p.returncode}: {p.stdout} {p.stderr}")
+        p = ctl(bins, d, "move", "vm2", "--gpu", "7", check_rc=False)
+        check(p.returncode == 1 and "no GPU 7" in p.stderr, f"move to GPU 7: exit {p.returncode}: {p.stderr}")
+        for args, what in ((("move", "vm2"), "--gpu"), (("move", "--gpu", "1"), "missing"),
+                           (("move", "vm2", "--gpu", "1", "--from", "1"), "same GPU"),
+                           (("list", "--from", "1"), "--from"), (("version", "--gpu", "1"), "--gpu")):
+            p = ctl(bins, d, *args, check_rc=False)
+            check(p.returncode == 2 and what in p.stderr, f"{' '.join(args)}: exit {p.returncode}: {p.stderr}")
+        check("move VM --gpu N" in ctl(bins, d, "--help").stdout, "move is not in pvgpuctl --help")
+        check("--from M" in ctl(bins, d, "move", "--help").stdout, "move --help")
+        # A move takes as long as the drain: pvgpuctl waits past its usual 10 s.
+        t0 = time.monotonic()
+        out = ctl(bins, d, "move", "slow", "--gpu", "1", timeout=60).stdout
+        check("slow moved from gpu0 to gpu1" in out and time.monotonic() - t0 >= 10, f"slow move:\n{out}")
+    finally:
+        fake.close()
+
+    # One GPU: the output of an admin-protocol-3 pvgpud with the header line.
+    one = gpu_fixture()
+    one["list"] = dict(one["list"], gpus=one["list"]["gpus"][:1], entities=one["list"]["gpus"][0]["entities"])
+    one["stats"] = dict(one["stats"], gpus=one["stats"]["gpus"][:1])
+    one["get-policy"] = dict(one["get-policy"], gpus=one["get-policy"]["gpus"][:1])
+    copy = json.loads(json.dumps({"list": one["list"], "stats": one["stats"]}))
+    old = {"version": {"ok": True, "version": "0.3", "protocol": 3, "admin_protocol": 3},
+           "list": {k: v for k, v in copy["list"].items() if k != "gpus"},
+           "stats": {k: v for k, v in copy["stats"].items() if k != "gpus"},
+           "get-policy": {"ok": True, "policy": "hfq", "params": {"threshold_ms": 2}},
+           "set-policy": lambda req: {"ok": True, "policy": req["policy"], "params": {}}}
+    for e in old["list"]["entities"]:
+        e.pop("gpu", None)
+    outputs = {}
+    for name, replies in (("v4", one), ("v3", old)):
+        fake = FakeAdmin(os.path.join(tmp, f"admin-one-{name}.sock"), replies)
+        d = FakeAdminDaemon(fake.path)
+        try:
+            outputs[name] = {cmd: ctl(bins, d, cmd).stdout for cmd in ("list", "policy")}
+            outputs[name]["top"] = ctl(bins, d, "top", "--count", "1").stdout.split("\n", 1)[1]  # past the clock
+            if name == "v3":
+                j = ctl_json(bins, d, "list")
+                check(j["gpus"][0]["index"] == 0 and j["gpus"][0]["name"] == "gpu0"
+                      and j["gpus"][0]["vms"] == 2 and len(j["gpus"][0]["entities"]) == 3
+                      and all(e["gpu"] == 0 for e in j["entities"]), f"--json list of a v3 daemon: {j}")
+                check(ctl(bins, d, "list", "--gpu", "0").stdout == outputs[name]["list"], "list --gpu 0 of a v3")
+                p = ctl(bins, d, "list", "--gpu", "1", check_rc=False)
+                check(p.returncode == 2 and "one GPU, 0 (gpu0)" in p.stderr, f"list --gpu 1 of a v3: {p.stderr}")
+                p = ctl(bins, d, "move", "vm2", "--gpu", "1", check_rc=False)
+                check(p.returncode == 1 and "admin protocol 3" in p.stderr and "unknown command" in p.stderr,
+                      f"move on a v3 daemon: exit {p.returncode}: {p.stderr}")
+                fake.bodies.clear()
+                ctl(bins, d, "set-policy", "hfq", "--gpu", "0")
+                sent = [b for b in fake.bodies if b["cmd"] == "set-policy"]
+                check(len(sent) == 1 and "gpu" not in sent[0], f"set-policy --gpu 0 to a v3 daemon sent {sent}")
+        finally:
+            fake.close()
+    log(f"list of one GPU:\n{outputs['v4']['list']}")
+    for cmd in ("list", "top"):
+        v4, v3 = outputs["v4"][cmd].splitlines(), outputs["v3"][cmd].splitlines()
+        check(h0 in v4 and h0 in v3, f"{cmd}: no GPU 0 header line:\n{outputs['v4'][cmd]}\n{outputs['v3'][cmd]}")
+        check(v4 == v3, f"{cmd}: one GPU of a v4 daemon differs from a v3 daemon:\n{v4}\n{v3}")
+        without = [l for l in v4 if l != h0]
+        check(len(without) == len(v4) - 1, f"{cmd}: header line not once")
+    check(outputs["v4"]["policy"] == outputs["v3"]["policy"] == "policy: hfq\n  threshold_ms = 2\n",
+          f"policy of one GPU: {outputs['v4']['policy']!r} {outputs['v3']['policy']!r}")
+
+
 def case_metrics(bins, tmp):
     """The Prometheus textfile: written at start and every interval, atomically,
     with per-entity counters that follow the load; removed at exit."""
@@ -1688,7 +1937,7 @@ def case_metrics(bins, tmp):
                     return float(line.rsplit(" ", 1)[1])
             return None
 
-        labels = f'kind="host",vm="",task="{USER}/prom"'
+        labels = f'kind="host",vm="",task="{USER}/prom",gpu="0"'
         first = None
         deadline = time.monotonic() + 10
         mtime = os.stat(prom).st_mtime_ns
@@ -1709,7 +1958,8 @@ def case_metrics(bins, tmp):
             time.sleep(0.05)  # watching a file's mtime: there is nothing to block on
         check(values[1][0] > values[0][0] and values[1][1] > values[0][1],
               f"counters did not grow under load: {values}")
-        for name in ("pvgpu_policy_info{policy=\"none\"} 1", "pvgpu_jain_index", "pvgpu_daemon_cpu_seconds_total",
+        for name in ("pvgpu_policy_info{policy=\"none\",gpu=\"0\"} 1", "pvgpu_gpu_info{gpu=\"0\",name=\"gpu0\"",
+                     "pvgpu_gpu_busy_ratio{gpu=\"0\"}", "pvgpu_jain_index{gpu=\"0\"}", "pvgpu_daemon_cpu_seconds_total",
                      "pvgpu_watchdog_kills_total", "pvgpu_protocol_errors_total", "pvgpu_mode_switches_total",
                      "pvgpu_traps_total", "pvgpu_entity_weight{" + labels + "} 100"):
             check(name in first, f"textfile lacks {name}")
@@ -2426,6 +2676,7 @@ CASES = {
     "permissions": case_permissions,
     "monitoring": case_monitoring,
     "ctl-compat": case_ctl_compat,
+    "ctl-gpus": case_ctl_gpus,
     "metrics": case_metrics,
     "completion": case_completion,
     "cheat": case_cheat,
