@@ -26,6 +26,15 @@ struct ChannelMemory {
     pvgpu_ring* ring = nullptr;
 };
 
+// Where a new channel's positions start: IB_GET = IB_PUT = `get` (nothing
+// queued) and FENCE = `fence`.  Zero for a fresh channel; a channel drained
+// on one GPU and re-created on another (../shared/DESIGN.md section 10)
+// carries on from where it stopped, so its submitter sees no jump.
+struct ChannelStart {
+    std::uint32_t get = 0;
+    std::uint32_t fence = 0;
+};
+
 // How the engine shares itself between channels, as the host programmed it:
 // a non-preemptive engine runs each kernel to completion; a preemptive one
 // switches channels at the end of every `timeslice` while others wait,
@@ -56,8 +65,10 @@ public:
     virtual void set_interrupt_handler(GpuInterrupts* handler) = 0;
 
     // Channels.  The control page and ring stay valid until destroy_channel();
-    // host-provided memory must outlive the channel.
-    virtual ChannelId create_channel(ChannelMemory mem) = 0;
+    // host-provided memory must outlive the channel.  The GPU's registers
+    // and the control page's copies start at `start`.
+    virtual ChannelId create_channel(ChannelMemory mem, ChannelStart start) = 0;
+    ChannelId create_channel(ChannelMemory mem) { return create_channel(mem, ChannelStart{}); }
     ChannelId create_channel() { return create_channel(ChannelMemory{}); }
     virtual void destroy_channel(ChannelId ch) = 0;
     virtual pvgpu_ring* ring(ChannelId ch) = 0;
@@ -99,6 +110,13 @@ public:
 
     // Watchdog: a kernel running longer than this is killed with its channel.
     virtual void set_watchdog(Duration limit) = 0;
+
+    // The GPU's utilisation counter (NVML's per-GPU utilisation): time the
+    // engine executed work since the device was opened, read at any moment
+    // (a kernel on the engine counts up to now).  Never decreases.
+    virtual Duration busy_time() const = 0;
+    // Times the engine changed channel (a context switch trace's length).
+    virtual std::uint64_t context_switches() const = 0;
 };
 
 }  // namespace pvgpu

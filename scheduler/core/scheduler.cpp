@@ -48,7 +48,7 @@ Scheduler::Scheduler(GpuDevice& gpu, const Clock& clock, Timers& timers,
     if (!policy_) throw std::invalid_argument("scheduler needs a policy");
     accounting_.set_remap_delay(costs_.remap);
     accounting_.set_completion_time([this](ChannelId ch) { return gpu_.completion_time(ch); });
-    accounting_.set_fetched([this](ChannelId ch) { return registers_.read_ib_get(ch); });
+    accounting_.set_fetched([this](ChannelId ch) { return fetched_since_open(ch); });
     accounting_.set_pending([this](ChannelId ch) { return registers_.pending(ch); });
     accounting_.set_listener([this](const Accounting::Event& e) { on_accounting_event(e); });
     accounting_.set_trap_listener([this](ChannelId ch, bool trap) {
@@ -142,10 +142,26 @@ void Scheduler::set_policy(std::unique_ptr<Policy> policy) {
     for (ChannelId ch : ids) call_policy([&] { policy_->channel_added(ch, channels_.at(ch).owner); });
 }
 
-ChannelId Scheduler::open_channel(EntityId leaf, ChannelMemory mem) {
+std::uint32_t Scheduler::fetched_since_open(ChannelId ch) const {
+    const std::uint32_t get = registers_.read_ib_get(ch);
+    auto it = channels_.find(ch);
+    return it == channels_.end() ? get : get - it->second.get_base;
+}
+
+ChannelId Scheduler::open_channel(EntityId leaf, ChannelMemory mem) { return open_channel(leaf, mem, {}); }
+
+ChannelId Scheduler::open_channel(EntityId leaf, ChannelMemory mem, ChannelStart start) {
     tree_.attach_channel(leaf);  // validates: live leaf, not the root
-    ChannelId ch = gpu_.create_channel(mem);
+    ChannelId ch = 0;
+    try {
+        ch = gpu_.create_channel(mem, start);
+    } catch (...) {
+        // A backend may refuse a channel (out of channels, bad memory).
+        tree_.detach_channel(leaf);
+        throw;
+    }
     ChannelState st;
+    st.get_base = start.get;
     st.shadow = std::make_unique<ShadowChannel>(
         gpu_, ch, [this](ChannelId c, std::uint32_t put) { on_trap(c, put); },
         [this](ChannelId c, std::uint32_t held) { on_held(c, held); });

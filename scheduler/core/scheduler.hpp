@@ -72,6 +72,9 @@ public:
     void set_policy(std::unique_ptr<Policy> policy);
 
     ChannelId open_channel(EntityId leaf, ChannelMemory mem = {});
+    // The same for a channel that carries on from `start` (re-created after
+    // a drain elsewhere): to the accounting it has completed nothing yet.
+    ChannelId open_channel(EntityId leaf, ChannelMemory mem, ChannelStart start);
     void close_channel(ChannelId ch);
 
     // Drain (the first half of moving a channel to another GPU or host):
@@ -139,6 +142,8 @@ private:
         bool closing = false;
         // drain(): shadowed whatever the policy wants, and gone to the policy.
         bool draining = false;
+        // GET it started at: the accounting counts its kernels from here.
+        std::uint32_t get_base = 0;
     };
 
     void on_fence(ChannelId ch, std::uint32_t fence) override;
@@ -160,6 +165,8 @@ private:
     const ChannelState& state(ChannelId ch) const;
     // Closing or draining: gone to the policy, still on the GPU.
     bool hidden(ChannelId ch) const;
+    // IB_GET as the accounting counts it: entries fetched since the channel opened.
+    std::uint32_t fetched_since_open(ChannelId ch) const;
 
     // Runs a policy callback and charges its CPU time.
     template <class F> void call_policy(F&& f);

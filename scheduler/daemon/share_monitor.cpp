@@ -23,7 +23,7 @@ constexpr Duration kMinSampleGap = 10 * kMillisecond;
 
 }  // namespace
 
-ShareMonitor::ShareMonitor(Scheduler& sched, const sim::SimGpu& gpu, const Clock& clock, Timers& timers,
+ShareMonitor::ShareMonitor(Scheduler& sched, const GpuDevice& gpu, const Clock& clock, Timers& timers,
                            Duration window, Duration period)
     : sched_(sched), gpu_(gpu), clock_(clock), timer_(timers), window_(window), period_(period) {
     last_t_ = clock_.now();
@@ -65,14 +65,14 @@ bool ShareMonitor::sample() {
     // Per leaf: GPU time the scheduler measured since the last sample, and
     // whether it has work the GPU has not finished (queued or held).
     std::unordered_map<EntityId, Duration> used;
-    std::vector<sim::ShareNode> nodes;
+    std::vector<ShareNode> nodes;
     std::unordered_map<EntityId, std::size_t> index;
     std::vector<EntityId> ids;
     bool any_busy = false, backlog = false;
     tree.for_each([&](const Entity& e) {
         index[e.id] = nodes.size();
         ids.push_back(e.id);
-        sim::ShareNode n;
+        ShareNode n;
         n.weight = e.weight;
         nodes.push_back(n);
         if (e.id != kRootEntity) nodes[index.at(e.parent)].children.push_back(nodes.size() - 1);
@@ -104,7 +104,7 @@ bool ShareMonitor::sample() {
         if (d > 0)
             for (EntityId cur = e.id; cur != kRootEntity; cur = tree.get(cur).parent) used[cur] += d;
     });
-    std::vector<double> shares = sim::water_fill(nodes, 0);
+    std::vector<double> shares = water_fill(nodes, 0);
     target_now_.clear();
     for (std::size_t i = 1; i < ids.size(); ++i) {
         target_now_[ids[i]] = shares[i];
@@ -196,7 +196,7 @@ ShareMonitor::Snapshot ShareMonitor::snapshot() {
         snap.scheduler_cpu_us_per_s = pcpu / 1e3 / (w / 1e9);
         snap.process_cpu_us_per_s = proc / 1e3 / (w / 1e9);
     }
-    if (!ach.empty()) snap.metrics = sim::fairness(ach, tgt);
+    if (!ach.empty()) snap.metrics = fairness(ach, tgt);
     return snap;
 }
 

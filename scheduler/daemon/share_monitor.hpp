@@ -11,14 +11,13 @@
 #include <vector>
 
 #include "core/scheduler.hpp"
-#include "sim/shares.hpp"
-#include "sim/sim_gpu.hpp"
+#include "core/shares.hpp"
 
 namespace pvgpu::daemon {
 
 class ShareMonitor {
 public:
-    ShareMonitor(Scheduler& sched, const sim::SimGpu& gpu, const Clock& clock, Timers& timers,
+    ShareMonitor(Scheduler& sched, const GpuDevice& gpu, const Clock& clock, Timers& timers,
                  Duration window = 2 * kSecond, Duration period = 250 * kMillisecond);
 
     // Work was submitted: make sure sampling runs.
@@ -40,7 +39,7 @@ public:
         double scheduler_cpu_us_per_s = 0;  // real CPU in policy callbacks per wall second
         double process_cpu_us_per_s = 0;    // the whole daemon (getrusage)
         Duration process_cpu = 0;           // the whole daemon since it started
-        sim::FairnessMetrics metrics;       // over leaves with a target in the window
+        FairnessMetrics metrics;            // over leaves with a target in the window
     };
     Snapshot snapshot();
 
@@ -67,7 +66,7 @@ private:
     void tick();
 
     Scheduler& sched_;
-    const sim::SimGpu& gpu_;
+    const GpuDevice& gpu_;
     const Clock& clock_;
     Timer timer_;
     Duration window_, period_;

@@ -42,16 +42,20 @@ const SimGpu::Channel& SimGpu::chan(ChannelId ch) const {
     return it->second;
 }
 
-ChannelId SimGpu::create_channel(ChannelMemory mem) {
+ChannelId SimGpu::create_channel(ChannelMemory mem, ChannelStart start) {
     ChannelId id = next_id_++;
     Channel c;
     if (!mem.ctrl) c.own_ctrl = std::make_unique<pvgpu_ctrl_page>();
     if (!mem.ring) c.own_ring = std::make_unique<pvgpu_ring>();
     c.ctrl = mem.ctrl ? mem.ctrl : c.own_ctrl.get();
     c.ring = mem.ring ? mem.ring : c.own_ring.get();
-    // The GPU owns these fields from now on.
-    c.ctrl->ib_get = 0;
-    c.ctrl->fence = 0;
+    // Nothing queued: IB_PUT = IB_GET = completed, all at `start.get`.
+    c.put = c.completed = c.get = start.get;
+    c.fence = start.fence;
+    // The GPU owns these fields from now on.  IB_PUT is the submitter's:
+    // a host re-creating a channel puts its position there itself.
+    c.ctrl->ib_get = start.get;
+    c.ctrl->fence = start.fence;
     c.ctrl->status = PVGPU_CHAN_STATUS_OK;
     c.ctrl->error = PVGPU_CHAN_ERR_NONE;
     channels_.emplace(id, std::move(c));

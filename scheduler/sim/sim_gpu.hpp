@@ -52,7 +52,7 @@ public:
 
     void set_interrupt_handler(GpuInterrupts* handler) override { irq_ = handler; }
     using GpuDevice::create_channel;
-    ChannelId create_channel(ChannelMemory mem) override;
+    ChannelId create_channel(ChannelMemory mem, ChannelStart start) override;
     void destroy_channel(ChannelId ch) override;
     pvgpu_ring* ring(ChannelId ch) override;
 
@@ -81,15 +81,16 @@ public:
     pvgpu_ctrl_page* control_page(ChannelId ch) { return chan(ch).ctrl; }
     const SimGpuConfig& config() const { return cfg_; }
     // Time the engine executed kernels, up to the last segment's end
-    // before now (the share monitor's windows close at such ends).
-    Duration busy_time() const {
+    // before now (ground truth for the simulator's tests).
+    Duration busy_time_ended() const {
         run_on();
         return busy_;
     }
     // The same with the running segment up to now: what a utilisation
-    // counter read at any moment shows (an admin's `stats`).
+    // counter read at any moment shows (GpuDevice::busy_time).
     Duration busy_time_now() const;
-    std::uint64_t context_switches() const { return switches_; }
+    Duration busy_time() const override { return busy_time_now(); }
+    std::uint64_t context_switches() const override { return switches_; }
     std::uint64_t preemptions() const { return preemptions_; }
 
 private:

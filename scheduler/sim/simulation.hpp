@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "core/shares.hpp"
 #include "scenario.hpp"
-#include "shares.hpp"
 
 namespace pvgpu::sim {
 

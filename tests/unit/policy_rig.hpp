@@ -115,10 +115,12 @@ public:
     }
 
     // Opens a channel on `leaf` and starts a submitter on it at `start_at`.
+    // `from`: the channel's starting positions (a channel re-created after a drain).
     ChannelId submit_loop(EntityId leaf, Duration kernel, Duration gap = 0, std::uint64_t limit = 0,
-                          Time start_at = 0) {
-        ChannelId ch = sched.open_channel(leaf);
+                          Time start_at = 0, ChannelStart from = {}) {
+        ChannelId ch = sched.open_channel(leaf, {}, from);
         subs[ch] = Submitter{leaf, kernel, gap, limit};
+        subs[ch].put = from.get;
         gpu_.set_fence_watcher(ch, [this, ch](std::uint32_t) {
             auto it = subs.find(ch);
             if (it == subs.end()) return;  // closed

@@ -1,4 +1,4 @@
-// Water-filling target shares and fairness metrics (scheduler/sim/shares.hpp).
+// Water-filling target shares and fairness metrics (scheduler/core/shares.hpp).
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -6,11 +6,11 @@
 #include <stdexcept>
 #include <vector>
 
-#include "sim/shares.hpp"
+#include "core/shares.hpp"
 
-using pvgpu::sim::fairness;
-using pvgpu::sim::ShareNode;
-using pvgpu::sim::water_fill;
+using pvgpu::fairness;
+using pvgpu::ShareNode;
+using pvgpu::water_fill;
 
 namespace {
 

@@ -160,6 +160,42 @@ TEST_CASE("sim gpu: channels start empty and idle", "[sim_gpu]") {
     CHECK_THROWS_AS(sim::SimGpu(r.loop, r.loop, timeslice(0)), std::invalid_argument);
 }
 
+// A channel drained on one GPU is re-created on another where it stopped
+// (../shared/DESIGN.md section 10): its registers and the control page's
+// copies start there, and its work goes on from that ring slot, across the
+// 32-bit wrap too.
+TEST_CASE("sim gpu: a channel created at starting positions carries on from them", "[sim_gpu][start]") {
+    GpuRig r;
+    auto page = std::make_unique<pvgpu_ctrl_page>();
+    auto ring = std::make_unique<pvgpu_ring>();
+    page->ib_put = 12345;  // the submitter's: the GPU leaves it alone
+    const std::uint32_t get = GENERATE(0u, 300u, 0xffffffffu);
+    const ChannelId a = r.gpu.create_channel(ChannelMemory{page.get(), ring.get()}, ChannelStart{get, 77});
+    CHECK(r.gpu.read_ib_put(a) == get);
+    CHECK(r.gpu.read_ib_get(a) == get);
+    CHECK(r.gpu.read_fence(a) == 77);
+    CHECK_FALSE(r.gpu.pending(a));
+    CHECK(page->ib_put == 12345);
+    CHECK(page->ib_get == get);
+    CHECK(page->fence == 77);
+    CHECK(page->status == PVGPU_CHAN_STATUS_OK);
+    // Two kernels after the starting slot: fences as the entries say.
+    r.submit(a, {ms(1), ms(1)});
+    CHECK(r.gpu.read_ib_put(a) == get + 2);
+    CHECK(r.gpu.pending(a));
+    r.loop.run_until(ms(10));
+    CHECK(r.irqs == std::vector<Event>{{a, get + 1, ms(1)}, {a, get + 2, ms(2)}});
+    CHECK(r.gpu.read_ib_get(a) == get + 2);
+    CHECK(r.gpu.read_fence(a) == get + 2);
+    CHECK(page->ib_get == get + 2);
+    CHECK_FALSE(r.gpu.pending(a));
+    // A ring's worth from the start is fine; one more is not work.
+    const ChannelId b = r.gpu.create_channel(ChannelMemory{}, ChannelStart{get, 0});
+    r.gpu.write_ib_put(b, get + PVGPU_RING_ENTRIES + 1);
+    r.loop.run_until(ms(11));
+    CHECK(r.errors == std::vector<Event>{{b, PVGPU_CHAN_ERR_BAD_ENTRY, ms(10)}});
+}
+
 TEST_CASE("sim gpu: IB_GET, pending and the engine status register", "[sim_gpu]") {
     GpuRig r;
     ChannelId a = r.channel();
@@ -875,7 +911,7 @@ TEST_CASE("sim gpu: busy time now counts the running segment, not a switch's dea
     r.loop.run_until(ms(0.05));
     CHECK(r.gpu.busy_time_now() == 0);
     r.loop.run_until(ms(0.6));
-    CHECK(r.gpu.busy_time() == 0);  // the segment has not ended
+    CHECK(r.gpu.busy_time_ended() == 0);  // the segment has not ended
     CHECK(r.gpu.busy_time_now() == ms(0.5));
     // A done at 1.1; B's switch [1.1, 1.2), B runs to 2.2.
     r.loop.run_until(ms(1.15));
@@ -884,7 +920,8 @@ TEST_CASE("sim gpu: busy time now counts the running segment, not a switch's dea
     CHECK(r.gpu.busy_time_now() == ms(1.5));
     r.loop.run_until(ms(10));
     CHECK(r.gpu.busy_time_now() == ms(2));
-    CHECK(r.gpu.busy_time() == ms(2));
+    CHECK(r.gpu.busy_time_ended() == ms(2));
+    CHECK(r.gpu.busy_time() == r.gpu.busy_time_now());  // GpuDevice's counter
 }
 
 // A GPU interrupts its host only where an entry asks for it: a kernel that

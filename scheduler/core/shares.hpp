@@ -1,10 +1,12 @@
-// Target shares and fairness metrics (DESIGN.md sections 6 and 7).
+// Target shares and fairness metrics (../shared/DESIGN.md section 7): what
+// the simulator reports against and what pvgpud's share monitor shows, so
+// beside the core rather than in sim/.
 #pragma once
 
 #include <cstddef>
 #include <vector>
 
-namespace pvgpu::sim {
+namespace pvgpu {
 
 // A node of the tree handed to water-filling.  Leaves carry their standalone
 // demand (fraction of the GPU they would use alone, 0..1); inner nodes carry
@@ -30,4 +32,4 @@ struct FairnessMetrics {
 
 FairnessMetrics fairness(const std::vector<double>& achieved, const std::vector<double>& target);
 
-}  // namespace pvgpu::sim
+}  // namespace pvgpu

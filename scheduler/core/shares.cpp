@@ -1,5 +1,5 @@
 // Target shares by hierarchical water-filling, and the fairness metrics of
-// DESIGN.md section 7 computed from them.
+// ../shared/DESIGN.md section 7 computed from them.
 #include "shares.hpp"
 
 #include <algorithm>
@@ -8,7 +8,7 @@
 #include <stdexcept>
 #include <string>
 
-namespace pvgpu::sim {
+namespace pvgpu {
 
 namespace {
 
@@ -145,4 +145,4 @@ FairnessMetrics fairness(const std::vector<double>& achieved, const std::vector<
     return m;
 }
 
-}  // namespace pvgpu::sim
+}  // namespace pvgpu
