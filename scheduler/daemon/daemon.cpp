@@ -15,7 +15,6 @@
 #include <vector>
 
 #include "log.hpp"
-#include "sim/sim_gpu.hpp"  // TEMP
 #include "names.hpp"
 #include "unix_socket.hpp"
 
@@ -193,9 +192,10 @@ void Daemon::open_gpus() {
         auto g = std::make_unique<Gpu>();
         g->index = i;
         g->name = gc.name;
-        auto opened = open_gpu_device(gc, clock_, timers_.device());
-        g->dev = std::move(opened.device);
-        g->arbitration = opened.arbitration;
+        std::unique_ptr<BackendGpu> dev = open_gpu_device(i, gc, clock_, timers_.device());
+        g->arbitration = dev->arbitration_name();
+        const std::string description = dev->description();
+        g->dev = std::move(dev);
         std::string name = cfg_.policy, origin = cfg_.policy_overridden ? "--policy" : "configuration";
         PolicyParams params = params_for(cfg_, name);
         std::unique_ptr<Policy> policy;
@@ -229,9 +229,9 @@ void Daemon::open_gpus() {
         g->sched->set_fence_listener([this, gp](ChannelId local, std::uint32_t fence) {
             if (ChannelId id = chan_id(*gp, local)) on_fence(id, fence);
         });
-        g->sim = opened.sim;
-        g->monitor = std::make_unique<ShareMonitor>(*g->sched, *opened.sim, clock_, timers_);
-        log_info("GPU ", i, " ", g->name, ": ", opened.description, ", policy ", name, " (", origin, ")");
+        g->monitor = std::make_unique<ShareMonitor>(*g->sched, *g->dev, clock_, timers_);
+        log_info("GPU ", i, " ", g->name, ": ", description, " (backend ", gc.backend, "), policy ", name, " (",
+                 origin, ")");
         gpus_.push_back(std::move(g));
     }
 }
@@ -1125,7 +1125,7 @@ void Daemon::move_switch() {
         const Scheduler::Position pos = a.sched->detach(ch.local);
         a.chan_of.erase(ch.local);
         ch.leaf = moved_leaf(b, vm, ch, weight, task_name);
-        ch.local = b.sched->open_channel(ch.leaf, ch.mem.memory() /*MERGE, ChannelStart{pos.get, pos.fence}*/);
+        ch.local = b.sched->open_channel(ch.leaf, ch.mem.memory(), ChannelStart{pos.get, pos.fence});
         ch.gpu = mv->to;
         b.chan_of[ch.local] = id;
         // What the guest stored while shadowed is B's policy's to release.
@@ -1491,9 +1491,9 @@ json Daemon::stats_gpu(Gpu& g) {
             {"policy", g.policy_name},
             {"arbitration", g.arbitration},
             {"busy_fraction", snap.busy_fraction},
-            {"busy_s", to_ms(g.sim->busy_time_now()) / 1000.0},
+            {"busy_s", to_ms(g.dev->busy_time()) / 1000.0},
             {"idle_with_demand_fraction", snap.idle_with_demand_fraction},
-            {"context_switches", g.sim->context_switches()},
+            {"context_switches", g.dev->context_switches()},
             {"channels", channels},
             {"vms", vms},
             {"scheduler_cpu_s", to_ms(st.policy_cpu) / 1000.0},

@@ -54,10 +54,6 @@
 #include "state_store.hpp"
 #include "weights.hpp"
 
-namespace pvgpu::sim {
-class SimGpu;
-}
-
 namespace pvgpu::daemon {
 
 struct DaemonCounters {
@@ -141,7 +137,6 @@ private:
     // its share monitor, and what pvgpud knows of the entities in its tree.
     struct Gpu {
         std::uint32_t index = 0;
-        const sim::SimGpu* sim = nullptr;  // TEMP
         std::string name;
         std::unique_ptr<GpuDevice> dev;
         std::unique_ptr<Scheduler> sched;

@@ -1,28 +1,27 @@
 #include "gpu_open.hpp"
 
-#include <charconv>
-#include <stdexcept>
-
-#include "sim/sim_gpu.hpp"
+#include "log.hpp"
 
 namespace pvgpu::daemon {
 
-OpenedGpu open_gpu_device(const GpuConfig& gpu, const Clock& clock, Timers& timers) {
-    if (gpu.backend != "sim") throw std::runtime_error(gpu.name + ": backend " + gpu.backend + ": not supported yet");
-    sim::SimGpuConfig c;
-    if (gpu.arbitration)
-        c.arbitration = *gpu.arbitration == "timeslice" ? sim::Arbitration::Timeslice : sim::Arbitration::RoundRobin;
-    if (gpu.timeslice_us) c.timeslice = *gpu.timeslice_us * kMicrosecond;
-    if (gpu.ctxsw_us) c.ctxsw = *gpu.ctxsw_us * kMicrosecond;
-    if (gpu.preempt_us) c.preempt = *gpu.preempt_us * kMicrosecond;
-    if (gpu.watchdog_ms) c.watchdog = *gpu.watchdog_ms * kMillisecond;
-    auto dev = std::make_unique<sim::SimGpu>(clock, timers, c);
-    OpenedGpu o;
-    o.sim = dev.get();
-    o.arbitration = std::string(sim::to_string(c.arbitration));
-    o.description = "simulated GPU, " + o.arbitration + ", watchdog " + std::to_string(c.watchdog / kMillisecond) + " ms";
-    o.device = std::move(dev);
-    return o;
+std::unique_ptr<BackendGpu> open_gpu_device(std::uint32_t index, const GpuConfig& gpu, const Clock& clock,
+                                            Timers& timers) {
+    const std::string who = "GPU " + std::to_string(index) + " (" + gpu.name + ")";
+    BackendHooks hooks;
+    hooks.log = [who](int level, std::string_view msg) {
+        const std::string line = who + ": " + std::string(msg);
+        switch (level) {
+        case PVGPU_BACKEND_LOG_ERROR: log_error(line); break;
+        case PVGPU_BACKEND_LOG_WARNING: log_warning(line); break;
+        case PVGPU_BACKEND_LOG_INFO: log_info(line); break;
+        default: log_debug(line); break;
+        }
+    };
+    try {
+        return open_backend(gpu.backend, backend_options(gpu), clock, timers, std::move(hooks));
+    } catch (const BackendError& e) {
+        throw BackendError(who + ": " + e.what());
+    }
 }
 
 }  // namespace pvgpu::daemon

@@ -85,6 +85,10 @@ int main(int argc, char** argv) {
     try {
         Daemon daemon(std::move(cfg));
         return daemon.run();
+    } catch (const pvgpu::BackendError& e) {
+        // A GPU that cannot be opened is a configuration error: status 2.
+        log_line(LogLevel::Error, e.what());
+        return 2;
     } catch (const std::exception& e) {
         log_line(LogLevel::Error, e.what());
         return 1;

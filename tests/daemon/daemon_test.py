@@ -2461,11 +2461,14 @@ def case_gpus(bins, tmp):
         # Weights 100:300 on gpu0, 100:100 on gpu1; kernels of four lengths.
         spec = [("a0", 0, 1000, 100), ("b0", 0, 400, 300), ("a1", 1, 1500, 100), ("b1", 1, 300, 100)]
         for name, gpu, kernel_us, weight in spec:
-            ctl(bins, d, "set-weight", f"{HOST}/{name}", str(weight))
-        for name, gpu, kernel_us, weight in spec:
             loads.append(Load(bins, d, "throttle", "--kernel-us", kernel_us, "--batch", 4, "--depth", 2,
                               "--duration-s", 30, "--report-interval-s", "0.1", "--gpu", gpu, name=name))
-        shares, _ = measure_window(loads, [k for _, _, k, _ in spec], warmup=1.5, window=5.0)
+        for load in loads:
+            load.wait_until(lambda l: len(l.reports) >= 1, 10, "its first report")
+        for name, gpu, kernel_us, weight in spec:
+            ctl(bins, d, "set-weight", f"{HOST}/{name}", str(weight))
+        now = time.monotonic()
+        shares, _ = measure_between(loads, [k for _, _, k, _ in spec], now + 1.5, now + 6.5, 20)
         listing = ctl_json(bins, d, "list")
         for (name, gpu, kernel_us, weight) in spec:
             check(gpu_of(listing, f"{HOST}/{name}") == [gpu], f"{name} is on {gpu_of(listing, f'{HOST}/{name}')}")
