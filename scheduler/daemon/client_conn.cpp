@@ -71,6 +71,13 @@ void ClientConn::fail(std::uint32_t status, const std::string& message, bool pro
     close(message, protocol_error);
 }
 
+void ClientConn::close_after_reply(const std::string& reason) {
+    if (!open_) return;
+    flush();
+    lingering_ = true;
+    close(reason, false);
+}
+
 void ClientConn::close(const std::string& reason, bool protocol_error) {
     if (!open_) return;
     open_ = false;
@@ -81,7 +88,8 @@ void ClientConn::close(const std::string& reason, bool protocol_error) {
     queued_fds_ = 0;
     resume_.reset();
     // Whatever was written is in the peer's receive queue; it stays readable.
-    ::shutdown(sock_.get(), SHUT_RDWR);
+    // (After close_after_reply the reading side stays open: no hang-up yet.)
+    ::shutdown(sock_.get(), lingering_ ? SHUT_WR : SHUT_RDWR);
     handler_.on_closed(*this, reason, protocol_error);
 }
 

@@ -72,6 +72,13 @@ public:
     void fail(std::uint32_t status, const std::string& message, bool protocol_error = true);
     // Closes (the reason is logged by the handler).
     void close(const std::string& reason, bool protocol_error = false);
+    // Closes with only the sending side shut down: the peer reads what was
+    // queued (a refusal's ERROR and reply) before it sees the end.  Some
+    // clients (QEMU's chardev) drop a socket that reports a hang-up without
+    // reading it, so the socket itself must outlive this object a while:
+    // take it with take_socket() and close it later.
+    void close_after_reply(const std::string& reason);
+    UniqueFd take_socket() { return std::move(sock_); }
     // The client said HELLO in time.
     void hello_done() { hello_timer_.cancel(); }
 
@@ -106,6 +113,7 @@ private:
     std::size_t queued_fds_ = 0;  // descriptors not sent yet
     bool peer_eof_ = false;       // the peer finished sending; close once dispatched
     bool open_ = true;
+    bool lingering_ = false;  // close_after_reply: the peer may still read
 };
 
 }  // namespace pvgpu::daemon

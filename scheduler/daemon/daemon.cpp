@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <vector>
@@ -57,6 +58,12 @@ constexpr Duration kPutScanPeriod = 20 * kMillisecond;
 // Connections beyond max_clients are still accepted, to be refused at HELLO
 // with PVGPU_E_LIMIT; beyond this many more they are dropped at once.
 constexpr std::size_t kConnectionSlack = 64;
+
+// How long a refused client's socket stays open for the peer to read its
+// refusal, and how many may wait so at once (a flood of bad HELLOs costs
+// that many descriptors at most).
+constexpr Duration kLinger = 1 * kSecond;
+constexpr std::size_t kMaxLingering = 64;
 
 // A ratio that no leaf can be compared on (one got nothing) is reported as
 // this rather than as a JSON-less infinity.
@@ -110,6 +117,7 @@ Daemon::Daemon(Config cfg)
 
     open_gpus();
     accept_pause_.bind(timers_);
+    linger_timer_.bind(timers_);
     scan_timer_.bind(timers_);
 
     listen_fd_ = listen_unix(cfg_.socket, cfg_.socket_mode, cfg_.socket_group);
@@ -395,7 +403,19 @@ void Daemon::teardown(std::uint32_t client_id) {
             host_users_.erase(u);
         }
     }
+    if (cl.linger) linger(cl.conn->take_socket());
     clients_.erase(it);
+}
+
+// A refused client's socket, its sending side shut: closed once the peer
+// has read what it was sent and closed its end, or after a while.
+void Daemon::linger(UniqueFd fd) {
+    const Time now = clock_.now();
+    while (!lingering_.empty() && (lingering_.front().first <= now || lingering_.size() >= kMaxLingering))
+        lingering_.pop_front();
+    if (!fd) return;
+    lingering_.emplace_back(now + kLinger, std::move(fd));
+    if (!linger_timer_.armed()) linger_timer_.arm(now + kLinger, [this] { linger({}); });
 }
 
 void Daemon::on_message(ClientConn& c, wire::Message& m) {
@@ -435,10 +455,17 @@ void Daemon::on_hello(Client& cl, const wire::Message& m) {
     r.client_id = conn.id();
     r.max_channels = cfg_.limits.max_channels_per_client;
     r.version = std::min<std::uint32_t>(h.version, PVGPU_PROTO_VERSION);
+    // The reply has no room for words: an ERROR before it says why, and
+    // the peer can read both before it sees the connection end.
     auto refuse = [&](std::uint32_t status, const std::string& why) {
+        pvgpu_error e{};
+        e.status = status;
+        wire::set_name(e.message, sizeof e.message, why);
+        conn.send_struct(PVGPU_MSG_ERROR, 0, e);
         r.status = status;
         conn.send_struct(PVGPU_MSG_HELLO_REPLY, m.hdr.seq, r);
-        conn.close("HELLO refused: " + why);
+        cl.linger = true;
+        conn.close_after_reply("HELLO refused: " + why);
     };
     if (h.version < 1) return refuse(PVGPU_E_VERSION, "protocol version 0");
     std::size_t ready = 0;
@@ -459,11 +486,6 @@ void Daemon::on_hello(Client& cl, const wire::Message& m) {
             log_warning("client ", conn.id(), " (pid ", conn.peer().pid, ", ",
                         h.role == PVGPU_ROLE_VMM ? "VM " + (raw.empty() ? std::string("?") : raw) : "host", "): ",
                         why);
-            // The reply has no room for words: an ERROR before it says why.
-            pvgpu_error e{};
-            e.status = PVGPU_E_INVALID;
-            wire::set_name(e.message, sizeof e.message, why);
-            conn.send_struct(PVGPU_MSG_ERROR, 0, e);
             return refuse(PVGPU_E_INVALID, why);
         }
     }
@@ -486,16 +508,25 @@ void Daemon::on_hello(Client& cl, const wire::Message& m) {
             // E_STATE, not a new status: clients of every version know it.
             return refuse(PVGPU_E_STATE, *denied);
         }
-        // One device per GPU: a second device of the VM goes elsewhere.
+        // A libvirt domain's weight is its metadata's: saved before it is read.
+        std::optional<DomainInfo> domain;
+        if (libvirt_ && (domain = libvirt_->domain(uuid))) domain_up(*domain);
+        // The device's gpu= wins, then the domain's metadata (device="N"),
+        // then the placement.  One device per GPU: a second device of the
+        // VM goes elsewhere.
         const std::set<std::uint32_t> taken = gpus_of_vm(uuid);
+        if (!asked && domain && domain->gpu && !taken.count(*domain->gpu)) {
+            if (*domain->gpu >= gpus_.size())
+                return refuse(PVGPU_E_INVALID, "libvirt domain " + domain->name + " asks for GPU " +
+                                                   std::to_string(*domain->gpu) + "; this host has " +
+                                                   std::to_string(gpus_.size()));
+            asked = domain->gpu;
+        }
         if (asked && taken.count(*asked))
             return refuse(PVGPU_E_STATE, "VM " + uuid + " is already connected on GPU " + std::to_string(*asked));
         std::string error;
         const auto gpu = place("vm/" + uuid, asked, taken, error);
         if (!gpu) return refuse(PVGPU_E_STATE, "VM " + uuid + " " + error);
-        // A libvirt domain's weight is its metadata's: saved before it is read.
-        if (libvirt_)
-            if (auto d = libvirt_->domain(uuid)) domain_up(*d);
         Gpu& g = *gpus_[*gpu];
         EntityTree& tree = g.sched->entities();
         std::string name = unique_root_name(tree, "", raw.empty() ? uuid : sanitize_name(raw), uuid.substr(0, 8));
@@ -1140,8 +1171,11 @@ void Daemon::move_switch() {
     remember_placement("vm/" + mv->uuid, mv->to, mv->from);
     ++counters_.moves;
     b.monitor->activity();
+    char pause[32];
+    std::snprintf(pause, sizeof pause, "%.1f", longest);
     log_info("VM ", name, " (", mv->uuid, ") moved from GPU ", mv->from, " to GPU ", mv->to, ": ",
-             mv->draining.size(), " channels, longest pause ", longest, " ms");
+             mv->draining.size(), mv->draining.size() == 1 ? " channel" : " channels", ", longest pause ", pause,
+             " ms");
     mv->reply({{"ok", true},
                {"path", name},
                {"uuid", mv->uuid},

@@ -181,6 +181,7 @@ private:
         std::uint32_t gpu = 0;             // after HELLO: the GPU it is on
         std::set<ChannelId> channels;
         bool closing = false;
+        bool linger = false;  // refused at HELLO: its socket outlives it (linger())
     };
 
     // --- client protocol ---
@@ -195,6 +196,7 @@ private:
     void on_task_weight(Client& cl, const wire::Message& m);
     void reap();
     void teardown(std::uint32_t client_id);
+    void linger(UniqueFd fd);
     // Connections (HELLO or not) and channels in one budget: a client is in
     // the VMM budget once it is a VMM, or before HELLO when its uid may be
     // one; otherwise in the host budget.  `uid` nullopt: every uid.
@@ -306,6 +308,8 @@ private:
     FdWatch listen_watch_;
     Timer accept_pause_;
     Timer scan_timer_;
+    Timer linger_timer_;
+    std::deque<std::pair<Time, UniqueFd>> lingering_;  // refused clients' sockets, oldest first
     std::unique_ptr<AdminServer> admin_;
     Source sigterm_, sigint_, sighup_;
     std::unique_ptr<LibvirtWatch> libvirt_;                // null: not following libvirt

@@ -2468,7 +2468,29 @@ def case_gpus(bins, tmp):
         for name, gpu, kernel_us, weight in spec:
             ctl(bins, d, "set-weight", f"{HOST}/{name}", str(weight))
         now = time.monotonic()
+
+        def scrape():
+            """pvgpu_entity_gpu_seconds_total of each task, from a fresh textfile."""
+            mtime = os.stat(prom).st_mtime_ns
+            deadline = time.monotonic() + 5
+            while os.stat(prom).st_mtime_ns == mtime:
+                check(time.monotonic() < deadline, "textfile not rewritten within 5 s")
+                time.sleep(0.05)  # watching a file's mtime: there is nothing to block on
+            with open(prom) as f:
+                text = f.read()
+            out = {}
+            for name, gpu, _, _ in spec:
+                labels = f'kind="host",vm="",task="{USER}/{name}",gpu="{gpu}"'
+                for line in text.splitlines():
+                    if line.startswith(f"pvgpu_entity_gpu_seconds_total{{{labels}}} "):
+                        out[name] = float(line.rsplit(" ", 1)[1])
+                check(name in out, f"no pvgpu_entity_gpu_seconds_total{{{labels}}} in the textfile")
+            return out
+
+        time.sleep(max(0.0, now + 1.5 - time.monotonic()))
+        first = scrape()
         shares, _ = measure_between(loads, [k for _, _, k, _ in spec], now + 1.5, now + 6.5, 20)
+        last = scrape()
         listing = ctl_json(bins, d, "list")
         for (name, gpu, kernel_us, weight) in spec:
             check(gpu_of(listing, f"{HOST}/{name}") == [gpu], f"{name} is on {gpu_of(listing, f'{HOST}/{name}')}")
@@ -2482,11 +2504,15 @@ def case_gpus(bins, tmp):
             # 0.02: the issue's bound; each GPU's split is its own scheduler's.
             check(all(abs(g - w) <= 0.02 for g, w in zip(got, want)),
                   f"GPU {gpu}: shares {[round(x, 3) for x in got]}, expected {want} +- 0.02")
-        # The textfile: one busy series per GPU, every entity series labelled.
-        with open(prom) as f:
-            text = f.read()
-        for gpu in (0, 1):
-            check(f'gpu="{gpu}"' in text, f"textfile has no series with gpu=\"{gpu}\"")
+            # pvgpud's own accounts, as Prometheus scrapes them, over about
+            # the same window (the textfile is rewritten every second, so its
+            # window is off by up to a second at each end): the same split.
+            used = [last[spec[i][0]] - first[spec[i][0]] for i in idx]
+            scraped = [u / sum(used) for u in used]
+            for i, g in zip(idx, scraped):
+                result(f"gpus.gpu{gpu}.{spec[i][0]}.scraped_share", f"{g:.3f}")
+            check(all(abs(g - w) <= 0.02 for g, w in zip(scraped, want)),
+                  f"GPU {gpu}: the textfile's split {[round(x, 3) for x in scraped]}, expected {want} +- 0.02")
     finally:
         for load in loads:
             load.finish(sig=signal.SIGTERM)

@@ -9,7 +9,8 @@ ports and timestamped on arrival on the host), never from pvgpud's accounting.
 Measured numbers are printed as "RESULT key=value" lines (docs/results.md).
 
 usage: vm_test.py --pvgpud P --pvgpuctl P --load P --vm P CASE
-CASE: boot | wedge | abuse | restart | vms | nohints | busy | tasks | thesis1 | thesis2 | overhead | all
+CASE: boot | wedge | abuse | restart | vms | nohints | busy | tasks | thesis1 | thesis2 | overhead |
+      gpus | all
 Exit status: 0 pass, 1 fail, 77 skipped (no QEMU, guest kernel or module).
 """
 
@@ -280,6 +281,15 @@ def host_beside_guest(bins, tmp, host_kernel_us, name, command, extra=(), daemon
 # Ten times that leaves room for a loaded CI host's TCG guests and still
 # fails a task that gets 0.105 of a 0.125 share.
 SHARE_TOL = 0.02
+
+# Least fraction of its GPU a guest throttle alone on it must keep busy (case
+# gpus, by its own counts over host time).  Case busy's floor for a GPU with
+# work waiting, whatever the machine's stalls (its note: 0.979..0.985 measured
+# beside two busy loops at normal priority); case gpus measured 0.998 and
+# 0.987..1.000 (4 runs, before and after the move) with three TCG guests
+# on the 2-core host.  An idle GPU while one
+# VM's work waits is what it fails (e.g. a second GPU left unscheduled).
+ALONE_MIN = 0.95
 
 
 # Whole-machine stalls.  A CI machine that is itself a VM can be stopped by
@@ -737,6 +747,137 @@ def case_overhead(bins, tmp):
     check(ratio <= 1.05, f"hfq costs a lone guest bench {100 * (ratio - 1):.1f}% (limit 5%)")
 
 
+MOVE_LINE = re.compile(r"^channel (?P<id>\d+): paused (?P<ms>[0-9.]+) ms$")
+MOVE_SUMMARY = re.compile(r"^(?P<vm>\S+) moved from gpu(?P<from>\d+) to gpu(?P<to>\d+) "
+                          r"\((?P<n>\d+) channels?, longest pause (?P<ms>[0-9.]+) ms\)$")
+
+
+def gpu_of(bins, d, vm_name):
+    """The GPU index pvgpuctl --json list shows VM `vm_name` on (None if it is not listed)."""
+    gpus = {e.get("gpu") for e in ctl_json(bins, d, "list")["entities"] if e["path"] == vm_name}
+    check(len(gpus) <= 1, f"VM {vm_name} listed on several GPUs: {gpus}")
+    return gpus.pop() if gpus else None
+
+
+def case_gpus(bins, tmp):
+    """Two GPUs: two VMs pinned to gpu0 at weights 2:1 split it 2:1 while a third,
+    alone on gpu1, gets all of it; then `pvgpuctl move` takes the second VM to
+    gpu1 under a running bench, which completes every kernel, and afterwards
+    gpu0 is the first VM's alone and gpu1 splits 1:1 by weight."""
+    d = Daemon(bins, tmp, extra_args=["--gpus", "2", "--policy", "hfq"])
+    d.start()
+    k, bench_k, bench_kernels = 2000, 1000, 4500
+    # pvgpu-vm passes QEMU arguments through: -global sets the device's gpu property.
+    on_gpu = {i: ["--qemu-arg=-global", f"--qemu-arg=pvgpu.gpu={i}"] for i in (0, 1)}
+    guests = []
+    try:
+        t_start = time.monotonic()
+        # vm2's throttle runs 30 s, long enough for the three guests' boot
+        # skew plus the 2 s warm-up and 8 s window; then its bench starts:
+        # 4500 kernels of 1 ms, the first 600 at a third of gpu0, then the
+        # move, the rest at half of gpu1: ~10 s (measured 9.6..9.8 s).
+        # Three guests at once boot in ~16 s here; the case takes ~1 minute.
+        bench = load_cmd("bench", bench_k, "--kernels", bench_kernels, "--batch", 4, "--depth", 2,
+                         "--report-interval-s", "0.1", "--name", "bench")
+        guests.append(Guest(bins, d, "vm1", guest_throttle("a", k, 90), extra=on_gpu[0]))
+        guests.append(Guest(bins, d, "vm2", guest_throttle("b", k, 30) + " && " + tagged("bench", bench),
+                            extra=on_gpu[0]))
+        guests.append(Guest(bins, d, "vm3", guest_throttle("c", k, 90), extra=on_gpu[1]))
+        vm1, vm2, vm3 = guests
+        a, b, c = vm1.get("a"), vm2.get("b"), vm3.get("c")
+        wait_first_reports([a, b, c])
+        result("vm.gpus.boot_s", f"{time.monotonic() - t_start:.1f}")
+        for name, want in (("vm1", 0), ("vm2", 0), ("vm3", 1)):
+            got = gpu_of(bins, d, name)
+            check(got == want, f"{name} on gpu {got}, its device names gpu {want}")
+        ctl(bins, d, "set-weight", "vm1", "200")
+
+        # Phase 1: gpu0 split 2:1, gpu1 all vm3's.
+        t0 = window_start([a, b, c], 2.0)
+        t1 = t0 + 8.0
+        check(b.reports[0][0] + 30 > t1 + 1, "vm2's throttle ends before the window does (boot skew)")
+        (sa, sb), _ = measure_between([a, b], [k, k], t0, t1, 100)
+        _, busy_c = measure_between([c], [k], t0, t1, 100)
+        lst = ctl_json(bins, d, "list")
+        result("vm.gpus.before.vm1_share", f"{sa:.3f}")
+        result("vm.gpus.before.vm2_share", f"{sb:.3f}")
+        result("vm.gpus.before.vm3_busy", f"{busy_c:.3f}")
+        result("vm.gpus.before.gpu1_busy_fraction", f"{lst['gpus'][1]['busy_fraction']:.3f}")
+        # SHARE_TOL: the tolerance of case vms's 2:1 split (see its note).
+        check(abs(sa - 2 / 3) <= SHARE_TOL, f"vm1 got {sa:.3f} of gpu0, target 0.667")
+        check(abs(sb - 1 / 3) <= SHARE_TOL, f"vm2 got {sb:.3f} of gpu0, target 0.333")
+        check(busy_c >= ALONE_MIN, f"vm3 alone on gpu1 got {busy_c:.3f} of it (at least {ALONE_MIN})")
+
+        # Phase 2: vm2's bench runs; move vm2 to gpu1 under it.
+        s_bench = vm2.get("bench")
+        s_bench.wait_until(lambda x: x.reports and x.reports[-1][1] >= 600, 120, "600 bench kernels")
+        check(gpu_of(bins, d, "vm2") == 0, "vm2 left gpu0 before the move")
+        t_m0 = time.monotonic()
+        p = ctl(bins, d, "move", "vm2", "--gpu", "1", check_rc=False, timeout=30)
+        t_m1 = time.monotonic()
+        result("vm.gpus.move_s", f"{t_m1 - t_m0:.3f}")
+        print("\n".join(f"# pvgpuctl move: {l}" for l in (p.stdout + p.stderr).splitlines()), flush=True)
+        check(p.returncode == 0, f"pvgpuctl move vm2 --gpu 1: exit {p.returncode}: {p.stderr.strip()}")
+        lines = p.stdout.splitlines()
+        pauses = [MOVE_LINE.match(l) for l in lines[:-1]]
+        summary = MOVE_SUMMARY.match(lines[-1]) if lines else None
+        check(pauses and all(pauses) and summary, f"pvgpuctl move output:\n{p.stdout}")
+        for m in pauses:
+            result(f"vm.gpus.move.channel{m.group('id')}_pause_ms", m.group("ms"))
+        result("vm.gpus.move.channels", summary.group("n"))
+        result("vm.gpus.move.longest_pause_ms", summary.group("ms"))
+        check((summary.group("vm"), summary.group("from"), summary.group("to")) == ("vm2", "0", "1")
+              and int(summary.group("n")) == len(pauses),
+              f"move summary: {lines[-1]!r}")
+        check(gpu_of(bins, d, "vm2") == 1, f"after the move vm2 is on gpu {gpu_of(bins, d, 'vm2')}")
+
+        # The guest's view of the pause: the longest run of bench reports
+        # (every 0.1 s) without progress around the move.
+        pts = [(t, n) for t, n in s_bench.reports if t_m0 - 1.0 <= t <= t_m1 + 1.0]
+        stall, last = 0.0, pts[0][0] if pts else 0.0
+        for (_, na), (tb, nb) in zip(pts, pts[1:]):
+            if nb != na:
+                last = tb
+            else:
+                stall = max(stall, tb - last)
+        result("vm.gpus.move.bench_longest_no_progress_s", f"{stall:.3f}")
+
+        # Phase 3: gpu0 all vm1's, gpu1 split 1:1 (vm2 and vm3 at weight 100).
+        t0 = t_m1 + 1.0
+        t1 = t0 + 3.0
+        (sc, sbench), _ = measure_between([c, s_bench], [k, bench_k], t0, t1, 60)
+        _, busy_a = measure_between([a], [k], t0, t1, 60)
+        lst = ctl_json(bins, d, "list")
+        result("vm.gpus.after.vm1_busy", f"{busy_a:.3f}")
+        result("vm.gpus.after.vm3_share", f"{sc:.3f}")
+        result("vm.gpus.after.vm2_share", f"{sbench:.3f}")
+        result("vm.gpus.after.gpu0_busy_fraction", f"{lst['gpus'][0]['busy_fraction']:.3f}")
+        check(busy_a >= ALONE_MIN, f"vm1 alone on gpu0 got {busy_a:.3f} of it (at least {ALONE_MIN})")
+        for name, got in (("vm3", sc), ("vm2", sbench)):
+            check(abs(got - 0.5) <= SHARE_TOL, f"{name} got {got:.3f} of gpu1, target 0.5")
+
+        # The bench completed every kernel, without an error.
+        rc = vm2.finish(timeout=120)
+        v = vm2.values("bench")
+        result("vm.gpus.bench_runtime_ms", v.get("runtime_ms"))
+        result("vm.gpus.bench_kernels", v.get("kernels"))
+        errors = [l for _, l in vm2.out_lines if l.startswith("[bench] ") and re.search(r"error|fail|killed|interrupted", l, re.I)]
+        if rc != 0 or errors:
+            vm2.dump()
+        check(rc == 0, f"vm2 (throttle, then bench): exit status {rc}")
+        check(v.get("kernels") == str(bench_kernels) and "runtime_ms" in v,
+              f"bench completed {v.get('kernels')} of {bench_kernels} kernels: {v}")
+        check(not errors, f"vm2 printed errors: {errors}")
+        check(d.alive() and not d.internal_errors(), f"pvgpud: {d.internal_errors()}")
+        for g in (vm1, vm3):
+            g.kill()
+        result("vm.gpus.case_s", f"{time.monotonic() - t_start:.1f}")
+    finally:
+        for g in guests:
+            g.kill()
+        d.stop()
+
+
 CASES = {
     "boot": case_boot,
     "wedge": case_wedge,
@@ -749,6 +890,7 @@ CASES = {
     "thesis1": case_thesis1,
     "thesis2": case_thesis2,
     "overhead": case_overhead,
+    "gpus": case_gpus,
 }
 
 
