@@ -2573,6 +2573,10 @@ def case_placement(bins, tmp):
         vm(1, gpu=2, status=E_STATE)
         listing = ctl_json(bins, d, "list")
         check(sorted(gpu_of(listing, "vm1")) == [1, 2], f"vm1's devices: {gpu_of(listing, 'vm1')}")
+        # A policy for one GPU, kept across the restart beside the others'.
+        ctl(bins, d, "set-policy", "none", "--gpu", "1")
+        pols = [g["policy"] for g in ctl_json(bins, d, "policy")["gpus"]]
+        check(pols == ["hfq", "none", "hfq"], f"policies after set-policy none --gpu 1: {pols}")
         # Restart: every VM comes back where it was without naming a GPU.
         before = placed()
         for c in clients:
@@ -2583,6 +2587,8 @@ def case_placement(bins, tmp):
         for i in (3, 2, 1, 0, 4, 1):  # another order than before; vm1's two devices
             vm(i)
         check(placed() == before, f"after a restart {placed()}, before {before}")
+        pols = [g["policy"] for g in ctl_json(bins, d, "policy")["gpus"]]
+        check(pols == ["hfq", "none", "hfq"], f"policies after a restart: {pols}")
     finally:
         for c in clients:
             c.close()
