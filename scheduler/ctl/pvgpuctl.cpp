@@ -124,10 +124,10 @@ it connects.  Needs root, the
 daemon's uid or its admin group.
 
 A VM that is a libvirt domain with pvgpu (see attach) keeps its weight in
-the domain's metadata: pvgpuctl writes <pvgpu:gpu weight="W"/> there, live
-and in the persistent definition, so `virsh dumpxml` and the scheduler
-agree and the weight survives a host reboot; pvgpud applies it from
-libvirt's event at once.  -c/--connect selects the libvirt URI.
+the domain's metadata: pvgpud writes <pvgpu:gpu weight="W"/> there (keeping
+its device="N"), live and in the persistent definition, through the libvirt
+connection it follows ([libvirt] uri), so `virsh dumpxml` and the scheduler
+agree and the weight survives a host reboot.
 )"},
     {"attach", R"(usage: pvgpuctl [-c URI] attach DOMAIN [--weight W] [--gpu N] [--socket PATH] [--emulator PATH]
 
@@ -762,57 +762,15 @@ unsigned parse_weight(const std::string& text) {
     return static_cast<unsigned>(w);
 }
 
-#ifdef PVGPU_HAVE_LIBVIRT
-// A libvirt domain with pvgpu keeps its weight in its metadata: write it
-// there (live too when it runs).  Returns the domain's UUID when it did;
-// nullopt when TARGET is no such domain or libvirt is not there at all.
-std::optional<std::string> set_domain_weight(const Args& a, const std::string& target, unsigned weight) {
-    using namespace pvgpu::virt;
-    if (target.find('/') != std::string::npos) return std::nullopt;
-    Connection conn;
-    try {
-        conn = open(a.libvirt_uri);
-    } catch (const VirtError&) {
-        if (!a.libvirt_uri.empty()) throw;  // asked for explicitly
-        return std::nullopt;                // no libvirt on this host: pvgpud alone
-    }
-    Domain dom;
-    try {
-        dom = lookup(conn.get(), target);
-    } catch (const VirtError& e) {
-        if (e.code() == VIR_ERR_NO_DOMAIN) return std::nullopt;
-        throw;
-    }
-    std::unique_ptr<char, decltype(&free)> xml(virDomainGetXMLDesc(dom.get(), VIR_DOMAIN_XML_INACTIVE), free);
-    if (!xml) fail("domain '" + target + "'");
-    std::optional<GpuMetadata> old;
-    try {
-        old = read_gpu_metadata(dom.get(), VIR_DOMAIN_AFFECT_CONFIG);
-    } catch (const XmlError&) {
-        old = GpuMetadata{0};  // malformed: overwritten below
-    }
-    if (!old && !has_device(xml.get())) return std::nullopt;  // not a pvgpu domain
-    unsigned flags = VIR_DOMAIN_AFFECT_CONFIG;
-    if (virDomainIsActive(dom.get()) == 1) flags |= VIR_DOMAIN_AFFECT_LIVE;
-    write_gpu_metadata(dom.get(), GpuMetadata{weight, old ? old->device : std::nullopt}, flags);
-    return uuid_of(dom.get());
-}
-#endif
-
 int cmd_set_weight(const Args& a, AdminConnection& conn) {
     expect_operands(a, 2, 2);
     std::string target = a.operands[0];
     if (target.empty()) throw UsageError{"set-weight: empty TARGET"};
     const unsigned weight = parse_weight(a.operands[1]);
-#ifdef PVGPU_HAVE_LIBVIRT
-    // pvgpud also hears libvirt's METADATA_CHANGE; telling it directly as
-    // well makes the change visible before this command returns.
-    if (auto uuid = set_domain_weight(a, target, weight)) {
-        if (!a.json_output) std::printf("%s: weight %u written to the libvirt domain's metadata\n", target.c_str(), weight);
-        target = *uuid;
-    }
-#endif
+    // pvgpud writes a libvirt domain's weight into its metadata itself.
     const json reply = call(conn, {{"cmd", "set-weight"}, {"target", target}, {"weight", weight}});
+    if (!a.json_output && reply.value("libvirt", false))
+        std::printf("%s: weight %u written to the libvirt domain's metadata\n", target.c_str(), weight);
     if (a.json_output) {
         print_json(reply);
         return kExitOk;

@@ -266,6 +266,7 @@ struct LibvirtWatch::Impl {};
 LibvirtWatch::~LibvirtWatch() = default;
 bool LibvirtWatch::connected() const { return false; }
 std::optional<DomainInfo> LibvirtWatch::domain(const std::string&) { return std::nullopt; }
+std::optional<std::string> LibvirtWatch::set_weight(const std::string&, std::uint32_t) { return std::nullopt; }
 #endif
 
 void Daemon::add_vmm_identity_check(std::unique_ptr<VmmIdentityCheck> check) {
@@ -1379,13 +1380,30 @@ json Daemon::admin_set_weight(const json& req) {
         return {{"ok", true}, {"path", target}, {"weight", weight}, {"pending", true}};
     };
 
+    // A libvirt domain's weight lives in its metadata: written there first
+    // (pvgpud then hears the change too), and applied here by its UUID.
+    std::optional<std::string> domain;
+    if (libvirt_ && target.find('/') == std::string::npos) {
+        try {
+            domain = libvirt_->set_weight(target, weight);
+        } catch (const std::exception& e) {
+            return admin_error("libvirt domain " + target + ": " + e.what());
+        }
+        if (domain) log_info("weight ", weight, " written to the metadata of libvirt domain ", target);
+    }
+    const auto with_domain = [&](json reply) {
+        if (domain) reply["libvirt"] = true;
+        return reply;
+    };
+
     Found found;
-    if (auto u = parse_uuid(target)) {
+    if (auto u = parse_uuid(domain ? *domain : target)) {
         const std::string uuid = format_uuid(*u);
+        if (domain) weights_.set_vm(uuid, target == uuid ? std::string() : target, weight);
         for (std::uint32_t gpu : gpus_of_vm(uuid)) found.push_back({gpus_[gpu].get(), vms_.at({uuid, gpu}).entity});
-        if (!found.empty()) return apply(found);
+        if (!found.empty()) return with_domain(apply(found));
         weights_.set_vm(uuid, "", weight);
-        return pending();
+        return with_domain(pending());
     }
     if (target.find('/') == std::string::npos) {
         if (target == "host")

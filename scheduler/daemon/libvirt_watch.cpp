@@ -368,6 +368,11 @@ std::optional<DomainInfo> LibvirtWatch::domain(const std::string& uuid) {
     return info;
 }
 
+std::optional<std::string> LibvirtWatch::set_weight(const std::string& target, std::uint32_t weight) {
+    if (!impl_->conn) return std::nullopt;
+    return virt::set_domain_weight(impl_->conn.get(), target, weight);
+}
+
 std::optional<std::string> LibvirtIdentity::refuse(const ucred& peer, const std::string& uuid) const {
     auto d = watch_->domain(uuid);
     if (!d || d->pid <= 0 || d->pid == peer.pid) return std::nullopt;

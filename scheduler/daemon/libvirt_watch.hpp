@@ -58,6 +58,12 @@ public:
     // now (a QEMU says HELLO before libvirt's STARTED event).  nullopt: not a
     // running libvirt domain, or libvirt is not reachable.
     std::optional<DomainInfo> domain(const std::string& uuid);
+    // An admin's weight for `target` (a VM name or UUID): when it is a
+    // libvirt domain with pvgpu, written into its metadata (which then is
+    // the weight's source) and its UUID returned; nullopt when it is none,
+    // or libvirt is not reachable.  Throws std::runtime_error when libvirt
+    // refuses the write.
+    std::optional<std::string> set_weight(const std::string& target, std::uint32_t weight);
 
 private:
     struct Impl;

@@ -70,4 +70,28 @@ void write_gpu_metadata(virDomainPtr dom, const std::optional<GpuMetadata>& m, u
         fail("setting the pvgpu metadata of domain '" + name_of(dom) + "'");
 }
 
+std::optional<std::string> set_domain_weight(virConnectPtr conn, const std::string& target, std::uint32_t weight) {
+    if (target.find('/') != std::string::npos) return std::nullopt;
+    Domain dom;
+    try {
+        dom = lookup(conn, target);
+    } catch (const VirtError& e) {
+        if (e.code() == VIR_ERR_NO_DOMAIN) return std::nullopt;
+        throw;
+    }
+    std::unique_ptr<char, decltype(&free)> xml(virDomainGetXMLDesc(dom.get(), VIR_DOMAIN_XML_INACTIVE), free);
+    if (!xml) fail("domain '" + target + "'");
+    std::optional<GpuMetadata> old;
+    try {
+        old = read_gpu_metadata(dom.get(), VIR_DOMAIN_AFFECT_CONFIG);
+    } catch (const XmlError&) {
+        old = GpuMetadata{0};  // malformed: overwritten below
+    }
+    if (!old && !has_device(xml.get())) return std::nullopt;  // not a pvgpu domain
+    unsigned flags = VIR_DOMAIN_AFFECT_CONFIG;
+    if (virDomainIsActive(dom.get()) == 1) flags |= VIR_DOMAIN_AFFECT_LIVE;
+    write_gpu_metadata(dom.get(), GpuMetadata{weight, old ? old->device : std::nullopt}, flags);
+    return uuid_of(dom.get());
+}
+
 }  // namespace pvgpu::virt

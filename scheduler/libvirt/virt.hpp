@@ -52,4 +52,11 @@ std::optional<GpuMetadata> read_gpu_metadata(virDomainPtr dom, unsigned flags);
 // Sets (or with nullopt removes) the element.
 void write_gpu_metadata(virDomainPtr dom, const std::optional<GpuMetadata>& m, unsigned flags);
 
+// A domain with pvgpu (metadata or device) keeps its weight in its metadata:
+// writes `weight` there (its persistent definition, and the running domain
+// too), keeping the metadata's device.  Returns the domain's UUID when it
+// did; nullopt when `target` (a name or UUID) is no domain or no pvgpu
+// domain.  Throws VirtError when libvirt fails.
+std::optional<std::string> set_domain_weight(virConnectPtr conn, const std::string& target, std::uint32_t weight);
+
 }  // namespace pvgpu::virt
