@@ -21,7 +21,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import daemon_test as t  # noqa: E402
-from scale_bench import cpu_seconds  # noqa: E402
+from scale_bench import cpu_seconds, many_clients_config  # noqa: E402
 
 KERNELS_US = [250, 500, 1000, 2000]
 
@@ -31,9 +31,7 @@ def run(ns, bins, gpus):
     n = gpus * ns.per_gpu
     d = t.Daemon(bins, tmp, ["--gpus", str(gpus)])
     with open(d.config, "w") as f:
-        f.write(f"[libvirt]\nuri = none\n[limits]\nmax_clients = {max(256, n)}\n"
-                f"host_clients = {max(256, n)}\nhost_clients_per_uid = {max(256, n)}\n"
-                f"host_channels = {max(1024, 2 * n)}\nhost_channels_per_uid = {max(1024, 2 * n)}\n")
+        f.write(many_clients_config(n))
     d.start()
     loads = []
     try:

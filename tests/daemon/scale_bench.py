@@ -52,6 +52,14 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def many_clients_config(n):
+    """pvgpud.conf text for n host clients of this one user: the per-user
+    host budgets lifted, libvirt not followed."""
+    return (f"[libvirt]\nuri = none\n[limits]\nmax_clients = {max(256, n)}\n"
+            f"host_clients = {max(256, n)}\nhost_clients_per_uid = {max(256, n)}\n"
+            f"host_channels = {max(1024, 2 * n)}\nhost_channels_per_uid = {max(1024, 2 * n)}\n")
+
+
 def run_policy(ns, bins, policy, ks):
     """One pvgpud under `policy` with a throttle per kernel length in `ks`;
     the clients' Jain and U, the GPU's busy fraction and kernel rate (their
@@ -61,11 +69,7 @@ def run_policy(ns, bins, policy, ks):
                  (["--realtime-priority", str(ns.realtime_priority)] if ns.realtime_priority else []))
     n = len(ks)
     with open(d.config, "w") as f:
-        # All clients are this user's: lift the per-user host budgets.
-        f.write(f"[libvirt]\nuri = none\n[limits]\nmax_clients = {max(256, n)}\n"
-                f"host_clients = {max(256, n)}\nhost_clients_per_uid = {max(256, n)}\n"
-                f"host_channels = {max(1024, 2 * n)}\n"
-                f"host_channels_per_uid = {max(1024, 2 * n)}\n")
+        f.write(many_clients_config(n))
         # Parameters of the policy under test only (--param KEY=VALUE).
         if ns.param and policy == ns.policy:
             f.write(f"[policy.{policy}]\n" + "".join(f"{kv}\n" for kv in ns.param))
