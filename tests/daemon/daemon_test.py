@@ -86,6 +86,7 @@ class Daemon:
         self.proc = None
         self.reader = None
         self.lines = []
+        self.lines_cv = threading.Condition()
         self.starts = 0
 
     def start(self, timeout=10.0):
@@ -97,15 +98,20 @@ class Daemon:
         self.starts += 1
         ready = threading.Event()
         lines = self.lines
+        lines_cv = self.lines_cv
         proc = self.proc
         start_no = self.starts
 
         def reader():
             for line in proc.stderr:
-                lines.append(f"[pvgpud#{start_no}] {line.rstrip()}")
+                with lines_cv:
+                    lines.append(f"[pvgpud#{start_no}] {line.rstrip()}")
+                    lines_cv.notify_all()
                 if "pvgpud: ready" in line:
                     ready.set()
             ready.set()  # EOF: let the waiter see the exit
+            with lines_cv:
+                lines_cv.notify_all()
 
         self.reader = threading.Thread(target=reader, daemon=True)
         self.reader.start()
@@ -116,6 +122,19 @@ class Daemon:
 
     def alive(self):
         return self.proc is not None and self.proc.poll() is None
+
+    def wait_log(self, text, timeout=5.0):
+        """True once a line containing text has come from pvgpud's stderr.
+
+        pvgpud writes its log before or after answering the peer, and the
+        reader thread copies lines as they arrive: a check right after a
+        reply can run before the line is in."""
+        with self.lines_cv:
+            return self.lines_cv.wait_for(
+                lambda: any(text in line for line in self.lines)
+                or (self.proc is not None and self.proc.poll() is not None
+                    and not (self.reader and self.reader.is_alive())),
+                timeout) and any(text in line for line in self.lines)
 
     def stop(self, sig=signal.SIGTERM, timeout=10.0):
         if not self.proc:
@@ -2035,7 +2054,7 @@ def case_identity(bins, tmp):
         c = connect_as(NOBODY, d.socket)
         c.hello("vm-real", role=ROLE_VMM, uuid=VM_UUID, expect_status=E_STATE)
         c.close()
-        check(any("may not act as a VMM" in line for line in d.lines), "no log line for the refused VMM")
+        check(d.wait_log("may not act as a VMM"), "no log line for the refused VMM")
 
         # The same task name under two users: two entities, and a weight set
         # on root's is not nobody's.
@@ -2567,7 +2586,7 @@ def case_placement(bins, tmp):
               f"HELLO for GPU 3 answered {msg}")
         check(bad.wait_closed(), "refused client not closed")
         bad.close()
-        check(any("no GPU 3 on this host" in line for line in d.lines), "refusal not logged")
+        check(d.wait_log("no GPU 3 on this host"), "refusal not logged")
         # A second device of vm1 on another GPU; the same GPU again is refused.
         vm(1, gpu=2)
         vm(1, gpu=2, status=E_STATE)
