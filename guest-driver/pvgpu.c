@@ -5,7 +5,8 @@
  * The device (docs/pvgpu-device.md) gives the guest a mailbox in BAR0 to
  * allocate and free channels of the host daemon, and BAR windows onto each
  * channel's control page, doorbell and ring.  This driver owns the mailbox
- * and hands channels to processes through /dev/pvgpu: ioctls to allocate,
+ * and hands channels to processes through /dev/pvgpu (/dev/pvgpu1, ... for
+ * further devices, one per host GPU the VM is given): ioctls to allocate,
  * free and wait on fences (include/pvgpu/guest_ioctl.h), and mmap of the
  * caller's own channel pages, so submission needs no system call.
  *
@@ -28,6 +29,7 @@
 #include <linux/capability.h>
 #include <linux/cred.h>
 #include <linux/fs.h>
+#include <linux/idr.h>
 #include <linux/interrupt.h>
 #include <linux/io.h>
 #include <linux/jiffies.h>
@@ -135,6 +137,8 @@ struct pvgpu_dev {
 	u32 num_slots;
 	u32 irq_mode;			/* PVGPU_IRQ_MSIX or PVGPU_IRQ_INTX */
 	int nvec;
+	int index;			/* -1: none; 0 is /dev/pvgpu, n is /dev/pvgpu<n> */
+	char node_name[16];
 	struct miscdevice misc;
 	bool misc_registered;
 
@@ -165,8 +169,13 @@ struct pvgpu_file {
 	struct mutex lock;		/* mmap against free of this file's slots */
 };
 
-static DEFINE_MUTEX(pvgpu_global_lock);
-static struct pvgpu_dev *pvgpu_the_dev;	/* one device: one /dev/pvgpu */
+/*
+ * One node per device, numbered in probe (PCI) order: the first is
+ * /dev/pvgpu, as a one-device guest has always had it; the others are
+ * /dev/pvgpu1, /dev/pvgpu2, ...  An unplugged device's number is reused.
+ */
+#define PVGPU_MAX_DEVICES 16
+static DEFINE_IDA(pvgpu_ida);
 
 static u32 pvgpu_rd(struct pvgpu_dev *dev, u32 reg)
 {
@@ -195,6 +204,9 @@ static void pvgpu_dev_free(struct kref *ref)
 
 	for (i = 0; i < PVGPU_MAX_WEIGHTS; i++)
 		put_pid(dev->weights[i].pid);
+	/* The number stays taken while an open file keeps dev. */
+	if (dev->index >= 0)
+		ida_free(&pvgpu_ida, dev->index);
 	pci_dev_put(dev->pdev);
 	kfree(dev);
 }
@@ -1557,27 +1569,30 @@ static int pvgpu_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	u32 magic, i;
 	int ret;
 
-	mutex_lock(&pvgpu_global_lock);
-	if (pvgpu_the_dev) {
-		mutex_unlock(&pvgpu_global_lock);
-		dev_err(&pdev->dev, "only one pvgpu device is supported; ignoring this one\n");
-		return -EBUSY;
-	}
-
 	ret = pcim_enable_device(pdev);
 	if (ret)
-		goto unlock;
+		return ret;
 	ret = pcim_iomap_regions(pdev, BIT(PVGPU_BAR_MBOX) | BIT(PVGPU_BAR_CHANNELS) |
 				 BIT(PVGPU_BAR_RINGS), KBUILD_MODNAME);
 	if (ret)
-		goto unlock;
+		return ret;
 
 	dev = kzalloc(sizeof(*dev), GFP_KERNEL);
-	if (!dev) {
-		ret = -ENOMEM;
-		goto unlock;
-	}
+	if (!dev)
+		return -ENOMEM;
 	kref_init(&dev->ref);
+	dev->index = ida_alloc_max(&pvgpu_ida, PVGPU_MAX_DEVICES - 1, GFP_KERNEL);
+	if (dev->index < 0) {
+		ret = dev->index == -ENOSPC ? -EBUSY : dev->index;
+		if (ret == -EBUSY)
+			dev_err(&pdev->dev, "more than %d pvgpu devices; ignoring this one\n",
+				PVGPU_MAX_DEVICES);
+		goto put;
+	}
+	if (dev->index == 0)
+		strscpy(dev->node_name, "pvgpu", sizeof(dev->node_name));
+	else
+		snprintf(dev->node_name, sizeof(dev->node_name), "pvgpu%d", dev->index);
 	dev->pdev = pci_dev_get(pdev);
 	dev->mbox = pcim_iomap_table(pdev)[PVGPU_BAR_MBOX];
 	dev->chan_bar = pcim_iomap_table(pdev)[PVGPU_BAR_CHANNELS];
@@ -1620,7 +1635,7 @@ static int pvgpu_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	}
 
 	dev->misc.minor = MISC_DYNAMIC_MINOR;
-	dev->misc.name = "pvgpu";
+	dev->misc.name = dev->node_name;
 	dev->misc.fops = &pvgpu_fops;
 	dev->misc.mode = 0660;
 	dev->misc.parent = &pdev->dev;
@@ -1634,19 +1649,15 @@ static int pvgpu_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	}
 	dev->misc_registered = true;
 	pci_set_drvdata(pdev, dev);
-	pvgpu_the_dev = dev;
-	mutex_unlock(&pvgpu_global_lock);
 
-	dev_info(&pdev->dev, "pvgpu VERSION %u, %u slots, %s, link %u, pid hints %s\n",
-		 dev->version, dev->num_slots,
+	dev_info(&pdev->dev, "/dev/%s: pvgpu VERSION %u, %u slots, %s, link %u, pid hints %s\n",
+		 dev->node_name, dev->version, dev->num_slots,
 		 dev->irq_mode == PVGPU_IRQ_MSIX ? "MSI-X" : "INTx",
 		 pvgpu_rd(dev, PVGPU_REG_LINK), pid_hints ? "on" : "off");
 	return 0;
 
 put:
 	kref_put(&dev->ref, pvgpu_dev_free);
-unlock:
-	mutex_unlock(&pvgpu_global_lock);
 	return ret;
 }
 
@@ -1708,9 +1719,6 @@ static void pvgpu_remove(struct pci_dev *pdev)
 	cancel_work_sync(&dev->link_work);
 	cancel_work_sync(&dev->reap_work);
 
-	mutex_lock(&pvgpu_global_lock);
-	pvgpu_the_dev = NULL;
-	mutex_unlock(&pvgpu_global_lock);
 	kref_put(&dev->ref, pvgpu_dev_free);
 }
 
@@ -1728,7 +1736,7 @@ static struct pci_driver pvgpu_driver = {
 };
 module_pci_driver(pvgpu_driver);
 
-MODULE_DESCRIPTION("pvgpu paravirtual GPU channels for guests (/dev/pvgpu)");
+MODULE_DESCRIPTION("pvgpu paravirtual GPU channels for guests (/dev/pvgpu, /dev/pvgpu1, ...)");
 MODULE_AUTHOR("pvgpu project");
 MODULE_LICENSE("GPL");
 MODULE_VERSION(PVGPU_DRV_VERSION);

@@ -10,7 +10,7 @@ Measured numbers are printed as "RESULT key=value" lines (docs/results.md).
 
 usage: vm_test.py --pvgpud P --pvgpuctl P --load P --vm P CASE
 CASE: boot | wedge | abuse | restart | vms | nohints | busy | tasks | thesis1 | thesis2 | overhead |
-      gpus | all
+      gpus | devices | all
 Exit status: 0 pass, 1 fail, 77 skipped (no QEMU, guest kernel or module).
 """
 
@@ -878,6 +878,64 @@ def case_gpus(bins, tmp):
         d.stop()
 
 
+def case_devices(bins, tmp):
+    """One guest with two pvgpu devices, one per GPU: /dev/pvgpu reaches gpu0,
+    /dev/pvgpu1 gpu1.  Its throttle on /dev/pvgpu has gpu0 to itself while
+    its throttle on /dev/pvgpu1 splits gpu1 2:1 (weight 200) with a second
+    VM's; pvgpuctl lists the VM on both GPUs."""
+    d = Daemon(bins, tmp, extra_args=["--gpus", "2", "--policy", "hfq"])
+    d.start()
+    k = 2000
+    # The second device: its own chardev to pvgpud, its own gpu property.
+    second = ["--qemu-arg=-chardev", f"--qemu-arg=socket,id=pv1,path={d.socket},reconnect=1",
+              "--qemu-arg=-device", "--qemu-arg=pvgpu,chardev=pv1,gpu=1"]
+    first_on_gpu0 = ["--qemu-arg=-global", "--qemu-arg=pvgpu.gpu=0"]
+    nodes = "echo /dev/pvgpu*"
+    cmd = (tagged("nodes", nodes) + " && ( " + guest_throttle("a", k, 40) + " & "
+           + guest_throttle("b", k, 40, "--device", "/dev/pvgpu1") + " & wait )")
+    guests = []
+    try:
+        t_start = time.monotonic()
+        # Two vCPUs: the guest's two submitting processes each keep their
+        # device backlogged (case tasks: one TCG vCPU wakes them too late).
+        guests.append(Guest(bins, d, "vm1", cmd, extra=first_on_gpu0 + second + ["--cpus", "2"]))
+        guests.append(Guest(bins, d, "vm2", guest_throttle("c", k, 40),
+                            extra=["--qemu-arg=-global", "--qemu-arg=pvgpu.gpu=1"]))
+        vm1, vm2 = guests
+        a, b, c = vm1.get("a"), vm1.get("b"), vm2.get("c")
+        wait_first_reports([a, b, c])
+        result("vm.devices.boot_s", f"{time.monotonic() - t_start:.1f}")
+        listed = [l for _, l in vm1.out_lines if l.startswith("[nodes] ")]
+        check(listed and listed[0].split()[1:] == ["/dev/pvgpu", "/dev/pvgpu1"],
+              f"the guest's device nodes: {listed}")
+        on = {}
+        for e in ctl_json(bins, d, "list")["entities"]:
+            if e["kind"] == "vm":
+                on.setdefault(e["path"], set()).add(e.get("gpu"))
+        check(on.get("vm1") == {0, 1} and on.get("vm2") == {1}, f"VMs listed on GPUs {on}")
+        ctl(bins, d, "set-weight", "vm1", "200")
+
+        t0 = window_start([a, b, c], 2.0)
+        t1 = t0 + 8.0
+        (sb, sc), _ = measure_between([b, c], [k, k], t0, t1, 100)
+        _, busy_a = measure_between([a], [k], t0, t1, 100)
+        result("vm.devices.gpu0.vm1_busy", f"{busy_a:.3f}")
+        result("vm.devices.gpu1.vm1_share", f"{sb:.3f}")
+        result("vm.devices.gpu1.vm2_share", f"{sc:.3f}")
+        # ALONE_MIN and SHARE_TOL: the bounds of case gpus (see their notes).
+        check(busy_a >= ALONE_MIN, f"vm1's /dev/pvgpu alone on gpu0 got {busy_a:.3f} (at least {ALONE_MIN})")
+        check(abs(sb - 2 / 3) <= SHARE_TOL, f"vm1's /dev/pvgpu1 got {sb:.3f} of gpu1, target 0.667")
+        check(abs(sc - 1 / 3) <= SHARE_TOL, f"vm2 got {sc:.3f} of gpu1, target 0.333")
+        for g in guests:
+            g.expect_ok(timeout=120)
+        check(d.alive() and not d.internal_errors(), f"pvgpud: {d.internal_errors()}")
+        result("vm.devices.case_s", f"{time.monotonic() - t_start:.1f}")
+    finally:
+        for g in guests:
+            g.kill()
+        d.stop()
+
+
 CASES = {
     "boot": case_boot,
     "wedge": case_wedge,
@@ -891,6 +949,7 @@ CASES = {
     "thesis2": case_thesis2,
     "overhead": case_overhead,
     "gpus": case_gpus,
+    "devices": case_devices,
 }
 
 
