@@ -13,8 +13,11 @@
  * (../shared/DESIGN.md section 4): the GPU's own channel registers (IB_PUT,
  * IB_GET, FENCE, STATUS, pending), the engine status register naming the
  * channel on the engine, interrupts that ring entries ask for
- * (PVGPU_ENTRY_IRQ) and channel errors, the context-switch count and the
- * utilisation counter.  Never how long a piece of work takes.
+ * (PVGPU_ENTRY_IRQ) and channel errors, the context-switch trace and the
+ * utilisation counter.  Never how long a piece of work takes, and nothing
+ * the submitted work itself asks the GPU to write (a completion timestamp
+ * is written only where an entry asks for one, and a tenant writes its
+ * entries).
  *
  * Threading: pvgpud calls every function below from one thread, its
  * scheduling thread, never concurrently and never re-entrantly from inside
@@ -51,7 +54,7 @@
 extern "C" {
 #endif
 
-#define PVGPU_BACKEND_ABI_VERSION 1u
+#define PVGPU_BACKEND_ABI_VERSION 2u
 
 /* The one symbol a backend exports, of type pvgpu_backend_entry_fn. */
 #define PVGPU_BACKEND_ENTRY_SYMBOL "pvgpu_backend_entry"
@@ -147,6 +150,16 @@ struct pvgpu_backend_gpu;
 /*
  * The backend's function table.  Static storage, valid while the backend
  * is loaded.  Every member is required (non-NULL) unless it says otherwise.
+ * One record of the context-switch trace (NVIDIA's FECS context-switch
+ * trace writes one, for the host, each time the engine loads a context).
+ */
+struct pvgpu_backend_ctxsw {
+	pvgpu_u64 at_ns;              /* when the engine changed channel */
+	pvgpu_u32 channel;            /* the channel it loaded; 0: it went idle */
+	pvgpu_u32 reserved;           /* 0 */
+};
+
+/*
  * `gpu` is what open returned; `channel` one that channel_create returned
  * on that gpu and channel_destroy has not destroyed: the host never passes
  * anything else (a backend may abort if it does).
@@ -214,12 +227,15 @@ struct pvgpu_backend_ops {
 	/* Engine status register: 1 and the channel whose context is on the
 	 * engine in `*channel`, or 0 when the engine is idle. */
 	int (*engine_status)(struct pvgpu_backend_gpu *gpu, pvgpu_u32 *channel);
-	/* The GPU's timestamp of the channel's last completion, written with
-	 * its fence (a semaphore release with timestamp, an end-of-pipe
-	 * timestamp): 1 and the time in `*at_ns`, or 0 where the hardware
-	 * writes none.  For a channel the GPU killed on the engine, when it
-	 * stopped it.  May be NULL (never known).  Interim: to be replaced. */
-	int (*completion_time)(struct pvgpu_backend_gpu *gpu, pvgpu_u32 channel, pvgpu_u64 *at_ns);
+	/* The context-switch trace: a record each time the engine changed the
+	 * channel it runs (another channel, or idle), whatever the work asks
+	 * for.  Copies up to `max` records not read before into `out`, oldest
+	 * first, and returns how many; `*lost` (never NULL) gets the number of
+	 * records dropped since the previous call because the backend's buffer
+	 * was full (the host then knows less, never something false).  May be
+	 * NULL (the GPU keeps no trace). */
+	pvgpu_u32 (*ctxsw_trace)(struct pvgpu_backend_gpu *gpu, struct pvgpu_backend_ctxsw *out,
+	                         pvgpu_u32 max, pvgpu_u64 *lost);
 	/* Host preemption (the host owns the runlist): the kernel on the engine
 	 * is taken off, to resume later where it stopped, and `next` loaded
 	 * after the arbitration's preempt_ns, with a fresh slice.  Returns 1,

@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -288,12 +289,27 @@ std::optional<ChannelId> BackendGpu::running_channel() const {
     return busy ? std::optional<ChannelId>(ch) : std::nullopt;
 }
 
-std::optional<Time> BackendGpu::completion_time(ChannelId ch) const {
-    channel(ch);
-    if (!ops_.completion_time) return std::nullopt;
-    pvgpu_u64 at = 0;
-    const bool known = call([&] { return ops_.completion_time(gpu_.get(), ch, &at) != 0; });
-    return known ? std::optional<Time>(static_cast<Time>(at)) : std::nullopt;
+std::uint64_t BackendGpu::read_ctxsw_trace(std::vector<CtxswRecord>& out) {
+    if (!ops_.ctxsw_trace) return 0;
+    std::uint64_t lost = 0;
+    std::array<pvgpu_backend_ctxsw, 64> buf{};
+    for (;;) {
+        pvgpu_u64 dropped = 0;
+        const pvgpu_u32 n = call([&] {
+            return ops_.ctxsw_trace(gpu_.get(), buf.data(), static_cast<pvgpu_u32>(buf.size()), &dropped);
+        });
+        lost += dropped;
+        // A backend's times are kept in order and never ahead of the host's
+        // clock: the accounting must not charge the future.
+        const Time now = clock_.now();
+        for (pvgpu_u32 i = 0; i < std::min<pvgpu_u32>(n, buf.size()); ++i) {
+            const Time at = std::clamp(static_cast<Time>(std::min<pvgpu_u64>(buf[i].at_ns, INT64_MAX)),
+                                       std::min(trace_last_, now), now);
+            trace_last_ = at;
+            out.push_back({at, buf[i].channel});
+        }
+        if (n < buf.size()) return lost;
+    }
 }
 
 bool BackendGpu::preempt_to(ChannelId next) {

@@ -100,7 +100,8 @@ public:
     std::uint32_t read_status(ChannelId ch) const override;
     bool pending(ChannelId ch) const override;
     std::optional<ChannelId> running_channel() const override;
-    std::optional<Time> completion_time(ChannelId ch) const override;
+    std::uint64_t read_ctxsw_trace(std::vector<CtxswRecord>& out) override;
+    bool has_ctxsw_trace() const override { return ops_.ctxsw_trace != nullptr; }
     EngineArbitration arbitration() const override { return arbitration_; }
     bool preempt_to(ChannelId next) override;
     void set_watchdog(Duration limit) override;
@@ -145,6 +146,7 @@ private:
     std::unordered_map<ChannelId, Channel> channels_;
     EngineArbitration arbitration_;
     std::string arbitration_name_;
+    Time trace_last_ = 0;  // the latest context-switch record's time
     std::unique_ptr<pvgpu_backend_gpu, CloseGpu> gpu_;  // closed before anything above goes
 };
 

@@ -116,7 +116,7 @@ std::uint32_t completed_kernels(std::uint32_t get, ChannelId ch, std::optional<C
 
 Accounting::Accounting(const Clock& clock, Timers& timers, StatusRead read, EngineArbitration engine)
     : clock_(clock), read_(std::move(read)), engine_(engine), read_timer_(timers), kick_timer_(timers),
-      probe_timer_(timers), audit_timer_(timers), idle_trap_timer_(timers) {
+      probe_timer_(timers), audit_timer_(timers), idle_trap_timer_(timers), trace_timer_(timers) {
     set_remap_delay(0);
     since_ = last_seen_ = idle_seen_ = clock_.now();
     arm_idle_trap(idle_seen_);
@@ -204,9 +204,15 @@ std::optional<ChannelId> Accounting::known(std::optional<ChannelId> running) con
 
 void Accounting::channel_added(ChannelId ch, EntityId leaf) {
     Entry entry(*this);
+    if (traced()) traced_sync();
     // An id the GPU reuses: the old channel's counts go with it.
     if (auto it = channels_.find(ch); it != channels_.end()) uncount(ch, it->second);
     channels_[ch] = Channel{leaf};
+    if (traced()) {
+        channels_[ch].learned_get = fetched_ ? fetched_(ch) : 0;
+        totals_.try_emplace(leaf);
+        return;
+    }
     count_batching(channels_[ch]);
     if (idle_trap_) set_traps(ch, channels_[ch], true, false);
     totals_.try_emplace(leaf);
@@ -221,6 +227,13 @@ void Accounting::channel_added(ChannelId ch, EntityId leaf) {
 
 void Accounting::channel_removed(ChannelId ch) {
     Entry entry(*this);
+    if (traced()) {
+        // Its time up to now is charged; what the engine runs of it until
+        // it drops it is nobody's.
+        traced_sync();
+        if (auto it = channels_.find(ch); it != channels_.end()) channels_.erase(it);
+        return;
+    }
     try {
         settle_removed(ch);
     } catch (...) {
@@ -247,8 +260,8 @@ void Accounting::settle_removed(ChannelId ch) {
     // one that asked for no interrupt, was charged 0.7% of what ran): a
     // completion no interrupt reported is charged as its interrupt would
     // be, and a kernel still running is seen by one read.
-    if (auto it = channels_.find(ch); it != channels_.end() && current_ != ch && completion_time_)
-        if (const std::optional<Time> done = completion_time_(ch); done && *done > it->second.charged_through)
+    if (auto it = channels_.find(ch); it != channels_.end() && current_ != ch && left_engine_)
+        if (const std::optional<Time> done = left_engine_(ch); done && *done > it->second.charged_through)
             fence(ch);
     if (current_ != ch && channels_.count(ch)) {
         const std::optional<ChannelId> running = read();
@@ -283,6 +296,11 @@ void Accounting::charge(ChannelId ch, Duration d) {
 
 void Accounting::fence(ChannelId ch) {
     Entry entry(*this);
+    if (traced()) {
+        traced_sync();
+        if (auto it = channels_.find(ch); it != channels_.end()) ++totals_[it->second.leaf].kernels;
+        return;
+    }
     // The kernel ended at the GPU's timestamp if it writes one (the interrupt
     // may run late on a busy host), never before what was already seen.  A
     // kernel seen on the engine ends no earlier than it started, but may end
@@ -295,8 +313,8 @@ void Accounting::fence(ChannelId ch) {
     const Time now = clock_.now();
     Time t = now;
     bool clamped = false;  // the GPU's timestamp lay before what was believed: learn nothing from it
-    if (completion_time_)
-        if (const std::optional<Time> done = completion_time_(ch)) {
+    if (left_engine_)
+        if (const std::optional<Time> done = left_engine_(ch)) {
             const Time earliest = std::min(unseen_start(*done), now);
             t = std::clamp(*done, earliest, now);
             clamped = *done < earliest;
@@ -323,7 +341,7 @@ void Accounting::fence(ChannelId ch) {
     std::optional<Time> replayed;
     // A replay scans every channel: only when something may have run unseen
     // (the host was late, or some channel interrupts once per batch).
-    if (completion_time_ && !engine_.preemptive && (late || batching_ > 0)) replayed = replay(ch, running, now, now);
+    if (left_engine_ && !engine_.preemptive && (late || batching_ > 0)) replayed = replay(ch, running, now, now);
     if (replayed) {
         now_running(running, *replayed, *replayed);
         last_seen_ = now;
@@ -364,7 +382,7 @@ void Accounting::fence(ChannelId ch) {
     c.fence_get = get;
     c.fence_get_known = static_cast<bool>(fetched_);
     c.prev_fence_ts = c.fence_ts;
-    c.fence_ts = completion_time_ && !clamped ? t : -1;
+    c.fence_ts = left_engine_ && !clamped ? t : -1;
     c.check_at = -1;
     if (!current_ && !late && checked(c)) arm_check(c, t);
     c.fence_done = completed;
@@ -448,8 +466,8 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
         // earlier (stint_end; on a preemptive engine, when GET says its
         // one kernel was all it had): this one started after that.
         std::optional<Time> ended = stint_end(t);
-        if (engine_.preemptive && current_ && completion_time_)
-            if (const std::optional<Time> done = completion_time_(*current_);
+        if (engine_.preemptive && current_ && left_engine_)
+            if (const std::optional<Time> done = left_engine_(*current_);
                 done && *done > since_ && *done <= t && ran_out_at(*current_, *done))
                 ended = done;
         // On a preemptive engine, preempted kernels resumed where it ran
@@ -573,7 +591,7 @@ Time Accounting::resumed_unseen(ChannelId fenced, Time from, Time now, std::opti
     std::vector<std::pair<Time, ChannelId>> done;
     for (ChannelId id : preempted_) {
         if (id == fenced || id == running) continue;
-        if (const std::optional<Time> ts = completion_time_ ? completion_time_(id) : std::nullopt;
+        if (const std::optional<Time> ts = left_engine_ ? left_engine_(id) : std::nullopt;
             ts && *ts > from && *ts <= now)
             done.emplace_back(*ts, id);
     }
@@ -593,14 +611,15 @@ Time Accounting::resumed_unseen(ChannelId fenced, Time from, Time now, std::opti
 
 void Accounting::channel_error(ChannelId ch) {
     Entry entry(*this);
+    if (traced()) return traced_sync();
     if (current_ != ch) return;
     // The GPU stopped the channel at its timestamp (the error notifier's; a
     // kernel killed on the engine is charged up to then, however late the
     // host handles it) and picked the next channel at once.
     const Time t = clock_.now();
     Time at = t;
-    if (completion_time_)
-        if (const std::optional<Time> done = completion_time_(ch)) at = std::clamp(*done, since_, t);
+    if (left_engine_)
+        if (const std::optional<Time> done = left_engine_(ch)) at = std::clamp(*done, since_, t);
     const std::optional<ChannelId> running = read();
     charge(ch, at - since_);
     now_running(running, at, at);
@@ -611,6 +630,7 @@ void Accounting::channel_error(ChannelId ch) {
 
 void Accounting::observed(std::optional<ChannelId> running) {
     Entry entry(*this);
+    if (traced()) return traced_sync();
     running = known(running);
     const Time t = clock_.now();
     // A look saw the engine idle (a kernel that asked for no interrupt ran
@@ -655,7 +675,7 @@ void Accounting::observed(std::optional<ChannelId> running) {
     }
     Time lo = last_seen_, hi = t;
     std::optional<Time> done;
-    if (engine_.preemptive && current_ && completion_time_) done = completion_time_(*current_);
+    if (engine_.preemptive && current_ && left_engine_) done = left_engine_(*current_);
     const bool slice_ended = engine_.preemptive && slice_end_ > last_seen_ && slice_end_ <= t;
     bool ran_out = false;
     if (done && *done > last_seen_ && *done <= t &&
@@ -708,7 +728,7 @@ std::optional<Time> Accounting::replay(std::optional<ChannelId> fenced, std::opt
     std::vector<Completed> done;
     bool others = false;
     for (const auto& [id, c] : channels_) {
-        const std::optional<Time> ts = completion_time_(id);
+        const std::optional<Time> ts = left_engine_(id);
         // The completion that began the believed stint is not in it.
         if (!ts || *ts > now || *ts < since_ || (*ts == since_ && id != current_)) continue;
         // Its kernels up to there were charged by a look at an idle engine.
@@ -868,7 +888,7 @@ Duration Accounting::fetched_cap(const Channel& c, std::uint32_t get) const {
 }
 
 std::optional<Time> Accounting::replay_look(std::optional<ChannelId> running, Time t) {
-    if (!current_ || engine_.preemptive || !completion_time_) return std::nullopt;
+    if (!current_ || engine_.preemptive || !left_engine_) return std::nullopt;
     // With every channel interrupting on every kernel, a third channel's
     // completion is unseen only while the host is late handling it.
     return replay(std::nullopt, running, t, batching_ > 0 ? t : t - kLateInterrupt);
@@ -939,22 +959,22 @@ bool Accounting::replay_counted(const std::vector<Completed>& done, std::optiona
 }
 
 std::optional<Time> Accounting::stint_end(Time t) const {
-    if (!current_ || engine_.preemptive || !completion_time_) return std::nullopt;
-    const std::optional<Time> done = completion_time_(*current_);
+    if (!current_ || engine_.preemptive || !left_engine_) return std::nullopt;
+    const std::optional<Time> done = left_engine_(*current_);
     if (done && *done >= since_ && *done <= t) return done;
     return std::nullopt;
 }
 
 std::optional<Time> Accounting::ended_unheard(Time t) const {
-    if (!current_ || !completion_time_) return std::nullopt;
-    const std::optional<Time> done = completion_time_(*current_);
+    if (!current_ || !left_engine_) return std::nullopt;
+    const std::optional<Time> done = left_engine_(*current_);
     // Longer ago than an interrupt's latency: a stalled host, whose late
     // interrupts the replays sort out.
     if (!done || *done <= since_ || *done > t || t - *done > kLateInterrupt) return std::nullopt;
     // Another channel completed since: the engine did not idle from then on.
     for (const auto& [id, c] : channels_)
         if (id != *current_)
-            if (const std::optional<Time> other = completion_time_(id); other && *other > *done && *other <= t)
+            if (const std::optional<Time> other = left_engine_(id); other && *other > *done && *other <= t)
                 return std::nullopt;
     return done;
 }
@@ -984,6 +1004,7 @@ void Accounting::started_after_idle(Time ended, std::optional<ChannelId> running
 
 void Accounting::preempted(ChannelId next) {
     Entry entry(*this);
+    if (traced()) return traced_sync();
     const Time t = clock_.now();
     if (current_) mark_preempted(*current_, charge_guess(*current_, t));
     now_running(next, t, t);
@@ -1007,9 +1028,9 @@ void Accounting::now_running(std::optional<ChannelId> running, Time lo, Time hi)
     Time at = lo + (hi - lo) / 2;
     const std::optional<ChannelId> before = current_;
     if (running && !before)
-        if (auto it = channels_.find(*running); it != channels_.end() && completion_time_) {
+        if (auto it = channels_.find(*running); it != channels_.end() && left_engine_) {
             Channel& c = it->second;
-            const Time done = completion_time_(*running).value_or(-1);
+            const Time done = left_engine_(*running).value_or(-1);
             learn_think(c, done, lo, hi);
             // While its length is unknown, a start seen in a wide window is
             // dated by its think window, where it started before (the
@@ -1071,12 +1092,12 @@ void Accounting::now_running(std::optional<ChannelId> running, Time lo, Time hi)
 }
 
 void Accounting::ran_between_looks(std::optional<ChannelId> running, Time t) {
-    if (current_ || !completion_time_ || !fetched_ || batching_ == 0) return;
+    if (current_ || !left_engine_ || !fetched_ || batching_ == 0) return;
     if (engine_.preemptive && !pending_) return;
     std::vector<std::pair<Time, ChannelId>> done;
     for (const auto& [id, c] : channels_) {
         if (c.preempted || !c.charged_known) continue;
-        const std::optional<Time> ts = completion_time_(id);
+        const std::optional<Time> ts = left_engine_(id);
         if (ts && *ts > last_seen_ && *ts <= t) done.emplace_back(*ts, id);
     }
     std::sort(done.begin(), done.end());
@@ -1117,6 +1138,7 @@ void Accounting::ran_between_looks(std::optional<ChannelId> running, Time t) {
 
 void Accounting::host_kicked(ChannelId ch, std::uint32_t first) {
     Entry entry(*this);
+    if (traced()) return traced_sync();
     const Time t = clock_.now();
     if (current_ && fetched_ && channels_.count(ch))
         if (const std::optional<Time> ended = ended_unheard(t)) {
@@ -1143,7 +1165,7 @@ void Accounting::host_kicked(ChannelId ch, std::uint32_t first) {
         const std::optional<Time> ended = stint_end(t);
         auto it = channels_.find(ch);
         if (!ended || it == channels_.end() || it->second.kernel_estimate == 0) return;
-        const std::optional<Time> ch_done = completion_time_(ch);
+        const std::optional<Time> ch_done = left_engine_(ch);
         if (t - *ended <= it->second.kernel_estimate * 3 / 2 || (ch_done && *ch_done > *ended)) return;
         const std::optional<ChannelId> running = read();
         if (running == ch) {
@@ -1178,6 +1200,7 @@ void Accounting::host_kicked(ChannelId ch, std::uint32_t first) {
 
 void Accounting::doorbell_forwarded(ChannelId ch, std::uint32_t given) {
     Entry entry(*this);
+    if (traced()) return traced_sync();
     // The idle trap did its work for this channel: this start is read right
     // after the forward (a start no look sees arms it again).
     idle_trap_ = false;
@@ -1210,7 +1233,7 @@ void Accounting::doorbell_forwarded(ChannelId ch, std::uint32_t given) {
     if (auto it = channels_.find(ch); it != channels_.end() && current_ != ch && pending_)
         if (Channel& c = it->second; !c.preempted && c.uncharged(given, 0) && !pending_(ch))
             c.no_work_before = clock_.now();
-    if (current_ == ch && pending_ && completion_time_ && !ended_unheard(clock_.now()) && !pending_(ch)) {
+    if (current_ == ch && pending_ && left_engine_ && !ended_unheard(clock_.now()) && !pending_(ch)) {
         // The channel believed on the engine has nothing left on the GPU
         // (one read of its pending register): it ran out at its last
         // completion, one that asked for no interrupt, and the engine has
@@ -1363,14 +1386,14 @@ bool Accounting::probed(const Channel& c) {
 
 void Accounting::arm_probe() {
     probe_timer_.cancel();
-    if (current_ || !completion_time_) return;
+    if (current_ || !left_engine_) return;
     const Time now = clock_.now();
     std::optional<Time> next;
     for (auto& [id, c] : channels_) {
         if (c.check_at > now && (!next || c.check_at < *next)) next = c.check_at;
         if (!probed(c) || c.think_hi - c.think_lo > kProbeWindow)
             continue;
-        const std::optional<Time> done = completion_time_(id);
+        const std::optional<Time> done = left_engine_(id);
         if (!done) continue;
         // Wide: the middle.  Narrow: just outside its two ends, in turn (a
         // look at the very moment of a start may come before or after it).
@@ -1560,8 +1583,8 @@ bool Accounting::spell_done(Time t) const {
     if (t < traps_set_at_ + trap_lands_) return false;
     for (const auto& [id, c] : channels_) {
         if (!c.trapped && !c.idle_trapped) return false;
-        if (completion_time_)
-            if (const std::optional<Time> done = completion_time_(id); done && *done > c.charged_through) return false;
+        if (left_engine_)
+            if (const std::optional<Time> done = left_engine_(id); done && *done > c.charged_through) return false;
     }
     return true;
 }
@@ -1695,7 +1718,7 @@ void Accounting::slice_read() {
         last_seen_ = t;
         arm_read();
     } else if (running) {
-        const Time done = completion_time_ ? completion_time_(*current_).value_or(-1) : -1;
+        const Time done = left_engine_ ? left_engine_(*current_).value_or(-1) : -1;
         // Its start, hence the slice end, is known within start_slack_ (and
         // kExactStart for one seen exactly): a kernel that ended with its
         // slice may have completed just after the slice end believed.
@@ -1752,6 +1775,9 @@ void Accounting::mark_preempted(ChannelId ch, bool audited_stint) {
 }
 
 Duration Accounting::gpu_time(EntityId leaf) const {
+    // The trace read up to now first: the stint believed running may have
+    // ended (its events wait for the next entry point).
+    if (traced()) trace_sync_();
     auto it = totals_.find(leaf);
     Duration d = it == totals_.end() ? 0 : it->second.gpu_time;
     if (current_) {

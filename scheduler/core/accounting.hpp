@@ -1,8 +1,15 @@
 // GPU time per channel and per leaf entity, kept by the scheduler itself under
-// every policy (`none` included), from what a host can read from the GPU:
-// completion interrupts and the engine status register naming the channel on
-// the engine (DESIGN.md section 4).  Never the work's own durations, never the
-// tenant-writable control page.
+// every policy (`none` included), from what a host can read from the GPU
+// (docs/design.md, "The simulated GPU").  Never the work's own durations,
+// never the tenant-writable control page, never a timestamp the tenant's
+// own work asks the GPU to write.
+//
+// A GPU with a context-switch trace (set_trace, accounting_trace.cpp) has
+// every stint dated for the host: each is charged exactly, and nothing
+// below is needed.  What follows is the accounting of a GPU without one,
+// from completion interrupts and the engine status register naming the
+// channel on the engine; where it says "completion timestamp" it means when
+// the trace-less host last knew the channel to leave the engine (none).
 //
 // On a non-preemptive GPU a completion plus one engine-status read at that
 // moment says who runs next and since when, so no periodic poll is needed.
@@ -108,10 +115,28 @@ public:
     // How long the host takes to remap a channel (a trap asked for lands
     // within twice that, one switch possibly in flight before it).
     void set_remap_delay(Duration d);
-    // Where the GPU timestamps completions (GpuDevice::completion_time): a
-    // fence is charged up to that moment, not up to when its interrupt ran.
-    using CompletionTime = std::function<std::optional<Time>(ChannelId)>;
-    void set_completion_time(CompletionTime c) { completion_time_ = std::move(c); }
+    // When a channel last left the engine, from the GPU's context-switch
+    // trace (EngineTrace::left_at; nullopt while it is on the engine): a
+    // fence whose channel has left is charged up to that moment, not up to
+    // when its interrupt ran.
+    using LeftEngine = std::function<std::optional<Time>(ChannelId)>;
+    void set_left_engine(LeftEngine l) { left_engine_ = std::move(l); }
+    // Exact accounting from the GPU's context-switch trace (a GPU that keeps
+    // one: GpuDevice::read_ctxsw_trace).  `sync` reads the records written
+    // since the last read and hands each to trace_switch (or trace_lost);
+    // the accounting calls it at every entry point and every kTraceSync
+    // while the engine is busy.  Each stint is then charged from its switch
+    // in to its switch out, as the GPU dated them: nothing is guessed, no
+    // look is made and no doorbell trapped for the accounting's sake.
+    // Without it (a GPU without a trace) the accounting guesses as the
+    // header says.  Kernel lengths are learned from the stints and GET.
+    using TraceSync = std::function<void()>;
+    void set_trace(TraceSync sync);
+    bool traced() const { return static_cast<bool>(trace_sync_); }
+    void trace_switch(const CtxswRecord& r);
+    void trace_lost(std::uint64_t n);
+    // Records the GPU dropped before the host read them (time not charged).
+    std::uint64_t trace_records_lost() const { return trace_lost_; }
     // The GPU's GET register (GpuDevice::read_ib_get: entries it fetched):
     // a stint of several kernels without interrupts teaches their mean.
     using Fetched = std::function<std::uint32_t(ChannelId)>;
@@ -121,7 +146,10 @@ public:
     using Pending = std::function<bool(ChannelId)>;
     void set_pending(Pending p) { pending_ = std::move(p); }
     // The channel on the engine as last seen (no read).
-    std::optional<ChannelId> running() const { return current_; }
+    std::optional<ChannelId> running() const {
+        if (traced()) trace_sync_();  // the records up to now
+        return current_;
+    }
     // Mean length of `ch`'s kernels seen whole; 0 if none yet.
     Duration kernel_estimate(ChannelId ch) const;
     // Mean deviation of those lengths from the estimate (TCP's RTTVAR to
@@ -149,6 +177,11 @@ private:
         bool fence_get_known = false;
         std::uint32_t fence_done = 0;  // kernels it had completed then (with fence_get_known)
         Time fence_ts = -1;            // the GPU's completion timestamp then (-1: none, or not believed)
+        // Trace mode: GPU time of its closed stints, and the kernels (GET)
+        // and that time when its length was last learned.
+        Duration closed = 0;
+        std::uint32_t learned_get = 0;
+        Duration learned_closed = 0;
         bool every_kernel = false;     // its interrupts in time came one per kernel
         bool several_before = false;   // its last interrupt in time came after several kernels
         bool batches = false;          // ... and so did the one before it
@@ -615,7 +648,15 @@ private:
     void arm_idle_trap(Time idle_since);
     TrapListener trap_listener_;
     std::vector<std::pair<ChannelId, bool>> trap_changes_;
-    CompletionTime completion_time_;
+    LeftEngine left_engine_;
+    // Trace mode (set_trace): accounting_trace.cpp.
+    TraceSync trace_sync_;
+    Timer trace_timer_;
+    std::vector<ChannelId> trace_left_;  // left the engine in the records just read
+    std::uint64_t trace_lost_ = 0;
+    void traced_sync();
+    void traced_learn(ChannelId ch);
+    void arm_trace_timer();
     Fetched fetched_;
     Pending pending_;
     std::vector<Event> events_;

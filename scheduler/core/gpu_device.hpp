@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "time.hpp"
 
@@ -48,6 +49,14 @@ struct EngineArbitration {
     Duration preempt = 0;
 };
 
+// One record of the context-switch trace: at `at` the engine loaded `to`
+// (0: it went idle).
+struct CtxswRecord {
+    Time at = 0;
+    ChannelId to = 0;
+    friend bool operator==(const CtxswRecord&, const CtxswRecord&) = default;
+};
+
 // Interrupts delivered by the device.  Called on the scheduler's thread.
 class GpuInterrupts {
 public:
@@ -87,12 +96,16 @@ public:
 
     // Engine status register (LoGA): the channel whose context is on the engine.
     virtual std::optional<ChannelId> running_channel() const = 0;
-    // The GPU's timestamp of the channel's last completion, written with its
-    // fence (NVIDIA's semaphore release with timestamp, AMD's end-of-pipe
-    // timestamp): when it finished, however late the host's interrupt handler
-    // runs.  For a channel the GPU killed on the engine, when it stopped it
-    // (the error notifier's timestamp).  nullopt where the hardware writes none.
-    virtual std::optional<Time> completion_time(ChannelId) const { return std::nullopt; }
+    // The context-switch trace (NVIDIA's FECS context-switch trace): a
+    // record each time the engine changed the channel it runs, written for
+    // the host whatever the work asks for.  Appends the records not read
+    // before to `out`, oldest first; returns how many were lost since the
+    // previous call to a full buffer.  A GPU without a trace appends none.
+    virtual std::uint64_t read_ctxsw_trace(std::vector<CtxswRecord>& out) {
+        (void)out;
+        return 0;
+    }
+    virtual bool has_ctxsw_trace() const { return false; }
 
     // The arbitration the host configured (non-preemptive unless overridden).
     virtual EngineArbitration arbitration() const { return {}; }

@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine_trace.hpp"
 #include "entity_tree.hpp"
 #include "gpu_device.hpp"
 #include "shadow_channel.hpp"
@@ -23,21 +24,23 @@ using PolicyParams = std::map<std::string, double>;
 
 // The GPU's per-channel registers as a policy reads them.  Each read is an
 // MMIO read a real host pays for (MechanismCosts::poll): the scheduler counts
-// it.  The engine's configuration and the completion timestamps are not.
+// it.  The engine's configuration and the context-switch trace are not.
 class GpuRegisters {
 public:
-    GpuRegisters(const GpuDevice& gpu, std::function<void()> on_read) : gpu_(gpu), on_read_(std::move(on_read)) {}
+    GpuRegisters(const GpuDevice& gpu, const EngineTrace& trace, std::function<void()> on_read)
+        : gpu_(gpu), trace_(trace), on_read_(std::move(on_read)) {}
     std::uint32_t read_ib_get(ChannelId ch) const { return on_read_(), gpu_.read_ib_get(ch); }
     std::uint32_t read_ib_put(ChannelId ch) const { return on_read_(), gpu_.read_ib_put(ch); }
     std::uint32_t read_status(ChannelId ch) const { return on_read_(), gpu_.read_status(ch); }
     bool pending(ChannelId ch) const { return on_read_(), gpu_.pending(ch); }
     EngineArbitration arbitration() const { return gpu_.arbitration(); }
-    // Written to memory with the fence, as the accounting reads it: not a
-    // register read.
-    std::optional<Time> completion_time(ChannelId ch) const { return gpu_.completion_time(ch); }
+    // When `ch` last left the engine (EngineTrace::left_at): the trace is
+    // memory the GPU writes for the host, not a register read.
+    std::optional<Time> left_engine_at(ChannelId ch) const { return trace_.left_at(ch); }
 
 private:
     const GpuDevice& gpu_;
+    const EngineTrace& trace_;
     std::function<void()> on_read_;
 };
 

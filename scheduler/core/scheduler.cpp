@@ -31,7 +31,7 @@ const std::vector<ChannelId> Scheduler::kNoChannels;
 Scheduler::Scheduler(GpuDevice& gpu, const Clock& clock, Timers& timers,
                      std::unique_ptr<Policy> policy, MechanismCosts costs)
     : gpu_(gpu),
-      registers_(gpu,
+      registers_(gpu, trace_,
                  [this] {
                      ++stats_.register_reads;
                      stats_.mechanism_cpu += costs_.poll;
@@ -47,7 +47,12 @@ Scheduler::Scheduler(GpuDevice& gpu, const Clock& clock, Timers& timers,
           gpu.arbitration()) {
     if (!policy_) throw std::invalid_argument("scheduler needs a policy");
     accounting_.set_remap_delay(costs_.remap);
-    accounting_.set_completion_time([this](ChannelId ch) { return gpu_.completion_time(ch); });
+    accounting_.set_left_engine([this](ChannelId ch) { return trace_.left_at(ch); });
+    if (trace_.available()) {
+        trace_.set_sink({[this](const CtxswRecord& r) { accounting_.trace_switch(r); },
+                         [this](std::uint64_t n) { accounting_.trace_lost(n); }});
+        accounting_.set_trace([this] { trace_.sync(); });
+    }
     accounting_.set_fetched([this](ChannelId ch) { return fetched_since_open(ch); });
     accounting_.set_pending([this](ChannelId ch) { return registers_.pending(ch); });
     accounting_.set_listener([this](const Accounting::Event& e) { on_accounting_event(e); });
@@ -248,6 +253,7 @@ void Scheduler::close_channel(ChannelId ch) {
     step([&] { accounting_.channel_removed(ch); });
     channels_.erase(ch);
     step([&] { gpu_.destroy_channel(ch); });
+    step([&] { trace_.forget(ch); });
     if (failed) std::rethrow_exception(failed);
 }
 

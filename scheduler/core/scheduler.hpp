@@ -184,6 +184,7 @@ private:
     };
 
     GpuDevice& gpu_;
+    EngineTrace trace_{gpu_};
     GpuRegisters registers_;
     const Clock& clock_;
     Timers& timers_;

@@ -177,6 +177,8 @@ struct pvgpu_backend_gpu {
     pvgpu::sim::HostInterrupts irq;
     pvgpu::sim::SimGpu gpu;
     std::string description;
+    // Trace records read from the model and not yet handed to the host.
+    std::vector<pvgpu::CtxswRecord> trace_pending;
 };
 
 namespace pvgpu::sim {
@@ -274,12 +276,17 @@ int sim_engine_status(pvgpu_backend_gpu* g, pvgpu_u32* channel) noexcept {
     });
 }
 
-int sim_completion_time(pvgpu_backend_gpu* g, pvgpu_u32 ch, pvgpu_u64* at_ns) noexcept {
-    return guarded(g, 0, [ch, at_ns](SimGpu& gpu) {
-        const std::optional<Time> t = gpu.completion_time(ch);
-        if (!t) return 0;
-        *at_ns = static_cast<pvgpu_u64>(*t);
-        return 1;
+pvgpu_u32 sim_ctxsw_trace(pvgpu_backend_gpu* g, pvgpu_backend_ctxsw* out, pvgpu_u32 max, pvgpu_u64* lost) noexcept {
+    *lost = 0;
+    return guarded(g, pvgpu_u32{0}, [g, out, max, lost](SimGpu& gpu) {
+        // Records beyond `max` wait for the next call.
+        std::vector<CtxswRecord>& pending = g->trace_pending;
+        *lost = gpu.read_ctxsw_trace(pending);
+        const std::size_t n = std::min<std::size_t>(max, pending.size());
+        for (std::size_t i = 0; i < n; ++i)
+            out[i] = {static_cast<pvgpu_u64>(pending[i].at), pending[i].to, 0};
+        pending.erase(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(n));
+        return static_cast<pvgpu_u32>(n);
     });
 }
 
@@ -316,7 +323,7 @@ constexpr pvgpu_backend_ops kOps = {
     sim_read_status,
     sim_pending,
     sim_engine_status,
-    sim_completion_time,
+    sim_ctxsw_trace,
     sim_preempt_to,
     sim_set_watchdog,
     sim_busy_ns,

@@ -160,6 +160,29 @@ std::optional<ChannelId> SimGpu::next_after(ChannelId ch) const {
 void SimGpu::kick() {
     if (running_) return;
     if (auto next = next_after(last_served_)) start(*next);
+    if (!running_) trace_switch(engine_now(), 0);
+}
+
+void SimGpu::trace_switch(Time at, ChannelId to) {
+    if (to == traced_ || !cfg_.ctxsw_trace) return;
+    traced_ = to;
+    if (trace_.size() == kTraceCapacity) {
+        trace_.pop_front();
+        ++trace_lost_;
+    }
+    trace_.push_back({at, to});
+}
+
+std::uint64_t SimGpu::read_ctxsw_trace(std::vector<CtxswRecord>& out) {
+    catch_up();
+    // A context still being loaded (a switch's dead time) is written when
+    // it is in.
+    const Time now = clock_.now();
+    while (!trace_.empty() && trace_.front().at <= now) {
+        out.push_back(trace_.front());
+        trace_.pop_front();
+    }
+    return std::exchange(trace_lost_, 0);
 }
 
 void SimGpu::start(ChannelId ch, Duration dead) {
@@ -182,6 +205,9 @@ void SimGpu::start(ChannelId ch, Duration dead) {
         if (switching) seg_start_ = now + cfg_.ctxsw;
         slice_end_ = seg_start_ + cfg_.timeslice;
     }
+    // The dead time of a switch or a preemption runs nobody's work.
+    if (seg_start_ > now) trace_switch(now, 0);
+    trace_switch(seg_start_, ch);
     if (!c.in_flight) {
         c.remaining = static_cast<Duration>(entry(c, c.completed).payload);
         c.ran = 0;
@@ -368,13 +394,6 @@ void SimGpu::dispatch(const Raised& r) {
     if (it != channels_.end() && it->second.watcher) it->second.watcher(r.value);
 }
 
-std::optional<Time> SimGpu::completion_time(ChannelId ch) const {
-    run_on();
-    const Channel& c = chan(ch);
-    if (c.completed_at < 0) return std::nullopt;
-    return c.completed_at;
-}
-
 Duration SimGpu::busy_time_now() const {
     run_on();
     const Time now = clock_.now();
@@ -393,7 +412,6 @@ void SimGpu::segment_end() {
     if (c.remaining > 0 && cfg_.watchdog > 0 && c.ran >= cfg_.watchdog) {
         running_.reset();
         last_served_ = ch;
-        c.completed_at = now;  // the error notifier's timestamp
         fail(ch, PVGPU_CHAN_ERR_WATCHDOG);
         kick();
         return;
@@ -422,7 +440,6 @@ void SimGpu::segment_end() {
     c.in_flight = false;
     ++c.completed;
     c.fence = e.fence;
-    c.completed_at = now;
     c.ctrl->fence = c.fence;
     update_ready(ch);
     if (cfg_.arbitration == Arbitration::Timeslice && now < slice_end_ && runnable(c)) {
@@ -479,10 +496,7 @@ void SimGpu::fail(ChannelId ch, std::uint32_t error) {
     ready_.erase(ch);
     // The kernel on the engine dies with its channel.
     bool was_running = running_ == ch;
-    if (was_running) {
-        stop_engine();
-        c.completed_at = clock_.now();  // the error notifier's timestamp
-    }
+    if (was_running) stop_engine();
     raise({ch, error, true, true});
     if (was_running) kick();
 }

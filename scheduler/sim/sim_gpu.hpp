@@ -35,6 +35,10 @@ struct SimGpuConfig {
     // submitter's wake-up (MSI, the host's IRQ path, a thread's wake-up).
     // 0: at once.  For the simulator's cost model; pvgpud's is real.
     Duration irq_latency = 0;
+    // Keep a context-switch trace for the host (GpuDevice::read_ctxsw_trace).
+    // false models a GPU without one: the host's accounting then guesses
+    // from interrupts, registers and looks.
+    bool ctxsw_trace = true;
 };
 
 // Ground truth for the simulator's reports, never for schedulers.
@@ -63,7 +67,8 @@ public:
     std::uint32_t read_status(ChannelId ch) const override;
     bool pending(ChannelId ch) const override;
     std::optional<ChannelId> running_channel() const override;
-    std::optional<Time> completion_time(ChannelId ch) const override;
+    std::uint64_t read_ctxsw_trace(std::vector<CtxswRecord>& out) override;
+    bool has_ctxsw_trace() const override { return cfg_.ctxsw_trace; }
     void set_watchdog(Duration limit) override;
     EngineArbitration arbitration() const override {
         if (cfg_.arbitration != Arbitration::Timeslice) return {};
@@ -118,7 +123,6 @@ private:
         // progress from these, never from the page.
         std::uint32_t get = 0;
         std::uint32_t fence = 0;
-        Time completed_at = -1;        // engine time of the last completion, or of the kill
         // The kernel at `completed` when it was preempted or not started yet.
         bool in_flight = false;
         Duration remaining = 0;
@@ -184,6 +188,9 @@ private:
     void arm_transit();                // deliver_late() when in_transit_'s first is due
     void fail(ChannelId ch, std::uint32_t error);
     std::optional<ChannelId> next_after(ChannelId ch) const;
+    // A context-switch record when the engine's channel changed to `to`
+    // (0: idle, or loading a context) at the engine's time `at`.
+    void trace_switch(Time at, ChannelId to);
 
     const Clock& clock_;
     Timers& timers_;
@@ -217,6 +224,13 @@ private:
     Duration busy_ = 0;
     std::uint64_t switches_ = 0;
     std::uint64_t preemptions_ = 0;
+    // The context-switch trace's buffer, as a GPU's FECS buffer in memory:
+    // bounded, the oldest records dropped (and counted) when the host
+    // reads too rarely.
+    static constexpr std::size_t kTraceCapacity = 4096;
+    std::deque<CtxswRecord> trace_;
+    ChannelId traced_ = 0;             // the channel the last record loaded
+    std::uint64_t trace_lost_ = 0;
 };
 
 }  // namespace pvgpu::sim

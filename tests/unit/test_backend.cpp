@@ -147,7 +147,9 @@ TEST_CASE("backend: registers, starting positions and host memory through the AB
     CHECK(page->fence == 9);
     CHECK_FALSE(gpu->pending(a));
     CHECK_FALSE(gpu->running_channel());
-    CHECK_FALSE(gpu->completion_time(a));
+    std::vector<CtxswRecord> trace;
+    CHECK(gpu->read_ctxsw_trace(trace) == 0);
+    CHECK(trace.empty());
     // Across the wrap: fences 0xffffffff, 0, 1.
     submit(*gpu, a, {ms(1), ms(1), ms(1)});
     CHECK(gpu->pending(a));
@@ -158,7 +160,12 @@ TEST_CASE("backend: registers, starting positions and host memory through the AB
     CHECK(rec.events == std::vector<Event>{{a, 0xffffffffu, ms(1), false}, {a, 0, ms(2), false}, {a, 1, ms(3), false}});
     CHECK(gpu->read_ib_get(a) == 1);
     CHECK(page->fence == 1);
-    CHECK(gpu->completion_time(a) == ms(3));
+    // The context-switch trace: a loaded at 0, the engine idle at 3 ms.
+    CHECK(gpu->read_ctxsw_trace(trace) == 0);
+    CHECK(trace == std::vector<CtxswRecord>{{0, a}, {ms(3), 0}});
+    trace.clear();
+    CHECK(gpu->read_ctxsw_trace(trace) == 0);
+    CHECK(trace.empty());  // read once
     CHECK(gpu->busy_time() == ms(3));
     CHECK(gpu->context_switches() == 1);
     CHECK_THROWS_AS(gpu->read_fence(a + 100), std::out_of_range);
@@ -216,7 +223,7 @@ TEST_CASE("backend: what cannot be loaded or opened says why", "[backend]") {
     CHECK(error_of(PVGPU_TEST_NO_ENTRY_BACKEND) == std::string("backend ") + PVGPU_TEST_NO_ENTRY_BACKEND +
                                                       " is not a pvgpu backend: it has no symbol pvgpu_backend_entry");
     CHECK(error_of(PVGPU_TEST_ABI99_BACKEND) ==
-          std::string("backend ") + PVGPU_TEST_ABI99_BACKEND + " speaks ABI 99, pvgpud speaks 1");
+          std::string("backend ") + PVGPU_TEST_ABI99_BACKEND + " speaks ABI 99, pvgpud speaks " + std::to_string(PVGPU_BACKEND_ABI_VERSION));
     CHECK_THAT(error_of("nvidia"), Catch::StartsWith("unknown backend 'nvidia': 'sim' or the path"));
     CHECK(error_of("sim", {"arbitration=fifo"}) == "backend sim: arbitration: 'fifo' is not round-robin or timeslice");
     CHECK(error_of("sim", {"timeslice_us=0"}) == "backend sim: timeslice_us: '0' is not an integer in 1..10000000");

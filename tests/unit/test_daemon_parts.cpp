@@ -401,7 +401,7 @@ TEST_CASE("accounting in pvgpud: a stall across a kernel without an interrupt", 
     REQUIRE(acc.kernel_estimate(cc) == kMillisecond);
     const std::uint32_t c_fence = fence[cc];
     const Duration c_before = acc.gpu_time(lc);
-    const Time idle_since = *r.gpu.completion_time(cc);  // no engine read after a's start is older
+    const Time idle_since = *r.sched.gpu().left_engine_at(cc);  // no engine read after a's start is older
     submit(ca, 3 * kMillisecond, 1, true);
     submit(cb, 2 * kMillisecond, 1, false);
     submit(cc, kMillisecond, 1, true);
@@ -916,7 +916,10 @@ TEST_CASE("Scheduler reports mode changes when they land", "[daemon][scheduler]"
 // between must count that time once, not the leaf's whole total again.
 TEST_CASE("ShareMonitor: a stint the accounting revises down is not counted twice", "[daemon][monitor]") {
     sim::EventLoop loop;
-    sim::SimGpu gpu(loop, loop, sim::SimGpuConfig{});
+    // Only an accounting without a context-switch trace guesses, and so revises.
+    sim::SimGpuConfig cfg;
+    cfg.ctxsw_trace = false;
+    sim::SimGpu gpu(loop, loop, cfg);
     Scheduler sched(gpu, loop, loop, make_policy("none", {}));
     ShareMonitor monitor(sched, gpu, loop, loop, 10 * kSecond, 50 * kMicrosecond);
     EntityId leaf = sched.entities().add(kRootEntity, "t", EntityKind::Task);

@@ -104,7 +104,11 @@ TEST_CASE("timeslice: an idle leaf gives its share away", "[policy][timeslice]")
 }
 
 TEST_CASE("timeslice: a lone task runs disengaged and an idle host arms no timer", "[policy][timeslice]") {
-    Rig rig("timeslice");
+    // Without a context-switch trace, so that the accounting's idle trap is
+    // there to be seen.
+    sim::SimGpuConfig cfg;
+    cfg.ctxsw_trace = false;
+    Rig rig("timeslice", {}, cfg);
     EntityId a = rig.task("a");
     rig.task("idle");
     ChannelId ch = rig.submit_loop(a, ms(1), 0, 2000);

@@ -543,8 +543,8 @@ private:
         if (run == chans_.end() || !nodes_[run->second].shadowed) return;
         // The fed or cut kernel may have ended without an interrupt: its
         // channel's completion timestamp moved since (memory, not a register).
-        if (fed_ch_ != 0 && ctx_->gpu().completion_time(fed_ch_) != fed_done_) fed_ch_ = 0;
-        if (cut_ch_ != 0 && ctx_->gpu().completion_time(cut_ch_) != cut_done_) cut_ch_ = 0;
+        if (fed_ch_ != 0 && ctx_->gpu().left_engine_at(fed_ch_) != fed_done_) fed_ch_ = 0;
+        if (cut_ch_ != 0 && ctx_->gpu().left_engine_at(cut_ch_) != cut_done_) cut_ch_ = 0;
         // Fed past the cap (or resuming after such a kernel was cut, its
         // leaf still past it), the kernel is the returning leaf's to take.
         const bool owed = (fed_beyond_cap_ && fed_ch_ == *running) ||
@@ -567,7 +567,7 @@ private:
             cut_ch_ = *running;
             cut_ran_ = ran;
             cut_back_at_ = -1;
-            cut_done_ = ctx_->gpu().completion_time(cut_ch_);
+            cut_done_ = ctx_->gpu().left_engine_at(cut_ch_);
         }
         fed_ch_ = 0;
         feeding_ = false;
@@ -594,7 +594,7 @@ private:
     std::optional<Time> last_completion(EntityId leaf) const {
         std::optional<Time> done;
         for (ChannelId ch : ctx_->channels_of(leaf))
-            if (const std::optional<Time> t = ctx_->gpu().completion_time(ch); live(ch) && t && (!done || *t > *done))
+            if (const std::optional<Time> t = ctx_->gpu().left_engine_at(ch); live(ch) && t && (!done || *t > *done))
                 done = t;
         if (done) done = std::min(*done, ctx_->now());
         return done;
@@ -886,12 +886,12 @@ private:
     bool known_pending(ChannelId ch) const {
         auto r = runs_.find(ch);
         if (r == runs_.end() || !r->second.pending_as_of) return false;
-        return r->second.pending_as_of == ctx_->gpu().completion_time(ch);
+        return r->second.pending_as_of == ctx_->gpu().left_engine_at(ch);
     }
     bool read_pending(ChannelId ch) {
         const bool pending = ctx_->gpu().pending(ch);
         if (auto r = runs_.find(ch); r != runs_.end())
-            r->second.pending_as_of = pending ? ctx_->gpu().completion_time(ch) : std::nullopt;
+            r->second.pending_as_of = pending ? ctx_->gpu().left_engine_at(ch) : std::nullopt;
         return pending;
     }
 
@@ -1056,7 +1056,7 @@ private:
     // the completion timestamp the GPU wrote with the fence, the least of
     // the last few.  A stalled host makes some late, not all.
     void learn_latency(ChannelId ch) {
-        const std::optional<Time> done = ctx_->gpu().completion_time(ch);
+        const std::optional<Time> done = ctx_->gpu().left_engine_at(ch);
         if (!done) return;
         latencies_[latency_next_++ % latencies_.size()] = std::max<Duration>(0, ctx_->now() - *done);
         irq_latency_ = *std::min_element(latencies_.begin(), latencies_.end());
@@ -1188,7 +1188,7 @@ private:
                 feeding_ = true;
                 fed_ch_ = ch;
                 fed_at_ = ctx_->now();
-                fed_done_ = ctx_->gpu().completion_time(ch);
+                fed_done_ = ctx_->gpu().left_engine_at(ch);
                 fed_beyond_cap_ = beyond_cap;
                 break;
             }
