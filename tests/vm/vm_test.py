@@ -145,10 +145,12 @@ class Guest(GuestReports):
         self.uuid = new_uuid()
         self.out_lines = []
         self.err_lines = []
-        # The guest's kernel log, kept with the test's files and shown on failure.
+        # The guest's kernel log, kept with the test's files and shown on failure;
+        # a core dump of QEMU goes there too (pvgpu-vm --core-dir).
         self.console = os.path.join(daemon.workdir, f"{name}.console")
         cmd = [sys.executable, bins.vm, "--socket", daemon.socket, "--name", name,
-               "--uuid", self.uuid, "--timeout", str(timeout), "--console-log", self.console] \
+               "--uuid", self.uuid, "--timeout", str(timeout), "--console-log", self.console,
+               "--core-dir", daemon.workdir] \
             + list(extra) + ["--", command]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, errors="replace")
