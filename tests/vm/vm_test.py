@@ -736,9 +736,11 @@ def case_thesis2(bins, tmp):
 # time (in the main loop on pvgpud's CHAN_REPLY, in a vCPU thread on a FREE)
 # while the other vCPU stores to MMIO (its local APIC, the mailbox,
 # doorbells) through TLB entries filled from the old map: what crashed QEMU
-# 7.2's TCG (issue 50 item 3; without qemu-patches/0002-tcg-commit-on-cpu.patch
-# QEMU died in 1 of 5 runs, an APIC timer store through a stale section
-# index; pvgpu-vm kept the core).  The device's 16 slots
+# 7.2's TCG (issue 50 item 3).  Without qemu-patches/0002-tcg-commit-on-cpu.patch
+# QEMU died in 2 of 7 runs (an APIC timer store through a stale section index
+# past the map's end; a load dispatched to an MSI-X table, which asserted),
+# with upstream's part of 0002 alone in 1 of 10 (a TLB fill reading a freed
+# map), with 0002 in none of 20.  The device's 16 slots
 # (num-slots) bound the channels: 4 x 3 + 2 x 1 = 14 leaves 2 for a channel
 # whose free is still on its way when the next one is asked for.
 STORM_ALLOCATORS, STORM_CHANNELS, STORM_WRITERS = 4, 3, 2
