@@ -27,7 +27,8 @@ Cases:
   hardening a fake pvgpud: another device's DMA into BAR2 outliving CHAN_FREE
             (run against the ASan build it catches a use-after-free), an
             IB_PUT store behind the shadow's back, a PONG answering CHAN_ALLOC, channel memory not sealed against
-            shrinking, a doorbell fd that is not an eventfd, a send failing while a daemon message is processed.
+            shrinking, a doorbell fd that is not an eventfd, a send failing while a daemon message is processed,
+            a daemon that clears O_NONBLOCK on the doorbell eventfd and fills its counter.
 
 usage: qemu_test.py --qemu PATH [--asan] --pvgpud PATH --pvgpuctl PATH [--load PATH] CASE|all
 --asan: PATH is the sanitizer build (qemu-patches/build-qemu.sh --asan); a
@@ -636,6 +637,17 @@ class FakeDaemon:
         except BlockingIOError:
             return 0
 
+    def wait_bells(self, chan, at_least=1, timeout=5):
+        """Doorbells of `chan` read until there are `at_least` (the device
+        rings from its relay thread, asynchronously); returns how many."""
+        got = [0]
+
+        def enough():
+            got[0] += self.bells(chan)
+            return got[0] >= at_least
+        wait_for(enough, timeout, f"{at_least} doorbell(s) of channel {chan}")
+        return got[0]
+
     def push_mode(self, chan, mode, seq):
         n = len(self.acks)
         self.send(MSG_MODE, 0, struct.pack("<IIII", chan, mode, seq, 0))
@@ -776,11 +788,15 @@ def case_fake(bins, tmp):
         # DIRECT: the control page and the ring are the daemon's memfd.
         fake.set_page(chan, CTRL_FENCE, 77)
         check(q.readl(dev.ctrl(slot, CTRL_FENCE)) == 77, "direct: FENCE not the daemon's page")
+        kicks = qom(qmp, "doorbell-kicks")
         dev.submit(slot, 0, 3, 1000)
         check(fake.page(chan, CTRL_IB_PUT) == 3, "direct: IB_PUT did not reach the page")
         entry = struct.unpack_from("<QII", fake.channels[chan]["mem"], PAGE + 16)
         check(entry == (1000, 2, 0), f"ring entry 1 in the memfd: {entry}")
-        check(fake.bells(chan) == 1, "direct: the doorbell write did not signal the eventfd")
+        # Without KVM the device's handler takes the doorbell store (no
+        # ioeventfd) and its relay thread rings the eventfd.
+        check(qom(qmp, "doorbell-kicks") == kicks + 1, "direct: the doorbell store asked no ring")
+        check(fake.wait_bells(chan) == 1, "direct: the doorbell write did not signal the eventfd")
         check(not fake.reports, "direct: a TRAP_REPORT was sent")
 
         # TRAPPED: every IB_PUT store is forwarded, reported and rung.
@@ -789,12 +805,15 @@ def case_fake(bins, tmp):
         check(fake.acks[-1] == (chan, MODE_TRAPPED, 1, 3), f"TRAPPED ack {fake.acks[-1]}")
         check(dev.slot_reg(slot, SLOT_MODE) == MODE_TRAPPED, "SLOT_MODE not trapped")
         fake.bells(chan)
+        kicks = qom(qmp, "doorbell-kicks")
         for put in (4, 5, 6):
             q.writel(dev.ctrl(slot, CTRL_IB_PUT), put)
         wait_for(lambda: len(fake.reports) >= 3, 5, "three TRAP_REPORTs")
         check(fake.reports == [(chan, 4), (chan, 5), (chan, 6)], f"reports {fake.reports}")
         check(fake.page(chan, CTRL_IB_PUT) == 6, "trapped: IB_PUT not forwarded")
-        check(fake.bells(chan) == 3, "trapped: each forwarded write must ring once")
+        check(qom(qmp, "doorbell-kicks") == kicks + 3, "trapped: each forwarded write must ring once")
+        # Rings queued for one channel may reach the eventfd as one.
+        check(1 <= fake.wait_bells(chan) <= 3, "trapped: the forwarded writes did not ring")
         check(q.readl(dev.ctrl(slot, CTRL_FENCE)) == 77, "trapped: reads must show the real page")
         bad = dev.reg(REG_BAD_ACCESS)
         q.writel(dev.ctrl(slot, CTRL_FENCE), 5)        # GPU-owned field
@@ -809,7 +828,7 @@ def case_fake(bins, tmp):
         wait_for(lambda: len(fake.acks) > n, 5, "the SHADOWED ack")
         check(fake.acks[-1] == (chan, MODE_SHADOWED, 2, 6), f"SHADOWED ack {fake.acks[-1]}")
         reports = len(fake.reports)
-        fake.bells(chan)
+        kicks = qom(qmp, "doorbell-kicks")
         dev.submit(slot, 6, 4, 1000)
         check(q.readl(dev.ctrl(slot, CTRL_IB_PUT)) == 10, "shadowed: guest cannot read back IB_PUT")
         # The doorbell store is what reports it.
@@ -822,7 +841,7 @@ def case_fake(bins, tmp):
         q.writel(dev.ctrl(slot, CTRL_IB_PUT), 10)
         wait_for(lambda: len(fake.reports) > reports + 2, 5, "the report of the rewound IB_PUT")
         check(fake.page(chan, CTRL_IB_PUT) == 6, "shadowed: IB_PUT reached the real page")
-        check(fake.bells(chan) == 0, "shadowed: the doorbell rang")
+        check(qom(qmp, "doorbell-kicks") == kicks, "shadowed: the doorbell rang")
         fake.set_page(chan, CTRL_FENCE, 88)
         wait_for(lambda: q.readl(dev.ctrl(slot, CTRL_FENCE)) == 88, 2,
                  "the shadow page's FENCE to follow the real page")
@@ -832,7 +851,7 @@ def case_fake(bins, tmp):
         wait_for(lambda: len(fake.acks) > n, 5, "the unshadow ack")
         check(fake.acks[-1] == (chan, MODE_TRAPPED, 3, 10), f"unshadow ack {fake.acks[-1]}")
         check(fake.page(chan, CTRL_IB_PUT) == 10, "unshadow: held IB_PUT not released")
-        check(fake.bells(chan) >= 1, "unshadow: no doorbell")
+        check(fake.wait_bells(chan) >= 1, "unshadow: no doorbell")
         n = fake.push_mode(chan, MODE_DIRECT, 4)
         wait_for(lambda: len(fake.acks) > n, 5, "the DIRECT ack")
         check(fake.acks[-1] == (chan, MODE_DIRECT, 4, 10), f"DIRECT ack {fake.acks[-1]}")
@@ -1667,6 +1686,85 @@ def check_daemon_never_reads(dev, fake, qmp):
     dev.free(slot)
 
 
+# An eventfd's counter is at most 2^64 - 2: a write of 1 then blocks unless
+# the file is O_NONBLOCK (eventfd(2)).
+EVENTFD_MAX = 0xFFFFFFFFFFFFFFFE
+# How long the device may take to answer while pvgpud blocks its doorbell:
+# a qtest store or a QMP command is answered in one main-loop turn, well
+# under 10 ms here (case fake times a doorbell store at ~0.1 ms; ASan is a few
+# times slower), so 2 s is margin for a loaded host.  Blocked, the answer
+# never comes: QEMU waits in write() until the daemon reads.
+HOSTILE_BELL_BOUND_S = 2.0
+
+
+def check_daemon_blocks_doorbell(dev, fake, qmp):
+    """Issue 51 item 3: the doorbell eventfd is one open file shared with
+    pvgpud, which can clear its O_NONBLOCK and fill its counter; a write of
+    1 then blocks.  Before, QEMU wrote it from the vCPU (a trapped IB_PUT
+    store, a doorbell store without KVM's ioeventfd) and from the main loop
+    (the unshadow release): QEMU hung until pvgpud read.  Now a relay
+    thread of the device writes it: every store and QMP command is answered
+    within the bound, and the doorbell rings once pvgpud reads again."""
+    q = dev.q
+    slot, chan = dev.alloc(0x68)
+    efd = fake.channels[chan]["bell"]
+    n = fake.push_mode(chan, MODE_TRAPPED, 1)
+    wait_for(lambda: len(fake.acks) > n, 5, "the TRAPPED ack")
+    flags = fcntl.fcntl(efd, fcntl.F_GETFL)
+    fcntl.fcntl(efd, fcntl.F_SETFL, flags & ~os.O_NONBLOCK)
+    fake.bells(chan)                           # drained: now fill it
+    os.eventfd_write(efd, EVENTFD_MAX)
+    times = {}
+
+    def timed(what, fn):
+        t0 = time.monotonic()
+        fn()
+        times[what] = time.monotonic() - t0
+        check(times[what] < HOSTILE_BELL_BOUND_S, f"{what} took {times[what]:.2f} s")
+
+    full = True
+    try:
+        # A trapped IB_PUT store: forwarded, reported, rung (vCPU context).
+        timed("trapped store", lambda: q.cmd(f"writel 0x{dev.ctrl(slot, CTRL_IB_PUT):x} 0x7",
+                                             timeout=HOSTILE_BELL_BOUND_S))
+        timed("query-status", lambda: qmp.execute("query-status", timeout=HOSTILE_BELL_BOUND_S))
+        check(fake.page(chan, CTRL_IB_PUT) == 7, "the trapped store was not forwarded")
+        wait_for(lambda: (chan, 7) in fake.reports, 5, "the trapped store's report")
+        # Shadowed, then back: the unshadow releases the held IB_PUT and rings
+        # (main loop); the DIRECT ack comes after it.
+        n = fake.push_mode(chan, MODE_SHADOWED, 2)
+        wait_for(lambda: len(fake.acks) > n, HOSTILE_BELL_BOUND_S, "the SHADOWED ack")
+        timed("shadowed store", lambda: q.cmd(f"writel 0x{dev.ctrl(slot, CTRL_IB_PUT):x} 0x9",
+                                              timeout=HOSTILE_BELL_BOUND_S))
+        t0 = time.monotonic()
+        n = fake.push_mode(chan, MODE_DIRECT, 3)
+        wait_for(lambda: len(fake.acks) > n, HOSTILE_BELL_BOUND_S, "the unshadow's DIRECT ack")
+        times["unshadow"] = time.monotonic() - t0
+        check(fake.acks[-1] == (chan, MODE_DIRECT, 3, 9), f"unshadow ack {fake.acks[-1]}")
+        check(fake.page(chan, CTRL_IB_PUT) == 9, "the held IB_PUT was not released")
+        # A direct-mode doorbell store (without KVM: the device's handler).
+        timed("doorbell store", lambda: q.cmd(f"writel 0x{dev.doorbell(slot):x} 0x1",
+                                              timeout=HOSTILE_BELL_BOUND_S))
+        timed("query-status again", lambda: qmp.execute("query-status",
+                                                        timeout=HOSTILE_BELL_BOUND_S))
+        check(q.alive(), "QEMU died")
+        # pvgpud reads again: the doorbell QEMU could not ring rings now.
+        check(struct.unpack("<Q", os.read(efd, 8))[0] == EVENTFD_MAX,
+              "the counter changed while full")
+        full = False
+        wait_for(lambda: select.select([efd], [], [], 0)[0], 5,
+                 "the doorbell to ring once pvgpud reads")
+        check(fake.bells(chan) >= 1, "no doorbell after pvgpud read")
+    finally:
+        if full:                               # let a blocked QEMU go on
+            with contextlib.suppress(OSError):
+                os.read(efd, 8)
+        fcntl.fcntl(efd, fcntl.F_SETFL, flags)
+    result("hardening.blocked_doorbell_ms",
+           ", ".join(f"{k} {v * 1000:.1f}" for k, v in times.items()))
+    dev.free(slot)
+
+
 def case_hardening(bins, tmp):
     sock = os.path.join(tmp, "fake.sock")
     fake = FakeDaemon(sock)
@@ -1686,6 +1784,7 @@ def case_hardening(bins, tmp):
         check_bell_not_eventfd(dev, fake)
         check_daemon_stops_reading(dev, fake, qmp)
         check_daemon_never_reads(dev, fake, qmp)
+        check_daemon_blocks_doorbell(dev, fake, qmp)
         check_send_failure_mid_message(dev, fake, qmp)
         check(q.alive(), "QEMU died")
     finally:

@@ -38,6 +38,8 @@
 #include "qemu/sockets.h"
 #include "qemu/main-loop.h"
 #include "qemu/event_notifier.h"
+#include "qemu/thread.h"
+#include "qemu/host-utils.h"
 #include "qapi/error.h"
 #include "qapi/visitor.h"
 #include "hw/pci/pci.h"
@@ -52,6 +54,7 @@
 #include "qom/object.h"
 
 #include <sys/mman.h>
+#include <poll.h>
 
 #include "hw/misc/pvgpu/protocol.h"
 #include "kvm_pvgpu.h"   /* kvm-hooks/uapi/linux/kvm_pvgpu.h, copied beside */
@@ -223,7 +226,7 @@ typedef struct PvgpuSlot {
     bool ring_mapped;                 /* ring is in BAR4 */
     EventNotifier bell;               /* the daemon's doorbell eventfd */
     bool has_bell;
-    bool bell_armed;                  /* ioeventfd registered */
+    bool bell_armed;                  /* KVM ioeventfd registered */
 
     MemoryRegion *ctrl_mapped;        /* what BAR2 shows for the control page */
     MemoryRegion ctrl_trap;           /* MMIO over the real page */
@@ -254,6 +257,44 @@ typedef struct PvgpuSlot {
     hwaddr wn_gpa;                    /* where the registered page is */
     uint32_t wn_reported;             /* IB_PUT last seen by the notify path */
 } PvgpuSlot;
+
+/*
+ * Doorbell relay.  The daemon's doorbell eventfd is one open file shared
+ * with pvgpud, so its O_NONBLOCK flag is pvgpud's to clear, and its counter
+ * pvgpud's to fill: a write of 1 by QEMU then blocks until pvgpud reads.
+ * Linux has no per-write non-blocking flag for an eventfd (nor a way to
+ * reopen one as a file of our own), and a check before the write races with
+ * pvgpud.  So no vCPU and not the main loop ever writes it: they set the
+ * slot's bit in @pending and signal @wake (QEMU's own eventfd, never shared:
+ * it cannot fill, being drained here), and the device's relay thread writes
+ * the daemon's eventfds.  A pvgpud that blocks the relay stalls only its own
+ * doorbells.  Kicks pending for a slot are rung once (an eventfd is a
+ * counter the daemon reads as a sum: one wake-up to look at IB_PUT).
+ * Under KVM a direct-mode doorbell is KVM's ioeventfd on the daemon's
+ * eventfd, signalled in the kernel, which never blocks (eventfd_signal
+ * saturates the counter); under TCG and qtest, where the ioeventfd would be
+ * QEMU's own write() in the vCPU thread, the device handles the store and
+ * kicks the relay instead.
+ *
+ * The relay runs detached and holds its own reference on this structure
+ * and on each bell it writes, so the device never waits for it: an unplug
+ * while pvgpud keeps the relay blocked leaves the thread behind until
+ * pvgpud reads or goes.
+ */
+typedef struct PvgpuBell {
+    int fd;                           /* our duplicate of the daemon's eventfd */
+    unsigned refs;                    /* the slot's; the relay's while it writes */
+} PvgpuBell;
+
+typedef struct PvgpuRelay {
+    QemuThread thread;
+    QemuMutex lock;                   /* bell[], PvgpuBell.refs, quit */
+    EventNotifier wake;               /* QEMU's own: kicks are pending */
+    uint64_t pending;                 /* slots to ring (atomic) */
+    PvgpuBell *bell[PVGPU_MAX_SLOTS];
+    bool quit;
+    unsigned refs;                    /* the device's and the thread's (atomic) */
+} PvgpuRelay;
 
 typedef struct PvgpuRequest {
     uint32_t seq;
@@ -311,6 +352,7 @@ struct PvgpuState {
     struct pvgpu_mode mode_batch[PVGPU_MAX_SLOTS];
     unsigned mode_batch_len;
 
+    PvgpuRelay *relay;                /* rings the daemon's doorbells */
     QEMUTimer *refresh;
     QEMUTimer *fence_timer;           /* runs while a fence wait is armed */
     Error *migration_blocker;
@@ -330,6 +372,7 @@ struct PvgpuState {
 
     /* counters, read-only QOM properties (qom-get) */
     uint64_t traps;                   /* IB_PUT stores reported as trapped */
+    uint64_t kicks;                   /* doorbell rings asked of the relay */
     uint64_t wn_notifications;        /* kernel-wn eventfd wake-ups */
     uint64_t switches_to_trapped, switch_to_trapped_ns;
     uint64_t switches_to_direct, switch_to_direct_ns;
@@ -587,10 +630,152 @@ static bool pvgpu_request(PvgpuState *s, uint16_t type, const void *body,
     return true;
 }
 
+/* ------------------------------------------------------------------------ */
+/* Doorbell relay (see PvgpuRelay)                                          */
+
+static void pvgpu_bell_unref(PvgpuRelay *r, PvgpuBell *b)
+{
+    qemu_mutex_lock(&r->lock);
+    if (--b->refs == 0) {
+        close(b->fd);
+        g_free(b);
+    }
+    qemu_mutex_unlock(&r->lock);
+}
+
+static void pvgpu_relay_unref(PvgpuRelay *r)
+{
+    unsigned i;
+
+    if (qatomic_fetch_dec(&r->refs) != 1) {
+        return;
+    }
+    for (i = 0; i < PVGPU_MAX_SLOTS; i++) {
+        if (r->bell[i]) {
+            close(r->bell[i]->fd);
+            g_free(r->bell[i]);
+        }
+    }
+    event_notifier_cleanup(&r->wake);
+    qemu_mutex_destroy(&r->lock);
+    g_free(r);
+}
+
+/* Ring the daemon's doorbell of slot @i, if the slot has one now. */
+static void pvgpu_relay_ring(PvgpuRelay *r, unsigned i)
+{
+    static const uint64_t one = 1;
+    PvgpuBell *b;
+    ssize_t n;
+
+    qemu_mutex_lock(&r->lock);
+    b = r->bell[i];
+    if (b) {
+        b->refs++;
+    }
+    qemu_mutex_unlock(&r->lock);
+    if (!b) {
+        return;                       /* the channel went meanwhile */
+    }
+    /* May block, if pvgpud cleared O_NONBLOCK and filled the counter.
+     * EAGAIN: the counter is full, so pvgpud has a wake-up pending. */
+    do {
+        n = write(b->fd, &one, sizeof(one));
+    } while (n < 0 && errno == EINTR);
+    pvgpu_bell_unref(r, b);
+}
+
+static void *pvgpu_relay_thread(void *opaque)
+{
+    PvgpuRelay *r = opaque;
+    struct pollfd pfd = {
+        .fd = event_notifier_get_fd(&r->wake),
+        .events = POLLIN,
+    };
+    bool quit = false;
+
+    while (!quit) {
+        uint64_t pending;
+
+        if (poll(&pfd, 1, -1) < 0 && errno != EINTR) {
+            error_report("pvgpu: doorbell relay: poll: %s; doorbells from "
+                         "QEMU stop", strerror(errno));
+            break;
+        }
+        event_notifier_test_and_clear(&r->wake);
+        qemu_mutex_lock(&r->lock);
+        quit = r->quit;
+        qemu_mutex_unlock(&r->lock);
+        pending = qatomic_xchg(&r->pending, 0);
+        while (pending && !quit) {
+            pvgpu_relay_ring(r, ctz64(pending));
+            pending &= pending - 1;
+        }
+    }
+    pvgpu_relay_unref(r);
+    return NULL;
+}
+
+static PvgpuRelay *pvgpu_relay_new(PvgpuState *s, Error **errp)
+{
+    PvgpuRelay *r = g_new0(PvgpuRelay, 1);
+    char name[32];
+    int ret;
+
+    ret = event_notifier_init(&r->wake, 0);
+    if (ret < 0) {
+        error_setg_errno(errp, -ret, "pvgpu: cannot create an eventfd");
+        g_free(r);
+        return NULL;
+    }
+    qemu_mutex_init(&r->lock);
+    r->refs = 2;                      /* the device's and the thread's */
+    snprintf(name, sizeof(name), "pvgpu-bell%s%s",
+             DEVICE(s)->id ? "-" : "", DEVICE(s)->id ? DEVICE(s)->id : "");
+    qemu_thread_create(&r->thread, name, pvgpu_relay_thread, r,
+                       QEMU_THREAD_DETACHED);
+    return r;
+}
+
+/* The device lets go of its relay; the thread ends once it is not blocked. */
+static void pvgpu_relay_stop(PvgpuRelay *r)
+{
+    qemu_mutex_lock(&r->lock);
+    r->quit = true;
+    qemu_mutex_unlock(&r->lock);
+    event_notifier_set(&r->wake);
+    pvgpu_relay_unref(r);
+}
+
+/* Slot @i's doorbell is now @fd (a duplicate the relay owns), or none. */
+static void pvgpu_relay_set_bell(PvgpuRelay *r, unsigned i, int fd)
+{
+    PvgpuBell *old, *b = NULL;
+
+    if (fd >= 0) {
+        b = g_new0(PvgpuBell, 1);
+        b->fd = fd;
+        b->refs = 1;
+    }
+    qemu_mutex_lock(&r->lock);
+    old = r->bell[i];
+    r->bell[i] = b;
+    qemu_mutex_unlock(&r->lock);
+    if (old) {
+        pvgpu_bell_unref(r, old);
+    }
+}
+
+/* Ring the daemon's doorbell of @sl's channel, from any context: never
+ * blocks (the relay thread writes it). */
 static void pvgpu_kick(PvgpuSlot *sl)
 {
-    if (sl->has_bell) {
-        event_notifier_set(&sl->bell);
+    PvgpuRelay *r = sl->dev->relay;
+
+    if (sl->has_bell && r) {
+        sl->dev->kicks++;
+        qatomic_or(&r->pending, 1ull << sl->index);
+        event_notifier_set(&r->wake);
     }
 }
 
@@ -636,12 +821,15 @@ static void slot_show_ctrl(PvgpuSlot *sl, MemoryRegion *mr)
     }
 }
 
-/* Doorbell page: the ioeventfd makes a guest store to offset 0 signal the
- * daemon's eventfd without a userspace exit (KVM); under TCG the store is
- * dispatched to the same eventfd.  Call inside a transaction. */
+/* Doorbell page: under KVM the ioeventfd makes a guest store to offset 0
+ * signal the daemon's eventfd in the kernel, without a userspace exit.
+ * Without KVM's ioeventfds (TCG, qtest) QEMU would write the eventfd itself
+ * in the vCPU thread, which can block (see PvgpuRelay): the store reaches
+ * pvgpu_doorbell_write instead, which kicks the relay.  Call inside a
+ * transaction. */
 static void slot_arm_bell(PvgpuSlot *sl, bool arm)
 {
-    arm = arm && sl->has_bell;
+    arm = arm && sl->has_bell && kvm_eventfds_enabled();
     if (arm == sl->bell_armed) {
         return;
     }
@@ -1337,16 +1525,30 @@ static bool slot_install(PvgpuSlot *sl, uint32_t chan_id, uint32_t mode,
                          int memfd, int bellfd)
 {
     PvgpuState *s = sl->dev;
+    int relay_fd = -1;
 
     assert(!sl->installed);
-    if (!pvgpu_memfd_ok(memfd) || !pvgpu_bellfd_ok(bellfd) || !slot_back(sl, memfd)) {
+    if (!pvgpu_memfd_ok(memfd) || !pvgpu_bellfd_ok(bellfd)) {
+        goto fail;
+    }
+    /* The relay rings the doorbell through a duplicate of its own, which
+     * the slot's teardown cannot close under a write in progress. */
+    relay_fd = fcntl(bellfd, F_DUPFD_CLOEXEC, 0);
+    if (relay_fd < 0) {
+        warn_report("pvgpu: cannot duplicate pvgpud's doorbell fd: %s; "
+                    "channel refused", strerror(errno));
+        goto fail;
+    }
+    if (!slot_back(sl, memfd)) {
         goto fail;
     }
     close(memfd);
 
     /* The chardev made the received fds blocking, and O_NONBLOCK belongs
-     * to the open file the daemon shares: give the daemon its flag back. */
+     * to the open file the daemon shares: give the daemon its flag back.
+     * (Nothing here relies on it staying set: see PvgpuRelay.) */
     qemu_socket_set_nonblock(bellfd);
+    pvgpu_relay_set_bell(s->relay, sl->index, relay_fd);
     event_notifier_init_fd(&sl->bell, bellfd);
     sl->has_bell = true;
     sl->installed = true;
@@ -1369,6 +1571,9 @@ static bool slot_install(PvgpuSlot *sl, uint32_t chan_id, uint32_t mode,
     return true;
 
 fail:
+    if (relay_fd >= 0) {
+        close(relay_fd);
+    }
     close(memfd);
     close(bellfd);
     return false;
@@ -1401,6 +1606,7 @@ static void slot_teardown(PvgpuSlot *sl)
         }
     }
     if (sl->has_bell) {
+        pvgpu_relay_set_bell(s->relay, sl->index, -1);
         event_notifier_cleanup(&sl->bell);
         sl->has_bell = false;
     }
@@ -1518,8 +1724,9 @@ static void pvgpu_doorbell_write(void *opaque, hwaddr addr, uint64_t val,
         sl->dev->bad_access++;
         return;
     }
-    /* Reached only when no ioeventfd took the store: the slot is free,
-     * lost or shadowed (held: the GPU must not see it, the daemon must). */
+    /* Reached when no KVM ioeventfd took the store: the slot is free, lost
+     * or shadowed (held: the GPU must not see it, the daemon must), or
+     * there is no KVM (slot_arm_bell). */
     if (sl->state != SLOT_LIVE) {
         return;
     }
@@ -2418,6 +2625,10 @@ static void pvgpu_realize(PCIDevice *pdev, Error **errp)
         return;
     }
 
+    s->relay = pvgpu_relay_new(s, errp);
+    if (!s->relay) {
+        return;
+    }
     error_setg(&s->migration_blocker,
                "pvgpu: device '%s' cannot be migrated: its GPU channels live "
                "in pvgpud's shared memory on this host",
@@ -2425,6 +2636,8 @@ static void pvgpu_realize(PCIDevice *pdev, Error **errp)
     if (migrate_add_blocker(s->migration_blocker, errp) < 0) {
         error_free(s->migration_blocker);
         s->migration_blocker = NULL;
+        pvgpu_relay_stop(s->relay);
+        s->relay = NULL;
         return;
     }
 
@@ -2556,6 +2769,8 @@ fail:
     migrate_del_blocker(s->migration_blocker);
     error_free(s->migration_blocker);
     s->migration_blocker = NULL;
+    pvgpu_relay_stop(s->relay);
+    s->relay = NULL;
 }
 
 /*
@@ -2607,6 +2822,10 @@ static void pvgpu_exit(PCIDevice *pdev)
         memory_region_del_subregion(&s->bar4, &s->bar4_bg);
     }
     memory_region_transaction_commit();
+    if (s->relay) {
+        pvgpu_relay_stop(s->relay);
+        s->relay = NULL;
+    }
     pvgpu_wn_cleanup(s);
     pvgpu_rx_reset(s);
     msix_unuse_all_vectors(pdev);
@@ -2732,6 +2951,8 @@ static void pvgpu_instance_init(Object *obj)
     object_property_add_uint64_ptr(obj, "kernel-wn-notifications",
                                    &s->wn_notifications, OBJ_PROP_FLAG_READ);
     object_property_add_uint64_ptr(obj, "trap-reports", &s->traps,
+                                   OBJ_PROP_FLAG_READ);
+    object_property_add_uint64_ptr(obj, "doorbell-kicks", &s->kicks,
                                    OBJ_PROP_FLAG_READ);
     object_property_add_uint64_ptr(obj, "switches-to-trapped",
                                    &s->switches_to_trapped, OBJ_PROP_FLAG_READ);
