@@ -67,6 +67,11 @@ module_param(pid_hints, bool, 0444);
 MODULE_PARM_DESC(pid_hints,
 		 "Tag each channel with its process (tgid) so the host schedules processes separately (default 1); 0 puts all channels in the VM's entity");
 
+static unsigned int weights_per_uid = 64;
+module_param(weights_per_uid, uint, 0644);
+MODULE_PARM_DESC(weights_per_uid,
+		 "How many of the 256 remembered task weights the live processes of one user may hold (default 64); CAP_SYS_NICE is exempt");
+
 static unsigned int cmd_timeout_ms = 5000;
 module_param(cmd_timeout_ms, uint, 0644);
 MODULE_PARM_DESC(cmd_timeout_ms,
@@ -116,6 +121,7 @@ struct pvgpu_waiter {
 
 struct pvgpu_weight {
 	struct pid *pid;	/* NULL: unused entry */
+	kuid_t uid;		/* whose share of the table it takes */
 	u32 weight;
 };
 
@@ -452,20 +458,25 @@ static struct pvgpu_weight *pvgpu_weight_find(struct pvgpu_dev *dev, pid_t tgid)
 	return NULL;
 }
 
+/* The weight of `tgid`: its entry's, else the default.  weights_lock held. */
+static u32 pvgpu_weight_of_locked(struct pvgpu_dev *dev, pid_t tgid)
+{
+	struct pvgpu_weight *w = pvgpu_weight_find(dev, tgid);
+
+	return w ? w->weight : PVGPU_WEIGHT_DEFAULT;
+}
+
 static u32 pvgpu_weight_of(struct pvgpu_dev *dev, pid_t tgid)
 {
-	struct pvgpu_weight *w;
-	u32 weight = PVGPU_WEIGHT_DEFAULT;
+	u32 weight;
 
 	mutex_lock(&dev->weights_lock);
-	w = pvgpu_weight_find(dev, tgid);
-	if (w)
-		weight = w->weight;
+	weight = pvgpu_weight_of_locked(dev, tgid);
 	mutex_unlock(&dev->weights_lock);
 	return weight;
 }
 
-/* Drop entries of processes that exited (their tgid may be reused). */
+/* Drop entries of processes that exited, without telling the daemon. */
 static void pvgpu_weights_prune(struct pvgpu_dev *dev)
 {
 	int i;
@@ -480,25 +491,116 @@ static void pvgpu_weights_prune(struct pvgpu_dev *dev)
 	}
 }
 
-static int pvgpu_weight_store(struct pvgpu_dev *dev, struct pid *pid, u32 weight)
+/*
+ * Make the daemon forget the weight of `w`'s process (TASK_WEIGHT with
+ * weight 0) and drop the entry: the process has exited, and a new process
+ * given the same pid must start at the default weight, not inherit this one.
+ * weights_lock and the mailbox held.  A command left unanswered keeps the
+ * entry (to be forgotten later) and returns its error: the mailbox is stale.
+ */
+static int pvgpu_weight_forget(struct pvgpu_dev *dev, struct pvgpu_weight *w)
 {
-	struct pvgpu_weight *w;
+	u32 r1 = 0;
+	int st;
+
+	st = pvgpu_cmd(dev, PVGPU_CMD_TASK_WEIGHT, pid_nr(w->pid), 0, 0, NULL, &r1,
+		       false, PVGPU_STALE_OTHER, 0);
+	if (st < 0)
+		return st;
+	/* E_LINK: no daemon now; the next one never knew the weight. */
+	if (st != PVGPU_ST_OK && st != PVGPU_ST_E_LINK)
+		dev_warn_ratelimited(&dev->pdev->dev,
+				     "forgetting the weight of exited pid %d failed: status %d\n",
+				     pid_nr(w->pid), st);
+	put_pid(w->pid);
+	w->pid = NULL;
+	return 0;
+}
+
+/*
+ * Forget the weights of processes that have exited, and that of `exiting`
+ * (a process past its last use of the device; NULL: none), at the daemon
+ * too.  The daemon bounds what it remembers per VM, and only the guest knows
+ * that a pid is gone.  weights_lock and the mailbox held.
+ */
+static int pvgpu_weights_sweep(struct pvgpu_dev *dev, struct pid *exiting)
+{
+	int i, ret;
+
+	for (i = 0; i < PVGPU_MAX_WEIGHTS; i++) {
+		struct pvgpu_weight *w = &dev->weights[i];
+
+		if (!w->pid || (w->pid != exiting && pvgpu_pid_alive(w->pid)))
+			continue;
+		ret = pvgpu_weight_forget(dev, w);
+		if (ret)
+			return ret;
+	}
+	return 0;
+}
+
+/* Whether the table holds an entry to sweep.  weights_lock held. */
+static bool pvgpu_weights_stale(struct pvgpu_dev *dev, struct pid *exiting)
+{
 	int i;
 
-	w = pvgpu_weight_find(dev, pid_nr(pid));
-	if (w) {
-		w->weight = weight;
-		return 0;
-	}
-	pvgpu_weights_prune(dev);
 	for (i = 0; i < PVGPU_MAX_WEIGHTS; i++) {
-		if (!dev->weights[i].pid) {
-			dev->weights[i].pid = get_pid(pid);
-			dev->weights[i].weight = weight;
-			return 0;
-		}
+		struct pvgpu_weight *w = &dev->weights[i];
+
+		if (w->pid && (w->pid == exiting || !pvgpu_pid_alive(w->pid)))
+			return true;
 	}
-	return -ENOSPC;
+	return false;
+}
+
+/*
+ * Sweep the table now if there is something to sweep (see
+ * pvgpu_weights_sweep()): before an allocation, so that a process reusing
+ * the pid of an exited weighted one starts at the default weight, and when
+ * a process that had a weight exits.  Best effort: a busy mailbox leaves
+ * the entries for the next sweep.  io_sem held (read).
+ */
+static void pvgpu_weights_tidy(struct pvgpu_dev *dev, struct pid *exiting)
+{
+	if (dev->version < 2)
+		return;
+	mutex_lock(&dev->weights_lock);
+	if (pvgpu_weights_stale(dev, exiting) &&
+	    !pvgpu_mbox_lock(dev, pvgpu_cmd_jiffies(), false)) {
+		pvgpu_weights_sweep(dev, exiting);
+		pvgpu_mbox_unlock(dev);
+	}
+	mutex_unlock(&dev->weights_lock);
+}
+
+/*
+ * The entry a new weight of `pid` goes to: its own, else a free one within
+ * `uid`'s share of the table (unless `exempt`).  -EDQUOT: the user's live
+ * processes hold weights_per_uid entries; -ENOSPC: the table is full of
+ * live processes' weights.  weights_lock held, exited entries swept.
+ */
+static struct pvgpu_weight *pvgpu_weight_slot(struct pvgpu_dev *dev, struct pid *pid,
+					       kuid_t uid, bool exempt)
+{
+	struct pvgpu_weight *w, *free = NULL;
+	unsigned int mine = 0;
+	int i;
+
+	for (i = 0; i < PVGPU_MAX_WEIGHTS; i++) {
+		w = &dev->weights[i];
+		if (w->pid == pid)
+			return w;
+		if (!w->pid) {
+			if (!free)
+				free = w;
+			continue;
+		}
+		if (uid_eq(w->uid, uid))
+			mine++;
+	}
+	if (!exempt && mine >= READ_ONCE(weights_per_uid))
+		return ERR_PTR(-EDQUOT);
+	return free ? free : ERR_PTR(-ENOSPC);
 }
 
 static int pvgpu_weight_errno(int st, u32 r1)
@@ -776,12 +878,20 @@ static int pvgpu_flush(struct file *filp, fl_owner_t id)
 {
 	struct pvgpu_file *pf = filp->private_data;
 	struct pvgpu_dev *dev = pf->dev;
+	bool exiting = current->flags & PF_EXITING;
 
 	down_read(&dev->io_sem);
 	mutex_lock(&pf->lock);
-	pvgpu_release_channels(pf, false,
-			       current->flags & PF_EXITING ? task_tgid(current) : NULL);
+	pvgpu_release_channels(pf, false, exiting ? task_tgid(current) : NULL);
 	mutex_unlock(&pf->lock);
+	/*
+	 * The whole process is exiting (its last thread is past
+	 * signal->live): its weight is forgotten now, at the daemon too.  Its
+	 * pid cannot be reused before it is reaped.  A process that closed
+	 * the file before exiting is swept later (SET_WEIGHT, ALLOC).
+	 */
+	if (exiting && !atomic_read(&current->signal->live) && !dev->dying)
+		pvgpu_weights_tidy(dev, task_tgid(current));
 	up_read(&dev->io_sem);
 	return 0;
 }
@@ -910,6 +1020,11 @@ static long pvgpu_ioc_alloc(struct pvgpu_file *pf, struct pvgpu_ioc_alloc *req)
 	if (req->size != sizeof(*req) || req->flags || req->reserved[0] || req->reserved[1])
 		return -EINVAL;
 
+	/*
+	 * Weights left by exited processes go first: one may have had the
+	 * caller's pid, which the daemon must not apply to the caller.
+	 */
+	pvgpu_weights_tidy(dev, NULL);
 	st = pvgpu_mbox_lock(dev, pvgpu_cmd_jiffies(), true);
 	if (st)
 		return st == -ETIME ? -ETIMEDOUT : st;
@@ -1294,12 +1409,21 @@ static struct pvgpu_wait_one *pvgpu_wait_any_targets(const struct pvgpu_ioc_wait
 	return t;
 }
 
+/*
+ * Like nice: any process may lower its weight, or raise it up to the
+ * default; above the default (and above what it has now) needs
+ * CAP_SYS_NICE.  Another process's weight needs CAP_SYS_ADMIN.  The
+ * processes of one user hold at most weights_per_uid entries of the table
+ * (CAP_SYS_NICE exempt), so that no user can fill it for the others.
+ */
 static long pvgpu_ioc_set_weight(struct pvgpu_file *pf, const struct pvgpu_ioc_set_weight *r)
 {
 	struct pvgpu_dev *dev = pf->dev;
 	struct pvgpu_ioc_set_weight req = *r;
+	struct pvgpu_weight *w;
 	struct task_struct *task;
 	struct pid *pid;
+	bool nice_cap;
 	u32 r1 = 0;
 	int st, ret;
 
@@ -1324,19 +1448,48 @@ static long pvgpu_ioc_set_weight(struct pvgpu_file *pf, const struct pvgpu_ioc_s
 		put_pid(pid);
 		return -EPERM;
 	}
+	nice_cap = capable(CAP_SYS_NICE);
 
 	mutex_lock(&dev->weights_lock);
+	if (req.weight > PVGPU_WEIGHT_DEFAULT && !nice_cap &&
+	    req.weight > pvgpu_weight_of_locked(dev, pid_nr(pid))) {
+		ret = -EPERM;
+		goto out;
+	}
 	ret = pvgpu_mbox_lock(dev, pvgpu_cmd_jiffies(), true);
 	if (ret) {
 		ret = ret == -ETIME ? -ETIMEDOUT : ret;
+		goto out;
+	}
+	/* Exited processes' entries first: they may make room, and are told. */
+	ret = pvgpu_weights_sweep(dev, NULL);
+	if (ret) {
+		pvgpu_mbox_unlock(dev);
+		ret = ret == -ETIME ? -ETIMEDOUT : ret;
+		goto out;
+	}
+	/* The entry is found before the daemon is told: no weight it keeps is unknown here. */
+	w = pvgpu_weight_slot(dev, pid, current_uid(), nice_cap);
+	if (IS_ERR(w)) {
+		pvgpu_mbox_unlock(dev);
+		ret = PTR_ERR(w);
 		goto out;
 	}
 	st = pvgpu_cmd(dev, PVGPU_CMD_TASK_WEIGHT, pid_nr(pid), 0, req.weight,
 		       NULL, &r1, true, PVGPU_STALE_OTHER, 0);
 	pvgpu_mbox_unlock(dev);
 	ret = pvgpu_weight_errno(st, r1);
-	if (!ret)
-		ret = pvgpu_weight_store(dev, pid, req.weight);
+	/*
+	 * Unanswered (st < 0), the daemon may still apply it: kept too, so
+	 * that it is forgotten with the process like any other.
+	 */
+	if (!ret || st < 0) {
+		if (!w->pid) {
+			w->pid = get_pid(pid);
+			w->uid = current_uid();
+		}
+		w->weight = req.weight;
+	}
 out:
 	mutex_unlock(&dev->weights_lock);
 	put_pid(pid);

@@ -26,6 +26,7 @@
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <grp.h>
 #include <unistd.h>
 
 #include "pvgpu/guest_ioctl.h"
@@ -1091,12 +1092,16 @@ static int cmd_weight(int argc, char **argv)
 			     EPERM);
 		expect_errno("SET_WEIGHT of the parent without CAP_SYS_ADMIN",
 			     set_weight(fd, getppid(), w), EPERM);
-		expect_errno("SET_WEIGHT of itself without CAP_SYS_ADMIN", set_weight(fd, 0, w),
-			     0);
+		/* Like nice: above the default needs CAP_SYS_NICE, dropped too. */
+		expect_errno("SET_WEIGHT of itself without CAP_SYS_NICE", set_weight(fd, 0, w),
+			     w > PVGPU_WEIGHT_DEFAULT ? EPERM : 0);
+		expect_errno("SET_WEIGHT of itself to 50 without capabilities",
+			     set_weight(fd, 0, 50), 0);
 		_exit(0);
 	}
 	reap_ok(pid, "weight");
-	note("weight %lu set and reported; foreign pid refused without CAP_SYS_ADMIN", w);
+	note("weight %lu set and reported; foreign pid refused without CAP_SYS_ADMIN, above the default without CAP_SYS_NICE",
+	     w);
 	close(fd);
 	return 0;
 }
@@ -1221,6 +1226,261 @@ static int cmd_alloc_timeout(int argc, char **argv)
 	return 0;
 }
 
+/* ---- task weights of short-lived and unprivileged processes -------------- */
+
+/* Write `v` to a /proc or /sys file; errno or 0. */
+static int write_file(const char *path, const char *v)
+{
+	int fd = open(path, O_WRONLY | O_CLOEXEC), e = 0;
+
+	if (fd < 0)
+		return errno;
+	if (write(fd, v, strlen(v)) != (ssize_t)strlen(v))
+		e = errno ? errno : EIO;
+	close(fd);
+	return e;
+}
+
+static unsigned long read_ulong(const char *path)
+{
+	char buf[32] = "";
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	ssize_t n;
+
+	if (fd < 0)
+		fail("open %s: %s", path, strerror(errno));
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		fail("read %s", path);
+	return strtoul(buf, NULL, 10);
+}
+
+/* A child that sets its weight and exits, closing the device first or not. */
+static pid_t weighted_exit(uint32_t weight, bool close_first)
+{
+	pid_t pid = fork();
+	int fd, e;
+
+	if (pid < 0)
+		fail("fork: %s", strerror(errno));
+	if (pid)
+		return pid;
+	fd = dev_open();
+	e = set_weight(fd, 0, weight);
+	if (e) {
+		fprintf(stderr, "FAIL: %s %s: SET_WEIGHT %u of pid %d: %s\n", prog, subcommand,
+			weight, (int)getpid(), strerror(e));
+		_exit(1);
+	}
+	if (close_first)
+		close(fd);
+	_exit(0);	/* closes the device at exit otherwise (flush while exiting) */
+}
+
+/*
+ * A child with pid `want` (through ns_last_pid; the guest is otherwise
+ * quiet): it checks it starts at the default weight, allocates a channel,
+ * writes a byte to `ready` and holds the channel until `hold` reaches EOF
+ * (the caller closes `hold_wr`, the pipe's write end).
+ * Returns its pid, or 0 if another pid came (the caller tries again).
+ */
+static pid_t reuse_pid(pid_t want, int ready, int hold, int hold_wr)
+{
+	char last[16], byte = 1;
+	struct chan c;
+	int st, fd;
+	pid_t pid;
+
+	snprintf(last, sizeof(last), "%d", (int)want - 1);
+	st = write_file("/proc/sys/kernel/ns_last_pid", last);
+	if (st)
+		fail("ns_last_pid: %s", strerror(st));
+	pid = fork();
+	if (pid < 0)
+		fail("fork: %s", strerror(errno));
+	if (pid == 0) {
+		if (getpid() != want)
+			_exit(3);
+		subcommand = "churn (reused pid)";
+		/* Only the parent may keep the write end: its close ends the hold. */
+		close(hold_wr);
+		fd = dev_open();
+		if (info(fd).weight != PVGPU_WEIGHT_DEFAULT)
+			fail("pid %d reused: INFO.weight %u, want the default %u", (int)want,
+			     info(fd).weight, PVGPU_WEIGHT_DEFAULT);
+		chan_open(&c, fd);
+		if (write(ready, &byte, 1) != 1)
+			_exit(1);
+		while (read(hold, &byte, 1) > 0)
+			;
+		chan_close(&c);
+		_exit(0);
+	}
+	if (pid != want) {
+		waitpid(pid, &st, 0);
+		return 0;
+	}
+	return pid;
+}
+
+/*
+ * Issue 51 item 4: N short-lived processes one after the other, each setting
+ * its own weight and exiting (every other one closes the device first, so
+ * only a later sweep forgets it); every SET_WEIGHT succeeds, where the
+ * daemon used to refuse all after its 256th remembered weight.  Then the
+ * pids of two exited weighted processes (one closed the device, one exited
+ * holding it) are given to new processes: they start at the default weight
+ * and hold a channel for HOLD_S seconds after "churn: reused P1 P2", so the
+ * host can look at task-P1 and task-P2 (default weight, not the old 3000).
+ */
+static int cmd_churn(int argc, char **argv)
+{
+	int ready[2], hold[2], fd = dev_open();
+	pid_t old[2], reused[2];
+	unsigned long n, hold_s, i;
+	double t0;
+	char byte;
+
+	if (argc != 2)
+		return -1;
+	n = strtoul(argv[0], NULL, 0);
+	hold_s = strtoul(argv[1], NULL, 0);
+	if (info(fd).device_version < 2)
+		fail("the device is VERSION %u: no task weights", info(fd).device_version);
+	t0 = now_s();
+	for (i = 0; i < n; i++) {
+		pid_t pid = weighted_exit(200 + i % 1000, i & 1);
+
+		reap_ok(pid, "churn");
+	}
+	note("%lu short-lived processes set their weight (%.1f s)", n, now_s() - t0);
+
+	if (pipe2(ready, O_CLOEXEC) || pipe2(hold, O_CLOEXEC))
+		fail("pipe: %s", strerror(errno));
+	for (i = 0; i < 2; i++) {
+		int tries;
+
+		old[i] = weighted_exit(3000, i == 0);
+		reap_ok(old[i], "churn (weight 3000)");
+		for (tries = 0; tries < 20; tries++) {
+			reused[i] = reuse_pid(old[i], ready[1], hold[0], hold[1]);
+			if (reused[i])
+				break;
+		}
+		if (!reused[i])
+			fail("pid %d was not given again in 20 tries", (int)old[i]);
+		if (read(ready[0], &byte, 1) != 1)
+			fail("the process with reused pid %d did not get going", (int)old[i]);
+	}
+	note("reused %d %d", (int)reused[0], (int)reused[1]);
+	pause_ms(hold_s * 1000);
+	close(hold[1]);
+	for (i = 0; i < 2; i++)
+		reap_ok(reused[i], "churn (reused pid)");
+	note("reused pids started at the default weight");
+	close(fd);
+	return 0;
+}
+
+/*
+ * Issue 51 item 8: like nice, a process without CAP_SYS_NICE may lower its
+ * weight and raise it up to the default, never above; one user's live
+ * processes hold at most weights_per_uid entries of the driver's table
+ * (EDQUOT beyond), and entries of exited ones are given back.  The checks
+ * run as uid/gid 65534 without capabilities; root (CAP_SYS_NICE) may go
+ * above the default.
+ */
+static int cmd_unpriv(int argc, char **argv)
+{
+	int fd = dev_open(), res[2], hold[2];
+	unsigned long limit, i, ok = 0, quota = 0;
+	pid_t pid;
+
+	(void)argv;
+	if (argc)
+		return -1;
+	if (info(fd).device_version < 2)
+		fail("the device is VERSION %u: no task weights", info(fd).device_version);
+	expect_errno("SET_WEIGHT 10000 with CAP_SYS_NICE", set_weight(fd, 0, 10000), 0);
+	expect_errno("SET_WEIGHT back to the default", set_weight(fd, 0, PVGPU_WEIGHT_DEFAULT), 0);
+	limit = read_ulong("/sys/module/pvgpu/parameters/weights_per_uid");
+	if (limit < 2 || limit > 200)
+		fail("weights_per_uid %lu: the check wants 2..200", limit);
+
+	pid = fork();
+	if (pid < 0)
+		fail("fork: %s", strerror(errno));
+	if (pid == 0) {
+		subcommand = "unpriv (uid 65534)";
+		if (setgroups(0, NULL) || setgid(65534) || setuid(65534))
+			fail("dropping to uid 65534: %s", strerror(errno));
+		drop_all_capabilities();
+		expect_errno("SET_WEIGHT 10000", set_weight(fd, 0, 10000), EPERM);
+		expect_errno("SET_WEIGHT default + 1", set_weight(fd, 0, PVGPU_WEIGHT_DEFAULT + 1),
+			     EPERM);
+		expect_errno("SET_WEIGHT default", set_weight(fd, 0, PVGPU_WEIGHT_DEFAULT), 0);
+		expect_errno("SET_WEIGHT 50", set_weight(fd, 0, 50), 0);
+		if (info(fd).weight != 50)
+			fail("INFO.weight %u after SET_WEIGHT 50", info(fd).weight);
+		expect_errno("SET_WEIGHT 80 (up, to the default at most)", set_weight(fd, 0, 80), 0);
+		expect_errno("SET_WEIGHT 150", set_weight(fd, 0, 150), EPERM);
+		if (info(fd).weight != 80)
+			fail("INFO.weight %u after a refused raise, want 80", info(fd).weight);
+
+		/* This process holds one entry: limit - 1 more, then EDQUOT. */
+		if (pipe2(res, O_CLOEXEC) || pipe2(hold, O_CLOEXEC))
+			fail("pipe: %s", strerror(errno));
+		for (i = 0; i < limit + 1; i++) {
+			pid_t kid = fork();
+
+			if (kid < 0)
+				fail("fork: %s", strerror(errno));
+			if (kid == 0) {
+				int e;
+				char byte;
+
+				/* Only the parent keeps the write end: its close ends the hold. */
+				close(hold[1]);
+				e = set_weight(fd, 0, 60);
+				if (write(res[1], &e, sizeof(e)) != sizeof(e))
+					_exit(1);
+				while (read(hold[0], &byte, 1) > 0)
+					;
+				_exit(0);
+			}
+		}
+		for (i = 0; i < limit + 1; i++) {
+			int e;
+
+			if (read(res[0], &e, sizeof(e)) != sizeof(e))
+				fail("a weighted child did not answer");
+			if (e == 0)
+				ok++;
+			else if (e == EDQUOT)
+				quota++;
+			else
+				fail("SET_WEIGHT of child: %s", strerror(e));
+		}
+		close(hold[1]);
+		while (wait(NULL) > 0)
+			;
+		if (ok != limit - 1 || quota != 2)
+			fail("%lu children of one user: %lu weights set, %lu EDQUOT; want %lu and 2 (weights_per_uid %lu)",
+			     limit + 1, ok, quota, limit - 1, limit);
+		/* Their entries are given back once they have exited. */
+		pid = fork();
+		if (pid == 0)
+			_exit(set_weight(fd, 0, 60) ? 1 : 0);
+		reap_ok(pid, "SET_WEIGHT after the others exited");
+		_exit(0);
+	}
+	reap_ok(pid, "unpriv");
+	note("without CAP_SYS_NICE: no weight above the default, %lu table entries per user", limit);
+	close(fd);
+	return 0;
+}
+
 static const struct {
 	const char *name;
 	const char *args;
@@ -1239,6 +1499,10 @@ static const struct {
 	{ "kill-wait", "", cmd_kill_wait, "SIGKILL a child blocked in WAIT; its channel is freed" },
 	{ "fill-ring", "", cmd_fill_ring, "a child fills its ring and exits; channel freed" },
 	{ "weight", "W", cmd_weight, "SET_WEIGHT own process; EPERM for pid 1 without caps" },
+	{ "churn", "N HOLD_S", cmd_churn,
+	  "N short-lived weighted processes; reused pids start at the default (see docs/guest.md)" },
+	{ "unpriv", "", cmd_unpriv,
+	  "without CAP_SYS_NICE no weight above the default; weights_per_uid entries per user" },
 	{ "alloc-timeout", "", cmd_alloc_timeout,
 	  "for the daemon stall test: ALLOC ETIMEDOUT, the late channel freed" },
 	{ "lost", "[--recover]", cmd_lost,

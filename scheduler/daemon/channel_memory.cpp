@@ -50,6 +50,15 @@ void ChannelMemoryFile::unmap() {
     base_ = nullptr;
 }
 
+int ChannelMemoryFile::discard() {
+    unmap();
+    int err = 0;
+    if (fd_ && fallocate(fd_.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(size())) != 0)
+        err = errno;
+    fd_.reset();
+    return err;
+}
+
 pvgpu_ring* ChannelMemoryFile::ring() const {
     if (!base_) return nullptr;
     return reinterpret_cast<pvgpu_ring*>(static_cast<char*>(base_) + PVGPU_CHAN_RING_OFFSET);

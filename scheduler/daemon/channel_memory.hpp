@@ -39,6 +39,14 @@ public:
     // IB_PUT as the client last stored it: untrusted, read once.
     std::uint32_t client_put() const;
 
+    // At the channel's free: unmaps it, gives its pages back (a hole
+    // punched over the whole file, which stays its size: the seals hold)
+    // and closes pvgpud's fd.  A client that keeps its copy of the memfd, or
+    // a mapping, after the free then holds no pages pvgpud wrote (and was
+    // charged for); what it touches afterwards is its own.  Returns 0 or
+    // the errno of the punch (the rest is done either way).
+    int discard();
+
 private:
     void unmap();
 

@@ -534,7 +534,7 @@ void Daemon::on_hello(Client& cl, const wire::Message& m) {
         std::uint32_t weight = weights_.vm(uuid, raw, name);
         EntityId e = tree.add(kRootEntity, name, EntityKind::Vm, weight);
         g.meta[e] = Meta{Kind::Vm, uuid, uuid, 0, {}};
-        vms_[{uuid, *gpu}] = Vm{uuid, *gpu, raw, e, conn.id(), {}, {}};
+        vms_[{uuid, *gpu}] = Vm{uuid, *gpu, raw, e, conn.id(), {}, {}, 0};
         cl.uuid = uuid;
         cl.gpu = *gpu;
         remember_placement("vm/" + uuid, *gpu);
@@ -564,7 +564,7 @@ void Daemon::on_hello(Client& cl, const wire::Message& m) {
 
 bool Daemon::hello_host(Client& cl, const std::string& raw, std::uint32_t pid, std::optional<std::uint32_t> asked,
                         std::string& error) {
-    const std::string user = sanitize_name(user_name(cl.uid));
+    const std::string user = sanitize_name(user_name(cl.uid), kMaxUserName);
     const std::string user_key = "host/" + user;
     // A user's clients share one GPU unless one names another: an unnamed
     // client joins the user where it already runs.
@@ -579,23 +579,21 @@ bool Daemon::hello_host(Client& cl, const std::string& raw, std::uint32_t pid, s
     if (!gpu) return false;
     Gpu& g = *gpus_[*gpu];
     EntityTree& tree = g.sched->entities();
-    auto [u, fresh] = host_users_.try_emplace({user, *gpu});
+    // Nothing is recorded until both entities exist: a refused or failed
+    // HELLO leaves no trace a later one would trip over.
+    const auto known = host_users_.find({user, *gpu});
+    EntityId group = known == host_users_.end() ? kNoEntity : known->second.entity;
+    const bool fresh = group == kNoEntity;
+    std::uint32_t user_weight = 0;
     if (fresh) {
-        const std::uint32_t weight = weights_.host_user(user);
-        if (tree.find_child(kRootEntity, "host:" + user)) {
-            host_users_.erase(u);
-            error = "entity host:" + user + " exists";
+        const std::string entity = host_user_entity_name(user);
+        if (tree.find_child(kRootEntity, entity)) {
+            error = "entity " + entity + " (host user " + user + ") exists";
             return false;
         }
-        u->second.entity = tree.add(kRootEntity, "host:" + user, EntityKind::Vm, weight);
-        g.meta[u->second.entity] = Meta{Kind::HostUser, {}, user_key, 0, {}};
-        remember_placement("user/" + user, *gpu);
-        log_info("host user ", user_key, " (uid ", cl.uid, "), weight ", weight, ", on GPU ", *gpu, " ", g.name);
+        user_weight = weights_.host_user(user);
+        group = tree.add(kRootEntity, entity, EntityKind::Vm, user_weight);
     }
-    ++u->second.clients;
-    cl.host_user = user;
-    cl.gpu = *gpu;
-    const EntityId group = u->second.entity;
 
     // A name free under the user: base, then base-<client id>, then numbered.
     const std::string base = raw.empty() ? "pid-" + std::to_string(pid) : sanitize_name(raw, 48);
@@ -604,7 +602,22 @@ bool Daemon::hello_host(Client& cl, const std::string& raw, std::uint32_t pid, s
         name = with_suffix(base, "-" + std::to_string(cl.conn->id()) + (k > 1 ? "-" + std::to_string(k) : ""));
     const std::string key = user_key + "/" + name;
     const std::uint32_t weight = weights_.host_task(key, name);
-    EntityId e = tree.add(group, name, EntityKind::Task, weight);
+    EntityId e;
+    try {
+        e = tree.add(group, name, EntityKind::Task, weight);
+    } catch (...) {
+        if (fresh) tree.remove(group);
+        throw;
+    }
+    if (fresh) {
+        host_users_[{user, *gpu}].entity = group;
+        g.meta[group] = Meta{Kind::HostUser, {}, user_key, 0, {}};
+        remember_placement("user/" + user, *gpu);
+        log_info("host user ", user_key, " (uid ", cl.uid, "), weight ", user_weight, ", on GPU ", *gpu, " ", g.name);
+    }
+    ++host_users_[{user, *gpu}].clients;
+    cl.host_user = user;
+    cl.gpu = *gpu;
     g.meta[e] = Meta{Kind::Host, {}, key, 0, {}};
     cl.host_entity = e;
     log_info("client ", cl.conn->id(), ": host task ", key, ", pid ", cl.conn->peer().pid, ", weight ", weight,
@@ -708,7 +721,7 @@ EntityId Daemon::leaf_for(Client& cl, std::uint64_t pid_hint, const std::string&
     // weight saved for a hint (a guest pid) from an earlier session.
     auto gw = vm.guest_weights.find(pid_hint);
     const std::uint32_t weight = weights_.vm_task(
-        vm.uuid, name, gw == vm.guest_weights.end() ? std::nullopt : std::optional(gw->second));
+        vm.uuid, name, gw == vm.guest_weights.end() ? std::nullopt : std::optional(gw->second.weight));
     EntityId e = tree.add(vm.entity, name, EntityKind::Task, weight);
     g.meta[e] = Meta{Kind::VmTask, vm.uuid, name, pid_hint, sanitize_name(task_name, 32)};
     vm.tasks[pid_hint] = e;
@@ -861,13 +874,28 @@ void Daemon::on_task_weight(Client& cl, const wire::Message& m) {
     } else {
         // Remembered hints are bounded (the guest could name any number of
         // tasks that never allocate a channel); changing a known one is fine.
+        // A guest whose driver never says a process ended (weight 0) would
+        // fill the table with dead pids: the weight set longest ago of a
+        // task without channels makes room.  There always is one: tasks
+        // with channels are at most max_channels_per_client, a quarter of
+        // the bound; the refusal below only guards that arithmetic.
         const std::size_t limit = std::size_t{cfg_.limits.max_channels_per_client} * 4;
         if (!vm.guest_weights.count(t.pid_hint) && vm.guest_weights.size() >= limit) {
-            log_debug("client ", conn.id(), ": task weight for hint ", t.pid_hint, " refused: ", limit,
-                      " task weights remembered");
-            return answer(PVGPU_E_LIMIT);
+            auto oldest = vm.guest_weights.end();
+            for (auto w = vm.guest_weights.begin(); w != vm.guest_weights.end(); ++w)
+                if (!vm.tasks.count(w->first) &&
+                    (oldest == vm.guest_weights.end() || w->second.set < oldest->second.set))
+                    oldest = w;
+            if (oldest == vm.guest_weights.end()) {
+                log_debug("client ", conn.id(), ": task weight for hint ", t.pid_hint, " refused: ", limit,
+                          " task weights remembered, all of tasks with channels");
+                return answer(PVGPU_E_LIMIT);
+            }
+            log_debug("client ", conn.id(), ": forgot the guest weight of hint ", oldest->first,
+                      " (no channels) to remember one for hint ", t.pid_hint);
+            vm.guest_weights.erase(oldest);
         }
-        vm.guest_weights[t.pid_hint] = t.weight;
+        vm.guest_weights[t.pid_hint] = Vm::GuestWeight{t.weight, ++vm.weights_set};
         applied = weights_.vm_task(vm.uuid, key, t.weight);
     }
     if (task != vm.tasks.end()) {
@@ -927,6 +955,10 @@ void Daemon::close_channel(ChannelId id) {
         log_error("internal error closing channel ", id, ": ", e.what());
     }
     g.chan_of.erase(ch.local);
+    // The GPU no longer reads it: its pages go back now, not when the
+    // client lets go of its copy of the memfd (issue 51 item 6).
+    if (int err = ch.mem.discard())
+        log_warning("channel ", id, ": cannot release its memory: ", std::strerror(err));
     EntityId leaf = ch.leaf;
     if (auto c = clients_.find(ch.client); c != clients_.end()) c->second.channels.erase(id);
     channels_.erase(it);
@@ -1145,7 +1177,8 @@ void Daemon::move_switch() {
     const std::string name = unique_root_name(b.sched->entities(), "", ta.get(old.entity).name, mv->uuid.substr(0, 8));
     EntityId ve = b.sched->entities().add(kRootEntity, name, EntityKind::Vm, ta.get(old.entity).weight);
     b.meta[ve] = Meta{Kind::Vm, mv->uuid, mv->uuid, 0, {}};
-    Vm& vm = vms_[{mv->uuid, mv->to}] = Vm{mv->uuid, mv->to, old.hello_name, ve, mv->client, {}, old.guest_weights};
+    Vm& vm = vms_[{mv->uuid, mv->to}] =
+        Vm{mv->uuid, mv->to, old.hello_name, ve, mv->client, {}, old.guest_weights, old.weights_set};
     cl.gpu = mv->to;
     json channels = json::array();
     double longest = 0;
@@ -1250,7 +1283,7 @@ json Daemon::list_gpu(Gpu& g) {
                 if (!m->second.task_name.empty()) o["task_name"] = m->second.task_name;
                 if (auto v = vms_.find({m->second.uuid, g.index}); v != vms_.end()) {
                     const auto& gw = v->second.guest_weights;
-                    if (auto w = gw.find(m->second.pid_hint); w != gw.end()) o["guest_weight"] = w->second;
+                    if (auto w = gw.find(m->second.pid_hint); w != gw.end()) o["guest_weight"] = w->second.weight;
                 }
             }
             entities.push_back(std::move(o));
@@ -1434,7 +1467,8 @@ json Daemon::admin_set_weight(const json& req) {
         }
         const bool connected = std::any_of(host_users_.begin(), host_users_.end(),
                                            [&](const auto& kv) { return kv.first.first == user; });
-        if (!connected && slash == std::string::npos && sanitize_name(user) == user && user_id(user)) {
+        if (!connected && slash == std::string::npos && sanitize_name(user, kMaxUserName) == user &&
+            user_id(user)) {
             weights_.set_host_user(user, weight);
             log_info("weight ", weight, " remembered for host user ", target, " (not connected)");
             return {{"ok", true}, {"path", target}, {"weight", weight}, {"pending", true}};

@@ -107,9 +107,16 @@ private:
         std::uint32_t client = 0;
         std::map<std::uint64_t, EntityId> tasks;  // pid hint -> task entity
         // Weights the guest asked for its tasks (TASK_WEIGHT), by pid hint,
-        // whether or not the task has an entity now; bounded, dropped with
-        // the connection.
-        std::map<std::uint64_t, std::uint32_t> guest_weights;
+        // whether or not the task has an entity now; bounded (the oldest set
+        // of a task without channels makes room), dropped with the
+        // connection or when the guest sends weight 0 (its driver does when
+        // the process exits).
+        struct GuestWeight {
+            std::uint32_t weight = 0;
+            std::uint64_t set = 0;  // Vm::weights_set when it was set
+        };
+        std::map<std::uint64_t, GuestWeight> guest_weights;
+        std::uint64_t weights_set = 0;
     };
     struct Channel {
         ChannelId id = 0;        // pvgpud's, what the client sees

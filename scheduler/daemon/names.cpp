@@ -1,5 +1,7 @@
 #include "names.hpp"
 
+#include <cstdio>
+
 namespace pvgpu::daemon {
 
 std::string format_uuid(const Uuid& u) {
@@ -57,6 +59,17 @@ std::string sanitize_name(std::string_view raw, std::size_t max) {
 std::string with_suffix(const std::string& base, const std::string& suffix, std::size_t max) {
     if (suffix.size() >= max) return suffix.substr(0, max);
     return base.substr(0, max - suffix.size()) + suffix;
+}
+
+std::string host_user_entity_name(const std::string& user) {
+    const std::string prefix = "host:";
+    if (prefix.size() + user.size() <= 64) return prefix + user;
+    // FNV-1a, 32 bits: stable across runs and builds (std::hash is not).
+    std::uint32_t h = 2166136261u;
+    for (unsigned char c : user) h = (h ^ c) * 16777619u;
+    char hex[10];
+    std::snprintf(hex, sizeof hex, "-%08x", h);
+    return prefix + with_suffix(user, hex, 64 - prefix.size());
 }
 
 }  // namespace pvgpu::daemon

@@ -24,4 +24,12 @@ std::string sanitize_name(std::string_view raw, std::size_t max = 64);
 // base + suffix within `max` bytes, cutting the base if needed.
 std::string with_suffix(const std::string& base, const std::string& suffix, std::size_t max = 64);
 
+// Longest host user name the daemon keeps whole (LOGIN_NAME_MAX - 1).
+constexpr std::size_t kMaxUserName = 255;
+// The root entity of a host user: "host:<user>" when that fits the tree's
+// 64 bytes; a longer user name is cut and given 8 hex digits of a hash of
+// the whole name, so two long names with a common beginning stay apart.
+// Only the tree sees this name: admins name the user host/<user>, whole.
+std::string host_user_entity_name(const std::string& user);
+
 }  // namespace pvgpu::daemon

@@ -96,8 +96,13 @@ public:
         if (const int err = retry_eintr([&] { return ops_->set_weight(w); })) {
             info_ = query_info();
             require_link();
+            std::string why;
+            if (err == EPERM && options_.weight > PVGPU_WEIGHT_DEFAULT)
+                why = " (a weight above the default " + std::to_string(PVGPU_WEIGHT_DEFAULT) +
+                      " needs CAP_SYS_NICE, as nice does)";
+            if (err == EDQUOT) why = " (this user's processes hold the driver's weights_per_uid task weights)";
             throw ClientError("PVGPU_IOC_SET_WEIGHT(" + std::to_string(options_.weight) + ") on " + ops_->path() +
-                              " failed: " + errno_text(err));
+                              " failed: " + errno_text(err) + why);
         }
         weight_applied_ = true;
         if (info_.pid_hints == 0)

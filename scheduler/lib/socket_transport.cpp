@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -146,8 +147,11 @@ public:
             throw ClientError("pvgpud sent a malformed CHAN_REPLY (" + std::to_string(m.fds.size()) +
                               " fds in a version " + std::to_string(hello_.version) + " session, expected " +
                               std::to_string(fds) + ")");
+        check_channel_memory(m.fds[0].get());
         ChannelLink link;
-        link.mem = Mapping(m.fds[0].get(), r.mem_size);  // the mapping outlives the memfd
+        // What libpvgpu uses of it (a newer daemon may send more); the
+        // mapping outlives the memfd.
+        link.mem = Mapping(m.fds[0].get(), PVGPU_CHAN_MEM_SIZE);
         link.doorbell_fd = std::move(m.fds[1]);
         if (fds == 3) link.completion_fd = std::move(m.fds[2]);
         link.chan_id = r.chan_id;
@@ -155,6 +159,29 @@ public:
         link.ring = reinterpret_cast<pvgpu_ring*>(link.mem.data() + PVGPU_CHAN_RING_OFFSET);
         link.mode = r.mode;
         return link;
+    }
+
+    // The channel memory must stay as large as it is while mapped: a file
+    // that can shrink lets whoever else holds it truncate it under the
+    // client, and a store past its end kills the client with SIGBUS.
+    // pvgpud's memfds are sealed against shrinking (F_SEAL_SHRINK) and
+    // sized for the channel; anything else is refused, as QEMU refuses it.
+    void check_channel_memory(int memfd) const {
+        struct stat st {};
+        if (::fstat(memfd, &st) != 0)
+            throw ClientError("cannot inspect the channel memory pvgpud sent: " + errno_text(errno));
+        if (!S_ISREG(st.st_mode))
+            throw ClientError("pvgpud at " + options_.socket_path +
+                              " sent channel memory that is not a memory file; channel refused");
+        const int seals = ::fcntl(memfd, F_GET_SEALS);
+        if (seals < 0 || !(seals & F_SEAL_SHRINK))
+            throw ClientError("pvgpud at " + options_.socket_path +
+                              " sent channel memory that is not sealed against shrinking (F_SEAL_SHRINK); "
+                              "channel refused");
+        if (st.st_size < static_cast<off_t>(PVGPU_CHAN_MEM_SIZE))
+            throw ClientError("pvgpud at " + options_.socket_path + " sent channel memory of " +
+                              std::to_string(st.st_size) + " bytes, smaller than a channel's " +
+                              std::to_string(PVGPU_CHAN_MEM_SIZE) + "; channel refused");
     }
 
     void release(ChannelLink& link, bool session_alive) override {

@@ -21,6 +21,7 @@ import mmap
 import os
 import pwd
 import random
+import resource
 import select
 import shutil
 import signal
@@ -83,6 +84,7 @@ class Daemon:
                 # follow the host's libvirt (tests/libvirt does, privately).
                 f.write("[libvirt]\nuri = none\n")
         self.extra_args = list(extra_args)
+        self.prefix = []  # a command pvgpud runs under (it execs pvgpud)
         self.proc = None
         self.reader = None
         self.lines = []
@@ -90,7 +92,7 @@ class Daemon:
         self.starts = 0
 
     def start(self, timeout=10.0):
-        args = [self.bins.pvgpud, "--socket", self.socket, "--admin-socket", self.admin,
+        args = self.prefix + [self.bins.pvgpud, "--socket", self.socket, "--admin-socket", self.admin,
                 "--state-dir", self.state_dir, "--config", self.config,
                 "--admin-group", ""] + self.extra_args
         self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -951,6 +953,10 @@ class FakeDaemon:
         self.hello_gpus = []        # pvgpu_hello.gpu of every HELLO
         self.hello_version = 1      # what HELLO_REPLY agrees on at most
         self.refuse_hello = None    # (message, with_seq): ERROR, then (seq 0) HELLO_REPLY, and close
+        # The channel memory it sends: "sealed" as pvgpud's (F_SEAL_SHRINK |
+        # F_SEAL_GROW | F_SEAL_SEAL), "unsealed", "small" (sealed, one page
+        # short, the reply claiming the full size) or "pipe" (not a file).
+        self.memory = "sealed"
 
     def accept(self, timeout=10):
         self.listener.settimeout(timeout)
@@ -1000,10 +1006,22 @@ class FakeDaemon:
             # Answered as a version-1 daemon would by default: libpvgpu needs nothing newer.
             self.send(MSG_HELLO_REPLY, struct.pack("<IIII", E_OK, min(version, self.hello_version), 7, 4), seq)
         elif mtype == MSG_CHAN_ALLOC:
-            memfd = os.memfd_create("fake-chan")
-            os.ftruncate(memfd, CHAN_MEM_SIZE)
+            if self.memory == "pipe":
+                rd, wr = os.pipe()
+                os.close(wr)
+                bell = os.eventfd(0, os.EFD_NONBLOCK)
+                self.send(MSG_CHAN_REPLY, struct.pack("<IIII", E_OK, self.next_chan, CHAN_MEM_SIZE, 0), seq,
+                          fds=(rd, bell))
+                os.close(rd)
+                self.next_chan += 1
+                return
+            memfd = os.memfd_create("fake-chan", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+            os.ftruncate(memfd, CHAN_MEM_SIZE - (PAGE if self.memory == "small" else 0))
+            if self.memory != "unsealed":
+                fcntl.fcntl(memfd, fcntl.F_ADD_SEALS,
+                            fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
             bell = os.eventfd(0, os.EFD_NONBLOCK)
-            mem = mmap.mmap(memfd, CHAN_MEM_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            mem = mmap.mmap(memfd, os.fstat(memfd).st_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
             chan_id = self.next_chan
             self.next_chan += 1
             with self.lock:
@@ -1272,6 +1290,47 @@ def case_client(bins, tmp):
         check(any("watchdog" in line for line in bench.stderr_lines), f"no watchdog message: {bench.stderr_lines}")
     finally:
         fake.close()
+
+
+def case_channel_memory(bins, tmp):
+    """libpvgpu checks the channel memory a daemon sends before mapping it
+    (issue 51 item 10), as QEMU does: a memfd not sealed against shrinking,
+    one smaller than a channel, or no file at all is refused with a clear
+    error, never mapped (a store past its end would be SIGBUS); pvgpud's own
+    memfd is taken (case library, and "sealed" here)."""
+    if not hasattr(os, "eventfd") or not hasattr(os, "memfd_create"):
+        raise Skip("needs Python >= 3.10 (os.eventfd, os.memfd_create)")
+    expected = {
+        "sealed": None,
+        "unsealed": "not sealed against shrinking (F_SEAL_SHRINK); channel refused",
+        "small": f"sent channel memory of {CHAN_MEM_SIZE - PAGE} bytes, smaller than a channel's {CHAN_MEM_SIZE}",
+        "pipe": "sent channel memory that is not a memory file; channel refused",
+    }
+    for kind, message in expected.items():
+        path = os.path.join(tmp, f"fake-{kind}.sock")
+        fake = FakeDaemon(path)
+        fake.memory = kind
+        gpu = threading.Thread(target=fake.run_gpu, daemon=True)
+        gpu.start()
+        try:
+            bench = Load(bins, fake, "bench", "--kernel-us", 100, "--kernels", 20, name=f"memory-{kind}")
+            fake.accept()
+            deadline = time.monotonic() + 20
+            while bench.proc.poll() is None:
+                check(time.monotonic() < deadline, f"{kind}: the client neither finished nor gave up")
+                if not fake.serve_once():
+                    break
+            rc, values = bench.finish()
+            text = "\n".join(bench.stderr_lines)
+            log(f"{kind}: exit {rc}: {text[-300:]}")
+            if message is None:
+                check(rc == 0 and values.get("kernels") == "20", f"{kind}: exit {rc}, {values}: {text}")
+            else:
+                # Exit 1 with the reason; not a signal (SIGBUS is -7).
+                check(rc == 1, f"{kind}: exit status {rc}, expected 1 (refused): {text}")
+                check(message in text, f"{kind}: no '{message}' in: {text}")
+        finally:
+            fake.close()
 
 
 # ---- monitoring: pvgpuctl's numbers against the clients' own counts -------------
@@ -1982,13 +2041,15 @@ def case_metrics(bins, tmp):
                      "pvgpu_watchdog_kills_total", "pvgpu_protocol_errors_total", "pvgpu_mode_switches_total",
                      "pvgpu_traps_total", "pvgpu_entity_weight{" + labels + "} 100"):
             check(name in first, f"textfile lacks {name}")
-        check(not os.path.exists(prom + ".tmp"), "temporary file left behind")
         result("metrics.gpu_seconds_per_s", f"{values[1][0] - values[0][0]:.3f}")
     finally:
         if load:
             load.finish(sig=signal.SIGTERM)
         d.stop()
     check(not os.path.exists(prom), "textfile left behind after pvgpud exited")
+    # Nor any of its temporary files (each write has its own name).
+    left = os.listdir(os.path.dirname(prom))
+    check(not left, f"files left behind in the textfile directory: {left}")
 
 
 # ---- issue 8: identity, per-uid limits, queued fds, admin slots ------------------
@@ -2032,6 +2093,72 @@ def unprivileged_daemon(bins, tmp, limits=""):
 
 def user_of(uid):
     return pwd.getpwuid(uid).pw_name
+
+
+def case_long_user(bins, tmp):
+    """Issue 51 item 7: a user whose name is 60 characters or more ("host:" +
+    name is more than the tree's 64 bytes) is a host client like any other,
+    shown whole as host/<name>; and a HELLO that fails leaves nothing behind
+    (the half-made user entry used to make every later HELLO fail with
+    `internal`).  Debian's useradd refuses such names (LDAP and sssd give
+    them), so pvgpud runs in a private mount namespace whose /etc/passwd has
+    the user: the host's is not touched."""
+    need_root(tmp)
+    if not shutil.which("unshare"):
+        raise Skip("no unshare")
+    name = "pvgpu-long-" + "u" * 50  # 61 characters
+    uid = 54321
+    check(len(name) == 61, "name length")
+    passwd = os.path.join(tmp, "passwd")
+    with open("/etc/passwd") as src, open(passwd, "w") as dst:
+        dst.write(src.read() + f"{name}:x:{uid}:{uid}::/nonexistent:/usr/sbin/nologin\n")
+    os.chmod(passwd, 0o644)
+    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                            'mount --bind "$0" /etc/passwd && exec getent passwd "$1"', passwd, str(uid)],
+                           capture_output=True, text=True)
+    if probe.returncode != 0 or not probe.stdout.startswith(name + ":"):
+        raise Skip(f"cannot give pvgpud a private /etc/passwd: {probe.stderr.strip()}")
+    conns = []
+    with open(os.path.join(tmp, "pvgpud.conf"), "w") as f:
+        f.write("[daemon]\nsocket_mode = 0666\n[libvirt]\nuri = none\n")
+    d = Daemon(bins, tmp)
+    d.prefix = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                'mount --bind "$0" /etc/passwd && exec "$@"', passwd]
+    d.start()
+    try:
+        for i in range(3):
+            c = connect_as(uid, d.socket)
+            conns.append(c)
+            c.hello(f"long{i}")
+            check(c.alloc()[0] == E_OK, f"client {i} of {name}: no channel")
+        listing = ctl_json(bins, d, "list")
+        paths = sorted(e["path"] for e in listing["entities"])
+        log(f"entities: {paths}")
+        check(f"host/{name}" in paths and f"host/{name}/long0" in paths and f"host/{name}/long2" in paths,
+              f"host/{name} and its tasks not listed: {paths}")
+        # Its weight by its whole name, through pvgpuctl.
+        ctl(bins, d, "set-weight", f"host/{name}", "300")
+        listing = ctl_json(bins, d, "list")
+        w = [e["weight"] for e in listing["entities"] if e["path"] == f"host/{name}"]
+        check(w == [300], f"host/{name} weight {w}")
+        # All gone with the clients (pvgpud tears a client down when it
+        # sees the close: polled, with a deadline); a new one starts afresh.
+        for c in conns:
+            c.close()
+        conns = []
+        deadline = time.monotonic() + 5
+        while any(e["path"].startswith(f"host/{name}") for e in ctl_json(bins, d, "list")["entities"]):
+            check(time.monotonic() < deadline, "the user's entities outlived its clients")
+            time.sleep(0.05)
+        c = connect_as(uid, d.socket)
+        conns.append(c)
+        c.hello("again")
+        check(c.alloc()[0] == E_OK, "a later client of the user got no channel")
+        check(d.alive(), "pvgpud died")
+    finally:
+        for c in conns:
+            c.close()
+        d.stop()
 
 
 def case_identity(bins, tmp):
@@ -2183,6 +2310,145 @@ def fd_census(pid):
         fds += 1
         memfds += target.startswith("/memfd:")
     return fds, memfds
+
+
+def free_channel(client, chan_id):
+    seq = client.send(MSG_CHAN_FREE, struct.pack("<II", chan_id, 0))
+    msg = client.expect(seq)
+    check(msg[0] == MSG_FREE_REPLY and struct.unpack("<II", msg[2]) == (E_OK, chan_id),
+          f"CHAN_FREE of {chan_id}: {msg}")
+
+
+def case_freed_pages(bins, tmp):
+    """Issue 51 item 6: a client that keeps a channel's memfd after CHAN_FREE
+    must not keep its pages alive: pvgpud writes the control page (and so is
+    charged for it), and a client cycling alloc/free while keeping the fds
+    grew pvgpud's Shmem by 60 MB in 15,000 cycles.  pvgpud releases the
+    memory of a channel it frees (the memfd's st_blocks, the pages the file
+    holds, is 0 after FREE_REPLY), so what a client holds stays within its
+    per-uid channel budget.  Numbers: the kept memfds' pages after N cycles."""
+    d = Daemon(bins, tmp)
+    d.start()
+    c = RawClient(d.socket)
+    kept = []
+    try:
+        c.hello("keeper", version=PROTO_VERSION)
+        status, chan_id, fds = c.alloc(nfds=3)
+        check(status == E_OK, f"alloc: {status}")
+        ch = RawChannel(fds)
+        ch.run(10_000, 20)
+        # Pages in use while the channel lives (the test can fail: they exist).
+        check(os.fstat(ch.memfd).st_blocks > 0, "a live channel's memfd holds no pages")
+        ch.mem.close()
+        os.close(ch.doorbell)
+        for fd in fds[2:]:
+            os.close(fd)
+        free_channel(c, chan_id)
+        blocks = os.fstat(ch.memfd).st_blocks
+        kept.append(ch.memfd)
+        check(blocks == 0, f"the freed channel's memfd still holds {blocks * 512} bytes")
+
+        # Cycles keeping every memfd, as the reproducer did (fd limit raised).
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        cycles = 3000
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, cycles + 256)), hard))
+        cycles = min(cycles, resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 256)
+        for _ in range(cycles):
+            status, chan_id, fds = c.alloc(nfds=3)
+            check(status == E_OK, f"alloc: {status}")
+            for fd in fds[1:]:
+                os.close(fd)
+            free_channel(c, chan_id)
+            kept.append(fds[0])
+        held = sum(os.fstat(fd).st_blocks * 512 for fd in kept)
+        result("freed_pages.cycles", cycles + 1)
+        result("freed_pages.bytes_held_by_kept_memfds", held)
+        check(held == 0, f"{cycles + 1} freed channels' memfds still hold {held} bytes")
+        check(d.alive(), "pvgpud died")
+    finally:
+        for fd in kept:
+            os.close(fd)
+        c.close()
+        d.stop()
+
+
+MSG_TASK_WEIGHT, MSG_TASK_WEIGHT_REPLY = 7, 71
+
+
+def task_weight(client, hint, weight):
+    """TASK_WEIGHT for `hint` (0 forgets it); the reply's status."""
+    seq = client.send(MSG_TASK_WEIGHT, struct.pack("<QII", hint, weight, 0))
+    msg = client.expect(seq)
+    check(msg[0] == MSG_TASK_WEIGHT_REPLY, f"TASK_WEIGHT answered with type {msg[0]}")
+    return struct.unpack("<II", msg[2])[0]
+
+
+def alloc_hinted(client, hint, nfds=2):
+    seq = client.send(MSG_CHAN_ALLOC, struct.pack("<Q32s", hint, b"t"))
+    return client.parse_chan_reply(client.expect(seq), nfds)
+
+
+def case_guest_weights(bins, tmp):
+    """Issue 51 item 4, the daemon's side: a guest's task weights are bounded
+    per VM (4 x max_channels_per_client = 256 by default) but never lock the
+    guest out.  A guest driver that never says its processes ended (weight 0)
+    used to get E_LIMIT for every new process after 256; now the weight set
+    longest ago of a task without channels makes room, and the weights of
+    tasks with channels are kept.  Weight 0 (what the driver sends when a
+    weighted process exits) forgets at once: a reused pid starts at the
+    default.  The guest's own side is vm-weights."""
+    d = Daemon(bins, tmp)
+    d.start()
+    c = RawClient(d.socket)
+    chans = []
+    try:
+        c.hello("weights-vm", role=ROLE_VMM, uuid=VM_UUID, version=PROTO_VERSION)
+        # A task with a channel and its weight, set first (the oldest).
+        check(task_weight(c, 7, 700) == E_OK, "weight of hint 7")
+        status, chan_id, fds = alloc_hinted(c, 7)
+        check(status == E_OK, f"alloc for hint 7: {status}")
+        chans.append(fds)
+        # 10,000 short-lived processes that set a weight and never say they
+        # ended (an old guest driver): every one is answered OK.
+        n = 10_000
+        statuses = {}
+        t0 = time.monotonic()
+        for pid in range(1000, 1000 + n):
+            st = task_weight(c, pid, 50 + pid % 100)
+            statuses[st] = statuses.get(st, 0) + 1
+        result("guest_weights.never_forgotten_ok", statuses.get(E_OK, 0))
+        result("guest_weights.seconds", round(time.monotonic() - t0, 2))
+        check(statuses == {E_OK: n}, f"TASK_WEIGHT of {n} processes: statuses {statuses}")
+        listing = ctl_json(bins, d, "list")
+        tasks = {e["path"].split("/", 1)[1]: e for e in listing["entities"] if e["kind"] == "task"}
+        check(tasks.get("task-7", {}).get("weight") == 700 and tasks["task-7"].get("guest_weight") == 700,
+              f"the task with a channel lost its weight: {tasks.get('task-7')}")
+        # The newest are remembered: a channel for the last pid gets its weight.
+        last = 1000 + n - 1
+        status, _, fds = alloc_hinted(c, last)
+        check(status == E_OK, f"alloc for hint {last}: {status}")
+        chans.append(fds)
+        listing = ctl_json(bins, d, "list")
+        w = [e["weight"] for e in listing["entities"] if e["path"].endswith(f"/task-{last}")]
+        check(w == [50 + last % 100], f"task-{last}: weights {w}, expected {50 + last % 100}")
+
+        # What the guest driver does: weight 0 when the process exits; a new
+        # process with the same pid starts at the default.
+        check(task_weight(c, 4242, 3000) == E_OK, "weight of hint 4242")
+        check(task_weight(c, 4242, 0) == E_OK, "forgetting hint 4242")
+        status, _, fds = alloc_hinted(c, 4242)
+        check(status == E_OK, f"alloc for hint 4242: {status}")
+        chans.append(fds)
+        listing = ctl_json(bins, d, "list")
+        w = [e["weight"] for e in listing["entities"] if e["path"].endswith("/task-4242")]
+        check(w == [100], f"reused pid 4242: weights {w}, expected the default 100")
+        check(d.alive(), "pvgpud died")
+    finally:
+        for fds in chans:
+            for fd in fds:
+                os.close(fd)
+        c.close()
+        d.stop()
 
 
 def case_queue_fds(bins, tmp):
@@ -2720,6 +2986,10 @@ CASES = {
     "queue-fds": case_queue_fds,
     "admin-slots": case_admin_slots,
     "client": case_client,
+    "long-user": case_long_user,
+    "guest-weights": case_guest_weights,
+    "freed-pages": case_freed_pages,
+    "channel-memory": case_channel_memory,
     "fairness": case_fairness,
     "closed-loop": case_closed_loop,
     "library": case_library,

@@ -870,6 +870,30 @@ TEST_CASE("names: UUIDs and sanitised entity names", "[daemon][names]") {
         CHECK_NOTHROW(EntityTree::check_name(s));
 }
 
+// Issue 51 item 7: "host:" + a user name of 60 or more characters did not
+// fit the tree's 64 bytes.
+TEST_CASE("names: a host user's entity name fits the tree whatever the user name's length",
+          "[daemon][names]") {
+    CHECK(host_user_entity_name("alice") == "host:alice");
+    CHECK(host_user_entity_name(std::string(59, 'u')) == "host:" + std::string(59, 'u'));
+    for (std::size_t len : {60u, 61u, 64u, 100u, 255u}) {
+        const std::string user = sanitize_name(std::string(len, 'u'), kMaxUserName);
+        REQUIRE(user.size() == len);
+        const std::string name = host_user_entity_name(user);
+        CHECK(name.size() == 64);
+        CHECK(name.rfind("host:" + std::string(46, 'u'), 0) == 0);
+        CHECK_NOTHROW(EntityTree::check_name(name.substr(5)));
+        EntityTree tree;
+        CHECK_NOTHROW(tree.add(kRootEntity, name, EntityKind::Vm, 100));
+    }
+    // Two long names that differ only past the cut stay two entities, and a
+    // name is always given the same entity (the hash is not per run).
+    const std::string a = std::string(70, 'x') + "a", b = std::string(70, 'x') + "b";
+    CHECK(host_user_entity_name(a) != host_user_entity_name(b));
+    CHECK(host_user_entity_name(a) == host_user_entity_name(std::string(a)));
+    CHECK(host_user_entity_name(a) == "host:" + std::string(50, 'x') + "-" + host_user_entity_name(a).substr(56));
+}
+
 // ------------------------------------------------------------ scheduler mode listener
 
 TEST_CASE("Scheduler reports mode changes when they land", "[daemon][scheduler]") {
@@ -1594,13 +1618,22 @@ TEST_CASE("daemon: a guest sets its tasks' weights with TASK_WEIGHT", "[daemon][
         CHECK(vm->task_weight(80, PVGPU_WEIGHT_MIN) == PVGPU_OK);
         CHECK(entities_by_path(c, admin)["vm1/task-80"]["weight"] == PVGPU_WEIGHT_MIN);
     }
-    SECTION("remembered weights are bounded: channel limit x 4, E_LIMIT past it") {
-        for (std::uint64_t h = 1; h <= 8; ++h) CHECK(vm->task_weight(h, 200) == PVGPU_OK);
-        CHECK(vm->task_weight(9, 200) == PVGPU_E_LIMIT);
-        CHECK(vm->task_weight(3, 900) == PVGPU_OK);  // changing a remembered one is fine
-        CHECK(vm->task_weight(4, 0) == PVGPU_OK);    // forgetting frees a place
-        CHECK(vm->task_weight(9, 200) == PVGPU_OK);
-        CHECK(vm->task_weight(10, 200) == PVGPU_E_LIMIT);
+    SECTION("remembered weights are bounded: channel limit x 4; the oldest of a task without channels makes room") {
+        // Issue 51 item 4: E_LIMIT for every new hint past the bound locked
+        // out a guest whose driver never forgot exited processes.
+        REQUIRE(vm->alloc(1).as<pvgpu_chan_reply>().status == PVGPU_OK);  // task 1 has a channel
+        for (std::uint64_t h = 1; h <= 8; ++h) CHECK(vm->task_weight(h, 200 + h) == PVGPU_OK);
+        CHECK(vm->task_weight(3, 900) == PVGPU_OK);  // changing a remembered one is fine (and newest now)
+        CHECK(vm->task_weight(9, 200) == PVGPU_OK);  // hint 2 goes: 1 has a channel
+        CHECK(vm->task_weight(10, 200) == PVGPU_OK); // hint 4 goes: 3 was set again
+        CHECK(vm->task_weight(4, 0) == PVGPU_OK);    // forgetting a forgotten one is fine
+        auto e = entities_by_path(c, admin);
+        CHECK(e["vm1/task-1"]["weight"] == 201);
+        CHECK(e["vm1/task-1"]["guest_weight"] == 201);
+        auto ch2 = vm->alloc(2);
+        REQUIRE(ch2.as<pvgpu_chan_reply>().status == PVGPU_OK);
+        CHECK(entities_by_path(c, admin)["vm1/task-2"]["weight"] == PVGPU_WEIGHT_DEFAULT);
+        CHECK(vm->free_channel(ch2.as<pvgpu_chan_reply>().chan_id) == PVGPU_OK);
         REQUIRE(vm->alloc(3).as<pvgpu_chan_reply>().status == PVGPU_OK);
         CHECK(entities_by_path(c, admin)["vm1/task-3"]["weight"] == 900);
     }

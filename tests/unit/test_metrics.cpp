@@ -2,10 +2,13 @@
 // interval, and the [metrics] configuration keys.
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
+#include <future>
 #include <fstream>
 #include <map>
 #include <set>
@@ -15,6 +18,7 @@
 
 #include "daemon/config.hpp"
 #include "daemon/metrics.hpp"
+#include "proto/unique_fd.hpp"
 #include "sim/event_loop.hpp"
 
 using namespace pvgpu;
@@ -295,7 +299,7 @@ TEST_CASE("metrics: the textfile is replaced atomically and removed at exit", "[
     CHECK((st.st_mode & 0777) == 0644);
     CHECK_FALSE(std::filesystem::exists(path + ".tmp"));
     CHECK_THROWS_WITH(write_file_atomically(dir.path + "/missing/x.prom", "b"),
-                      Catch::Contains("missing/x.prom.tmp") && Catch::Contains("No such file"));
+                      Catch::Contains("missing/") && Catch::Contains("No such file"));
 
     sim::EventLoop loop;
     int renders = 0;
@@ -312,6 +316,63 @@ TEST_CASE("metrics: the textfile is replaced atomically and removed at exit", "[
         CHECK(slurp(path) == "pvgpu_test 3\n");
     }
     CHECK_FALSE(std::filesystem::exists(path));
+}
+
+// A textfile directory is often writable by others (a shared collector
+// directory): what they plant there must not block pvgpud's one thread nor be
+// written through.
+TEST_CASE("metrics: a FIFO or symlink planted in the directory neither blocks nor is followed",
+          "[daemon][metrics]") {
+    TempDir dir;
+    const std::string path = dir.path + "/pvgpu.prom";
+    // At the temporary names a writer would pick: the fixed one earlier
+    // versions used, and the same with a dot in front.
+    for (const std::string& name : {path + ".tmp", dir.path + "/.pvgpu.prom.tmp"})
+        REQUIRE(::mkfifo(name.c_str(), 0666) == 0);
+    const std::string victim = dir.path + "/victim";
+    {
+        std::ofstream(victim) << "keep\n";
+    }
+    REQUIRE(::symlink(victim.c_str(), (dir.path + "/pvgpu.prom.tmp2").c_str()) == 0);
+    // Opening a FIFO for writing blocks until a reader comes: run the write
+    // on another thread and give it the time a local file write takes many
+    // times over; on failure, a reader set it free so the test ends.
+    auto done = std::async(std::launch::async, [&] { write_file_atomically(path, "a 1\n"); });
+    const bool finished = done.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+    if (!finished) {
+        // Readers stay open until the writer is done (no SIGPIPE).
+        std::vector<UniqueFd> readers;
+        for (const std::string& name : {path + ".tmp", dir.path + "/.pvgpu.prom.tmp"})
+            readers.emplace_back(::open(name.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+        done.wait();
+    }
+    REQUIRE(finished);
+    done.get();
+    CHECK(slurp(path) == "a 1\n");
+    CHECK(slurp(victim) == "keep\n");
+    // Nothing but the planted names and the file itself is left behind.
+    std::set<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(dir.path)) names.insert(e.path().filename());
+    CHECK(names == std::set<std::string>{"pvgpu.prom", "pvgpu.prom.tmp", ".pvgpu.prom.tmp", "pvgpu.prom.tmp2",
+                                         "victim"});
+}
+
+// The shipped unit runs pvgpud with UMask=0077; node_exporter runs as
+// another user and must still read the file.
+TEST_CASE("metrics: the textfile is world-readable whatever the umask", "[daemon][metrics]") {
+    TempDir dir;
+    const std::string path = dir.path + "/pvgpu.prom";
+    const mode_t old = ::umask(077);
+    try {
+        write_file_atomically(path, "a 1\n");
+    } catch (...) {
+        ::umask(old);
+        throw;
+    }
+    ::umask(old);
+    struct stat st{};
+    REQUIRE(::stat(path.c_str(), &st) == 0);
+    CHECK((st.st_mode & 0777) == 0644);
 }
 
 TEST_CASE("config: [metrics] textfile and interval", "[daemon][config][metrics]") {
