@@ -14,6 +14,9 @@ tests/vm/setup-guest.sh "$build"
 # libvirtd, virtlogd and virsh for the 'libvirt' suite (nothing is started
 # system-wide: each test runs its own session libvirtd).
 tests/libvirt/setup-libvirt.sh
+# promtool and prometheus-node-exporter, the real consumers of pvgpud's
+# metrics textfile, for the daemon-prometheus test.
+tests/daemon/setup-prometheus.sh
 ./setup.sh "$build"
 # QEMU 7.2 with the pvgpu device, for the 'qemu' and 'vm' suites (first build
 # ~5 min; later runs reuse build/qemu-src), and the same QEMU with ASan and
