@@ -1,6 +1,8 @@
 """Helpers shared by the Python end-to-end tests (tests/daemon, tests/qemu,
 tests/vm, tests/libvirt)."""
 
+import os
+import shlex
 import signal
 import subprocess
 import tempfile
@@ -23,6 +25,28 @@ def check(cond, message):
 def result(key, value):
     """A measurement, grep-able from meson's test log as RESULT key=value."""
     print(f"RESULT {key}={value}", flush=True)
+
+
+def rerun(case, cause, evidence=None):
+    """A case run again after a failure the harness attributes to `cause`:
+    never silent.  tests/summary.py counts the test as passed after a rerun
+    and lists the case, the cause and where the evidence is."""
+    line = f"RERUN case={shlex.quote(case)} cause={shlex.quote(cause)}"
+    if evidence:
+        line += f" evidence={shlex.quote(evidence)}"
+    print(line, flush=True)
+
+
+def evidence_dir(name):
+    """A fresh directory path (not yet made) for what a failure leaves behind:
+    under $PVGPU_EVIDENCE_DIR, else the build's meson-logs/evidence
+    ($PVGPU_BUILD_DIR), else the system's temporary directory."""
+    base = os.environ.get("PVGPU_EVIDENCE_DIR") or os.path.join(
+        os.environ.get("PVGPU_BUILD_DIR") or tempfile.gettempdir(), "meson-logs", "evidence")
+    n = 1
+    while os.path.exists(os.path.join(base, f"{name}-{n}")):
+        n += 1
+    return os.path.join(base, f"{name}-{n}")
 
 
 def log(message):

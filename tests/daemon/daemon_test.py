@@ -36,7 +36,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from testlib import Skip, TestFailure, check, log, result  # noqa: E402
+from testlib import Skip, TestFailure, check, log, rerun, result  # noqa: E402
 
 SKIP = 77
 
@@ -547,7 +547,8 @@ def case_closed_loop(bins, tmp):
             # alone, the same day): a second window, right after, is
             # measured when the first misses, and one of the two must hit.
             # The starvation this case was written for (0.96, as under
-            # none) fails both.
+            # none) fails both.  Never silently: the miss is a RERUN line,
+            # and the summary counts the test as passed after a rerun.
             start = None
             for attempt in (1, 2):
                 if start is None:
@@ -562,6 +563,9 @@ def case_closed_loop(bins, tmp):
                 result(f"closed_loop.hfq.gpu_utilisation{suffix}", f"{util:.3f}")
                 if abs(split - 0.5) <= 0.08:
                     break
+                if attempt == 1:
+                    rerun("closed-loop", f"hfq window 1: the 6 ms client got {split:.3f} of the two, "
+                          f"beyond 0.5 +- 0.08 (load average {os.getloadavg()[0]:.1f})")
             check(abs(split - 0.5) <= 0.08, f"hfq: the 6 ms client got {split:.3f} of the two "
                                             f"(window {attempt}), expected 0.5 +- 0.08")
 

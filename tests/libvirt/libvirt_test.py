@@ -35,7 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "daemon"))
 sys.path.insert(0, os.path.join(HERE, "..", "vm"))
-from testlib import Skip, TestFailure, check, log, result, stop_process  # noqa: E402
+from testlib import Skip, TestFailure, check, evidence_dir, log, rerun, result, stop_process  # noqa: E402
 from testlib import wait_for as testlib_wait_for  # noqa: E402
 from daemon_test import (DAEMONS, E_OK, MSG_HELLO, MSG_HELLO_REPLY, ROLE_VMM, Daemon,  # noqa: E402
                          RawClient, ctl_json, measure_between)
@@ -54,7 +54,9 @@ _loader.exec_module(pvgpu_vm)
 # Guests whose kernel stopped under TCG (docs/guest.md, "A guest that
 # stops"): the init's heartbeat on the console (every 5 s) silent this long,
 # and QEMU shows the vCPU halted with interrupts on.  A case that failed
-# with one is run once more, as tests/vm does.
+# with one is run once more, as tests/vm does, never silently: a RERUN line
+# names the case, the cause and the evidence kept (console, libvirt's QEMU
+# log, QEMU's view, a core dump of QEMU), and the summary counts it.
 HEARTBEAT_SILENCE = 20
 GUESTS = []
 WEDGED = []
@@ -173,6 +175,7 @@ class Guest(GuestReports):
         super().__init__(name)
         GUESTS.append(self)
         self.lv = lv
+        self.expect_stop = False  # the wedge case stops this guest on purpose: no evidence then
         self.uuid = str(uuidlib.uuid4())
         self.dir = os.path.join(tmp, name)
         os.makedirs(self.dir)
@@ -263,7 +266,29 @@ class Guest(GuestReports):
         for line in report.splitlines():
             if line.strip():
                 print(f"#   | {line}", flush=True)
-        return pvgpu_vm.halted_with_interrupts_on(report)
+        halted = pvgpu_vm.halted_with_interrupts_on(report)
+        if halted and not self.expect_stop:
+            self.keep_evidence(f"no heartbeat for {silent:.0f} s; vCPU halted with interrupts enabled", report)
+        return halted
+
+    def keep_evidence(self, why, report):
+        """The console, libvirt's QEMU log, QEMU's view and a core dump of the
+        domain's QEMU (gcore), as pvgpu-vm keeps them (self.evidence)."""
+        self.evidence = evidence_dir(f"libvirt-{self.name}")
+        qemu_log = []
+        for dirpath, _, files in os.walk(self.lv.root):
+            if f"{self.name}.log" in files and "qemu" in dirpath:
+                with open(os.path.join(dirpath, f"{self.name}.log"), errors="replace") as f:
+                    qemu_log.append(f.read())
+        pid = None
+        p = subprocess.run(["pgrep", "-f", f"qemu-system-x86_64 -name guest={self.name},"],
+                           capture_output=True, text=True)
+        if p.stdout.split():
+            pid = int(p.stdout.split()[0])
+        with open(self.console, errors="replace") as f:
+            console = f.read().splitlines()
+        pvgpu_vm.keep_evidence(argparse.Namespace(evidence_dir=self.evidence), why, console, qemu_log,
+                               report, live_pid=pid)
 
     def dump(self):
         for _, line in self.lines[-20:]:
@@ -442,6 +467,7 @@ def case_wedge(paths, tmp):
         quiet = Guest(paths, lv, tmp, "lvquiet", "sleep 600")
         # Stopped only after several heartbeats (one every 5 s) got out.
         wedge = Guest(paths, lv, tmp, "lvwedge", "sleep 20; kill -STOP -1; sleep 600")
+        wedge.expect_stop = True
         for g in (quiet, wedge):
             lv.virsh("start", g.name)
 
@@ -500,6 +526,10 @@ def main():
                 # QEMU's view of its vCPU).
                 print(f"# case {name}: guest kernel of {', '.join(WEDGED)} stopped under TCG ({e}); "
                       f"its files kept in {tmp}; running it once more", flush=True)
+                for g in GUESTS:
+                    if g.name in WEDGED:
+                        rerun(f"libvirt.{name}", f"guest {g.name}: its kernel stopped (no heartbeat, vCPU halted "
+                              f"with interrupts enabled); then: {e}", getattr(g, "evidence", None) or tmp)
                 result(f"libvirt.{name}.guest_wedged", 1)
                 for daemon in DAEMONS:
                     if daemon.alive():

@@ -1200,6 +1200,7 @@ TEST_CASE("accounting: lone tenants whose kernel lengths and think times vary", 
     // 12 seeds of the looks (with the default seed alone it was met by
     // luck: 2 of 12 seeds leave one configuration beyond).
     int beyond_all = 0;
+    double worst_all = 0;
     for (std::uint64_t looks = 1; looks <= 12; ++looks) {
     int beyond = 0;
     double sum = 0;
@@ -1226,6 +1227,7 @@ TEST_CASE("accounting: lone tenants whose kernel lengths and think times vary", 
         const double ran = static_cast<double>(rig.gpu_time(y));
         const double err = (static_cast<double>(rig.sched.accounting().gpu_time(y)) - ran) / ran;
         sum += std::abs(err);
+        worst_all = std::max(worst_all, std::abs(err));
         if (std::abs(err) >= 0.01) ++beyond;
         reads += rig.sched.accounting().reads();
         kernels += rig.sched.accounting().kernels(y);
@@ -1242,6 +1244,11 @@ TEST_CASE("accounting: lone tenants whose kernel lengths and think times vary", 
                 static_cast<double>(traps) / static_cast<double>(kernels));
     beyond_all += beyond;
     }
+    // The figures of this pinned target (tests/unmet-targets.txt): runs
+    // beyond 1% of 720, and the worst run's error.
+    if (beyond_all > 0)
+        std::printf("UNMET accounting-sweep-varied measured=%d target=0 worst_pct=%.2f\n", beyond_all,
+                    100 * worst_all);
     CHECK(beyond_all == 0);
 }
 

@@ -1,7 +1,7 @@
 // The accounting against the engine's truth on random configurations.  With
 // an interrupt on every kernel it is met (a test in suite 'unit'); where
 // some channels interrupt on every 4th kernel only, a target not met yet
-// (tests/meson.build: suite 'targets', should_fail).
+// (tests/meson.build: suite 'targets', pinned in tests/unmet-targets.txt).
 // Each configuration is drawn from a seed: 2-4 channels, each with kernels
 // of 0.05-8 ms, CPU gaps of 0-2 ms, 1-4 kernels in flight, interrupts on
 // every kernel or on every 4th; the round-robin or the timeslice GPU
@@ -36,6 +36,7 @@ struct SweepResult {
     std::string config;
     std::string leaves;  // each leaf beyond its bound: which, and its signed error
     double worst = 0;  // worst relative error of a leaf
+    double worst_beyond = 0;  // worst relative error of a leaf beyond its bound
     bool over = false;  // some leaf beyond what it is allowed
 };
 
@@ -122,6 +123,7 @@ SweepResult run_seed(std::uint32_t seed, bool every_kernel) {
                         (charged - truth) / 1e6, truth / 1e6);
         if (std::abs(signed_error) > allowed) {
             r.over = true;
+            r.worst_beyond = std::max(r.worst_beyond, std::abs(signed_error));
             std::snprintf(buf, sizeof buf, " t%zu %+.2f%% (allowed %.2f%%)", i, signed_error * 100, allowed * 100);
             r.leaves += buf;
         }
@@ -135,7 +137,10 @@ SweepResult run_seed(std::uint32_t seed, bool every_kernel) {
     return r;
 }
 
-void sweep(std::uint32_t seeds, bool every_kernel) {
+// `unmet`: the name of the pinned target this sweep is (tests/unmet-targets.txt),
+// or null for one that is met: a pinned sweep prints its figures on an UNMET
+// line (tests/summary.py judges it against the recorded ones).
+void sweep(std::uint32_t seeds, bool every_kernel, const char* unmet = nullptr) {
     // PVGPU_SWEEP_SEED=N runs that seed alone (to trace one failure).
     std::optional<std::uint32_t> only;
     if (const char* e = std::getenv("PVGPU_SWEEP_SEED")) {
@@ -146,11 +151,12 @@ void sweep(std::uint32_t seeds, bool every_kernel) {
         only = static_cast<std::uint32_t>(v);
     }
     std::uint32_t over = 0;
-    double worst = 0;
+    double worst = 0, worst_beyond = 0;
     for (std::uint32_t seed = 0; seed < seeds; ++seed) {
         if (only && seed != *only) continue;
         const SweepResult r = run_seed(seed, every_kernel);
         worst = std::max(worst, r.worst);
+        worst_beyond = std::max(worst_beyond, r.worst_beyond);
         if (r.over) {
             ++over;
             std::printf("%s worst leaf %.2f%% off; beyond:%s\n", r.config.c_str(), r.worst * 100, r.leaves.c_str());
@@ -158,6 +164,8 @@ void sweep(std::uint32_t seeds, bool every_kernel) {
     }
     std::printf("%u of %u configurations beyond their bound (worst leaf %.2f%% off)\n", over, only ? 1 : seeds,
                 worst * 100);
+    if (unmet && over > 0 && !only)
+        std::printf("UNMET %s measured=%u target=0 worst_beyond_pct=%.2f\n", unmet, over, worst_beyond * 100);
     CHECK(over == 0);
 }
 
@@ -170,5 +178,5 @@ TEST_CASE("accounting sweep: interrupts on every kernel, 600 random configuratio
 
 TEST_CASE("accounting sweep: some channels interrupt every 4th kernel, 400 random configurations within their bound",
           "[.targets][accounting-sweep-batches]") {
-    sweep(400, false);
+    sweep(400, false, "accounting-sweep-batches");
 }

@@ -35,7 +35,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "daemon"))
-from testlib import Skip, TestFailure, check, log, result, stop_process  # noqa: E402
+from testlib import Skip, TestFailure, check, evidence_dir, log, rerun, result, stop_process  # noqa: E402
 from daemon_test import (Daemon, Load, ctl, ctl_json, good_client_throughput,  # noqa: E402
                          measure_between, throttle)
 
@@ -44,11 +44,17 @@ REPORT = re.compile(r"^(?:\[(?P<tag>[\w.-]+)\] )?pvgpu-load: t=(?P<t>[0-9.]+) co
 TAGGED = re.compile(r"^\[(?P<tag>[\w.-]+)\] (?P<rest>.*)$")
 VM_SEQ = [0]
 # Guests whose kernel stopped under TCG (pvgpu-vm exit 126) in the case now
-# running: such a case is run once more (docs/guest.md, "A guest that stops").
+# running: such a case is run once more (docs/guest.md, "A guest that stops"),
+# never silently: a RERUN line names the case, the cause and where pvgpu-vm
+# kept the evidence (console, QEMU's output and view, a core dump of QEMU),
+# and tests/run-all.sh's summary counts the test as passed after a rerun.
+# The cause is not shown to be outside this project's code (the guest runs
+# its pvgpu.ko, and its QEMU the pvgpu device), so the rerun counts.
 EXIT_WEDGED = 126
 WEDGED = []
 # Cases of this run that were run once more (a guest kernel stopped).
 RERUNS = []
+CASE = [None]  # the case now running, for the evidence directories' names
 
 
 def new_uuid():
@@ -156,9 +162,11 @@ class Guest(GuestReports):
         # The guest's kernel log, kept with the test's files and shown on failure;
         # a core dump of QEMU goes there too (pvgpu-vm --core-dir).
         self.console = os.path.join(daemon.workdir, f"{name}.console")
+        # Where pvgpu-vm keeps the evidence if this guest stops (made only then).
+        self.evidence = evidence_dir(f"vm-{CASE[0]}-{name}")
         cmd = [sys.executable, bins.vm, "--socket", daemon.socket, "--name", name,
                "--uuid", self.uuid, "--timeout", str(timeout), "--console-log", self.console,
-               "--core-dir", daemon.workdir] \
+               "--evidence-dir", self.evidence] \
             + list(extra) + ["--", command]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, errors="replace")
@@ -1109,14 +1117,19 @@ def run_case(bins, name):
     try:
         try:
             WEDGED.clear()
+            CASE[0] = name
             CASES[name](bins, tmp)
         except TestFailure as e:
             if not WEDGED:
                 raise
-            # Not this project's code: the guest kernel stopped (its
-            # heartbeat went silent; pvgpu-vm printed QEMU's view).
+            # The guest kernel stopped (its heartbeat went silent; pvgpu-vm
+            # printed QEMU's view and kept the evidence).
             print(f"# case {name}: a guest kernel stopped under TCG ({e}); running it once more",
                   flush=True)
+            for g in WEDGED:
+                rerun(f"vm.{name}", f"guest {g.name}: its kernel stopped (pvgpu-vm exit 126: no heartbeat, "
+                      f"vCPU halted with interrupts enabled); then: {e}",
+                      g.evidence if os.path.isdir(g.evidence) else None)
             result(f"vm.{name}.guest_wedged", 1)
             RERUNS.append(name)
             WEDGED.clear()
