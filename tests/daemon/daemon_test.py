@@ -2343,6 +2343,152 @@ def case_admin_slots(bins, tmp):
 
 
 
+# ---- read-only admin flood (issue 51 item 1) -------------------------------------
+
+FLOOD_UIDS = range(40001, 40009)  # 8 uids without passwd entries: SO_PEERCRED is all pvgpud sees
+FLOOD_CONNS_PER_UID = 4           # admin_max_clients_per_uid's default
+FLOOD_IN_FLIGHT = 8               # requests queued per connection, so pvgpud never waits for us
+
+
+def flood_admin(admin_path, uid, seconds, ready_fd, count_fd):
+    """Child process: as `uid`, floods list/stats on 4 connections for `seconds`,
+    then writes how many responses it read to count_fd."""
+    try:
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+        socks = [admin_connect(admin_path) for _ in range(FLOOD_CONNS_PER_UID)]
+        reqs = [b'{"cmd":"list"}\n', b'{"cmd":"stats"}\n']
+        for i, s in enumerate(socks):
+            s.setblocking(False)
+            s.sendall(reqs[i % 2] * FLOOD_IN_FLIGHT)
+        answered = 0
+        told = False
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            r, _, _ = select.select(socks, [], [], 0.1)
+            for s in r:
+                data = s.recv(1 << 20)
+                if not data:
+                    os._exit(3)  # pvgpud closed a flood connection: the parent sees a short count
+                n = data.count(b"\n")
+                answered += n
+                if n:
+                    s.send(reqs[answered % 2] * n)
+            if answered and not told:
+                os.write(ready_fd, b"r")
+                told = True
+        os.write(count_fd, struct.pack("<Q", answered))
+        os._exit(0)
+    except BaseException:
+        os._exit(2)
+
+
+def proc_cpu_s(pid):
+    """utime + stime of a process, in seconds (/proc/PID/stat fields 14 and 15)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def ping_latencies(client, seconds):
+    """PING round trips (ms) for `seconds`, one at a time."""
+    out = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        t0 = time.perf_counter()
+        seq = client.send(MSG_PING)
+        msg = client.expect(seq)
+        out.append((time.perf_counter() - t0) * 1000)
+        check(msg[0] == MSG_PONG, f"PING answered with type {msg[0]}")
+    out.sort()
+    return out
+
+
+def percentile(sorted_values, p):
+    return sorted_values[min(len(sorted_values) - 1, int(len(sorted_values) * p))]
+
+
+def case_admin_flood(bins, tmp):
+    """Issue 51.1: 8 uids x 4 admin connections flooding list/stats against
+    4 VMs x 64 tasks: a VMM's PING p99 <= 2 ms and pvgpud <= 30% of a core."""
+    need_root(tmp)
+    d = Daemon(bins, tmp)
+    d.start()
+    vms, children = [], []
+    try:
+        for v in range(4):
+            vm = RawClient(d.socket)
+            vm.hello(f"flood-vm{v}", role=ROLE_VMM, uuid=bytes([0x60 + v]) * 16)
+            for hint in range(1, 65):
+                seq = vm.send(MSG_CHAN_ALLOC, struct.pack("<Q32s", hint, f"task{hint}".encode()))
+                status, _, fds = vm.parse_chan_reply(vm.expect(seq))
+                check(status == E_OK, f"VM {v}: CHAN_ALLOC for task {hint}: status {status}")
+                for fd in fds:
+                    os.close(fd)
+            vms.append(vm)
+        listing = admin_request(d, {"cmd": "list"})
+        check(len(listing["entities"]) == 4 * 65, f"{len(listing['entities'])} entities, expected 4 x 65")
+        ping = vms[0]
+        quiet = ping_latencies(ping, 2.0)
+        result("admin_flood.quiet_ping_p50_ms", f"{percentile(quiet, 0.5):.3f}")
+        result("admin_flood.quiet_ping_p99_ms", f"{percentile(quiet, 0.99):.3f}")
+
+        seconds = 6.0  # the flood outlasts both windows below (2 s each, after its start)
+        ready_r, ready_w = os.pipe()
+        count_r, count_w = os.pipe()
+        for uid in FLOOD_UIDS:
+            pid = os.fork()
+            if pid == 0:
+                flood_admin(d.admin, uid, seconds, ready_w, count_w)
+            children.append(pid)
+        os.close(ready_w)
+        os.close(count_w)
+        # Every flooder has its answers coming before anything is measured.
+        got = b""
+        while len(got) < len(children):
+            r, _, _ = select.select([ready_r], [], [], 5.0)
+            check(r, f"{len(got)} of {len(children)} flooders got answers within 5 s")
+            chunk = os.read(ready_r, 64)
+            check(chunk, f"a flooder died before its first answer ({len(got)} ready)")
+            got += chunk
+        # pvgpud's CPU under the flood alone (a VMM pinging back to back
+        # would add a loop wake-up per PING), then the VMM's latency.
+        cpu0, t0 = proc_cpu_s(d.proc.pid), time.monotonic()
+        select.select([], [], [], 2.0)  # a measurement window, not synchronisation
+        cpu = (proc_cpu_s(d.proc.pid) - cpu0) / (time.monotonic() - t0)
+        flooded = ping_latencies(ping, 2.0)
+        answered = 0
+        for pid in children:
+            _, status = os.waitpid(pid, 0)
+            check(os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0,
+                  f"flooder {pid} ended with status {status}")
+        children = []
+        while chunk := os.read(count_r, 8 * len(FLOOD_UIDS)):
+            answered += sum(struct.unpack(f"<{len(chunk) // 8}Q", chunk))
+        os.close(ready_r)
+        os.close(count_r)
+        p50, p99 = percentile(flooded, 0.5), percentile(flooded, 0.99)
+        result("admin_flood.responses_per_s", f"{answered / seconds:.0f}")
+        result("admin_flood.ping_p50_ms", f"{p50:.3f}")
+        result("admin_flood.ping_p99_ms", f"{p99:.3f}")
+        result("admin_flood.ping_samples", len(flooded))
+        result("admin_flood.pvgpud_cpu_fraction", f"{cpu:.3f}")
+        # The bounds are the issue's goals (issue 51 item 1).
+        check(cpu <= 0.30, f"pvgpud used {cpu:.2f} of a core under the flood, expected <= 0.30")
+        check(p99 <= 2.0, f"PING p99 {p99:.2f} ms under the flood, expected <= 2 ms")
+        check(d.alive(), "pvgpud died")
+    finally:
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+        for vm in vms:
+            vm.close()
+        d.stop()
+
+
 # ---- completion notifiers (protocol version 3) ----------------------------------
 
 
@@ -2719,6 +2865,7 @@ CASES = {
     "limits": case_limits,
     "queue-fds": case_queue_fds,
     "admin-slots": case_admin_slots,
+    "admin-flood": case_admin_flood,
     "client": case_client,
     "fairness": case_fairness,
     "closed-loop": case_closed_loop,
