@@ -113,15 +113,16 @@ json handle_admin_command(const json& req, const PeerCred& peer, const AdminPoli
         if (cmd == "list") return backend.admin_list();
         if (cmd == "get-policy") return backend.admin_get_policy();
         if (cmd == "stats") return backend.admin_stats();
-        if (cmd == "move") {
+        if (cmd == "move" || cmd == "set-weight") {
             if (!rights.may_mutate(peer)) return admin_error(rights.denied(cmd));
-            if (!later) return admin_error("move is not available on this connection");
-            backend.admin_move(req, later);
+            if (!later) return admin_error(cmd + " is not available on this connection");
+            if (cmd == "move") backend.admin_move(req, later);
+            else backend.admin_set_weight(req, later);
             return json(nullptr);
         }
-        if (cmd == "set-weight" || cmd == "set-policy") {
+        if (cmd == "set-policy") {
             if (!rights.may_mutate(peer)) return admin_error(rights.denied(cmd));
-            return cmd == "set-weight" ? backend.admin_set_weight(req) : backend.admin_set_policy(req);
+            return backend.admin_set_policy(req);
         }
         return admin_error("unknown command: " + cmd);
     } catch (const std::exception& e) {

@@ -57,10 +57,11 @@ using AdminReply = std::function<void(nlohmann::json)>;
 class AdminBackend {
 public:
     virtual ~AdminBackend() = default;
-    // Mutating, answered when done; the connection reads nothing meanwhile.
+    // Mutating, answered when done (maybe at once); the connection reads
+    // nothing meanwhile.  set-weight waits for libvirt's metadata write.
     virtual void admin_move(const nlohmann::json& req, AdminReply reply) = 0;
+    virtual void admin_set_weight(const nlohmann::json& req, AdminReply reply) = 0;
     virtual nlohmann::json admin_list() = 0;
-    virtual nlohmann::json admin_set_weight(const nlohmann::json& req) = 0;
     virtual nlohmann::json admin_set_policy(const nlohmann::json& req) = 0;
     virtual nlohmann::json admin_get_policy() = 0;
     virtual nlohmann::json admin_stats() = 0;
