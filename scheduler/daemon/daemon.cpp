@@ -1443,15 +1443,19 @@ void Daemon::evict_unverified(const std::string& uuid, const std::string& name, 
     for (std::uint32_t gpu : gpus_of_vm(uuid)) {
         const std::uint32_t id = vms_.at({uuid, gpu}).client;
         auto c = clients_.find(id);
-        if (c == clients_.end() || c->second.libvirt_verified) continue;
-        if (is_process(c->second, qemu)) {
-            c->second.libvirt_verified = true;  // the same QEMU's other device
-            continue;
+        if (c == clients_.end()) continue;
+        Client& other = c->second;
+        if (!other.closing) {
+            if (other.libvirt_verified) continue;
+            if (is_process(other, qemu)) {
+                other.libvirt_verified = true;  // the same QEMU's other device
+                continue;
+            }
+            log_warning("client ", id, " (pid ", other.conn->peer().pid, "): VM ", uuid, " is libvirt domain ", name,
+                        " and its QEMU (pid ", qemu, ") connected: this client, never verified, is disconnected");
+            other.conn->close("replaced by the QEMU of libvirt domain " + name);
         }
-        log_warning("client ", id, " (pid ", c->second.conn->peer().pid, "): VM ", uuid, " is libvirt domain ", name,
-                    " and its QEMU (pid ", qemu, ") connected: this client, never verified, is disconnected");
-        c->second.conn->close("replaced by the QEMU of libvirt domain " + name);
-        gone.push_back(id);
+        gone.push_back(id);  // closing ones too (domain_up may just have closed it)
     }
     // Now, not from the reaper: the QEMU's HELLO needs the GPU back.
     for (std::uint32_t id : gone) teardown(id);

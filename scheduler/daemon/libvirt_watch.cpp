@@ -172,7 +172,9 @@ public:
         while (!sh_->stop) {
             if (!conn_ && SteadyClock::now() >= next_connect_) {
                 lk.unlock();
-                connect();
+                guarded("libvirt connect", [&] { connect(); });
+                // Whatever went wrong, the next try waits for the backoff.
+                if (!conn_ && SteadyClock::now() >= next_connect_) retry_later("connect failed");
                 lk.lock();
                 continue;
             }
