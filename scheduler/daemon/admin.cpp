@@ -77,11 +77,8 @@ std::string AdminPolicy::denied(const std::string& cmd) const {
     return "permission denied: " + cmd + " needs " + list;
 }
 
-std::optional<json> handle_admin_request(const std::string& line, const PeerCred& peer,
-                                         const AdminPolicy& rights, AdminBackend& backend,
-                                         const AdminReply& later) {
-    if (line.find_first_not_of(" \t\r\n") == std::string::npos) return std::nullopt;
-    json req;
+std::optional<json> parse_admin_request(const std::string& line, json& req) {
+    if (line.find_first_not_of(" \t\r\n") == std::string::npos) return json(nullptr);
     try {
         req = json::parse(line);
     } catch (const json::exception& e) {
@@ -90,7 +87,23 @@ std::optional<json> handle_admin_request(const std::string& line, const PeerCred
     if (!req.is_object()) return admin_error("bad request: not a JSON object");
     auto it = req.find("cmd");
     if (it == req.end() || !it->is_string()) return admin_error("bad request: missing \"cmd\"");
-    const std::string cmd = it->get<std::string>();
+    return std::nullopt;
+}
+
+std::optional<json> handle_admin_request(const std::string& line, const PeerCred& peer,
+                                         const AdminPolicy& rights, AdminBackend& backend,
+                                         const AdminReply& later) {
+    json req;
+    if (auto bad = parse_admin_request(line, req)) {
+        if (bad->is_null()) return std::nullopt;
+        return bad;
+    }
+    return handle_admin_command(req, peer, rights, backend, later);
+}
+
+json handle_admin_command(const json& req, const PeerCred& peer, const AdminPolicy& rights,
+                          AdminBackend& backend, const AdminReply& later) {
+    const std::string cmd = req.at("cmd").get<std::string>();
     try {
         if (cmd == "version")
             return json{{"ok", true},
@@ -100,15 +113,16 @@ std::optional<json> handle_admin_request(const std::string& line, const PeerCred
         if (cmd == "list") return backend.admin_list();
         if (cmd == "get-policy") return backend.admin_get_policy();
         if (cmd == "stats") return backend.admin_stats();
-        if (cmd == "move") {
+        if (cmd == "move" || cmd == "set-weight") {
             if (!rights.may_mutate(peer)) return admin_error(rights.denied(cmd));
-            if (!later) return admin_error("move is not available on this connection");
-            backend.admin_move(req, later);
+            if (!later) return admin_error(cmd + " is not available on this connection");
+            if (cmd == "move") backend.admin_move(req, later);
+            else backend.admin_set_weight(req, later);
             return json(nullptr);
         }
-        if (cmd == "set-weight" || cmd == "set-policy") {
+        if (cmd == "set-policy") {
             if (!rights.may_mutate(peer)) return admin_error(rights.denied(cmd));
-            return cmd == "set-weight" ? backend.admin_set_weight(req) : backend.admin_set_policy(req);
+            return backend.admin_set_policy(req);
         }
         return admin_error("unknown command: " + cmd);
     } catch (const std::exception& e) {
@@ -125,8 +139,8 @@ struct AdminServer::Conn {
     Timer resume;
     std::string in;
     std::string out;
-    double tokens = 0;
-    Time refilled = 0;
+    Bucket own;                 // peers that may mutate
+    Bucket* bucket = nullptr;   // `own`, or the uid's in uid_buckets_
     bool eof = false;
     bool paused = false;    // out of request tokens
     bool closing = false;   // close once `out` is written
@@ -191,8 +205,7 @@ void AdminServer::accept_some() {
         Conn& conn = *c;
         conn.fd = std::move(fd);
         conn.peer = std::move(peer);
-        conn.tokens = opt_.requests_per_s;
-        conn.refilled = clock_.now();
+        conn.bucket = &bucket_of(conn);
         conn.idle.bind(timers_);
         conn.resume.bind(timers_);
         conn.watch =
@@ -253,46 +266,93 @@ void AdminServer::process(Conn& c) {
             c.closing = true;
             break;
         }
-        // Token bucket: requests_per_s per second, bursts of as many.
         Time now = clock_.now();
+        Bucket& b = *c.bucket;
         double rate = opt_.requests_per_s;
-        c.tokens = std::min(rate, c.tokens + rate * double(now - c.refilled) / double(kSecond));
-        c.refilled = now;
-        if (c.tokens < 1) {
+        b.tokens = std::min(rate, b.tokens + rate * double(now - b.refilled) / double(kSecond));
+        b.refilled = now;
+        if (b.tokens < 1) {
             c.paused = true;
-            auto wait = static_cast<Duration>((1 - c.tokens) / rate * double(kSecond)) + 1;
+            auto wait = static_cast<Duration>((1 - b.tokens) / rate * double(kSecond)) + 1;
             c.resume.arm(now + wait, [this, &c] {
                 c.paused = false;
                 process(c);
             });
             break;
         }
-        c.tokens -= 1;
+        b.tokens -= 1;
         std::string line = c.in.substr(0, last ? len : nl);
         c.in.erase(0, len);
-        const std::uint64_t id = c.id;
-        bool answered = false;
-        auto later = std::make_shared<bool>(false);  // set once the reply came
-        c.in_handler = true;
-        auto resp = handle_admin_request(line, c.peer, rights_, backend_,
-                                         [this, id, later](json r) {
-                                             *later = true;
-                                             answer(id, std::move(r));
-                                         });
-        c.in_handler = false;
-        answered = *later;
-        if (resp && resp->is_null()) {
-            // Deferred: nothing more is read until the answer (maybe given already).
-            c.waiting = !answered;
-            if (c.waiting) c.idle.cancel();
-        } else if (resp) {
-            c.out += dump_line(*resp);
+        json req;
+        std::string resp;
+        if (auto bad = parse_admin_request(line, req))
+            resp = bad->is_null() ? std::string() : dump_line(*bad);
+        else
+            resp = respond(c, req, now);
+        if (!resp.empty()) {
+            c.out += resp;
             c.idle.arm(now + opt_.idle_timeout, [this, &c] { drop(c); });
         }
     }
     if (!c.dead && c.eof && !c.paused && !c.waiting && c.in.find('\n') == std::string::npos && c.in.empty())
         c.closing = true;
     flush(c);
+}
+
+std::string AdminServer::respond(Conn& c, const json& req, Time now) {
+    const std::string& cmd = req.at("cmd").get_ref<const std::string&>();
+    const bool privileged = rights_.may_mutate(c.peer);
+    if (!privileged && opt_.shared_answer_age > 0 && (cmd == "list" || cmd == "stats"))
+        return shared_answer(cmd, now);
+    const std::uint64_t id = c.id;
+    auto later = std::make_shared<bool>(false);  // set once the reply came
+    c.in_handler = true;
+    json resp = handle_admin_command(req, c.peer, rights_, backend_, [this, id, later](json r) {
+        *later = true;
+        answer(id, std::move(r));
+    });
+    c.in_handler = false;
+    // What an unprivileged peer sees next must not predate a change.
+    if (privileged && cmd != "list" && cmd != "stats" && cmd != "version" && cmd != "get-policy")
+        shared_.clear();
+    if (!resp.is_null()) return dump_line(resp);
+    // Deferred: nothing more is read until the answer (maybe given already).
+    c.waiting = !*later;
+    if (c.waiting) c.idle.cancel();
+    return {};
+}
+
+const std::string& AdminServer::shared_answer(const std::string& cmd, Time now) {
+    Shared& sh = shared_[cmd];
+    if (!sh.line.empty() && now - sh.built < opt_.shared_answer_age) return sh.line;
+    json resp = handle_admin_command(json{{"cmd", cmd}}, PeerCred{}, rights_, backend_);
+    sh.line = dump_line(resp);
+    // An error is not kept: the next request tries again.
+    sh.built = resp.value("ok", false) ? now : now - opt_.shared_answer_age;
+    return sh.line;
+}
+
+AdminServer::Bucket& AdminServer::bucket_of(Conn& c) {
+    const Time now = clock_.now();
+    // A uid's bucket outlives its connections until it would be full again:
+    // reconnecting must not buy a fresh burst.
+    std::erase_if(uid_buckets_, [&](const auto& kv) {
+        return kv.second.users == 0 && now - kv.second.refilled >= kSecond;
+    });
+    const Bucket full{double(opt_.requests_per_s), now, 0};
+    if (rights_.may_mutate(c.peer)) {
+        c.own = full;
+        ++c.own.users;
+        return c.own;
+    }
+    Bucket& b = uid_buckets_.try_emplace(c.peer.uid, full).first->second;
+    ++b.users;
+    return b;
+}
+
+void AdminServer::release_bucket(Conn& c) {
+    if (c.bucket) --c.bucket->users;
+    c.bucket = nullptr;
 }
 
 bool AdminServer::write_out(Conn& c) {
@@ -339,6 +399,7 @@ void AdminServer::answer(std::uint64_t id, json resp) {
     for (auto& p : conns_) {
         if (p->id != id || p->dead) continue;
         Conn& c = *p;
+        shared_.clear();  // a deferred answer is a mutation's: what others see must not predate it
         c.out += dump_line(resp);
         c.waiting = false;
         c.idle.arm(clock_.now() + opt_.idle_timeout, [this, &c] { drop(c); });
@@ -350,6 +411,7 @@ void AdminServer::answer(std::uint64_t id, json resp) {
 void AdminServer::drop(Conn& c) {
     if (c.dead) return;
     c.dead = true;
+    release_bucket(c);
     c.watch.reset();
     c.idle.cancel();
     c.resume.cancel();

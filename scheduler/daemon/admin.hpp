@@ -2,7 +2,12 @@
 // requests and responses, read-only commands for anyone who can connect,
 // mutating ones only for root, the daemon's uid or the admin group
 // (SO_PEERCRED / SO_PEERGROUPS).  Lines are bounded (64 KiB), requests are
-// rate-limited per connection, idle connections are closed; nothing blocks.
+// rate-limited (per uid for peers that may not mutate, per connection for
+// those that may), idle connections are closed; nothing blocks.  `list` and
+// `stats` for peers that may not mutate are built at most once per
+// shared_answer_age and the same bytes sent to all of them: a flood of
+// read-only requests from every uid costs pvgpud's one thread a few builds
+// a second, not one per request (issue 51 item 1).
 // Each unprivileged uid may hold a few connections, and privileged peers
 // have reserved slots beyond the cap, so nobody can lock out root.  A
 // connection's next request is read only once the last response is
@@ -14,6 +19,7 @@
 #include <cstdint>
 #include <functional>
 #include <list>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -51,10 +57,11 @@ using AdminReply = std::function<void(nlohmann::json)>;
 class AdminBackend {
 public:
     virtual ~AdminBackend() = default;
-    // Mutating, answered when done; the connection reads nothing meanwhile.
+    // Mutating, answered when done (maybe at once); the connection reads
+    // nothing meanwhile.  set-weight waits for libvirt's metadata write.
     virtual void admin_move(const nlohmann::json& req, AdminReply reply) = 0;
+    virtual void admin_set_weight(const nlohmann::json& req, AdminReply reply) = 0;
     virtual nlohmann::json admin_list() = 0;
-    virtual nlohmann::json admin_set_weight(const nlohmann::json& req) = 0;
     virtual nlohmann::json admin_set_policy(const nlohmann::json& req) = 0;
     virtual nlohmann::json admin_get_policy() = 0;
     virtual nlohmann::json admin_stats() = 0;
@@ -81,6 +88,13 @@ private:
 std::optional<nlohmann::json> handle_admin_request(const std::string& line, const PeerCred& peer,
                                                    const AdminPolicy& rights, AdminBackend& backend,
                                                    const AdminReply& later = {});
+// The parsing half: nullopt when `line` is a request object with a string
+// "cmd" (left in `req`); else a JSON null for a blank line, or the error
+// response.
+std::optional<nlohmann::json> parse_admin_request(const std::string& line, nlohmann::json& req);
+// The executing half, for a request parse_admin_request accepted.
+nlohmann::json handle_admin_command(const nlohmann::json& req, const PeerCred& peer, const AdminPolicy& rights,
+                                    AdminBackend& backend, const AdminReply& later = {});
 
 class AdminServer {
 public:
@@ -92,8 +106,13 @@ public:
         std::size_t max_clients = 32;
         std::size_t max_clients_per_uid = 4;  // peers that may not mutate
         std::size_t reserved_clients = 4;     // beyond max_clients, for peers that may
+        // Per uid for peers that may not mutate (all their connections
+        // together), per connection for those that may.
         std::uint32_t requests_per_s = 200;
         Duration idle_timeout = 60 * kSecond;
+        // How old a `list` or `stats` answer shared by peers that may not
+        // mutate may be (0: built for every request).
+        Duration shared_answer_age = 250 * kMillisecond;
     };
 
     // Binds the socket; throws std::runtime_error.
@@ -106,6 +125,23 @@ public:
 
 private:
     struct Conn;
+    // A token bucket: requests_per_s per second, bursts of as many.
+    struct Bucket {
+        double tokens = 0;
+        Time refilled = 0;
+        std::size_t users = 0;  // connections drawing on it
+    };
+    // A read-only answer built once and sent to every unprivileged peer
+    // that asks within shared_answer_age.
+    struct Shared {
+        std::string line;
+        Time built = 0;
+    };
+    Bucket& bucket_of(Conn& c);
+    void release_bucket(Conn& c);
+    // The response line to `req` for `c`; empty when it comes later.
+    std::string respond(Conn& c, const nlohmann::json& req, Time now);
+    const std::string& shared_answer(const std::string& cmd, Time now);
     void accept_some();
     void on_io(Conn& c, GIOCondition cond);
     void process(Conn& c);
@@ -129,6 +165,8 @@ private:
     std::uint64_t next_conn_ = 1;
     Source reaper_;
     std::vector<Conn*> dead_;
+    std::map<uid_t, Bucket> uid_buckets_;      // peers that may not mutate
+    std::map<std::string, Shared> shared_;     // by command
 };
 
 }  // namespace pvgpu::daemon

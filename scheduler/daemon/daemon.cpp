@@ -1,7 +1,9 @@
 #include "daemon.hpp"
 
+#include <poll.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -80,6 +82,26 @@ std::string unique_root_name(const EntityTree& tree, const std::string& prefix, 
         name = with_suffix(base, s, 64 - prefix.size());
     }
     return name;
+}
+
+// The peer's process, held so that its pid cannot name another one later:
+// the kernel's own pidfd of the peer where it has one (SO_PEERPIDFD, Linux
+// 6.5), else one opened now from the pid SO_PEERCRED recorded at connect.
+UniqueFd peer_pidfd(int sock, pid_t pid) {
+#ifndef SO_PEERPIDFD
+    constexpr int SO_PEERPIDFD = 77;  // linux/socket.h, not yet in every libc
+#endif
+    int fd = -1;
+    socklen_t len = sizeof fd;
+    if (getsockopt(sock, SOL_SOCKET, SO_PEERPIDFD, &fd, &len) == 0 && fd >= 0) return UniqueFd(fd);
+    if (pid <= 0) return {};
+    return UniqueFd(static_cast<int>(syscall(SYS_pidfd_open, pid, 0)));
+}
+
+// A pidfd turns readable when its process exits.
+bool pidfd_alive(int pidfd) {
+    pollfd p{pidfd, POLLIN, 0};
+    return ::poll(&p, 1, 0) == 0;
 }
 
 const PolicyInfo* find_policy(const std::string& name) {
@@ -167,7 +189,6 @@ Daemon::Daemon(Config cfg)
 #ifdef PVGPU_HAVE_LIBVIRT
         LibvirtWatch::Listener& self = *this;  // a private base: converted here
         libvirt_ = std::make_unique<LibvirtWatch>(ctx_.get(), cfg_.libvirt, self);
-        add_vmm_identity_check(std::make_unique<LibvirtIdentity>(*libvirt_));
 #else
         log_info("built without libvirt: not following libvirt domains ([libvirt] uri = none to say so)");
 #endif
@@ -265,8 +286,11 @@ void Daemon::quit() { g_main_loop_quit(loop_.get()); }
 struct LibvirtWatch::Impl {};
 LibvirtWatch::~LibvirtWatch() = default;
 bool LibvirtWatch::connected() const { return false; }
-std::optional<DomainInfo> LibvirtWatch::domain(const std::string&) { return std::nullopt; }
-std::optional<std::string> LibvirtWatch::set_weight(const std::string&, std::uint32_t) { return std::nullopt; }
+bool LibvirtWatch::knows(const std::string&) const { return false; }
+void LibvirtWatch::lookup(const std::string&, std::function<void(const DomainAnswer&)> done) { done({}); }
+void LibvirtWatch::set_weight(const std::string&, std::uint32_t, std::function<void(const WeightWrite&)> done) {
+    done({});
+}
 #endif
 
 void Daemon::add_vmm_identity_check(std::unique_ptr<VmmIdentityCheck> check) {
@@ -348,6 +372,8 @@ void Daemon::accept_clients() {
         Client cl;
         cl.uid = peer.uid;
         cl.vmm_user = vmm_user;
+        // Only a possible VMM's identity is ever checked against libvirt's.
+        if (vmm_user) cl.pidfd = peer_pidfd(fd.get(), peer.pid);
         cl.conn = std::make_unique<ClientConn>(ctx_.get(), mux_, clock_, timers_, std::move(fd), id, opt,
                                                static_cast<ClientConn::Handler&>(*this));
         log_debug("client ", id, " connected (pid ", cl.conn->peer().pid, ", uid ", cl.conn->peer().uid, ")");
@@ -445,121 +471,181 @@ void Daemon::on_message(ClientConn& c, wire::Message& m) {
     }
 }
 
+void Daemon::refuse_hello(Client& cl, const HelloRequest& req, std::uint32_t status, const std::string& why) {
+    ClientConn& conn = *cl.conn;
+    // The reply has no room for words: an ERROR before it says why, and
+    // the peer can read both before it sees the connection end.
+    pvgpu_error e{};
+    e.status = status;
+    wire::set_name(e.message, sizeof e.message, why);
+    conn.send_struct(PVGPU_MSG_ERROR, 0, e);
+    conn.send_struct(PVGPU_MSG_HELLO_REPLY, req.seq, hello_reply(cl, req, status));
+    cl.linger = true;
+    conn.close_after_reply("HELLO refused: " + why);
+}
+
+pvgpu_hello_reply Daemon::hello_reply(const Client& cl, const HelloRequest& req, std::uint32_t status) const {
+    pvgpu_hello_reply r{};
+    r.client_id = cl.conn->id();
+    r.max_channels = cfg_.limits.max_channels_per_client;
+    r.version = std::min<std::uint32_t>(req.h.version, PVGPU_PROTO_VERSION);
+    r.status = status;
+    return r;
+}
+
+bool Daemon::hello_full() const {
+    std::size_t ready = 0;
+    for (const auto& [id, other] : clients_) ready += other.hello && !other.closing ? 1 : 0;
+    return ready >= cfg_.limits.max_clients;
+}
+
 void Daemon::on_hello(Client& cl, const wire::Message& m) {
     ClientConn& conn = *cl.conn;
-    if (cl.hello) {
+    if (cl.hello || cl.hello_pending) {
         conn.fail(PVGPU_E_STATE, "second HELLO");
         return;
     }
-    const auto h = m.as<pvgpu_hello>();
-    pvgpu_hello_reply r{};
-    r.client_id = conn.id();
-    r.max_channels = cfg_.limits.max_channels_per_client;
-    r.version = std::min<std::uint32_t>(h.version, PVGPU_PROTO_VERSION);
-    // The reply has no room for words: an ERROR before it says why, and
-    // the peer can read both before it sees the connection end.
-    auto refuse = [&](std::uint32_t status, const std::string& why) {
-        pvgpu_error e{};
-        e.status = status;
-        wire::set_name(e.message, sizeof e.message, why);
-        conn.send_struct(PVGPU_MSG_ERROR, 0, e);
-        r.status = status;
-        conn.send_struct(PVGPU_MSG_HELLO_REPLY, m.hdr.seq, r);
-        cl.linger = true;
-        conn.close_after_reply("HELLO refused: " + why);
-    };
-    if (h.version < 1) return refuse(PVGPU_E_VERSION, "protocol version 0");
-    std::size_t ready = 0;
-    for (const auto& [id, other] : clients_) ready += other.hello && !other.closing ? 1 : 0;
-    if (ready >= cfg_.limits.max_clients) {
+    HelloRequest req;
+    req.h = m.as<pvgpu_hello>();
+    req.seq = m.hdr.seq;
+    const auto& h = req.h;
+    if (h.version < 1) return refuse_hello(cl, req, PVGPU_E_VERSION, "protocol version 0");
+    if (hello_full()) {
         log_warning("refused a client: ", cfg_.limits.max_clients, " clients connected");
-        return refuse(PVGPU_E_LIMIT, "too many clients");
+        return refuse_hello(cl, req, PVGPU_E_LIMIT, "too many clients");
     }
 
-    const std::string raw = wire::name_of(h.name, sizeof h.name);
+    req.raw = wire::name_of(h.name, sizeof h.name);
+    const std::string& raw = req.raw;
     // The GPU the client named, if any; pvgpud's placement otherwise.
-    std::optional<std::uint32_t> asked;
     if (h.gpu != PVGPU_GPU_ANY) {
-        asked = h.gpu - 1;
-        if (*asked >= gpus_.size()) {
-            const std::string why = "no GPU " + std::to_string(*asked) + " on this host (" +
+        req.asked = h.gpu - 1;
+        if (*req.asked >= gpus_.size()) {
+            const std::string why = "no GPU " + std::to_string(*req.asked) + " on this host (" +
                                     std::to_string(gpus_.size()) + (gpus_.size() == 1 ? " GPU)" : " GPUs)");
             log_warning("client ", conn.id(), " (pid ", conn.peer().pid, ", ",
                         h.role == PVGPU_ROLE_VMM ? "VM " + (raw.empty() ? std::string("?") : raw) : "host", "): ",
                         why);
-            return refuse(PVGPU_E_INVALID, why);
+            return refuse_hello(cl, req, PVGPU_E_INVALID, why);
         }
     }
 
-    if (h.role == PVGPU_ROLE_VMM) {
-        Uuid u{};
-        std::memcpy(u.data(), h.uuid, u.size());
-        if (is_nil(u)) return refuse(PVGPU_E_INVALID, "a VMM must give its VM's UUID");
-        if (raw == "host") return refuse(PVGPU_E_INVALID, "the VM name 'host' is reserved");
-        if (raw.find('/') != std::string::npos)
-            return refuse(PVGPU_E_INVALID, "a VM name may not contain '/'");
-        const std::string uuid = format_uuid(u);
-        // The kernel's word on who connected, never the client's.
-        std::optional<std::string> denied = vmm_users_.refuse(conn.peer(), uuid);
-        for (const auto& check : vmm_checks_)
-            if (!denied) denied = check->refuse(conn.peer(), uuid);
-        if (denied) {
-            log_warning("client ", conn.id(), " (pid ", conn.peer().pid, ") refused as VMM of ", uuid, ": ",
-                        *denied);
-            // E_STATE, not a new status: clients of every version know it.
-            return refuse(PVGPU_E_STATE, *denied);
-        }
-        // A libvirt domain's weight is its metadata's: saved before it is read.
-        std::optional<DomainInfo> domain;
-        if (libvirt_ && (domain = libvirt_->domain(uuid))) domain_up(*domain);
-        // The device's gpu= wins, then the domain's metadata (device="N"),
-        // then the placement.  One device per GPU: a second device of the
-        // VM goes elsewhere.
-        const std::set<std::uint32_t> taken = gpus_of_vm(uuid);
-        if (!asked && domain && domain->gpu && !taken.count(*domain->gpu)) {
-            if (*domain->gpu >= gpus_.size())
-                return refuse(PVGPU_E_INVALID, "libvirt domain " + domain->name + " asks for GPU " +
-                                                   std::to_string(*domain->gpu) + "; this host has " +
-                                                   std::to_string(gpus_.size()));
-            asked = domain->gpu;
-        }
-        if (asked && taken.count(*asked))
-            return refuse(PVGPU_E_STATE, "VM " + uuid + " is already connected on GPU " + std::to_string(*asked));
-        std::string error;
-        const auto gpu = place("vm/" + uuid, asked, taken, error);
-        if (!gpu) return refuse(PVGPU_E_STATE, "VM " + uuid + " " + error);
-        Gpu& g = *gpus_[*gpu];
-        EntityTree& tree = g.sched->entities();
-        std::string name = unique_root_name(tree, "", raw.empty() ? uuid : sanitize_name(raw), uuid.substr(0, 8));
-        std::uint32_t weight = weights_.vm(uuid, raw, name);
-        EntityId e = tree.add(kRootEntity, name, EntityKind::Vm, weight);
-        g.meta[e] = Meta{Kind::Vm, uuid, uuid, 0, {}};
-        vms_[{uuid, *gpu}] = Vm{uuid, *gpu, raw, e, conn.id(), {}, {}, 0};
-        cl.uuid = uuid;
-        cl.gpu = *gpu;
-        remember_placement("vm/" + uuid, *gpu);
-        log_info("client ", conn.id(), ": VM ", name, " (", uuid, "), pid ", conn.peer().pid, ", weight ", weight,
-                 ", on GPU ", *gpu, " ", g.name, asked ? " (asked for)" : " (placed)");
-    } else if (h.role == PVGPU_ROLE_HOST) {
+    if (h.role == PVGPU_ROLE_VMM) return hello_vmm(cl, req);
+    if (h.role == PVGPU_ROLE_HOST) {
         const Usage mine = usage(false, cl.uid, conn.id());
         if (mine.clients >= cfg_.limits.host_clients_per_uid)
-            return refuse(PVGPU_E_LIMIT, "uid " + std::to_string(cl.uid) + " has " +
-                                             std::to_string(mine.clients) + " host clients (limit " +
-                                             std::to_string(cfg_.limits.host_clients_per_uid) + ")");
+            return refuse_hello(cl, req, PVGPU_E_LIMIT,
+                                "uid " + std::to_string(cl.uid) + " has " + std::to_string(mine.clients) +
+                                    " host clients (limit " + std::to_string(cfg_.limits.host_clients_per_uid) + ")");
         if (usage(false, std::nullopt, conn.id()).clients >= cfg_.limits.host_clients)
-            return refuse(PVGPU_E_LIMIT, "too many host clients");
+            return refuse_hello(cl, req, PVGPU_E_LIMIT, "too many host clients");
         std::uint32_t pid = h.pid ? h.pid : static_cast<std::uint32_t>(conn.peer().pid);
         std::string error;
-        if (!hello_host(cl, raw, pid, asked, error)) return refuse(PVGPU_E_INTERNAL, error);
-    } else {
-        return refuse(PVGPU_E_INVALID, "unknown role " + std::to_string(h.role));
+        if (!hello_host(cl, raw, pid, req.asked, error)) return refuse_hello(cl, req, PVGPU_E_INTERNAL, error);
+        return finish_hello(cl, req);
     }
-    cl.role = h.role;
-    cl.version = r.version;
+    return refuse_hello(cl, req, PVGPU_E_INVALID, "unknown role " + std::to_string(h.role));
+}
+
+void Daemon::finish_hello(Client& cl, const HelloRequest& req) {
+    cl.role = req.h.role;
+    cl.version = std::min<std::uint32_t>(req.h.version, PVGPU_PROTO_VERSION);
     cl.hello = true;
-    conn.hello_done();
-    r.status = PVGPU_OK;
-    conn.send_struct(PVGPU_MSG_HELLO_REPLY, m.hdr.seq, r);
+    cl.conn->hello_done();
+    cl.conn->send_struct(PVGPU_MSG_HELLO_REPLY, req.seq, hello_reply(cl, req, PVGPU_OK));
+}
+
+// A VMM's HELLO: who it is (the configured users, then libvirt's word on a
+// domain's QEMU), then its VM's entity.  libvirt is asked off the loop: the
+// HELLO is answered when it answers or gives up, nothing else waits.
+void Daemon::hello_vmm(Client& cl, const HelloRequest& req) {
+    ClientConn& conn = *cl.conn;
+    Uuid u{};
+    std::memcpy(u.data(), req.h.uuid, u.size());
+    if (is_nil(u)) return refuse_hello(cl, req, PVGPU_E_INVALID, "a VMM must give its VM's UUID");
+    if (req.raw == "host") return refuse_hello(cl, req, PVGPU_E_INVALID, "the VM name 'host' is reserved");
+    if (req.raw.find('/') != std::string::npos)
+        return refuse_hello(cl, req, PVGPU_E_INVALID, "a VM name may not contain '/'");
+    const std::string uuid = format_uuid(u);
+    // The kernel's word on who connected, never the client's.
+    std::optional<std::string> denied = vmm_users_.refuse(conn.peer(), uuid);
+    for (const auto& check : vmm_checks_)
+        if (!denied) denied = check->refuse(conn.peer(), uuid);
+    if (denied) {
+        log_warning("client ", conn.id(), " (pid ", conn.peer().pid, ") refused as VMM of ", uuid, ": ", *denied);
+        // E_STATE, not a new status: clients of every version know it.
+        return refuse_hello(cl, req, PVGPU_E_STATE, *denied);
+    }
+    if (!libvirt_) return admit_vmm(cl, req, uuid, nullptr);
+    cl.hello_pending = true;
+    const std::uint32_t id = conn.id();
+    libvirt_->lookup(uuid, [this, id, req, uuid](const DomainAnswer& a) {
+        auto it = clients_.find(id);
+        if (it == clients_.end() || it->second.closing) return;  // gone while libvirt was asked
+        Client& c = it->second;
+        c.hello_pending = false;
+        try {
+            admit_vmm(c, req, uuid, &a);
+        } catch (const std::exception& e) {
+            log_error("client ", id, ": HELLO failed: ", e.what());
+            c.conn->fail(PVGPU_E_INTERNAL, "internal error", false);
+        }
+    });
+}
+
+void Daemon::admit_vmm(Client& cl, const HelloRequest& req, const std::string& uuid, const DomainAnswer* libvirt) {
+    ClientConn& conn = *cl.conn;
+    if (hello_full()) return refuse_hello(cl, req, PVGPU_E_LIMIT, "too many clients");
+    std::optional<DomainInfo> domain;
+    bool verified = false;
+    if (libvirt) {
+        if (auto why = libvirt_refusal(cl, uuid, *libvirt, verified)) {
+            log_warning("client ", conn.id(), " (pid ", conn.peer().pid, ") refused as VMM of ", uuid, ": ", *why);
+            return refuse_hello(cl, req, PVGPU_E_STATE, *why);
+        }
+        if (libvirt->kind == DomainAnswer::Kind::Running) {
+            domain = libvirt->info;
+            // A libvirt domain's weight is its metadata's: saved before it is read.
+            domain_up(*domain);
+            // Its QEMU comes first: a peer admitted while libvirt could not
+            // tell goes (issue 51 item 9).
+            evict_unverified(uuid, domain->name, domain->pid);
+        }
+    }
+    std::optional<std::uint32_t> asked = req.asked;
+    // The device's gpu= wins, then the domain's metadata (device="N"),
+    // then the placement.  One device per GPU: a second device of the
+    // VM goes elsewhere.
+    const std::set<std::uint32_t> taken = gpus_of_vm(uuid);
+    if (!asked && domain && domain->gpu && !taken.count(*domain->gpu)) {
+        if (*domain->gpu >= gpus_.size())
+            return refuse_hello(cl, req, PVGPU_E_INVALID,
+                                "libvirt domain " + domain->name + " asks for GPU " + std::to_string(*domain->gpu) +
+                                    "; this host has " + std::to_string(gpus_.size()));
+        asked = domain->gpu;
+    }
+    if (asked && taken.count(*asked))
+        return refuse_hello(cl, req, PVGPU_E_STATE,
+                            "VM " + uuid + " is already connected on GPU " + std::to_string(*asked));
+    std::string error;
+    const auto gpu = place("vm/" + uuid, asked, taken, error);
+    if (!gpu) return refuse_hello(cl, req, PVGPU_E_STATE, "VM " + uuid + " " + error);
+    Gpu& g = *gpus_[*gpu];
+    EntityTree& tree = g.sched->entities();
+    const std::string& raw = req.raw;
+    std::string name = unique_root_name(tree, "", raw.empty() ? uuid : sanitize_name(raw), uuid.substr(0, 8));
+    std::uint32_t weight = weights_.vm(uuid, raw, name);
+    EntityId e = tree.add(kRootEntity, name, EntityKind::Vm, weight);
+    g.meta[e] = Meta{Kind::Vm, uuid, uuid, 0, {}};
+    vms_[{uuid, *gpu}] = Vm{uuid, *gpu, raw, e, conn.id(), {}, {}, 0};
+    cl.uuid = uuid;
+    cl.gpu = *gpu;
+    cl.libvirt_verified = verified;
+    remember_placement("vm/" + uuid, *gpu);
+    log_info("client ", conn.id(), ": VM ", name, " (", uuid, "), pid ", conn.peer().pid, ", weight ", weight,
+             ", on GPU ", *gpu, " ", g.name, asked ? " (asked for)" : " (placed)",
+             verified ? ", the QEMU of libvirt domain " + domain->name : "");
+    finish_hello(cl, req);
 }
 
 bool Daemon::hello_host(Client& cl, const std::string& raw, std::uint32_t pid, std::optional<std::uint32_t> asked,
@@ -1333,13 +1419,79 @@ void Daemon::domain_up(const DomainInfo& d) {
     if (d.pid > 0)
         for (std::uint32_t gpu : gpus_of_vm(d.uuid)) {
             const Vm& v = vms_.at({d.uuid, gpu});
-            if (auto c = clients_.find(v.client); c != clients_.end() && c->second.conn->peer().pid != d.pid) {
-                log_warning("client ", c->first, ": VM ", d.uuid, " is libvirt domain ", d.name,
-                            " whose QEMU is pid ", d.pid, ", not this peer (pid ", c->second.conn->peer().pid,
-                            "): disconnected");
-                c->second.conn->close("not the QEMU of libvirt domain " + d.name);
+            auto c = clients_.find(v.client);
+            if (c == clients_.end() || c->second.closing) continue;
+            if (is_process(c->second, d.pid)) {
+                c->second.libvirt_verified = true;
+                continue;
             }
+            log_warning("client ", c->first, ": VM ", d.uuid, " is libvirt domain ", d.name, " whose QEMU is pid ",
+                        d.pid, ", not this peer (pid ", c->second.conn->peer().pid, "): disconnected");
+            c->second.conn->close("not the QEMU of libvirt domain " + d.name);
         }
+}
+
+bool Daemon::is_process(const Client& cl, pid_t pid) const {
+    return pid > 0 && cl.conn->peer().pid == pid && cl.pidfd && pidfd_alive(cl.pidfd.get());
+}
+
+// Whether libvirt's answer lets `cl` be the VMM of `uuid` (issue 51 item
+// 9): the reason when it does not.  A domain libvirt knows is closed to
+// anyone but its running QEMU, compared by pidfd (the peer's pid cannot have
+// been reused while pvgpud holds it); only a UUID libvirt has never named
+// passes while libvirt cannot answer.
+std::optional<std::string> Daemon::libvirt_refusal(const Client& cl, const std::string& uuid,
+                                                   const DomainAnswer& a, bool& verified) const {
+    verified = false;
+    const pid_t peer = cl.conn->peer().pid;
+    switch (a.kind) {
+    case DomainAnswer::Kind::None: return std::nullopt;  // not libvirt's: vmm_users decided
+    case DomainAnswer::Kind::Stopped:
+        return "VM " + uuid + " is libvirt domain " + a.info.name + ", which is not running";
+    case DomainAnswer::Kind::Unreachable:
+        if (libvirt_->knows(uuid))
+            return "VM " + uuid + " is a libvirt domain and libvirt cannot confirm its QEMU (" + a.why + ")";
+        log_warning("client ", cl.conn->id(), " (pid ", peer, "): VM ", uuid,
+                    " taken without libvirt's word (", a.why, "); should libvirt name it a domain of another QEMU, "
+                    "that QEMU replaces this client");
+        return std::nullopt;
+    case DomainAnswer::Kind::Running:
+        if (a.info.pid <= 0)
+            return "VM " + uuid + " is libvirt domain " + a.info.name + ", whose QEMU pid cannot be read from " +
+                   cfg_.libvirt.pid_dir + "/" + a.info.name + ".pid";
+        if (!is_process(cl, a.info.pid))
+            return "VM " + uuid + " is libvirt domain " + a.info.name + ": peer pid " + std::to_string(peer) +
+                   " is not its QEMU (pid " + std::to_string(a.info.pid) + ")";
+        verified = true;
+        return std::nullopt;
+    }
+    return "VM " + uuid + ": unknown answer from libvirt";
+}
+
+// The QEMU of libvirt domain `name` (pid `qemu`) said HELLO: connections
+// under its UUID that were taken without libvirt's word and are not that
+// QEMU go now, before its HELLO looks for a free GPU.
+void Daemon::evict_unverified(const std::string& uuid, const std::string& name, pid_t qemu) {
+    std::vector<std::uint32_t> gone;
+    for (std::uint32_t gpu : gpus_of_vm(uuid)) {
+        const std::uint32_t id = vms_.at({uuid, gpu}).client;
+        auto c = clients_.find(id);
+        if (c == clients_.end()) continue;
+        Client& other = c->second;
+        if (!other.closing) {
+            if (other.libvirt_verified) continue;
+            if (is_process(other, qemu)) {
+                other.libvirt_verified = true;  // the same QEMU's other device
+                continue;
+            }
+            log_warning("client ", id, " (pid ", other.conn->peer().pid, "): VM ", uuid, " is libvirt domain ", name,
+                        " and its QEMU (pid ", qemu, ") connected: this client, never verified, is disconnected");
+            other.conn->close("replaced by the QEMU of libvirt domain " + name);
+        }
+        gone.push_back(id);  // closing ones too (domain_up may just have closed it)
+    }
+    // Now, not from the reaper: the QEMU's HELLO needs the GPU back.
+    for (std::uint32_t id : gone) teardown(id);
 }
 
 void Daemon::domain_down(const std::string& uuid, const std::string& name) {
@@ -1349,6 +1501,18 @@ void Daemon::domain_down(const std::string& uuid, const std::string& name) {
     for (std::uint32_t gpu : gpus_of_vm(uuid))
         if (auto c = clients_.find(vms_.at({uuid, gpu}).client); c != clients_.end())
             c->second.conn->close("libvirt domain " + name + " stopped");
+}
+
+// Whoever holds the UUID of a domain that does not run is not its QEMU: a
+// client taken while libvirt could not tell goes once it can.
+void Daemon::domain_not_running(const std::string& uuid, const std::string& name) {
+    for (std::uint32_t gpu : gpus_of_vm(uuid)) {
+        auto c = clients_.find(vms_.at({uuid, gpu}).client);
+        if (c == clients_.end() || c->second.closing) continue;
+        log_warning("client ", c->first, " (pid ", c->second.conn->peer().pid, "): VM ", uuid, " is libvirt domain ",
+                    name, ", which is not running: disconnected");
+        c->second.conn->close("libvirt domain " + name + " is not running");
+    }
 }
 
 void Daemon::apply_vm_weight(const std::string& uuid, const std::string& name, std::uint32_t weight) {
@@ -1368,20 +1532,45 @@ void Daemon::apply_vm_weight(const std::string& uuid, const std::string& name, s
     }
 }
 
-json Daemon::admin_set_weight(const json& req) {
+void Daemon::admin_set_weight(const json& req, AdminReply reply) {
     auto w = req.find("weight");
     const std::string bad_weight = "weight must be an integer in " + std::to_string(PVGPU_WEIGHT_MIN) + ".." +
                                    std::to_string(PVGPU_WEIGHT_MAX);
-    if (w == req.end() || !w->is_number_integer()) return admin_error(bad_weight);
+    if (w == req.end() || !w->is_number_integer()) return reply(admin_error(bad_weight));
     const bool in_range = w->is_number_unsigned() ? w->get<std::uint64_t>() <= PVGPU_WEIGHT_MAX
                                                   : w->get<std::int64_t>() <= PVGPU_WEIGHT_MAX;
     if (!in_range || w->get<std::int64_t>() < static_cast<std::int64_t>(PVGPU_WEIGHT_MIN))
-        return admin_error(bad_weight);
+        return reply(admin_error(bad_weight));
     const auto weight = w->get<std::uint32_t>();
     auto t = req.find("target");
-    if (t == req.end() || !t->is_string()) return admin_error("bad request: missing \"target\"");
+    if (t == req.end() || !t->is_string()) return reply(admin_error("bad request: missing \"target\""));
     const std::string target = t->get<std::string>();
 
+    // A libvirt domain's weight lives in its metadata: written there first
+    // (pvgpud then hears the change too), and applied here by its UUID.
+    // The write runs on the libvirt worker; the admin waits, nothing else.
+    if (!libvirt_ || target.find('/') != std::string::npos) return reply(set_weight_here(target, weight, {}));
+    libvirt_->set_weight(target, weight, [this, target, weight, reply](const WeightWrite& ww) {
+        std::optional<std::string> domain;
+        switch (ww.kind) {
+        case WeightWrite::Kind::Failed: return reply(admin_error("libvirt domain " + target + ": " + ww.why));
+        case WeightWrite::Kind::Written:
+            domain = ww.uuid;
+            log_info("weight ", weight, " written to the metadata of libvirt domain ", target);
+            break;
+        case WeightWrite::Kind::Unreachable:
+            log_warning("set-weight ", target, ": ", ww.why, "; set in pvgpud only");
+            break;
+        case WeightWrite::Kind::NotDomain: break;
+        }
+        reply(set_weight_here(target, weight, domain));
+    });
+}
+
+// set-weight once libvirt had its say: `domain` is the UUID of the libvirt
+// domain whose metadata took the weight.
+json Daemon::set_weight_here(const std::string& target, std::uint32_t weight,
+                             const std::optional<std::string>& domain) {
     // Every entity the target names: a VM or host user on several GPUs has
     // one on each, all given the weight.
     using Found = std::vector<std::pair<Gpu*, EntityId>>;
@@ -1413,17 +1602,6 @@ json Daemon::admin_set_weight(const json& req) {
         return {{"ok", true}, {"path", target}, {"weight", weight}, {"pending", true}};
     };
 
-    // A libvirt domain's weight lives in its metadata: written there first
-    // (pvgpud then hears the change too), and applied here by its UUID.
-    std::optional<std::string> domain;
-    if (libvirt_ && target.find('/') == std::string::npos) {
-        try {
-            domain = libvirt_->set_weight(target, weight);
-        } catch (const std::exception& e) {
-            return admin_error("libvirt domain " + target + ": " + e.what());
-        }
-        if (domain) log_info("weight ", weight, " written to the metadata of libvirt domain ", target);
-    }
     const auto with_domain = [&](json reply) {
         if (domain) reply["libvirt"] = true;
         return reply;

@@ -187,6 +187,9 @@ private:
         std::string host_user;             // HOST: key of host_users_
         std::uint32_t gpu = 0;             // after HELLO: the GPU it is on
         std::set<ChannelId> channels;
+        UniqueFd pidfd;                 // a VMM user's process (identity checks)
+        bool hello_pending = false;     // its HELLO waits for libvirt
+        bool libvirt_verified = false;  // VMM: libvirt named it its domain's QEMU
         bool closing = false;
         bool linger = false;  // refused at HELLO: its socket outlives it (linger())
     };
@@ -195,7 +198,25 @@ private:
     void on_message(ClientConn& c, wire::Message& m) override;
     void on_closed(ClientConn& c, const std::string& reason, bool protocol_error) override;
     void accept_clients();
+    // A HELLO being answered (maybe later: libvirt is asked off the loop).
+    struct HelloRequest {
+        pvgpu_hello h{};
+        std::uint32_t seq = 0;
+        std::string raw;                     // the name given
+        std::optional<std::uint32_t> asked;  // the GPU named, if any
+    };
     void on_hello(Client& cl, const wire::Message& m);
+    void hello_vmm(Client& cl, const HelloRequest& req);
+    void admit_vmm(Client& cl, const HelloRequest& req, const std::string& uuid, const DomainAnswer* libvirt);
+    void finish_hello(Client& cl, const HelloRequest& req);
+    void refuse_hello(Client& cl, const HelloRequest& req, std::uint32_t status, const std::string& why);
+    pvgpu_hello_reply hello_reply(const Client& cl, const HelloRequest& req, std::uint32_t status) const;
+    bool hello_full() const;
+    // --- VMM identity against libvirt (issue 51 item 9) ---
+    bool is_process(const Client& cl, pid_t pid) const;
+    std::optional<std::string> libvirt_refusal(const Client& cl, const std::string& uuid, const DomainAnswer& a,
+                                               bool& verified) const;
+    void evict_unverified(const std::string& uuid, const std::string& name, pid_t qemu);
     void on_alloc(Client& cl, const wire::Message& m);
     void on_free(Client& cl, const wire::Message& m);
     void on_mode_ack(Client& cl, const wire::Message& m);
@@ -262,7 +283,9 @@ private:
 
     // --- admin ---
     nlohmann::json admin_list() override;
-    nlohmann::json admin_set_weight(const nlohmann::json& req) override;
+    void admin_set_weight(const nlohmann::json& req, AdminReply reply) override;
+    nlohmann::json set_weight_here(const std::string& target, std::uint32_t weight,
+                                   const std::optional<std::string>& domain);
     nlohmann::json admin_set_policy(const nlohmann::json& req) override;
     nlohmann::json admin_get_policy() override;
     nlohmann::json admin_stats() override;
@@ -274,6 +297,7 @@ private:
     // --- libvirt (the domains' metadata is the truth for their weights) ---
     void domain_up(const DomainInfo& d) override;
     void domain_down(const std::string& uuid, const std::string& name) override;
+    void domain_not_running(const std::string& uuid, const std::string& name) override;
     // A VM's weight from wherever it is kept, applied and saved.
     void apply_vm_weight(const std::string& uuid, const std::string& name, std::uint32_t weight);
 

@@ -3,160 +3,70 @@
 #include <libvirt/libvirt.h>
 #include <libvirt/virterror.h>
 #include <pvgpu/abi.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
 #include <fstream>
-#include <functional>
+#include <mutex>
 #include <stdexcept>
+#include <thread>
 
+#include "proto/unique_fd.hpp"
 #include "virt.hpp"
 
 namespace pvgpu::daemon {
 
-// ---- libvirt's event API on a GLib main context ----------------------------
-//
-// libvirt needs an event loop for its connection (RPC replies, keepalive,
-// domain events).  Implementing its six callbacks on the daemon's context
-// keeps everything on the main thread: no lock is shared with libvirt.
 namespace {
 
-struct EventHandle {
-    int fd;
-    int events;  // VIR_EVENT_HANDLE_*
-    virEventHandleCallback cb;
-    void* opaque;
-    virFreeCallback ff;
-    FdWatch watch;
-};
-struct EventTimeout {
-    int interval_ms;  // -1 off, 0 every loop iteration
-    virEventTimeoutCallback cb;
-    void* opaque;
-    virFreeCallback ff;
-    Source src;
-};
+using SteadyClock = std::chrono::steady_clock;
 
-GMainContext* g_event_ctx = nullptr;
-std::map<int, std::unique_ptr<EventHandle>> g_handles;
-std::map<int, std::unique_ptr<EventTimeout>> g_timeouts;
-int g_next_event_id = 1;
+constexpr unsigned kBackoffFirstMs = 500;
+constexpr unsigned kBackoffMaxMs = 30000;
+// How long the destructor waits for a worker that is inside a libvirt call
+// (a metadata write, say) before leaving it to the process' exit.
+constexpr auto kWorkerExitWait = std::chrono::seconds(2);
 
-// libvirt wants free callbacks run after removal returns, never inside it.
-void defer_free(virFreeCallback ff, void* opaque) {
-    if (!ff) return;
-    struct Pending {
-        virFreeCallback ff;
-        void* opaque;
-    };
-    GSource* s = g_idle_source_new();
-    g_source_set_callback(
-        s,
-        [](gpointer p) -> gboolean {
-            auto* pending = static_cast<Pending*>(p);
-            pending->ff(pending->opaque);
-            return G_SOURCE_REMOVE;
-        },
-        new Pending{ff, opaque},  // NOLINT: owned by GLib, freed below
-        [](gpointer p) { delete static_cast<Pending*>(p); });  // NOLINT
-    g_source_attach(s, g_event_ctx);
-    g_source_unref(s);
-}
+// libvirt's event loop (RPC replies, keepalive, domain events), one per
+// process: libvirt takes one event implementation for good.  Its thread
+// runs nothing but libvirt's dispatch, which never waits for libvirtd, so it
+// always stops when asked.
+class EventLoopThread {
+public:
+    static void ensure() { static EventLoopThread loop; }
 
-void arm_handle(int id) {
-    EventHandle& h = *g_handles.at(id);
-    GIOCondition cond{};
-    if (h.events & VIR_EVENT_HANDLE_READABLE) cond = static_cast<GIOCondition>(cond | G_IO_IN);
-    if (h.events & VIR_EVENT_HANDLE_WRITABLE) cond = static_cast<GIOCondition>(cond | G_IO_OUT);
-    if (h.events == 0) {
-        h.watch.reset();  // FdWatch always reports HUP/ERR; libvirt asked for nothing
-    } else if (h.watch) {
-        h.watch.set_condition(cond);
-    } else {
-        h.watch = FdWatch(g_event_ctx, h.fd, cond, [id](GIOCondition got) {
-            auto it = g_handles.find(id);
-            if (it == g_handles.end()) return;
-            EventHandle& e = *it->second;
-            int ev = 0;
-            if (got & G_IO_IN) ev |= VIR_EVENT_HANDLE_READABLE;
-            if (got & G_IO_OUT) ev |= VIR_EVENT_HANDLE_WRITABLE;
-            if (got & G_IO_ERR) ev |= VIR_EVENT_HANDLE_ERROR;
-            if (got & G_IO_HUP) ev |= VIR_EVENT_HANDLE_HANGUP;
-            ev &= e.events | VIR_EVENT_HANDLE_ERROR | VIR_EVENT_HANDLE_HANGUP;
-            if (ev) e.cb(id, e.fd, ev, e.opaque);
+private:
+    EventLoopThread() {
+        if (virEventRegisterDefaultImpl() < 0)
+            throw std::runtime_error(std::string("libvirt: no event loop: ") + virGetLastErrorMessage());
+        thread_ = std::thread([this] {
+            while (!stop_.load())
+                if (virEventRunDefaultImpl() < 0) {
+                    log_error("libvirt: event loop failed: ", virGetLastErrorMessage(),
+                              "; domain events and keepalive stop");
+                    return;
+                }
         });
     }
-}
-
-int add_handle(int fd, int events, virEventHandleCallback cb, void* opaque, virFreeCallback ff) {
-    const int id = g_next_event_id++;
-    g_handles[id] = std::make_unique<EventHandle>(EventHandle{fd, events, cb, opaque, ff, {}});
-    arm_handle(id);
-    return id;
-}
-
-void update_handle(int id, int events) {
-    auto it = g_handles.find(id);
-    if (it == g_handles.end()) return;
-    it->second->events = events;
-    arm_handle(id);
-}
-
-int remove_handle(int id) {
-    auto it = g_handles.find(id);
-    if (it == g_handles.end()) return -1;
-    defer_free(it->second->ff, it->second->opaque);
-    g_handles.erase(it);  // a running dispatch keeps its GSource alive
-    return 0;
-}
-
-void arm_timeout(int id) {
-    EventTimeout& t = *g_timeouts.at(id);
-    t.src.reset();
-    if (t.interval_ms < 0) return;
-    auto fire = [id] {
-        auto it = g_timeouts.find(id);
-        if (it == g_timeouts.end()) return false;
-        it->second->cb(id, it->second->opaque);
-        return true;  // until libvirt updates or removes it
-    };
-    t.src = t.interval_ms == 0 ? add_idle(g_event_ctx, fire)
-                               : add_timeout(g_event_ctx, static_cast<unsigned>(t.interval_ms), fire);
-}
-
-int add_timeout_cb(int interval_ms, virEventTimeoutCallback cb, void* opaque, virFreeCallback ff) {
-    const int id = g_next_event_id++;
-    g_timeouts[id] = std::make_unique<EventTimeout>(EventTimeout{interval_ms, cb, opaque, ff, {}});
-    arm_timeout(id);
-    return id;
-}
-
-void update_timeout(int id, int interval_ms) {
-    auto it = g_timeouts.find(id);
-    if (it == g_timeouts.end()) return;
-    it->second->interval_ms = interval_ms;
-    arm_timeout(id);
-}
-
-int remove_timeout(int id) {
-    auto it = g_timeouts.find(id);
-    if (it == g_timeouts.end()) return -1;
-    defer_free(it->second->ff, it->second->opaque);
-    g_timeouts.erase(it);
-    return 0;
-}
-
-// libvirt takes one event implementation per process, for good.  A later
-// daemon in the same process (tests) may take it over once nothing is
-// registered on the old context any more.
-void register_event_impl(GMainContext* ctx) {
-    static bool registered = false;
-    if (g_event_ctx == ctx) return;
-    if (!g_handles.empty() || !g_timeouts.empty())
-        throw std::logic_error("libvirt's event loop is still in use on another main context");
-    g_event_ctx = ctx;
-    if (!registered)
-        virEventRegisterImpl(add_handle, update_handle, remove_handle, add_timeout_cb, update_timeout, remove_timeout);
-    registered = true;
-}
+    ~EventLoopThread() {
+        stop_ = true;
+        // A timer due at once wakes the loop, which then sees stop_.
+        const int wake = virEventAddTimeout(0, [](int, void*) {}, nullptr, nullptr);
+        if (wake >= 0) {
+            thread_.join();
+            virEventRemoveTimeout(wake);
+        } else {
+            thread_.detach();
+        }
+    }
+    std::atomic<bool> stop_{false};
+    std::thread thread_;
+};
 
 pid_t read_pid_file(const std::string& path) {
     std::ifstream f(path);
@@ -165,219 +75,518 @@ pid_t read_pid_file(const std::string& path) {
     return static_cast<pid_t>(pid);
 }
 
-constexpr unsigned kBackoffFirstMs = 500;
-constexpr unsigned kBackoffMaxMs = 30000;
+std::int64_t steady_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(SteadyClock::now().time_since_epoch()).count();
+}
 
 }  // namespace
 
-// ---- the watcher ---------------------------------------------------------
+class Worker;
+using Job = std::function<void(Worker&)>;
+using Result = std::function<void(LibvirtWatch::Impl&)>;
 
-struct LibvirtWatch::Impl {
-    GMainContext* ctx;
-    LibvirtConfig cfg;
-    Listener& listener;
-    virt::Connection conn;
-    int lifecycle_cb = -1, metadata_cb = -1;
-    std::map<std::string, DomainInfo> running;  // by UUID
-    std::set<std::string> dirty;                 // UUIDs to look at again
-    Source work;                                 // processes `dirty` outside libvirt's callbacks
-    Source retry;
-    unsigned backoff_ms = kBackoffFirstMs;
-    bool warned = false;
-    bool lost = false;
+// What the loop and the worker share; the worker holds it too, so a worker
+// left inside a libvirt call at shutdown never touches freed memory.
+struct Shared {
+    explicit Shared(LibvirtConfig c) : cfg(std::move(c)) {}
+    const LibvirtConfig cfg;
+    std::mutex m;
+    std::condition_variable cv;        // jobs or stop for the worker; `exited` for the loop
+    std::deque<Job> jobs;              // for the worker
+    std::deque<Result> results;        // for the loop
+    bool stop = false;
+    bool exited = false;
+    UniqueFd wake{eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)};  // readable: results wait
+    // When the libvirt call under way began (steady ns); 0: none.
+    std::atomic<std::int64_t> busy_since{0};
 
-    Impl(GMainContext* c, LibvirtConfig conf, Listener& l) : ctx(c), cfg(std::move(conf)), listener(l) {}
-
-    ~Impl() { disconnect(); }
-
-    void disconnect() {
-        if (!conn) return;
-        if (lifecycle_cb >= 0) virConnectDomainEventDeregisterAny(conn.get(), lifecycle_cb);
-        if (metadata_cb >= 0) virConnectDomainEventDeregisterAny(conn.get(), metadata_cb);
-        virConnectUnregisterCloseCallback(conn.get(), on_close);
-        lifecycle_cb = metadata_cb = -1;
-        conn.reset();
-    }
-
-    void connect() {
-        try {
-            conn = virt::open(cfg.uri);
-        } catch (const virt::VirtError& e) {
-            if (!warned)
-                log_warning("libvirt: ", e.what(), "; retrying (backoff up to ", kBackoffMaxMs / 1000,
-                            " s), VMs run at their pvgpud weights meanwhile");
-            else
-                log_debug("libvirt: ", e.what());
-            warned = true;
-            schedule_retry();
-            return;
+    void push_job(Job j) {
+        {
+            std::lock_guard lk(m);
+            jobs.push_back(std::move(j));
         }
-        if (virConnectSetKeepAlive(conn.get(), 5, 3) < 0) log_debug("libvirt: no keepalive on ", cfg.uri);
-        virConnectRegisterCloseCallback(conn.get(), on_close, this, nullptr);
-        lifecycle_cb = virConnectDomainEventRegisterAny(conn.get(), nullptr, VIR_DOMAIN_EVENT_ID_LIFECYCLE,
-                                                        VIR_DOMAIN_EVENT_CALLBACK(on_lifecycle), this, nullptr);
-        metadata_cb = virConnectDomainEventRegisterAny(conn.get(), nullptr, VIR_DOMAIN_EVENT_ID_METADATA_CHANGE,
-                                                       VIR_DOMAIN_EVENT_CALLBACK(on_metadata), this, nullptr);
-        if (lifecycle_cb < 0 || metadata_cb < 0) {
-            log_warning("libvirt: cannot register domain events on ", cfg.uri, "; retrying");
-            disconnect();
-            schedule_retry();
-            return;
+        cv.notify_all();
+    }
+    void post(Result r) {
+        {
+            std::lock_guard lk(m);
+            results.push_back(std::move(r));
         }
-        log_info("libvirt: following domains on ", cfg.uri);
-        warned = false;
-        backoff_ms = kBackoffFirstMs;
-        resync();
-    }
-
-    void schedule_retry() {
-        const unsigned ms = backoff_ms;
-        backoff_ms = std::min(backoff_ms * 2, kBackoffMaxMs);
-        retry = add_timeout(ctx, ms, [this] {
-            connect();
-            return false;
-        });
-    }
-
-    // Every running domain, again: after a (re)connect nothing is assumed.
-    void resync() {
-        virDomainPtr* doms = nullptr;
-        const int n = virConnectListAllDomains(conn.get(), &doms, VIR_CONNECT_LIST_DOMAINS_ACTIVE);
-        if (n < 0) {
-            log_warning("libvirt: cannot list domains: ", virGetLastErrorMessage());
-            return;
-        }
-        std::map<std::string, DomainInfo> now;
-        for (int i = 0; i < n; ++i) {
-            virt::Domain d(doms[i]);
-            if (auto info = describe(d.get())) now[info->uuid] = *info;
-        }
-        free(doms);  // NOLINT: allocated by libvirt
-        for (const auto& [uuid, old] : running)
-            if (!now.count(uuid)) listener.domain_down(uuid, old.name);
-        running = now;
-        for (const auto& [uuid, info] : running) listener.domain_up(info);
-        log_debug("libvirt: ", running.size(), " running domains with pvgpu");
-    }
-
-    // nullopt: not a pvgpu domain (neither the metadata nor the device).
-    std::optional<DomainInfo> describe(virDomainPtr dom) {
-        DomainInfo d;
-        try {
-            d.uuid = virt::uuid_of(dom);
-            d.name = virt::name_of(dom);
-            d.weight = PVGPU_WEIGHT_DEFAULT;
-            bool pvgpu = false;
-            try {
-                if (auto m = virt::read_gpu_metadata(dom, VIR_DOMAIN_AFFECT_LIVE)) {
-                    d.weight = m->weight;
-                    d.gpu = m->device;
-                    pvgpu = true;
-                }
-            } catch (const virt::XmlError& e) {
-                d.metadata_error = e.what();
-                pvgpu = true;
-            }
-            if (!pvgpu) {
-                std::unique_ptr<char, decltype(&free)> xml(virDomainGetXMLDesc(dom, 0), free);
-                pvgpu = xml && virt::has_device(xml.get());
-            }
-            if (!pvgpu) return std::nullopt;
-        } catch (const std::exception& e) {
-            log_debug("libvirt: ", e.what());
-            return std::nullopt;
-        }
-        d.pid = read_pid_file(cfg.pid_dir + "/" + d.name + ".pid");
-        return d;
-    }
-
-    // The running pvgpu domain of that UUID, asked of libvirt now.
-    std::optional<DomainInfo> lookup(const std::string& uuid) {
-        if (!conn) return std::nullopt;
-        virt::Domain dom(virDomainLookupByUUIDString(conn.get(), uuid.c_str()));
-        if (!dom || virDomainIsActive(dom.get()) != 1) return std::nullopt;
-        return describe(dom.get());
-    }
-
-    void refresh(const std::string& uuid) {
-        if (!conn) return;
-        std::optional<DomainInfo> info = lookup(uuid);
-        auto old = running.find(uuid);
-        if (info) {
-            running[uuid] = *info;
-            listener.domain_up(*info);
-        } else if (old != running.end()) {
-            const std::string name = old->second.name;
-            running.erase(old);
-            listener.domain_down(uuid, name);
-        }
-    }
-
-    void mark(virDomainPtr dom) {
-        char buf[VIR_UUID_STRING_BUFLEN];
-        if (virDomainGetUUIDString(dom, buf) < 0) return;
-        dirty.insert(buf);
-        if (!work) work = add_idle(ctx, [this] {
-            auto todo = std::move(dirty);
-            dirty.clear();
-            for (const auto& uuid : todo) refresh(uuid);
-            return false;
-        });
-    }
-
-    static int on_lifecycle(virConnectPtr, virDomainPtr dom, int, int, void* opaque) {
-        guarded("libvirt lifecycle event", [&] { static_cast<Impl*>(opaque)->mark(dom); });
-        return 0;
-    }
-
-    static void on_metadata(virConnectPtr, virDomainPtr dom, int type, const char* nsuri, void* opaque) {
-        if (type != VIR_DOMAIN_METADATA_ELEMENT || !nsuri || std::string(nsuri) != virt::kMetadataNamespace) return;
-        guarded("libvirt metadata event", [&] { static_cast<Impl*>(opaque)->mark(dom); });
-    }
-
-    static void on_close(virConnectPtr, int reason, void* opaque) {
-        auto* self = static_cast<Impl*>(opaque);
-        if (self->lost) return;
-        self->lost = true;
-        log_warning("libvirt: connection to ", self->cfg.uri, " lost (reason ", reason, "); reconnecting");
-        // Not from inside libvirt's callback: it still holds the connection.
-        self->retry = add_idle(self->ctx, [self] {
-            self->disconnect();
-            self->lost = false;
-            self->backoff_ms = kBackoffFirstMs;
-            self->schedule_retry();
-            return false;
-        });
+        const std::uint64_t one = 1;
+        (void)!::write(wake.get(), &one, sizeof one);
     }
 };
 
-LibvirtWatch::LibvirtWatch(GMainContext* ctx, LibvirtConfig cfg, Listener& listener)
-    : impl_(std::make_unique<Impl>(ctx, std::move(cfg), listener)) {
-    register_event_impl(ctx);
-    impl_->connect();
+// libvirt's callbacks get a reference of their own: freed by libvirt once
+// the callback can no longer run.
+struct CallbackRef {
+    std::shared_ptr<Shared> sh;
+    static void* make(const std::shared_ptr<Shared>& s) { return new CallbackRef{s}; }  // NOLINT: libvirt frees
+    static void release(void* p) { delete static_cast<CallbackRef*>(p); }                // NOLINT
+    static Shared& of(void* p) { return *static_cast<CallbackRef*>(p)->sh; }
+};
+
+// The loop's side: what pvgpud knows of libvirt, and the callers waiting.
+struct LibvirtWatch::Impl {
+    enum class Link { Connecting, Up, Down };
+
+    Impl(GMainContext* c, LibvirtConfig cfg, Listener& l);
+    ~Impl();
+
+    // What the worker reported (run on the loop).
+    void on_link(Link now, const std::string& why);
+    void on_resync(std::map<std::string, DomainInfo> all);
+    void on_answer(const std::string& uuid, const DomainAnswer& a);
+    void finish_lookup(std::uint64_t id, const DomainAnswer& a);
+    void finish_write(std::uint64_t id, const WeightWrite& w);
+    // Why a caller cannot wait for libvirt now; nullopt: it may.
+    std::optional<std::string> unreachable() const;
+    void drain_results();
+
+    template <class Fn>
+    struct Pending {
+        Fn done;
+        Source timeout;
+    };
+    GMainContext* ctx;
+    Listener& listener;
+    std::shared_ptr<Shared> sh;
+    FdWatch results_watch;
+    std::thread worker;
+    Link link = Link::Connecting;
+    std::string down_why;
+    std::map<std::string, DomainInfo> running;  // by UUID
+    std::set<std::string> known;                // UUIDs of every domain with pvgpu libvirt named
+    std::map<std::uint64_t, Pending<std::function<void(const DomainAnswer&)>>> lookups;
+    std::map<std::uint64_t, Pending<std::function<void(const WeightWrite&)>>> writes;
+    std::uint64_t next_id = 1;
+};
+
+// The worker thread's side: the connection and every libvirt call.
+class Worker {
+public:
+    explicit Worker(std::shared_ptr<Shared> sh) : sh_(std::move(sh)) {}
+
+    void run() {
+        std::unique_lock lk(sh_->m);
+        while (!sh_->stop) {
+            if (!conn_ && SteadyClock::now() >= next_connect_) {
+                lk.unlock();
+                guarded("libvirt connect", [&] { connect(); });
+                // Whatever went wrong, the next try waits for the backoff.
+                if (!conn_ && SteadyClock::now() >= next_connect_) retry_later("connect failed");
+                lk.lock();
+                continue;
+            }
+            if (sh_->jobs.empty()) {
+                if (conn_) sh_->cv.wait(lk);
+                else sh_->cv.wait_until(lk, next_connect_);  // the backoff's deadline, or a job
+                continue;
+            }
+            Job job = std::move(sh_->jobs.front());
+            sh_->jobs.pop_front();
+            lk.unlock();
+            guarded("libvirt worker", [&] { job(*this); });
+            lk.lock();
+        }
+        lk.unlock();
+        disconnect();
+        {
+            std::lock_guard g(sh_->m);
+            sh_->exited = true;
+        }
+        sh_->cv.notify_all();
+    }
+
+    DomainAnswer ask(const std::string& uuid);
+    WeightWrite write_weight(const std::string& target, std::uint32_t weight);
+    // A domain event named `uuid`: what it is now, for the loop.
+    void refresh(const std::string& uuid) {
+        if (!conn_) return;
+        DomainAnswer a = ask(uuid);
+        sh_->post([uuid, a](LibvirtWatch::Impl& l) { l.on_answer(uuid, a); });
+    }
+    void lost(int reason);
+    void post(Result r) { sh_->post(std::move(r)); }
+
+private:
+    // Marks a libvirt call under way, for the loop's "not answering" check.
+    struct Busy {
+        explicit Busy(Shared& s) : sh(s) { sh.busy_since = steady_ns(); }
+        ~Busy() { sh.busy_since = 0; }
+        Busy(const Busy&) = delete;
+        Busy& operator=(const Busy&) = delete;
+        Shared& sh;
+    };
+
+    void connect();
+    void disconnect();
+    void resync();
+    std::optional<DomainInfo> describe(virDomainPtr dom, bool running);
+    void retry_later(const std::string& why);
+    void link(LibvirtWatch::Impl::Link now, const std::string& why = {}) {
+        sh_->post([now, why](LibvirtWatch::Impl& l) { l.on_link(now, why); });
+    }
+
+    static int on_lifecycle(virConnectPtr, virDomainPtr dom, int, int, void* opaque) {
+        mark(dom, opaque);
+        return 0;
+    }
+    static void on_metadata(virConnectPtr, virDomainPtr dom, int type, const char* nsuri, void* opaque) {
+        if (type != VIR_DOMAIN_METADATA_ELEMENT || !nsuri || std::string(nsuri) != virt::kMetadataNamespace) return;
+        mark(dom, opaque);
+    }
+    // On libvirt's event thread: the work goes to the worker.
+    static void mark(virDomainPtr dom, void* opaque) {
+        char buf[VIR_UUID_STRING_BUFLEN];
+        if (virDomainGetUUIDString(dom, buf) < 0) return;
+        std::string uuid = buf;
+        CallbackRef::of(opaque).push_job([uuid](Worker& w) { w.refresh(uuid); });
+    }
+    static void on_close(virConnectPtr, int reason, void* opaque) {
+        CallbackRef::of(opaque).push_job([reason](Worker& w) { w.lost(reason); });
+    }
+
+    std::shared_ptr<Shared> sh_;
+    virt::Connection conn_;
+    int lifecycle_cb_ = -1, metadata_cb_ = -1;
+    bool close_cb_ = false;
+    unsigned backoff_ms_ = kBackoffFirstMs;
+    bool warned_ = false;
+    SteadyClock::time_point next_connect_{};
+};
+
+// ---- the worker ------------------------------------------------------------
+
+void Worker::connect() {
+    link(LibvirtWatch::Impl::Link::Connecting);
+    try {
+        Busy busy(*sh_);
+        conn_ = virt::open(sh_->cfg.uri);
+    } catch (const virt::VirtError& e) {
+        retry_later(e.what());
+        return;
+    }
+    Busy busy(*sh_);
+    if (virConnectSetKeepAlive(conn_.get(), 5, 3) < 0) log_debug("libvirt: no keepalive on ", sh_->cfg.uri);
+    close_cb_ = virConnectRegisterCloseCallback(conn_.get(), on_close, CallbackRef::make(sh_), CallbackRef::release) == 0;
+    lifecycle_cb_ = virConnectDomainEventRegisterAny(conn_.get(), nullptr, VIR_DOMAIN_EVENT_ID_LIFECYCLE,
+                                                     VIR_DOMAIN_EVENT_CALLBACK(on_lifecycle), CallbackRef::make(sh_),
+                                                     CallbackRef::release);
+    metadata_cb_ = virConnectDomainEventRegisterAny(conn_.get(), nullptr, VIR_DOMAIN_EVENT_ID_METADATA_CHANGE,
+                                                    VIR_DOMAIN_EVENT_CALLBACK(on_metadata), CallbackRef::make(sh_),
+                                                    CallbackRef::release);
+    if (lifecycle_cb_ < 0 || metadata_cb_ < 0) {
+        const std::string why = std::string("cannot register domain events: ") + virGetLastErrorMessage();
+        disconnect();
+        retry_later(why);
+        return;
+    }
+    log_info("libvirt: following domains on ", sh_->cfg.uri);
+    warned_ = false;
+    backoff_ms_ = kBackoffFirstMs;
+    resync();
+    link(LibvirtWatch::Impl::Link::Up);
 }
+
+void Worker::retry_later(const std::string& why) {
+    if (!warned_)
+        log_warning("libvirt: ", why, "; retrying (backoff up to ", kBackoffMaxMs / 1000,
+                    " s), VMs run at their pvgpud weights meanwhile");
+    else
+        log_debug("libvirt: ", why);
+    warned_ = true;
+    link(LibvirtWatch::Impl::Link::Down, why);
+    next_connect_ = SteadyClock::now() + std::chrono::milliseconds(backoff_ms_);
+    backoff_ms_ = std::min(backoff_ms_ * 2, kBackoffMaxMs);
+}
+
+void Worker::disconnect() {
+    if (!conn_) return;
+    if (lifecycle_cb_ >= 0) virConnectDomainEventDeregisterAny(conn_.get(), lifecycle_cb_);
+    if (metadata_cb_ >= 0) virConnectDomainEventDeregisterAny(conn_.get(), metadata_cb_);
+    if (close_cb_) virConnectUnregisterCloseCallback(conn_.get(), on_close);
+    lifecycle_cb_ = metadata_cb_ = -1;
+    close_cb_ = false;
+    conn_.reset();
+}
+
+void Worker::lost(int reason) {
+    if (!conn_) return;
+    disconnect();
+    backoff_ms_ = kBackoffFirstMs;
+    warned_ = false;
+    retry_later("connection to " + sh_->cfg.uri + " lost (reason " + std::to_string(reason) + ")");
+}
+
+// Every domain with pvgpu, again: after a (re)connect nothing is assumed.
+void Worker::resync() {
+    virDomainPtr* doms = nullptr;
+    const int n = virConnectListAllDomains(conn_.get(), &doms, 0);
+    if (n < 0) {
+        log_warning("libvirt: cannot list domains: ", virGetLastErrorMessage());
+        return;
+    }
+    std::map<std::string, DomainInfo> all;
+    std::set<std::string> active;
+    for (int i = 0; i < n; ++i) {
+        virt::Domain d(doms[i]);
+        const bool running = virDomainIsActive(d.get()) == 1;
+        try {
+            if (auto info = describe(d.get(), running)) {
+                all[info->uuid] = *info;
+                if (running) active.insert(info->uuid);
+            }
+        } catch (const std::exception& e) {
+            log_debug("libvirt: ", e.what());
+        }
+    }
+    free(doms);  // NOLINT: allocated by libvirt
+    // Stopped domains go with pid -1: known, not running.
+    for (auto& [uuid, info] : all)
+        if (!active.count(uuid)) info.pid = -1;
+    sh_->post([all = std::move(all)](LibvirtWatch::Impl& l) mutable { l.on_resync(std::move(all)); });
+}
+
+// nullopt: not a pvgpu domain (neither the metadata nor the device).
+// Throws when libvirt fails: "cannot tell" is not "no".
+std::optional<DomainInfo> Worker::describe(virDomainPtr dom, bool running) {
+    DomainInfo d;
+    d.uuid = virt::uuid_of(dom);
+    d.name = virt::name_of(dom);
+    d.weight = PVGPU_WEIGHT_DEFAULT;
+    bool pvgpu = false;
+    const unsigned flags = running ? VIR_DOMAIN_AFFECT_LIVE : VIR_DOMAIN_AFFECT_CONFIG;
+    try {
+        if (auto m = virt::read_gpu_metadata(dom, flags)) {
+            d.weight = m->weight;
+            d.gpu = m->device;
+            pvgpu = true;
+        }
+    } catch (const virt::XmlError& e) {
+        d.metadata_error = e.what();
+        pvgpu = true;
+    }
+    if (!pvgpu) {
+        std::unique_ptr<char, decltype(&free)> xml(virDomainGetXMLDesc(dom, running ? 0 : VIR_DOMAIN_XML_INACTIVE),
+                                                   free);
+        if (!xml) virt::fail("domain " + d.name);
+        pvgpu = virt::has_device(xml.get());
+    }
+    if (!pvgpu) return std::nullopt;
+    if (running) d.pid = read_pid_file(sh_->cfg.pid_dir + "/" + d.name + ".pid");
+    return d;
+}
+
+DomainAnswer Worker::ask(const std::string& uuid) {
+    DomainAnswer a;
+    if (!conn_) {
+        a.why = "not connected to " + sh_->cfg.uri;
+        return a;
+    }
+    Busy busy(*sh_);
+    try {
+        virt::Domain dom(virDomainLookupByUUIDString(conn_.get(), uuid.c_str()));
+        if (!dom) {
+            virErrorPtr e = virGetLastError();
+            if (e && e->code == VIR_ERR_NO_DOMAIN) {
+                a.kind = DomainAnswer::Kind::None;
+                return a;
+            }
+            virt::fail("lookup of " + uuid);
+        }
+        const int active = virDomainIsActive(dom.get());
+        if (active < 0) virt::fail("domain " + uuid);
+        if (auto info = describe(dom.get(), active == 1)) {
+            a.kind = active == 1 ? DomainAnswer::Kind::Running : DomainAnswer::Kind::Stopped;
+            a.info = *info;
+        } else {
+            a.kind = DomainAnswer::Kind::None;
+        }
+    } catch (const std::exception& e) {
+        a.kind = DomainAnswer::Kind::Unreachable;
+        a.why = e.what();
+    }
+    return a;
+}
+
+WeightWrite Worker::write_weight(const std::string& target, std::uint32_t weight) {
+    WeightWrite w;
+    if (!conn_) {
+        w.why = "not connected to " + sh_->cfg.uri;
+        return w;
+    }
+    Busy busy(*sh_);
+    try {
+        auto uuid = virt::set_domain_weight(conn_.get(), target, weight);
+        w.kind = uuid ? WeightWrite::Kind::Written : WeightWrite::Kind::NotDomain;
+        if (uuid) w.uuid = *uuid;
+    } catch (const std::exception& e) {
+        w.kind = WeightWrite::Kind::Failed;
+        w.why = e.what();
+    }
+    return w;
+}
+
+// ---- the loop's side -------------------------------------------------------
+
+LibvirtWatch::Impl::Impl(GMainContext* c, LibvirtConfig cfg, Listener& l)
+    : ctx(c), listener(l), sh(std::make_shared<Shared>(std::move(cfg))) {
+    if (!sh->wake) throw std::runtime_error(std::string("libvirt: eventfd: ") + std::strerror(errno));
+    EventLoopThread::ensure();
+    results_watch = FdWatch(ctx, sh->wake.get(), G_IO_IN, [this](GIOCondition) { drain_results(); });
+    worker = std::thread([s = sh] { Worker(s).run(); });
+}
+
+LibvirtWatch::Impl::~Impl() {
+    results_watch.reset();  // nothing the worker still posts runs
+    std::unique_lock lk(sh->m);
+    sh->stop = true;
+    sh->cv.notify_all();
+    if (sh->cv.wait_for(lk, kWorkerExitWait, [this] { return sh->exited; })) {
+        lk.unlock();
+        worker.join();
+        return;
+    }
+    lk.unlock();
+    // libvirt cannot cancel a call: the worker holds the shared state, and
+    // ends with the process.
+    log_warning("libvirt: a call to ", sh->cfg.uri, " has not returned; leaving it behind");
+    worker.detach();
+}
+
+void LibvirtWatch::Impl::drain_results() {
+    std::uint64_t n = 0;
+    (void)!::read(sh->wake.get(), &n, sizeof n);
+    std::deque<Result> todo;
+    {
+        std::lock_guard lk(sh->m);
+        todo.swap(sh->results);
+    }
+    for (auto& r : todo) guarded("libvirt result", [&] { r(*this); });
+}
+
+std::optional<std::string> LibvirtWatch::Impl::unreachable() const {
+    if (link == Link::Down) return "libvirt at " + sh->cfg.uri + " is not reachable (" + down_why + ")";
+    const std::int64_t since = sh->busy_since.load();
+    const auto limit = std::chrono::duration_cast<std::chrono::nanoseconds>(
+        std::chrono::milliseconds(kLibvirtCallTimeout / kMillisecond));
+    if (since != 0 && steady_ns() - since > limit.count())
+        return "libvirt at " + sh->cfg.uri + " has not answered for " +
+               std::to_string((steady_ns() - since) / 1'000'000'000) + " s";
+    return std::nullopt;
+}
+
+void LibvirtWatch::Impl::on_link(Link now, const std::string& why) {
+    link = now;
+    down_why = why;
+}
+
+void LibvirtWatch::Impl::on_resync(std::map<std::string, DomainInfo> all) {
+    std::map<std::string, DomainInfo> up;
+    std::vector<const DomainInfo*> stopped;
+    for (auto& [uuid, info] : all) {
+        known.insert(uuid);
+        if (info.pid >= 0) up[uuid] = info;
+        else stopped.push_back(&info);
+    }
+    for (const auto& [uuid, old] : running)
+        if (!up.count(uuid)) listener.domain_down(uuid, old.name);
+    running = up;
+    for (const auto& [uuid, info] : running) listener.domain_up(info);
+    for (const DomainInfo* d : stopped) listener.domain_not_running(d->uuid, d->name);
+    log_debug("libvirt: ", all.size(), " domains with pvgpu, ", running.size(), " running");
+}
+
+void LibvirtWatch::Impl::on_answer(const std::string& uuid, const DomainAnswer& a) {
+    using K = DomainAnswer::Kind;
+    if (a.kind == K::Unreachable) return;  // nothing learnt
+    if (a.kind == K::None) known.erase(uuid);
+    else known.insert(uuid);
+    if (a.kind == K::Running) {
+        running[uuid] = a.info;
+        listener.domain_up(a.info);
+    } else if (auto old = running.find(uuid); old != running.end()) {
+        const std::string name = old->second.name;
+        running.erase(old);
+        listener.domain_down(uuid, name);
+    }
+    if (a.kind == K::Stopped) listener.domain_not_running(uuid, a.info.name);
+}
+
+void LibvirtWatch::Impl::finish_lookup(std::uint64_t id, const DomainAnswer& a) {
+    auto it = lookups.find(id);
+    if (it == lookups.end()) return;  // answered already (timed out)
+    auto done = std::move(it->second.done);
+    lookups.erase(it);
+    done(a);
+}
+
+void LibvirtWatch::Impl::finish_write(std::uint64_t id, const WeightWrite& w) {
+    auto it = writes.find(id);
+    if (it == writes.end()) return;
+    auto done = std::move(it->second.done);
+    writes.erase(it);
+    done(w);
+}
+
+LibvirtWatch::LibvirtWatch(GMainContext* ctx, LibvirtConfig cfg, Listener& listener)
+    : impl_(std::make_unique<Impl>(ctx, std::move(cfg), listener)) {}
 
 LibvirtWatch::~LibvirtWatch() = default;
 
-bool LibvirtWatch::connected() const { return impl_->conn != nullptr; }
+bool LibvirtWatch::connected() const { return impl_->link == Impl::Link::Up; }
 
-std::optional<DomainInfo> LibvirtWatch::domain(const std::string& uuid) {
-    if (auto it = impl_->running.find(uuid); it != impl_->running.end() && it->second.pid > 0) return it->second;
-    auto info = impl_->lookup(uuid);
-    if (info) impl_->running[uuid] = *info;
-    return info;
+bool LibvirtWatch::knows(const std::string& uuid) const { return impl_->known.count(uuid) != 0; }
+
+void LibvirtWatch::lookup(const std::string& uuid, std::function<void(const DomainAnswer&)> done) {
+    Impl& l = *impl_;
+    if (auto it = l.running.find(uuid); it != l.running.end() && it->second.pid > 0) {
+        done(DomainAnswer{DomainAnswer::Kind::Running, it->second, {}});
+        return;
+    }
+    if (auto why = l.unreachable()) {
+        done(DomainAnswer{DomainAnswer::Kind::Unreachable, {}, *why});
+        return;
+    }
+    const std::uint64_t id = l.next_id++;
+    auto& p = l.lookups[id];
+    p.done = std::move(done);
+    p.timeout = add_timeout(l.ctx, static_cast<unsigned>(kLibvirtCallTimeout / kMillisecond), [&l, id] {
+        l.finish_lookup(id, DomainAnswer{DomainAnswer::Kind::Unreachable, {},
+                                         "libvirt at " + l.sh->cfg.uri + " did not answer within " +
+                                             std::to_string(kLibvirtCallTimeout / kMillisecond) + " ms"});
+        return false;
+    });
+    l.sh->push_job([uuid, id](Worker& w) {
+        DomainAnswer a = w.ask(uuid);
+        w.post([uuid, id, a](Impl& impl) {
+            impl.on_answer(uuid, a);
+            impl.finish_lookup(id, a);
+        });
+    });
 }
 
-std::optional<std::string> LibvirtWatch::set_weight(const std::string& target, std::uint32_t weight) {
-    if (!impl_->conn) return std::nullopt;
-    return virt::set_domain_weight(impl_->conn.get(), target, weight);
-}
-
-std::optional<std::string> LibvirtIdentity::refuse(const ucred& peer, const std::string& uuid) const {
-    auto d = watch_->domain(uuid);
-    if (!d || d->pid <= 0 || d->pid == peer.pid) return std::nullopt;
-    return "VM " + uuid + " is libvirt domain " + d->name + ": peer pid " + std::to_string(peer.pid) +
-           " is not its QEMU (pid " + std::to_string(d->pid) + ")";
+void LibvirtWatch::set_weight(const std::string& target, std::uint32_t weight,
+                              std::function<void(const WeightWrite&)> done) {
+    Impl& l = *impl_;
+    if (auto why = l.unreachable()) {
+        done(WeightWrite{WeightWrite::Kind::Unreachable, {}, *why});
+        return;
+    }
+    const std::uint64_t id = l.next_id++;
+    auto& p = l.writes[id];
+    p.done = std::move(done);
+    p.timeout = add_timeout(l.ctx, static_cast<unsigned>(kLibvirtCallTimeout / kMillisecond), [&l, id] {
+        l.finish_write(id, WeightWrite{WeightWrite::Kind::Unreachable, {},
+                                       "libvirt at " + l.sh->cfg.uri + " did not answer within " +
+                                           std::to_string(kLibvirtCallTimeout / kMillisecond) + " ms"});
+        return false;
+    });
+    l.sh->push_job([target, weight, id](Worker& w) {
+        WeightWrite r = w.write_weight(target, weight);
+        w.post([id, r](Impl& impl) { impl.finish_write(id, r); });
+    });
 }
 
 }  // namespace pvgpu::daemon

@@ -1,16 +1,24 @@
 // pvgpud follows libvirt: which domains run, their GPU weight and GPU (the
 // <pvgpu:gpu weight="N" device="G"/> metadata element) and the pid of their QEMU, so a
-// VMM's HELLO can be checked against it.  The connection is driven by the
-// daemon's own GLib main context (libvirt's event API implemented on it):
-// lifecycle and METADATA_CHANGE events arrive as main-loop callbacks, a
-// lost libvirtd is reconnected with backoff and everything resynchronised,
-// and an absent libvirtd costs one failed connect per backoff period.
+// VMM's HELLO can be checked against it.
+//
+// No libvirt call runs on pvgpud's scheduling thread (issue 51 item 2): a
+// libvirtd that is silent, slow or gone must not stall doorbells, mode
+// switches or admins.  Every call (connect, resync, lookups, metadata
+// writes) runs on a worker thread owned by the watch, one at a time from a
+// queue; results come back to the main loop as callbacks.  libvirt's own
+// event loop (domain events, keepalive, lost connections) runs on a second,
+// process-wide thread.  Callers on the loop get an answer within
+// kLibvirtCallTimeout whatever libvirt does: a call that does not return by
+// then is answered "unreachable" (its result, should it come later, still
+// updates what pvgpud knows).  Lost connections are retried with backoff.
 #pragma once
 
 #include <glib.h>
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -19,11 +27,16 @@
 #include <vector>
 
 #include "config.hpp"
+#include "core/time.hpp"
 #include "gsource.hpp"
-#include "identity.hpp"
 #include "log.hpp"
 
 namespace pvgpu::daemon {
+
+// How long the loop waits for one libvirt request (a lookup is three local
+// RPCs, a metadata write two; an idle libvirtd answers each in well under a
+// millisecond): past it the caller is answered "unreachable".
+inline constexpr Duration kLibvirtCallTimeout = 1 * kSecond;
 
 // What pvgpud knows of a running domain that has pvgpu.
 struct DomainInfo {
@@ -35,51 +48,69 @@ struct DomainInfo {
     pid_t pid = 0;                 // its QEMU, from libvirt's pid file; 0 unknown
 };
 
+// libvirt's answer about one UUID.
+struct DomainAnswer {
+    enum class Kind {
+        Running,      // a running domain with pvgpu: `info`
+        Stopped,      // a defined domain with pvgpu that does not run: `info` (name, uuid)
+        None,         // no domain with pvgpu has this UUID
+        Unreachable,  // libvirt did not answer (`why`)
+    };
+    Kind kind = Kind::Unreachable;
+    DomainInfo info;
+    std::string why;
+};
+
+// The result of writing a weight into a domain's metadata.
+struct WeightWrite {
+    enum class Kind { Written, NotDomain, Failed, Unreachable };
+    Kind kind = Kind::Unreachable;
+    std::string uuid;  // Written: the domain's
+    std::string why;   // Failed, Unreachable
+};
+
 class LibvirtWatch {
 public:
     class Listener {
     public:
         virtual ~Listener() = default;
-        // A domain with pvgpu runs (started, found at a resync, or its
-        // metadata changed).
+        // A domain with pvgpu runs (started, found at a resync or a lookup,
+        // or its metadata changed).
         virtual void domain_up(const DomainInfo& d) = 0;
         // A domain stopped (or is no longer found at a resync).
         virtual void domain_down(const std::string& uuid, const std::string& name) = 0;
+        // A defined domain with pvgpu does not run (found so at a resync or
+        // a lookup): nobody may be its VMM now.
+        virtual void domain_not_running(const std::string& uuid, const std::string& name) = 0;
     };
 
-    // Connects at once (and again after any loss, with backoff).
+    // Starts the worker, which connects at once (and again after any loss,
+    // with backoff).  Returns without waiting for libvirt.
     LibvirtWatch(GMainContext* ctx, LibvirtConfig cfg, Listener& listener);
+    // Stops the worker; one stuck inside a libvirt call (which libvirt
+    // cannot cancel) is waited for briefly, then left to the process' exit.
     ~LibvirtWatch();
     LibvirtWatch(const LibvirtWatch&) = delete;
     LibvirtWatch& operator=(const LibvirtWatch&) = delete;
 
+    // Connected and answering (as far as the loop knows).
     bool connected() const;
-    // The running domain of that UUID: from the cache, else asked of libvirt
-    // now (a QEMU says HELLO before libvirt's STARTED event).  nullopt: not a
-    // running libvirt domain, or libvirt is not reachable.
-    std::optional<DomainInfo> domain(const std::string& uuid);
-    // An admin's weight for `target` (a VM name or UUID): when it is a
-    // libvirt domain with pvgpu, written into its metadata (which then is
-    // the weight's source) and its UUID returned; nullopt when it is none,
-    // or libvirt is not reachable.  Throws std::runtime_error when libvirt
-    // refuses the write.
-    std::optional<std::string> set_weight(const std::string& target, std::uint32_t weight);
+    // libvirt has named `uuid` a domain with pvgpu since pvgpud started.
+    bool knows(const std::string& uuid) const;
+    // What libvirt says of `uuid`, on the loop: at once from the cache (a
+    // running domain whose QEMU pid is known) or when libvirt is known to
+    // be unreachable, otherwise once the worker asked (a QEMU says HELLO
+    // before libvirt's STARTED event), at most kLibvirtCallTimeout later.
+    void lookup(const std::string& uuid, std::function<void(const DomainAnswer&)> done);
+    // An admin's weight for `target` (a VM name or UUID) into its domain's
+    // metadata (which then is the weight's source), answered on the loop
+    // within kLibvirtCallTimeout.
+    void set_weight(const std::string& target, std::uint32_t weight, std::function<void(const WeightWrite&)> done);
 
-private:
     struct Impl;
-    std::unique_ptr<Impl> impl_;
-};
-
-// The daemon's VMM identity hook for libvirt domains: a HELLO for the UUID of
-// a running domain is refused unless its peer is the pid libvirt recorded
-// for that domain's QEMU.  VMs that are not libvirt domains pass.
-class LibvirtIdentity final : public VmmIdentityCheck {
-public:
-    explicit LibvirtIdentity(LibvirtWatch& watch) : watch_(&watch) {}
-    std::optional<std::string> refuse(const ucred& peer, const std::string& uuid) const override;
 
 private:
-    LibvirtWatch* watch_;
+    std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace pvgpu::daemon

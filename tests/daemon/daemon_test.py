@@ -2613,6 +2613,279 @@ def case_admin_slots(bins, tmp):
 
 
 
+# ---- read-only admin flood (issue 51 item 1) -------------------------------------
+
+FLOOD_UIDS = range(40001, 40009)  # 8 uids without passwd entries: SO_PEERCRED is all pvgpud sees
+FLOOD_CONNS_PER_UID = 4           # admin_max_clients_per_uid's default
+FLOOD_IN_FLIGHT = 8               # requests queued per connection, so pvgpud never waits for us
+
+
+def flood_admin(admin_path, uid, seconds, ready_fd, count_fd):
+    """Child process: as `uid`, floods list/stats on 4 connections for `seconds`,
+    then writes how many responses it read to count_fd."""
+    try:
+        # The flooders' own CPU is not pvgpud's to control: on a 2-core host
+        # eight busy clients at the VMM's priority delay the pinging VMM
+        # itself (a run under meson measured p99 6.7 ms with pvgpud at 0.08
+        # of a core).  Below it, the PING latency is pvgpud's.
+        os.nice(19)
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+        socks = [admin_connect(admin_path) for _ in range(FLOOD_CONNS_PER_UID)]
+        reqs = [b'{"cmd":"list"}\n', b'{"cmd":"stats"}\n']
+        for i, s in enumerate(socks):
+            s.setblocking(False)
+            s.sendall(reqs[i % 2] * FLOOD_IN_FLIGHT)
+        answered = 0
+        told = False
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            r, _, _ = select.select(socks, [], [], 0.1)
+            for s in r:
+                data = s.recv(1 << 20)
+                if not data:
+                    os._exit(3)  # pvgpud closed a flood connection: the parent sees a short count
+                n = data.count(b"\n")
+                answered += n
+                if n:
+                    s.send(reqs[answered % 2] * n)
+            if answered and not told:
+                os.write(ready_fd, b"r")
+                told = True
+        os.write(count_fd, struct.pack("<Q", answered))
+        os._exit(0)
+    except BaseException:
+        os._exit(2)
+
+
+def proc_cpu_s(pid):
+    """utime + stime of a process, in seconds (/proc/PID/stat fields 14 and 15)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def ping_latencies(client, seconds):
+    """PING round trips (ms) for `seconds`, one at a time."""
+    out = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        t0 = time.perf_counter()
+        seq = client.send(MSG_PING)
+        msg = client.expect(seq)
+        out.append((time.perf_counter() - t0) * 1000)
+        check(msg[0] == MSG_PONG, f"PING answered with type {msg[0]}")
+    out.sort()
+    return out
+
+
+def percentile(sorted_values, p):
+    return sorted_values[min(len(sorted_values) - 1, int(len(sorted_values) * p))]
+
+
+def case_admin_flood(bins, tmp):
+    """Issue 51.1: 8 uids x 4 admin connections flooding list/stats against
+    4 VMs x 64 tasks: a VMM's PING p99 <= 2 ms and pvgpud <= 30% of a core."""
+    need_root(tmp)
+    d = Daemon(bins, tmp)
+    d.start()
+    vms, children = [], []
+    try:
+        for v in range(4):
+            vm = RawClient(d.socket)
+            vm.hello(f"flood-vm{v}", role=ROLE_VMM, uuid=bytes([0x60 + v]) * 16)
+            for hint in range(1, 65):
+                seq = vm.send(MSG_CHAN_ALLOC, struct.pack("<Q32s", hint, f"task{hint}".encode()))
+                status, _, fds = vm.parse_chan_reply(vm.expect(seq))
+                check(status == E_OK, f"VM {v}: CHAN_ALLOC for task {hint}: status {status}")
+                for fd in fds:
+                    os.close(fd)
+            vms.append(vm)
+        listing = admin_request(d, {"cmd": "list"})
+        check(len(listing["entities"]) == 4 * 65, f"{len(listing['entities'])} entities, expected 4 x 65")
+        ping = vms[0]
+        quiet = ping_latencies(ping, 2.0)
+        result("admin_flood.quiet_ping_p50_ms", f"{percentile(quiet, 0.5):.3f}")
+        result("admin_flood.quiet_ping_p99_ms", f"{percentile(quiet, 0.99):.3f}")
+
+        seconds = 6.0  # the flood outlasts both windows below (2 s each, after its start)
+        ready_r, ready_w = os.pipe()
+        count_r, count_w = os.pipe()
+        for uid in FLOOD_UIDS:
+            pid = os.fork()
+            if pid == 0:
+                flood_admin(d.admin, uid, seconds, ready_w, count_w)
+            children.append(pid)
+        os.close(ready_w)
+        os.close(count_w)
+        # Every flooder has its answers coming before anything is measured.
+        got = b""
+        while len(got) < len(children):
+            r, _, _ = select.select([ready_r], [], [], 5.0)
+            check(r, f"{len(got)} of {len(children)} flooders got answers within 5 s")
+            chunk = os.read(ready_r, 64)
+            check(chunk, f"a flooder died before its first answer ({len(got)} ready)")
+            got += chunk
+        # pvgpud's CPU under the flood alone (a VMM pinging back to back
+        # would add a loop wake-up per PING), then the VMM's latency.
+        cpu0, t0 = proc_cpu_s(d.proc.pid), time.monotonic()
+        select.select([], [], [], 2.0)  # a measurement window, not synchronisation
+        cpu = (proc_cpu_s(d.proc.pid) - cpu0) / (time.monotonic() - t0)
+        flooded = ping_latencies(ping, 2.0)
+        answered = 0
+        for pid in children:
+            _, status = os.waitpid(pid, 0)
+            check(os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0,
+                  f"flooder {pid} ended with status {status}")
+        children = []
+        while chunk := os.read(count_r, 8 * len(FLOOD_UIDS)):
+            answered += sum(struct.unpack(f"<{len(chunk) // 8}Q", chunk))
+        os.close(ready_r)
+        os.close(count_r)
+        p50, p99 = percentile(flooded, 0.5), percentile(flooded, 0.99)
+        result("admin_flood.responses_per_s", f"{answered / seconds:.0f}")
+        result("admin_flood.ping_p50_ms", f"{p50:.3f}")
+        result("admin_flood.ping_p99_ms", f"{p99:.3f}")
+        result("admin_flood.ping_samples", len(flooded))
+        result("admin_flood.pvgpud_cpu_fraction", f"{cpu:.3f}")
+        # The bounds are the issue's goals (issue 51 item 1).
+        check(cpu <= 0.30, f"pvgpud used {cpu:.2f} of a core under the flood, expected <= 0.30")
+        check(p99 <= 2.0, f"PING p99 {p99:.2f} ms under the flood, expected <= 2 ms")
+        check(d.alive(), "pvgpud died")
+    finally:
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+        for vm in vms:
+            vm.close()
+        d.stop()
+
+
+# ---- a silent libvirtd (issue 51 item 2) -------------------------------------------
+
+class SilentLibvirtd:
+    """A unix socket that accepts connections and never answers: a wedged libvirtd."""
+
+    def __init__(self, path):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(path)
+        self.sock.listen(16)
+        self.conns = []
+        self.accepted = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:  # shut down: the test is over
+                return
+            self.conns.append(c)
+            self.accepted.set()
+
+    def close(self):
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+        self.thread.join(5)
+        for c in self.conns:
+            c.close()
+
+
+def libvirt_daemon(bins, tmp, sock_path):
+    """A pvgpud following "libvirt" at sock_path (a root client is a VMM)."""
+    with open(os.path.join(tmp, "pvgpud.conf"), "w") as f:
+        f.write(f"[libvirt]\nuri = qemu+unix:///system?socket={sock_path}\npid_dir = {tmp}\n")
+    return Daemon(bins, tmp)
+
+
+def timed(fn):
+    t0 = time.monotonic()
+    value = fn()
+    return value, time.monotonic() - t0
+
+
+# The goal (issue 51 item 2): ready, and serving clients and admins, within
+# 1 s whatever libvirtd does.  A VMM's HELLO may wait for libvirt's answer
+# up to kLibvirtCallTimeout (1 s, libvirt_watch.hpp); the second second is
+# room for a loaded 2-core machine (quiet runs answer such a HELLO in 1.0 s).
+STALL_SERVE_S = 1.0
+STALL_VMM_HELLO_S = 2.0
+
+
+def check_serving(d, label):
+    """Admins, host clients and a VMM (unknown to libvirt) are answered in time."""
+    try:
+        serving(d, label)
+    except (socket.timeout, TimeoutError) as e:
+        raise TestFailure(f"{label}: pvgpud did not answer within 10 s ({e})")
+
+
+def serving(d, label):
+    listing, t = timed(lambda: admin_request(d, {"cmd": "list"}, timeout=10))
+    result(f"libvirt_stall.{label}.admin_list_s", f"{t:.3f}")
+    check(listing.get("ok") and t <= STALL_SERVE_S, f"{label}: admin list took {t:.2f} s: {listing}")
+    host = RawClient(d.socket, timeout=10)
+    _, t = timed(lambda: host.hello("stall-host"))
+    result(f"libvirt_stall.{label}.host_hello_s", f"{t:.3f}")
+    check(t <= STALL_SERVE_S, f"{label}: a host HELLO took {t:.2f} s")
+    vm = RawClient(d.socket, timeout=10)
+    _, t = timed(lambda: vm.hello("stall-vm", role=ROLE_VMM, uuid=VM_UUID))
+    result(f"libvirt_stall.{label}.vmm_hello_s", f"{t:.3f}")
+    check(t <= STALL_VMM_HELLO_S, f"{label}: a VMM HELLO took {t:.2f} s")
+    check(d.wait_log("taken without libvirt's word"), f"{label}: no log line for the unverified VMM")
+    seq = host.send(MSG_PING)
+    check(host.expect(seq)[0] == MSG_PONG, f"{label}: no PONG")
+    host.close()
+    vm.close()
+
+
+def case_libvirt_stall(bins, tmp):
+    """Issue 51.2: a libvirtd that accepts and never answers, from the start or
+    after pvgpud found none, stalls neither pvgpud's start nor its clients."""
+    silent = None
+    try:
+        # Silent from the start.
+        first = os.path.join(tmp, "silent")
+        os.mkdir(first)
+        sock = os.path.join(first, "libvirt-sock")
+        silent = SilentLibvirtd(sock)
+        d = libvirt_daemon(bins, first, sock)
+        _, t = timed(lambda: d.start(timeout=10))
+        result("libvirt_stall.silent.ready_s", f"{t:.3f}")
+        if any("built without libvirt" in line for line in d.lines):
+            raise Skip("pvgpud was built without libvirt")
+        check(t <= STALL_SERVE_S, f"pvgpud took {t:.2f} s to be ready beside a silent libvirtd")
+        check(silent.accepted.wait(5), "pvgpud never connected to the fake libvirtd")
+        check_serving(d, "silent")
+        rc, t = timed(lambda: d.stop(timeout=10))
+        result("libvirt_stall.silent.stop_s", f"{t:.3f}")
+        check(rc == 0, f"pvgpud exited with {rc} beside a silent libvirtd")
+        silent.close()
+        silent = None
+
+        # Absent at the start, then silent: the retry must not stall either.
+        second = os.path.join(tmp, "absent")
+        os.mkdir(second)
+        sock = os.path.join(second, "libvirt-sock")
+        d = libvirt_daemon(bins, second, sock)
+        d.start(timeout=10)
+        check(d.wait_log("cannot connect to libvirt"), "pvgpud did not say libvirt is absent")
+        silent = SilentLibvirtd(sock)
+        # The first retry comes 0.5 s after the failure (kBackoffFirstMs).
+        check(silent.accepted.wait(5), "pvgpud did not retry libvirt within 5 s")
+        check_serving(d, "absent_then_silent")
+        check(d.alive(), "pvgpud died")
+        check(d.stop(timeout=10) == 0, "pvgpud did not exit cleanly")
+    finally:
+        if silent:
+            silent.close()
+
+
 # ---- completion notifiers (protocol version 3) ----------------------------------
 
 
@@ -2989,6 +3262,8 @@ CASES = {
     "limits": case_limits,
     "queue-fds": case_queue_fds,
     "admin-slots": case_admin_slots,
+    "admin-flood": case_admin_flood,
+    "libvirt-stall": case_libvirt_stall,
     "client": case_client,
     "long-user": case_long_user,
     "guest-weights": case_guest_weights,

@@ -491,7 +491,74 @@ def case_wedge(paths, tmp):
     check(WEDGED == ["lvwedge"], f"guests noted stopped at cleanup: {WEDGED}")
 
 
-CASES = {"lifecycle": case_lifecycle, "shares": case_shares, "wedge": case_wedge}
+def define_only(paths, lv, tmp, name, vm_uuid, weight):
+    """A domain with pvgpu metadata that is defined and never started (no guest needed)."""
+    xml = f"""<domain type='qemu'>
+  <name>{name}</name>
+  <uuid>{vm_uuid}</uuid>
+  <memory unit='MiB'>64</memory>
+  <metadata><pvgpu:gpu xmlns:pvgpu='{NS}' weight='{weight}'/></metadata>
+  <os><type arch='x86_64' machine='q35'>hvm</type></os>
+  <devices>
+    <emulator>{os.path.realpath(paths.qemu)}</emulator>
+    <controller type='usb' model='none'/>
+    <memballoon model='none'/>
+  </devices>
+</domain>
+"""
+    path = os.path.join(tmp, f"{name}.xml")
+    with open(path, "w") as f:
+        f.write(xml)
+    os.chmod(path, 0o644)
+    lv.virsh("define", path)
+
+
+def case_identity(paths, tmp):
+    """Issue 51.9: the UUID of a libvirt domain is closed to all but its running
+    QEMU even when libvirt cannot tell (domain stopped, libvirtd gone); a client
+    taken while pvgpud never heard of the domain goes once libvirt names it."""
+    lv = Libvirt(os.path.join(tmp, "libvirt"))
+    try:
+        lv.start()
+        vm_uuid = str(uuidlib.uuid4())
+        define_only(paths, lv, tmp, "lvid", vm_uuid, 300)
+        d = start_daemon(paths, tmp, lv)
+        wait_for(lambda: any("libvirt: following domains" in line for line in d.lines), 30,
+                 "pvgpud to follow libvirtd")
+        # Defined, not running: nobody is its QEMU (main admitted this HELLO,
+        # which then took the domain's weight).
+        check(hello_as(d, vm_uuid, "lvid") != E_OK, "a HELLO as the stopped domain lvid was accepted")
+        wait_for(lambda: any("which is not running" in line for line in d.lines), 5, "a log line: not running")
+
+        # libvirtd gone: the UUID is still one libvirt named, so still closed.
+        lv.stop()
+        wait_for(lambda: any("libvirt: connection to" in line and " lost " in line for line in d.lines), 30,
+                 "pvgpud to notice libvirtd went")
+        t0 = time.monotonic()
+        check(hello_as(d, vm_uuid, "lvid") != E_OK, "a HELLO as lvid was accepted while libvirtd was gone")
+        result("libvirt.identity_unreachable_hello_s", f"{time.monotonic() - t0:.3f}")
+        wait_for(lambda: any("libvirt cannot confirm its QEMU" in line for line in d.lines), 5,
+                 "a log line: libvirt cannot confirm")
+
+        # pvgpud restarted while libvirtd is gone: it never heard of lvid, so
+        # the HELLO passes with a warning (docs/libvirt.md), and the client
+        # goes once libvirtd is back and names a domain that does not run.
+        d.stop()
+        d.start()
+        c = RawClient(d.socket, timeout=10)
+        c.hello("lvid", role=ROLE_VMM, uuid=uuidlib.UUID(vm_uuid).bytes)
+        wait_for(lambda: any("taken without libvirt's word" in line for line in d.lines), 5,
+                 "a log line: taken without libvirt's word")
+        lv.start()
+        check(c.wait_closed(40), "the client taken without libvirt's word stayed once libvirtd named lvid")
+        c.close()
+        check(d.alive(), "pvgpud died")
+    finally:
+        lv.cleanup()
+
+
+CASES = {"lifecycle": case_lifecycle, "shares": case_shares, "wedge": case_wedge,
+         "identity": case_identity}
 
 
 def main():

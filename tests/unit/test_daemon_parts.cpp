@@ -987,9 +987,9 @@ struct FakeBackend final : AdminBackend {
         later = std::move(reply);
     }
     nlohmann::json admin_list() override { return {{"ok", true}, {"entities", nlohmann::json::array()}}; }
-    nlohmann::json admin_set_weight(const nlohmann::json&) override {
+    void admin_set_weight(const nlohmann::json&, AdminReply reply) override {
         ++mutations;
-        return {{"ok", true}};
+        reply({{"ok", true}});
     }
     nlohmann::json admin_set_policy(const nlohmann::json&) override {
         ++mutations;
@@ -1015,8 +1015,11 @@ TEST_CASE("admin: requests, errors and permissions", "[daemon][admin]") {
     PeerCred owner = stranger;
     owner.uid = 1000;
 
+    // The response, or what a deferred command handed its reply at once.
     auto ask = [&](const std::string& line, const PeerCred& who) {
-        return handle_admin_request(line, who, rights, be, [](nlohmann::json) {});
+        std::optional<nlohmann::json> later;
+        auto r = handle_admin_request(line, who, rights, be, [&](nlohmann::json j) { later = std::move(j); });
+        return r && r->is_null() && later ? later : r;
     };
     CHECK_FALSE(ask("   \t", root).has_value());
     auto v = *ask(R"({"cmd":"version"})", stranger);
