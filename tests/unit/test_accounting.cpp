@@ -1211,7 +1211,11 @@ TEST_CASE("accounting: lone tenants whose kernel lengths and think times vary", 
         const double len = between(0.05, 2), len_spread = between(0, 1);
         const double think = between(0.1, 4), think_spread = between(0, 1);
         const char* policy = seed % 2 ? "dfq" : "none";
-        Rig rig(policy);
+        // The accounting of a GPU without a context-switch trace: with one,
+        // every stint is charged exactly ([accounting][trace]).
+        sim::SimGpuConfig cfg;
+        cfg.ctxsw_trace = false;
+        Rig rig(policy, {}, cfg);
         rig.sched.seed_accounting(looks);
         const EntityId y = rig.task("y");
         Rig::Submitter& s = rig.subs.at(rig.submit_loop(y, ms(len), ms(think), 0, ms(5)));

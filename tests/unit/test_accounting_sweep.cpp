@@ -40,10 +40,11 @@ struct SweepResult {
     bool over = false;  // some leaf beyond what it is allowed
 };
 
-SweepResult run_seed(std::uint32_t seed, bool every_kernel) {
+SweepResult run_seed(std::uint32_t seed, bool every_kernel, bool trace) {
     std::mt19937 rng(seed);
     auto pick = [&](std::initializer_list<double> v) { return *(v.begin() + rng() % v.size()); };
     sim::SimGpuConfig cfg;
+    cfg.ctxsw_trace = trace;
     const bool timeslice = rng() % 2;
     if (timeslice) {
         cfg.arbitration = sim::Arbitration::Timeslice;
@@ -140,7 +141,9 @@ SweepResult run_seed(std::uint32_t seed, bool every_kernel) {
 // `unmet`: the name of the pinned target this sweep is (tests/unmet-targets.txt),
 // or null for one that is met: a pinned sweep prints its figures on an UNMET
 // line (tests/summary.py judges it against the recorded ones).
-void sweep(std::uint32_t seeds, bool every_kernel, const char* unmet = nullptr) {
+// `trace`: the GPU keeps a context-switch trace (the accounting charges
+// from it); without one the accounting guesses from interrupts and looks.
+void sweep(std::uint32_t seeds, bool every_kernel, bool trace, const char* unmet = nullptr) {
     // PVGPU_SWEEP_SEED=N runs that seed alone (to trace one failure).
     std::optional<std::uint32_t> only;
     if (const char* e = std::getenv("PVGPU_SWEEP_SEED")) {
@@ -154,7 +157,7 @@ void sweep(std::uint32_t seeds, bool every_kernel, const char* unmet = nullptr) 
     double worst = 0, worst_beyond = 0;
     for (std::uint32_t seed = 0; seed < seeds; ++seed) {
         if (only && seed != *only) continue;
-        const SweepResult r = run_seed(seed, every_kernel);
+        const SweepResult r = run_seed(seed, every_kernel, trace);
         worst = std::max(worst, r.worst);
         worst_beyond = std::max(worst_beyond, r.worst_beyond);
         if (r.over) {
@@ -172,11 +175,17 @@ void sweep(std::uint32_t seeds, bool every_kernel, const char* unmet = nullptr) 
 }  // namespace
 
 TEST_CASE("accounting sweep: interrupts on every kernel, 600 random configurations within their bound",
-          "[.sweep][accounting-sweep-every]") {
-    sweep(600, true);
+          "[.targets][accounting-sweep-every]") {
+    sweep(600, true, false, "accounting-sweep-every");
+}
+
+TEST_CASE("accounting sweep with a context-switch trace: 1000 random configurations within their bound",
+          "[.sweep][accounting-sweep-trace]") {
+    sweep(600, true, true);
+    sweep(400, false, true);
 }
 
 TEST_CASE("accounting sweep: some channels interrupt every 4th kernel, 400 random configurations within their bound",
           "[.targets][accounting-sweep-batches]") {
-    sweep(400, false, "accounting-sweep-batches");
+    sweep(400, false, false, "accounting-sweep-batches");
 }
