@@ -57,8 +57,8 @@ constexpr Duration kSettleSpan = [] {
 // channel costs a bounded number of looks, and any kernel that is not
 // idle for ten thousand of its paces is covered (a tenant that makes the width narrow buys only
 // wider strata, noise, not a kernel left uncorrected).  A look per quarter
-// pace: results.md section 6 ("Audit looks") has the sweep of this against
-// the error.
+// pace: more looks per pace narrow the correction's spread and cost reads;
+// four is where the two were weighed against each other.
 constexpr Duration kAuditPerPace = 4;
 constexpr Duration kAuditMinWidth = 200 * kMicrosecond;
 constexpr Duration kAuditMaxWidth = 20 * kMillisecond;
@@ -132,8 +132,8 @@ void Accounting::idle_trap_fired() {
     idle_trap_ = true;
     // Each channel leaves the idle trap at its own doorbell: one that never
     // rings stays trapped at no cost, and a neighbour's pulse remaps only
-    // the channels that rang since (a review of dd54309: every channel
-    // twice per idle spell, 36663 remaps in 10 s beside 100 idle channels).
+    // the channels that rang since (remapping every channel twice per idle
+    // spell made 36663 remaps in 10 s beside 100 idle channels).
     for (auto& [id, c] : channels_) set_traps(id, c, true, c.trapped);
 }
 
@@ -198,7 +198,7 @@ std::optional<ChannelId> Accounting::known(std::optional<ChannelId> running) con
     // A channel let go of (channel_removed) that the GPU still runs, its
     // close under way: the engine drops it next, and a stint believed on it
     // would outlive it.  (Work of a context pvgpud did not open would read
-    // as idle too: pvgpud owns the GPU's channels, DESIGN.md section 3.)
+    // as idle too: pvgpud owns the GPU's channels.)
     return running && channels_.count(*running) ? running : std::nullopt;
 }
 
@@ -255,9 +255,9 @@ void Accounting::forget(ChannelId ch) {
 }
 
 void Accounting::settle_removed(ChannelId ch) {
-    // Not believed on the engine, it may have run unseen (a review of
-    // c8e78f6: a fresh channel closed 30 ms into a 40 ms kernel, or after
-    // one that asked for no interrupt, was charged 0.7% of what ran): a
+    // Not believed on the engine, it may have run unseen (a fresh channel
+    // closed 30 ms into a 40 ms kernel, or after one that asked for no
+    // interrupt, was charged 0.7% of what ran without this): a
     // completion no interrupt reported is charged as its interrupt would
     // be, and a kernel still running is seen by one read.
     if (auto it = channels_.find(ch); it != channels_.end() && current_ != ch && left_engine_)
@@ -510,7 +510,7 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
         // host handled interrupts out of order); for good, so a tenant
         // cannot shed the mark by asking again for a while.  Measuring this
         // from `now` instead (1 ms) let kernels under 1 ms after a silent
-        // one go unmarked: y -87..-98% (a review of d499df0).  Not where
+        // one go unmarked, charged 87..98% short.  Not where
         // its last completion is the one its stint was dated from: it ended
         // nothing since, and the belief was a late handler's (the engine
         // read names who runs now, after another channel's short kernel;
@@ -1213,8 +1213,7 @@ void Accounting::doorbell_forwarded(ChannelId ch, std::uint32_t given) {
         // where the completions show it: it goes back to direct.  A doorbell
         // behind its own pending work counts neither way (one read of the
         // pending register): counted, a burst of 17 lifted the trap before
-        // the next burst's first start, the one it is for (a review of
-        // dd54309).
+        // the next burst's first start, the one it is for.
         if (c.trapped && !(pending_ && pending_(ch))) {
             const bool needed = current_ ? ended_unheard(clock_.now()).has_value()
                                          : clock_.now() - idle_seen_ > kSettleSpan;
@@ -1495,7 +1494,7 @@ bool Accounting::busy_spell() const {
     // A channel that batches (or may: a new one) ends kernels unheard, and
     // the replays that date the others' starts after them are guesses; not
     // one that never ran (an open channel never used kept honest tenants at
-    // three reads per fence, a review of 42ee89b).
+    // three reads per fence).
     if (batching_ == 0) return false;
     for (const auto& [id, c] : channels_)
         if (c.counted_batching && c.ran) return true;
@@ -1733,7 +1732,7 @@ void Accounting::slice_read() {
             // guessed start is audited here, as a kernel is at its
             // interrupt: else the kernel's end, charged from an exact start,
             // pulled that guess towards a length the tenant taught with
-            // short kernels (a review of c8e78f6: 44% charged).  The slice
+            // short kernels (44% charged).  The slice
             // end is known as well as the start its slice began at: the
             // next channel started in there, after the last look that saw
             // this one (a neighbour's 0.5 ms kernel, cut in where the GPU's

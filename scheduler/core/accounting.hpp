@@ -285,8 +285,8 @@ private:
         std::uint64_t kernels = 0;
         // What audit corrections took back beyond what was charged since
         // (<= 0): later charges of any of its channels pay it first (kept
-        // per channel, a short-lived channel's debt was lost when it closed:
-        // a review of 5de260e).
+        // per channel, a short-lived channel's debt was lost when it
+        // closed).
         Duration audit_debt = 0;
     };
 
@@ -502,7 +502,7 @@ private:
     // cannot see when the host reads the engine, nor predict the draw.  A
     // kernel up to a quarter longer than learned is not proof: a tenant may
     // hide that much, and more by alternating kernels the accounting sees
-    // whole with long ones it does not (results.md section 6).
+    // whole with long ones it does not.
     static bool checked(const Channel& c);
     void arm_check(Channel& c, Time done);
     // One kernel of `c` ran at least lo and at most hi (len_lo, len_hi).
@@ -528,7 +528,7 @@ private:
     // on after a look sees a channel: stopping there (that channel runs to
     // its completion) was cheaper, but a sighting of another channel, or of
     // an earlier kernel of the same one, then left a kernel uncorrected or
-    // double-charged (a review of the first version).  A spell opens where
+    // double-charged.  A spell opens where
     // the engine is seen idle, and at a completion that leaves a channel
     // known to end unheard on the engine (what starts after it starts
     // unseen), or while some channel batches (replays guess).  What no
@@ -536,8 +536,8 @@ private:
     // every kernel (replay_shares: audited the same way, its looks' noise
     // is too large, strata being a quarter of a batching channel's interval
     // between interrupts wide: a 1 ms leaf of a case within 0.23% had a
-    // standard deviation of 5.3%; the target accounting-review, results.md
-    // section 6).  Past 50 ms of idle time the idle trap dates the next
+    // standard deviation of 5.3%; the target accounting-review).  Past
+    // 50 ms of idle time the idle trap dates the next
     // start exactly (set_trap_listener): none comes past the last stratum
     // unseen.
     struct AuditLook {

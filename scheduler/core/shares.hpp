@@ -1,4 +1,4 @@
-// Target shares and fairness metrics (../shared/DESIGN.md section 7): what
+// Target shares and fairness metrics (docs/design.md, "The simulator"): what
 // the simulator reports against and what pvgpud's share monitor shows, so
 // beside the core rather than in sim/.
 #pragma once

@@ -938,8 +938,7 @@ TEST_CASE("accounting: two sparse tenants, one asking for an interrupt per batch
 
 TEST_CASE("accounting: seed 372's tasks under dfq, where a stint's end is ambiguous",
           "[accounting][accounting-turns-dfq]") {
-    // A target until the per-channel doorbell traps (results.md section 6,
-    // "Seed 372 again" and "Doorbell traps"): the 2 ms task's unseen start
+    // A target until the per-channel doorbell traps: the 2 ms task's unseen start
     // is now read at its trapped doorbell, which settles ambiguity (1)
     // below: +1.38%, +2.24%, 0% and -0.05%.  Sweep seed 372's four tasks (two that
     // ask for an interrupt per 4 kernels, two on each) under dfq: +1.38%,
@@ -983,7 +982,7 @@ TEST_CASE("accounting: a tenant seen only at its interrupts whose kernels or thi
     // A tenant that asks for an interrupt on every kernel and starts on an
     // idle GPU after the settle reads have stopped: no look sees its starts
     // once its length is learned, and each unseen start is charged that
-    // length.  Found by a review of 826767f (results.md section 6).
+    // length.
     // (grow) 0.15 ms kernels that become 0.6 ms after 60: the old length was
     //   kept for good, -73% under every policy.  The check looks (at random
     //   moments of each idle spell, up to three) see a kernel running longer
@@ -1001,7 +1000,7 @@ TEST_CASE("accounting: a tenant seen only at its interrupts whose kernels or thi
     // of the looks.  Bound: the sweep's for an interrupt per kernel, 1%, on
     // the mean over the seeds; each run within about four sds of the looks'
     // noise over those seeds (grow 0.4%, double 0.8%, shrink's 0.15 ms
-    // kernels 1.8%, think under 0.1%: results.md section 6), which none of
+    // kernels 1.8%, think under 0.1%, measured over those seeds), which none of
     // the failures above would have met.
     for (const char* policy : {"none", "hfq", "dfq", "timeslice"}) {
         for (const char* change : {"grow", "double", "shrink", "think"}) {
@@ -1149,7 +1148,7 @@ TEST_CASE("accounting: the looks' moments follow their seed", "[accounting]") {
 }
 
 TEST_CASE("accounting: tenants that hide where their long kernels start from the audit", "[accounting]") {
-    // Found by a review of the audit looks (results.md section 6): ways a
+    // Ways a
     // tenant could keep its unseen starts from being corrected.  (a) a
     // kernel of 20 us that asks for no interrupt right before each 2 ms one
     // that does: two kernels at each interrupt, which the correction once
@@ -1267,7 +1266,7 @@ TEST_CASE("accounting: kernels that start unseen after a silent channel", "[acco
     // -99.5% when a0 is x's.  a0 is marked as ending unheard (its interrupt
     // overdue), and a spell stays open while it is believed on the engine.
     // Over 16 seeds of the looks, on each tenant that ran 100 ms or more (as
-    // results.md section 6 counts): the mean within 1% (measured -0.45..
+    // the audit's figures count): the mean within 1% (measured -0.45..
     // +0.08%), each run within 3% (4 times the largest standard deviation
     // measured, 0.68%: hfq and `timeslice` with a0 x's).  Under `none` (no
     // policy reads of its own) at most 1.5 reads per ms (measured 0.92..1.13,

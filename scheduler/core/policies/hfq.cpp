@@ -68,8 +68,9 @@
 // it would make the returning leaf wait a whole kernel on a non-preemptive
 // engine: hfq holds the engine idle instead, for at most twice the leaf's
 // learned think time, and only if that is within `anticipate_us`.  Off by
-// default: the feed cap does the same where it matters, without probing
-// (docs/results.md section 7).
+// default: the feed cap does the same where it matters, without probing,
+// and holding for every learned think idles the engine on loads whose
+// leaves would not have waited.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -90,9 +91,9 @@ constexpr double kUnitWeight = 100.0;
 constexpr Duration kRateWindow = 50 * kMillisecond;
 constexpr double kBehind = 0.9;
 // Which of two leaves is further below its max-min share is judged over
-// this long (results.md section 7 sweeps it: 0.2 s reads a leaf just fed as
-// well served and lets holds starve the others, low-demand 0.0330; from 1 s
-// on within 0.0297, 5 s 0.0290, at the cost of a slower response).
+// this long: over 0.2 s a leaf just fed reads as well served and holds
+// starve the others (low-demand 0.0330); from 1 s on within 0.0297, 5 s
+// 0.0290, a longer window only following a change of load more slowly.
 constexpr Duration kBalanceWindow = 1000 * kMillisecond;
 // A bursty leaf stays in the run queue through a think of at most this many
 // times `idle_us`: a longer think is not a burst pattern worth holding for.
@@ -100,9 +101,8 @@ constexpr int kMaxStay = 4;
 // On a non-preemptive engine the engine idles for a thinking leaf that is
 // not the worse off at most this many of its bursts before its return, for
 // a kernel that would make it wait more than the idle (delays_return).
-// Swept in docs/results.md section 7: 2 gives back part of what the hold
-// buys on low-demand, 4 and more idle a long-think leaf's neighbours for
-// nothing.
+// Fewer (2) give back part of what the hold buys on low-demand; 4 and more
+// idle a long-think leaf's neighbours for nothing.
 constexpr Duration kHoldBursts = 3;
 
 struct Key {
@@ -675,7 +675,7 @@ private:
     // above that many, the bounds shrink with n and keep their weight.  Not
     // below kCrowdFloor (or the configured bound, if smaller): blocks and
     // unblocks churn once the threshold is shorter than a kernel (the
-    // simulator's 128-client U rises again below 0.2 ms, results.md 10).
+    // simulator's 128-client U rises again below 0.2 ms).
     static constexpr Duration kCrowdFloor = 250 * kMicrosecond;
     double crowd_scale(std::size_t n, Duration bound) const {
         if (p_.fair_window <= 0 || n <= static_cast<std::size_t>(p_.fair_window) || bound <= 0) return 1.0;
@@ -1071,8 +1071,8 @@ private:
     // idling, and the leaf's next kernel follows it.  Virtual time keeps the
     // shares (the covering leaf is charged and stays blocked); an engine
     // that idles only where two of the waiting leaf's kernels must follow
-    // one another is the least idle a fair schedule has (results.md
-    // section 8).  A latency shorter than `grace` is not worth it.
+    // one another is the least idle a fair schedule has.  A latency
+    // shorter than `grace` is not worth it.
     void cover(ChannelId ch, EntityId runner) {
         if (irq_latency_ < p_.grace || shadowed_leaves_.empty()) return;
         for (const auto& [c, leaf] : chans_)
