@@ -1355,17 +1355,18 @@ def list_at(bins, daemon):
     return (t0 + time.monotonic()) / 2, entities_by_path(listing), listing["window_s"]
 
 
-# Largest |pvgpuctl - clients| allowed, from the spread of three runs on the
-# shared 2-core machine (docs/results.md section 12): GPU time per entity as
-# a fraction of the interval's GPU time (worst 0.044, timeslice; 0.006 under
-# none), the window's achieved share (worst 0.042) and Jain's index (worst
-# 0.019).  Under timeslice, dfq and hfq the short-kernel client owns the GPU
-# alone in turns, so each kernel starts on an idle engine; the daemon sees
-# that start only through its settle reads, late by its timer latency under
-# load.  The clients report every 0.1 s and are interpolated between reports.
-MONITOR_GPU_TIME_TOL = 0.06
-MONITOR_SHARE_TOL = 0.06
-MONITOR_JAIN_TOL = 0.04
+# Largest |pvgpuctl - clients| allowed: three times the worst of 8 runs on
+# the 2-core machine (5 alone, 3 beside two busy loops), rounded up.  With
+# the GPU's context-switch trace pvgpud charges every stint exactly; what is
+# left is the clients' side: they report every 0.1 s and are interpolated
+# between reports.  Worst measured: GPU time per entity 0.0097 of the
+# interval's GPU time (dfq; 9.6 GPU-ms per second; hfq 0.0023, none
+# 0.0015), the window's achieved share 0.0169 (dfq), Jain's index 0.0014.
+# To measure again: run this case several times and compare its RESULT
+# lines client_* against daemon_* per policy.
+MONITOR_GPU_TIME_TOL = 0.03
+MONITOR_SHARE_TOL = 0.05
+MONITOR_JAIN_TOL = 0.005
 
 
 def case_monitoring(bins, tmp):
