@@ -92,7 +92,7 @@ struct Load {
 // is charged what it ran within `tolerance`.
 // Starts a task t0, t1, ... per load, runs them for 2 s and lets the
 // engine drain (the truth counts a kernel when it ends).
-std::vector<EntityId> run_loads(Rig& rig, std::initializer_list<Load> loads) {
+std::vector<EntityId> run_loads(Rig& rig, const std::vector<Load>& loads) {
     std::vector<EntityId> leaves;
     for (const Load& l : loads) {
         const EntityId leaf = rig.task("t" + std::to_string(leaves.size()));
@@ -1905,17 +1905,7 @@ TEST_CASE("accounting: tenants that ask for no interrupt are charged from the co
                 INFO(policy << (cfg.arbitration == sim::Arbitration::Timeslice ? ", timeslice GPU" : ", round-robin GPU")
                             << ", mix " << m);
                 Rig rig(policy, {}, cfg);
-                std::vector<EntityId> leaves;
-                for (const Load& l : mixes[m]) {
-                    const EntityId leaf = rig.task("t" + std::to_string(leaves.size()));
-                    Rig::Submitter& s = rig.subs.at(rig.submit_loop(leaf, ms(l.kernel_ms), ms(l.gap_ms)));
-                    s.depth = l.depth;
-                    s.irq_every = l.irq_every;
-                    leaves.push_back(leaf);
-                }
-                rig.run_until(ms(2000));
-                rig.stop_submitters();
-                rig.run_until(ms(2100));
+                const std::vector<EntityId> leaves = run_loads(rig, mixes[m]);
                 const Accounting& acc = rig.sched.accounting();
                 CHECK(acc.traced());
                 CHECK(acc.trace_records_lost() == 0);
