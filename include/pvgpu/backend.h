@@ -127,9 +127,12 @@ struct pvgpu_backend_host {
  * the end of every `timeslice_ns` while others wait, `ctxsw_ns` of dead
  * time per switch, and the host may preempt (preempt_to) at `preempt_ns`
  * of dead time per preemption. */
+/* pvgpu_backend_arbitration.flags */
+#define PVGPU_BACKEND_HAS_CTXSW_TRACE 0x1u /* this GPU keeps a context-switch trace (ops.ctxsw_trace) */
+
 struct pvgpu_backend_arbitration {
 	pvgpu_u32 preemptive;         /* 0 or 1 */
-	pvgpu_u32 reserved;           /* 0 */
+	pvgpu_u32 flags;              /* PVGPU_BACKEND_HAS_*; other bits 0 */
 	pvgpu_u64 timeslice_ns;
 	pvgpu_u64 ctxsw_ns;
 	pvgpu_u64 preempt_ns;

@@ -189,6 +189,7 @@ void BackendGpu::open(const std::vector<std::string>& options) {
     arbitration_ = {a.preemptive != 0, static_cast<Duration>(a.timeslice_ns), static_cast<Duration>(a.ctxsw_ns),
                     static_cast<Duration>(a.preempt_ns)};
     arbitration_name_ = a.name[0] ? a.name : (a.preemptive ? "preemptive" : "non-preemptive");
+    has_trace_ = ops_.ctxsw_trace != nullptr && (a.flags & PVGPU_BACKEND_HAS_CTXSW_TRACE) != 0;
     rethrow_pending();
 }
 
@@ -290,7 +291,7 @@ std::optional<ChannelId> BackendGpu::running_channel() const {
 }
 
 std::uint64_t BackendGpu::read_ctxsw_trace(std::vector<CtxswRecord>& out) {
-    if (!ops_.ctxsw_trace) return 0;
+    if (!has_trace_) return 0;
     std::uint64_t lost = 0;
     std::array<pvgpu_backend_ctxsw, 64> buf{};
     for (;;) {

@@ -101,7 +101,7 @@ public:
     bool pending(ChannelId ch) const override;
     std::optional<ChannelId> running_channel() const override;
     std::uint64_t read_ctxsw_trace(std::vector<CtxswRecord>& out) override;
-    bool has_ctxsw_trace() const override { return ops_.ctxsw_trace != nullptr; }
+    bool has_ctxsw_trace() const override { return has_trace_; }
     EngineArbitration arbitration() const override { return arbitration_; }
     bool preempt_to(ChannelId next) override;
     void set_watchdog(Duration limit) override;
@@ -147,6 +147,7 @@ private:
     EngineArbitration arbitration_;
     std::string arbitration_name_;
     Time trace_last_ = 0;  // the latest context-switch record's time
+    bool has_trace_ = false;
     std::unique_ptr<pvgpu_backend_gpu, CloseGpu> gpu_;  // closed before anything above goes
 };
 

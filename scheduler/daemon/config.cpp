@@ -252,6 +252,11 @@ GpuConfig read_gpu_group(Reader& r, const std::string& g, std::uint32_t index) {
     number("ctxsw_us", gpu.ctxsw_us, 0, 1'000'000);
     number("preempt_us", gpu.preempt_us, 0, 1'000'000);
     number("watchdog_ms", gpu.watchdog_ms, 0, 3'600'000);
+    if (auto v = r.raw(group, "ctxsw_trace")) {
+        if (*v != "true" && *v != "false")
+            throw ConfigError(r.lines().where(g, "ctxsw_trace") + ": '" + *v + "' is not true or false");
+        gpu.ctxsw_trace = *v;
+    }
     return gpu;
 }
 
@@ -307,6 +312,7 @@ std::vector<std::string> backend_options(const GpuConfig& g) {
     if (g.ctxsw_us) o.push_back("ctxsw_us=" + std::to_string(*g.ctxsw_us));
     if (g.preempt_us) o.push_back("preempt_us=" + std::to_string(*g.preempt_us));
     if (g.watchdog_ms) o.push_back("watchdog_ms=" + std::to_string(*g.watchdog_ms));
+    if (g.ctxsw_trace) o.push_back("ctxsw_trace=" + *g.ctxsw_trace);
     return o;
 }
 

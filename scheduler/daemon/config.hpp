@@ -72,6 +72,9 @@ struct GpuConfig {
     std::string backend = "sim";  // "sim" (built in) or a backend module's path
     std::optional<std::string> arbitration;  // round-robin | timeslice
     std::optional<std::int64_t> timeslice_us, ctxsw_us, preempt_us, watchdog_ms;
+    // The simulated GPU's context-switch trace (true | false); false models
+    // a GPU without one, whose accounting guesses.
+    std::optional<std::string> ctxsw_trace;
 };
 // The backend options of `g`, e.g. {"arbitration=timeslice", "timeslice_us=2000"}.
 std::vector<std::string> backend_options(const GpuConfig& g);

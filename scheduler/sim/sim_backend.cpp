@@ -112,7 +112,7 @@ constexpr DurationOption kDurations[] = {
     {"preempt_us", &SimGpuConfig::preempt, kMicrosecond, 0, 1'000'000},
     {"watchdog_ms", &SimGpuConfig::watchdog, kMillisecond, 0, 3'600'000},
 };
-constexpr const char* kKnown = "arbitration, timeslice_us, ctxsw_us, preempt_us, watchdog_ms";
+constexpr const char* kKnown = "arbitration, timeslice_us, ctxsw_us, preempt_us, watchdog_ms, ctxsw_trace";
 
 void apply_option(SimGpuConfig& cfg, std::string_view key, std::string_view value) {
     if (key == "arbitration") {
@@ -122,6 +122,12 @@ void apply_option(SimGpuConfig& cfg, std::string_view key, std::string_view valu
             cfg.arbitration = Arbitration::Timeslice;
         else
             throw std::invalid_argument("arbitration: '" + std::string(value) + "' is not round-robin or timeslice");
+        return;
+    }
+    if (key == "ctxsw_trace") {
+        if (value != "true" && value != "false")
+            throw std::invalid_argument("ctxsw_trace: '" + std::string(value) + "' is not true or false");
+        cfg.ctxsw_trace = value == "true";
         return;
     }
     for (const DurationOption& d : kDurations) {
@@ -158,7 +164,8 @@ std::string describe(const SimGpuConfig& cfg) {
         d += " " + std::to_string(cfg.timeslice / kMicrosecond) + " us, ctxsw " +
              std::to_string(cfg.ctxsw / kMicrosecond) + " us, preempt " + std::to_string(cfg.preempt / kMicrosecond) +
              " us";
-    return d + ", watchdog " + std::to_string(cfg.watchdog / kMillisecond) + " ms";
+    return d + ", watchdog " + std::to_string(cfg.watchdog / kMillisecond) + " ms" +
+           (cfg.ctxsw_trace ? "" : ", no context-switch trace");
 }
 
 }  // namespace
@@ -218,6 +225,7 @@ const char* sim_describe(pvgpu_backend_gpu* g) noexcept { return g->description.
 void sim_arbitration(pvgpu_backend_gpu* g, pvgpu_backend_arbitration* out) noexcept {
     const EngineArbitration a = g->gpu.arbitration();
     out->preemptive = a.preemptive ? 1 : 0;
+    out->flags = g->gpu.has_ctxsw_trace() ? PVGPU_BACKEND_HAS_CTXSW_TRACE : 0;
     out->timeslice_ns = static_cast<pvgpu_u64>(a.timeslice);
     out->ctxsw_ns = static_cast<pvgpu_u64>(a.ctxsw);
     out->preempt_ns = static_cast<pvgpu_u64>(a.preempt);

@@ -518,6 +518,38 @@ def case_fairness(bins, tmp):
         d.stop()
 
 
+def case_fairness_notrace(bins, tmp):
+    """A GPU without a context-switch trace ([gpu] ctxsw_trace = false):
+    pvgpud guesses GPU time from interrupts and engine reads, and hfq still
+    splits 2000 us against 200 us kernels 50/50 (round-robin and timeslice
+    engines), by the clients' own counts."""
+    for arbitration in ("round-robin", "timeslice"):
+        sub = os.path.join(tmp, arbitration)
+        os.makedirs(sub)
+        with open(os.path.join(sub, "pvgpud.conf"), "w") as f:
+            f.write(f"[libvirt]\nuri = none\n[gpu]\narbitration = {arbitration}\nctxsw_trace = false\n")
+        d = Daemon(bins, sub)
+        d.start()
+        try:
+            check(d.wait_log("no context-switch trace"), "pvgpud did not say its GPU keeps no trace")
+            long_k, short_k = 2000, 200
+            loads = [throttle(bins, d, "long", long_k), throttle(bins, d, "short", short_k)]
+            try:
+                # The fairness case's tolerance (0.08) and reasoning.
+                shares, util = measure_window(loads, [long_k, short_k], warmup=1.0, window=4.0)
+                result(f"fairness_notrace.{arbitration}.long_share", f"{shares[0]:.3f}")
+                result(f"fairness_notrace.{arbitration}.gpu_utilisation", f"{util:.3f}")
+                check(abs(shares[0] - 0.5) <= 0.08,
+                      f"{arbitration}, no trace: long kernels got {shares[0]:.3f}, expected 0.5 +- 0.08")
+            finally:
+                for load in loads:
+                    rc, _ = load.finish(sig=signal.SIGTERM)
+                    check(rc == 0, f"{load.name}: exit status {rc}")
+            check(d.alive() and not d.internal_errors(), f"pvgpud: {d.internal_errors()}")
+        finally:
+            d.stop()
+
+
 def case_closed_loop(bins, tmp):
     """(a2) Clients with one kernel in flight: a 6 ms one does not starve a 250 us one.
 
@@ -3271,6 +3303,7 @@ CASES = {
     "freed-pages": case_freed_pages,
     "channel-memory": case_channel_memory,
     "fairness": case_fairness,
+    "fairness-notrace": case_fairness_notrace,
     "closed-loop": case_closed_loop,
     "library": case_library,
     "weights": case_weights,

@@ -230,9 +230,20 @@ TEST_CASE("backend: what cannot be loaded or opened says why", "[backend]") {
     CHECK(error_of("sim", {"watchdog_ms=1h"}) == "backend sim: watchdog_ms: '1h' is not an integer in 0..3600000");
     CHECK(error_of("sim", {"ctxsw_us=1000001"}) == "backend sim: ctxsw_us: '1000001' is not an integer in 0..1000000");
     CHECK(error_of("sim", {"colour=blue"}) ==
-          "backend sim: unknown option 'colour' (known: arbitration, timeslice_us, ctxsw_us, preempt_us, watchdog_ms)");
+          "backend sim: unknown option 'colour' (known: arbitration, timeslice_us, ctxsw_us, preempt_us, watchdog_ms, "
+          "ctxsw_trace)");
+    CHECK(error_of("sim", {"ctxsw_trace=1"}) == "backend sim: ctxsw_trace: '1' is not true or false");
     CHECK(error_of("sim", {"watchdog_ms"}) == "backend sim: option 'watchdog_ms' is not key=value");
     CHECK(error_of("sim", {"preempt_us=1", "preempt_us=2"}) == "backend sim: option 'preempt_us' given twice");
     CHECK(error_of(PVGPU_TEST_SIM_BACKEND, {"arbitration=x"}) ==
           std::string("backend ") + PVGPU_TEST_SIM_BACKEND + ": arbitration: 'x' is not round-robin or timeslice");
+}
+
+TEST_CASE("backend sim: ctxsw_trace=false is a GPU without a context-switch trace", "[backend]") {
+    sim::EventLoop loop;
+    auto with = open_backend("sim", {}, loop, loop);
+    auto without = open_backend("sim", {"ctxsw_trace=false"}, loop, loop);
+    CHECK(with->has_ctxsw_trace());
+    CHECK_FALSE(without->has_ctxsw_trace());
+    CHECK_THAT(without->description(), Catch::EndsWith(", no context-switch trace"));
 }

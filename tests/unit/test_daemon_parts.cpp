@@ -590,6 +590,7 @@ arbitration=timeslice
 timeslice_us=1000
 preempt_us=50
 watchdog_ms=0
+ctxsw_trace=false
 
 [limits]
 max_channels_per_client=8
@@ -611,7 +612,8 @@ max_queue_kib=64
     REQUIRE(c.gpus.size() == 1);
     CHECK(c.gpus[0].name == "gpu0");
     CHECK(backend_options(c.gpus[0]) ==
-          std::vector<std::string>{"arbitration=timeslice", "timeslice_us=1000", "preempt_us=50", "watchdog_ms=0"});
+          std::vector<std::string>{"arbitration=timeslice", "timeslice_us=1000", "preempt_us=50", "watchdog_ms=0",
+                                   "ctxsw_trace=false"});
     CHECK(c.limits.max_channels_per_client == 8u);
     CHECK(c.limits.mode_ack_timeout == 250 * kMillisecond);
     CHECK(c.limits.max_queue_bytes == 64u * 1024u);
@@ -625,6 +627,10 @@ TEST_CASE("config: malformed input names the file, line and key", "[daemon][conf
 
     e = config_error("[gpu]\npreempt_us = 5000000\n");
     CHECK(e.find("[gpu] preempt_us") != std::string::npos);
+
+    e = config_error("[gpu]\nctxsw_trace = yes\n");
+    CHECK(e.find("[gpu] ctxsw_trace") != std::string::npos);
+    CHECK(e.find("'yes' is not true or false") != std::string::npos);
 
     e = config_error("[gpu]\n\nwatchdg_ms = 5\n");
     CHECK(e.find("test.conf:3") != std::string::npos);
