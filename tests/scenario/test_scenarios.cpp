@@ -3,7 +3,10 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cstdio>
+#include <filesystem>
 #include <string>
+#include <vector>
 
 #include "sim/report.hpp"
 #include "sim/scenario.hpp"
@@ -414,6 +417,68 @@ TEST_CASE("hfq on every other bundled scenario: error <= 0.01, idle with work <=
     INFO(describe(r));
     CHECK(r.fairness.max_share_error <= 0.01);
     CHECK(r.idle_with_demand_fraction <= 0.01);
+}
+
+// The targets for bursty and interactive tenants as a class (issue "hfq:
+// protect bursty and interactive tenants"), over every bundled scenario and
+// the pattern scenarios in tests/scenario/bursty/, on both GPU models, hfq
+// defaults.  A leaf that asks for less than its fair share must get its
+// demand (its target) within 0.03 on the round-robin GPU, where a returning
+// batch can still wait for one kernel of each channel the GPU already
+// queued, and within 0.01 on the time-sliced one, which hfq may preempt;
+// every other leaf within 0.01 of its max-min share; on the bundled
+// scenarios the GPU idles with work waiting at most 2% of the time.
+// Deterministic: the figures are the same in every run.  Not met yet: a
+// pinned target (tests/unmet-targets.txt) that prints its figures.
+namespace {
+
+struct ClassFigures {
+    int cells = 0, missed = 0;
+    double below_rr = 0, below_ts = 0, others = 0, idle = 0;
+};
+
+void judge_cell(const SimResult& r, bool bundled_scenario, ClassFigures& f) {
+    const bool rr = r.arbitration == "round-robin";
+    double below = 0, others = 0;
+    for (const auto& e : r.entities) {
+        const double err = std::abs(e.achieved_share - e.target_share);
+        // Asks for less than its share: max-min gives it its demand.
+        if (e.demand < e.target_share + 1e-9 && e.demand < 1.0)
+            below = std::max(below, err);
+        else
+            others = std::max(others, err);
+    }
+    const double idle = bundled_scenario ? r.idle_with_demand_fraction : 0.0;
+    const bool met = below <= (rr ? 0.03 : 0.01) && others <= 0.01 && idle <= 0.02;
+    ++f.cells;
+    f.missed += met ? 0 : 1;
+    (rr ? f.below_rr : f.below_ts) = std::max(rr ? f.below_rr : f.below_ts, below);
+    f.others = std::max(f.others, others);
+    f.idle = std::max(f.idle, idle);
+    std::printf("%-30s %-11s below-share %.4f  others %.4f  idle with work %.4f  %s\n", r.scenario.c_str(),
+                r.arbitration.c_str(), below, others, r.idle_with_demand_fraction, met ? "met" : "MISSED");
+}
+
+}  // namespace
+
+TEST_CASE("hfq serves bursty and interactive tenants as a class", "[.targets][hfq-bursty-classes]") {
+    namespace fs = std::filesystem;
+    std::vector<std::pair<fs::path, bool>> files;
+    for (const char* dir : {PVGPU_SCENARIO_DIR, PVGPU_BURSTY_DIR})
+        for (const auto& f : fs::directory_iterator(dir))
+            if (f.path().extension() == ".json") files.emplace_back(f.path(), std::string(dir) == PVGPU_SCENARIO_DIR);
+    std::sort(files.begin(), files.end());
+    REQUIRE(files.size() >= 20);
+    ClassFigures f;
+    for (const auto& [file, is_bundled] : files)
+        for (Arbitration arb : {Arbitration::RoundRobin, Arbitration::Timeslice})
+            judge_cell(run(load_scenario(file.string()), "hfq", arb), is_bundled, f);
+    std::printf("%d of %d cells met\n", f.cells - f.missed, f.cells);
+    if (f.missed > 0)
+        std::printf("UNMET hfq-bursty-classes measured=%d target=0 worst_below_rr=%.4f worst_below_ts=%.4f "
+                    "worst_others=%.4f worst_idle=%.4f\n",
+                    f.missed, f.below_rr, f.below_ts, f.others, f.idle);
+    CHECK(f.missed == 0);
 }
 
 TEST_CASE("the counts after the warm-up leave the warm-up out", "[scenario][warmup]") {
