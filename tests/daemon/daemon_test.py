@@ -488,6 +488,11 @@ def case_fairness(bins, tmp):
             # accounting polls are late by up to a few hundred us, of the order
             # of the short kernel) plus the 2 ms granularity of the long kernel
             # at the window edges; the simulator reaches < 1% without jitter.
+            # Not a measured spread: 5 runs on the shared 2-core machine at a
+            # load average of 12-13 (other users' work) gave 0.500, 0.500,
+            # 0.500, 0.543 and 0.746 (pvgpud's own view 0.758: the short
+            # client, starved of CPU, left the GPU to the long one), so under
+            # such load the spread exceeds 0.08; it is not widened for that.
             shares, util = measure_window(loads, [long_k, short_k], warmup=1.0, window=4.0)
             result("fairness.hfq.long_share", f"{shares[0]:.3f}")
             result("fairness.hfq.short_share", f"{shares[1]:.3f}")
@@ -507,6 +512,8 @@ def case_fairness(bins, tmp):
             result("fairness.none.long_share", f"{shares_none[0]:.3f}")
             result("fairness.none.short_share", f"{shares_none[1]:.3f}")
             result("fairness.none.gpu_utilisation", f"{util_none:.3f}")
+            # The GPU's own round-robin: 2000 / 2200 = 0.91 to the long
+            # kernels; 0.8 only tells it from hfq's half.
             check(shares_none[0] > 0.8, f"none: long kernels got {shares_none[0]:.3f}, expected > 0.8")
         finally:
             for load in loads:
@@ -607,6 +614,8 @@ def case_closed_loop(bins, tmp):
             split_none = shares_none[0] / (shares_none[0] + shares_none[1])
             result("closed_loop.none.long_part", f"{split_none:.3f}")
             result("closed_loop.none.gpu_utilisation", f"{util_none:.3f}")
+            # The GPU's own round-robin, kernel for kernel: 6 / 6.25 = 0.96
+            # of the two; 0.8 only tells it from hfq's half.
             check(split_none > 0.8, f"none: the 6 ms client got {split_none:.3f} of the two, expected > 0.8")
         finally:
             for load in loads:
@@ -635,7 +644,8 @@ def case_weights(bins, tmp):
             shares, _ = measure_between(loads, [k, k], now + 0.5, now + 3.5, 15)
             result("weights.3to1.a_share", f"{shares[0]:.3f}")
             result("weights.3to1.b_share", f"{shares[1]:.3f}")
-            # Same tolerance and reasoning as the fairness case.
+            # Same tolerance and reasoning as the fairness case.  5 runs at a
+            # load average of 12-13: 1:1 0.478..0.501, 3:1 0.710..0.750.
             check(abs(shares[0] - 0.75) <= 0.08, f"3:1: w-a got {shares[0]:.3f}, expected 0.75 +- 0.08")
         finally:
             for load in loads:
@@ -741,7 +751,9 @@ def case_admin(bins, tmp):
         later = ctl_json(bins, d, "stats")
         window = later["uptime_s"] - stats["uptime_s"]
         busy = later["gpu"]["busy_s"] - stats["gpu"]["busy_s"]
-        # (uptime_s and busy_s are read microseconds apart: 1 ms of slack.)
+        # (uptime_s and busy_s are read microseconds apart: 1 ms of slack.
+        # The floor, half the window, only tells a counter that grows from
+        # one that does not: backlogged, the GPU is busy ~0.99 of the time.)
         check(0.5 * window < busy <= window + 1e-3,
               f"gpu.busy_s grew {busy:.4f} s over {window:.4f} s of uptime with two backlogged clients")
         result("admin.stats.busy_over_window", busy / window)
@@ -1465,13 +1477,17 @@ def case_monitoring(bins, tmp):
                       f"{policy}: {p} achieved {daemon_share[i]:.3f} by pvgpuctl, "
                       f"{client_share[i]:.3f} by its own count")
                 kernels = (l := loads[i]).completed_at(tb) - l.completed_at(ta)
+                # No stated source: neither measured nor derived (the
+                # clients' interpolated count against pvgpuctl's over the
+                # same instants; 16 is about 3 ms of 200 us kernels).
                 check(abs(after[p]["kernels"] - before[p]["kernels"] - kernels) <= 0.02 * kernels + 16,
                       f"{policy}: {p} kernels {after[p]['kernels'] - before[p]['kernels']} by pvgpuctl, "
                       f"{kernels:.0f} by its own count")
             check(abs(m["jain_index"] - jain) <= MONITOR_JAIN_TOL,
                   f"{policy}: Jain {m['jain_index']:.4f} by pvgpuctl stats, {jain:.4f} by the clients")
             if policy == "none":
-                # The GPU's own round-robin: 4000 / 4200 to the long kernels.
+                # The GPU's own round-robin: 4000 / 4200 to the long kernels,
+                # x = 1.90 and 0.095 of the targets: U = 20, far above 5.
                 check(unfair > 5 and m["unfairness"] > 5,
                       f"none: unfairness {m['unfairness']:.2f} by pvgpuctl, {unfair:.2f} by the clients")
         check(d.alive(), "pvgpud died")
@@ -1645,6 +1661,8 @@ def case_cheat(bins, tmp):
             check(real[0] <= span - real[1] + CHEAT_GPU_TIME_TOL * span,
                   f"{policy}: the cheater counted {real[0]:.3f} s, more than the {span - real[1]:.3f} s "
                   f"the honest client left of the {span:.3f} s window")
+            # 0.1 of the span tells a starved cheater from one that runs
+            # (it gets 0.5 or more under every policy, measured above).
             check(real[0] > 0.1 * span, f"{policy}: the cheater ran only {real[0]:.3f} s of {span:.3f} s: "
                                         f"starved (a daemon that believes its forged FENCE sees no backlog)")
             check(daemon_gpu[0] > 0.1 * span, f"{policy}: pvgpuctl list shows the cheater's GPU time as "
@@ -1655,6 +1673,7 @@ def case_cheat(bins, tmp):
                       f"{policy}: {p} GPU time {daemon_gpu[i]:.3f} s by pvgpuctl, {real[i]:.3f} s ran "
                       f"(error {err:.3f} of the interval's GPU time > {CHEAT_GPU_TIME_TOL})")
                 dk = after[p]["kernels"] - before[p]["kernels"]
+                # The monitoring case's kernel-count bound (no stated source).
                 check(abs(dk - kernels[i]) <= 0.02 * kernels[i] + 16,
                       f"{policy}: {p} kernels {dk} by pvgpuctl, {kernels[i]:.0f} ran")
             if policy != "none":
@@ -3269,6 +3288,9 @@ def case_move(bins, tmp):
         check(stats["counters"]["moves"] == 3, f"moves counted: {stats['counters']['moves']}")
         busy = sum(g["busy_s"] for g in stats["gpus"])
         result("move.busy_s", f"{busy:.3f}")
+        # No stated source for 5% (75 ms, 150 kernels): one kernel run twice
+        # or lost (0.5 ms) would pass; the simulated GPUs' busy time is
+        # exact, so the move.busy_s RESULT lines would show a tighter bound.
         check(abs(busy - kernels * 0.0005) <= 0.05 * kernels * 0.0005,
               f"the GPUs were busy {busy:.3f} s for {kernels * 0.0005:.3f} s of kernels")
         # A VM that disconnects while its long kernel drains: the move fails

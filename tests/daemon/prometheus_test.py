@@ -158,6 +158,7 @@ def run(ns, tmp):
             result(f"prometheus.{name}.gpu_seconds_total", g)
             check(k == [float(n)], f"{name}: pvgpu_entity_kernels_total {k} over HTTP, the VM completed {n}")
             want_s = n * KERNEL_NS / 1e9
+            # The accounting goal: each tenant charged within 1% of what it ran.
             check(len(g) == 1 and abs(g[0] - want_s) <= 0.01 * want_s,
                   f"{name}: pvgpu_entity_gpu_seconds_total {g}, the VM ran {want_s:.3f} s (+-1%)")
         name, _, n = HOST_TASK

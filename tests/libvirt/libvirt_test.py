@@ -453,6 +453,9 @@ def case_shares(paths, tmp):
             result(f"libvirt.shares.{g.name}_share", f"{got:.3f}")
         result("libvirt.shares.gpu_busy", f"{busy:.3f}")
         for g, got, want in zip(guests, shares, (2 / 3, 1 / 3)):
+            # The goal is 0.02 (VM shares); 0.05 since the test was written,
+            # not from a measured spread: two recorded runs were 0.004 and
+            # 0.029 off, so the goal is not met in every run.
             check(abs(got - want) <= 0.05, f"{g.name} got {got:.3f}, target {want:.3f}")
     finally:
         lv.cleanup()

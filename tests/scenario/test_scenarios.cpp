@@ -1,5 +1,15 @@
 // Scenario tests: the bundled scenarios run through the simulator and are
 // held to the fairness targets of the design (DESIGN.md sections 7 and 8).
+//
+// Tolerances.  The simulator is deterministic (simulated clock, seeded
+// workloads): no bound here covers run-to-run spread.  Each is a goal (the
+// worst share error 0.02 on the standard scenarios, 0.01 on those without a
+// bursty target, idle with work waiting 1%, hfq's overhead 1%, the
+// accounting's 1% of each tenant's time, issue 12's bursty targets 0.06 and
+// 0.03), an analytical bound derived at the check, or, where a case guards
+// a fix with no goal of its own, the value the run gets today rounded up
+// (a regression guard: said so at the check).  1e-9 margins are exact
+// arithmetic.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -61,6 +71,10 @@ TEST_CASE("hfq meets its share targets on the standard scenarios", "[scenario][h
     auto arb = GENERATE(Arbitration::RoundRobin, Arbitration::Timeslice);
     SimResult r = run(bundled(name), "hfq", arb);
     INFO(describe(r));
+    // The goals: worst share error 0.02, idle with work waiting 1%.  Jain's
+    // index has no goal of its own: 0.99 is a floor the 0.02 goal keeps
+    // (leaves within 0.02 of targets of 0.25 give at least 0.994); measured
+    // 0.999996 or more on all ten runs.
     CHECK(r.fairness.max_share_error <= 0.02);
     CHECK(r.idle_with_demand_fraction <= 0.01);
     CHECK(r.fairness.jain_index >= 0.99);
@@ -70,6 +84,9 @@ TEST_CASE("none shows the GPU's own unfairness", "[scenario][none]") {
     SimResult rr = run(bundled("flat"), "none", Arbitration::RoundRobin);
     INFO(describe(rr));
     // Round-robin per kernel: shares follow kernel length (100us .. 8ms).
+    // Not tolerances but the GPU's own split: k8ms gets 8 / (0.1 + 0.5 + 2 +
+    // 8) = 0.755 (> 0.7), k100us 0.1 / 10.6 = 0.009 (< 0.02), and k8ms's
+    // error 0.755 - 0.25 = 0.5 (> 0.3).
     CHECK(rr.fairness.max_share_error > 0.3);
     CHECK(entity(rr, "k8ms").achieved_share > 0.7);
     CHECK(entity(rr, "k100us").achieved_share < 0.02);
@@ -84,6 +101,8 @@ TEST_CASE("hierarchical targets are products of shares", "[scenario][tree]") {
     CHECK(entity(r, "vm1/nested/t2").target_share == Approx(0.1875).margin(1e-9));
     CHECK(entity(r, "vm2/fft").target_share == Approx(0.125).margin(1e-9));
     CHECK(entity(r, "hostjob").target_share == Approx(0.25).margin(1e-9));
+    // The achieved share: the goal for scenarios without a bursty target
+    // (0.01; measured 0.0622).
     CHECK(entity(r, "vm1/nested/t1").achieved_share == Approx(0.0625).margin(0.01));
 }
 
@@ -93,7 +112,7 @@ TEST_CASE("a VM without pid hints gets its VM share, not one per channel", "[sce
     INFO(describe(none) << describe(hfq));
     // Four channels of 3 ms kernels take most of a round-robin GPU ...
     CHECK(entity(none, "nohints").achieved_share > 0.8);
-    // ... but the VM as a whole is held to half.
+    // ... but the VM as a whole is held to half (the goal: within 0.02).
     CHECK(entity(hfq, "nohints").achieved_share == Approx(0.5).margin(0.02));
     CHECK(entity(hfq, "cooperative/x").achieved_share == Approx(0.25).margin(0.02));
 }
@@ -117,6 +136,7 @@ TEST_CASE("thesis 5.4.2.1: benchmark runtime stays flat as throttle kernels grow
     };
     INFO("hfq runtimes: " << Catch::Detail::stringify(hfq_rt));
     INFO("none runtimes: " << Catch::Detail::stringify(none_rt));
+    // The thesis's target: runtime flat, max / min within 5%.
     CHECK(spread(hfq_rt) <= 1.05);
     if (arb == Arbitration::RoundRobin) {
         // Round-robin gives the bench 4171 / (4171 + t): 2.14 s .. 2.59 s.
@@ -150,6 +170,8 @@ TEST_CASE("thesis 5.4.2.2: host benchmark flat against 1..8 throttles in a VM", 
     };
     INFO("hfq runtimes: " << Catch::Detail::stringify(hfq_rt));
     INFO("none runtimes: " << Catch::Detail::stringify(none_rt));
+    // The thesis's target: runtime flat, max / min within 5%; none's
+    // growth (2.35 and more, measured) is checked only to be far from flat.
     CHECK(spread(hfq_rt) <= 1.05);
     CHECK(spread(none_rt) >= 1.5);
 }
@@ -161,6 +183,7 @@ TEST_CASE("hfq costs a lone saturating task at most 1% of throughput", "[scenari
     double ratio = double(entity(hfq, "vm1/saturate").kernels_completed) /
                    double(entity(none, "vm1/saturate").kernels_completed);
     INFO("hfq/none throughput " << ratio);
+    // The goal: hfq costs a lone saturating task at most 1%.
     CHECK(ratio >= 0.99);
 }
 
@@ -188,6 +211,8 @@ TEST_CASE("dfq is fair but pays for draining; timeslice is fair", "[scenario][df
     SimResult dfq = run(bundled("flat"), "dfq", Arbitration::RoundRobin);
     SimResult ts = run(bundled("flat"), "timeslice", Arbitration::RoundRobin);
     INFO(describe(dfq) << describe(ts));
+    // A quarter of none's error: "fair" as a factor against the GPU's own
+    // split, no goal of its own (neither policy is held to hfq's 0.02).
     CHECK(dfq.fairness.max_share_error < none.fairness.max_share_error / 4);
     CHECK(ts.fairness.max_share_error < none.fairness.max_share_error / 4);
     // Draining leaves the GPU idle with work waiting; hfq does not.
@@ -223,7 +248,9 @@ TEST_CASE("the scheduler's accounting tracks true GPU time under every policy", 
     INFO(name << " under " << policy << " on " << r.arbitration);
     check_accounting(r, 100 * kMillisecond);  // below that, too little to weigh
     // No periodic poll on the non-preemptive GPU: one read per completion,
-    // plus at most six settle reads each time the engine goes idle.
+    // plus at most six settle reads each time the engine goes idle (a
+    // completion that leaves it idle: 1 + 6 per fence at most; 100 for the
+    // start-up's audit looks).
     INFO("accounting reads " << r.stats.accounting_reads << ", fences " << r.stats.fences);
     if (arb == Arbitration::RoundRobin) CHECK(r.stats.accounting_reads <= 7 * r.stats.fences + 100);
 }
@@ -308,7 +335,8 @@ TEST_CASE("hfq's feed cap buys design-example's bursty leaf its share", "[scenar
     INFO(describe(capped) << describe(uncapped));
     CHECK(capped.fairness.max_share_error <= 0.06);
     CHECK(uncapped.fairness.max_share_error > 0.07);  // 0.416 (rr), 0.075 (ts)
-    // The price: the GPU idles in hostbench's thinks (results.md section 7).
+    // The price: the GPU idles in hostbench's thinks (8.9% round-robin,
+    // 8.6% timeslice, measured): a regression guard rounded up to 10%.
     CHECK(capped.idle_with_demand_fraction <= 0.10);
 }
 
@@ -334,6 +362,8 @@ TEST_CASE("hfq holds the round-robin GPU for low-demand's monitor: error <= 0.03
     // error 0.056: the guard stops holding once the others are worse off.
     SimResult r = run(bundled("low-demand"), "hfq", Arbitration::RoundRobin);
     INFO(describe(r));
+    // 0.03: issue 12's target.  0.118: the idle measured today (11.8%), a
+    // regression guard with no margin (deterministic).
     CHECK(r.fairness.max_share_error <= 0.03);
     CHECK(r.idle_with_demand_fraction <= 0.118);
 }
@@ -354,6 +384,7 @@ TEST_CASE("hfq holds for a returning monitor only while it is further behind tha
         }
     SimResult r = run(sc, "hfq", Arbitration::RoundRobin);
     INFO(describe(r));
+    // Regression guards: today's 0.0117 and 4.1% rounded up.
     CHECK(r.fairness.max_share_error <= 0.012);
     CHECK(r.idle_with_demand_fraction <= 0.042);
 }
@@ -376,6 +407,7 @@ TEST_CASE("hfq holds for a long-think monitor and for clients that think between
                  {"task": "train", "workload": {"kernel_us": 6000}}]})"),
                        "hfq", Arbitration::RoundRobin);
     INFO(describe(th));
+    // Regression guards: today's 0.0083 and 3.06% rounded up.
     CHECK(th.fairness.max_share_error <= 0.0085);
     CHECK(th.idle_with_demand_fraction <= 0.031);
     // A client with 500 us kernels and 1.5 ms of CPU between them is not
@@ -395,6 +427,8 @@ TEST_CASE("hfq holds for a long-think monitor and for clients that think between
                  {"task": "B", "workload": {"kernel_us": 6000}}]})");
     SimResult lt = run(think, "hfq", Arbitration::RoundRobin);
     INFO(describe(lt));
+    // Regression guards: today's 0.1065 and busy 0.724 (the least error
+    // possible here is 0.095, above).
     CHECK(lt.fairness.max_share_error <= 0.107);
     CHECK(lt.busy_fraction >= 0.724);
     // On the timeslice GPU both return by preempting B, but the monitor,
@@ -404,7 +438,7 @@ TEST_CASE("hfq holds for a long-think monitor and for clients that think between
     // 0.0415, B's, most of it the preemptions' dead time (idle 7.0%).
     SimResult lts = run(think, "hfq", Arbitration::Timeslice);
     INFO(describe(lts));
-    CHECK(lts.fairness.max_share_error <= 0.0415);
+    CHECK(lts.fairness.max_share_error <= 0.0415);  // today's 0.0415: a regression guard
 }
 
 TEST_CASE("hfq on every other bundled scenario: error <= 0.01, idle with work <= 1%", "[scenario][hfq]") {
@@ -545,6 +579,9 @@ TEST_CASE("hfq idles for late interrupts no more than a fair schedule must", "[s
     SimResult r = run(sc, "hfq", Arbitration::RoundRobin);
     const auto [share, busy] = latency_bound(model, latency_us);
     INFO(describe(r) << "bound: share " << share << ", busy " << busy);
+    // 0.001: a regression guard, the measured 0.0008 (busy) and 0.0005
+    // (share) rounded up (one 8 ms kernel at each edge of the 9 s window
+    // alone could move a share 0.0018: the bound holds by measurement).
     CHECK(r.busy_fraction >= busy - 0.001);
     for (const auto& e : r.entities) CHECK(std::abs(e.achieved_share - share) <= 0.001);
 }

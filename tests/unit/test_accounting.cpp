@@ -1,5 +1,23 @@
 // The scheduler's policy-independent accounting (core/accounting.*) against
 // the engine's ground truth, under every policy and both GPU models.
+//
+// Tolerances.  The simulation is deterministic (simulated clock, seeded
+// draws): no bound here covers run-to-run spread, and each is one of
+//   - the goal: each tenant charged within 1% of the GPU time it ran (0.01
+//     relative, `/ 100`);
+//   - 0.001 where the GPU keeps a context-switch trace (the default GPU):
+//     every stint is dated by the GPU, so charge and truth differ only by
+//     where the run's last stint is cut (the truth counts a kernel once it
+//     ends, the books up to the last read); 0.1% is room for that cut;
+//   - a bound derived at the check (a read's window, one kernel at a
+//     window's edge, the random sweep's per-configuration bound);
+//   - where a case runs over seeds of the audit looks, those seeds are its
+//     repeated runs: the comment gives the spread measured over them and
+//     the factor the bound leaves (about four standard deviations).  Those
+//     spreads were measured on a GPU without a trace; a case that runs on
+//     the default GPU (Rig(policy) without no_trace) is now charged from
+//     the trace, and its runs are exact (every seed alike).
+// Approx with its default epsilon, and ==, are exact arithmetic.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -131,7 +149,10 @@ TEST_CASE("accounting: none on the round-robin GPU is exact from fences alone", 
     const Accounting& acc = rig.sched.accounting();
     INFO("long " << to_ms(acc.gpu_time(a)) << " / " << to_ms(rig.gpu_time(a)) << "; short "
                  << to_ms(acc.gpu_time(b)) << " / " << to_ms(rig.gpu_time(b)));
-    // The GPU's round-robin gives 4 / 4.2 = 0.95 to the long kernels.
+    // The GPU's round-robin gives 4 / 4.2 = 0.95 to the long kernels.  The
+    // share counts kernels that ended by 2 s: the round cut at the end
+    // moves it by at most one 4 ms kernel of 1905 ms, 0.2%; 1% (relative)
+    // is the accounting goal's bound, applied to the share here.
     CHECK(rig.share(a) == Approx(4.0 / 4.2).epsilon(0.01));
     CHECK(rel_error(acc.gpu_time(a), rig.gpu_time(a)) < 0.001);
     CHECK(rel_error(acc.gpu_time(b), rig.gpu_time(b)) < 0.001);
@@ -182,7 +203,9 @@ TEST_CASE("accounting: idle GPU costs no reads", "[accounting]") {
     rig.run_until(ms(10000));
     CHECK(rig.sched.stats().accounting_reads == reads);
     // Its start on the idle engine was caught by a settle read: within
-    // half the gap between two of them.
+    // half the gap between two of them (the reads after an idle sighting
+    // are 1, 10, 40 us apart: a start in the 10 us gap, placed mid-way, is
+    // at most 5 us off).
     CHECK(std::abs(rig.sched.accounting().gpu_time(a) - ms(3)) <= ms(0.005));
 }
 
@@ -278,7 +301,8 @@ TEST_CASE("accounting: a channel killed while the host is late is charged up to 
     CHECK(rig.gpu_time(bad) == ms(5));
     CHECK(std::abs(acc.gpu_time(bad) - rig.gpu_time(bad)) <= ms(0.001));
     // good's kernel on the engine at 10.5 ms is charged to now, the ground
-    // truth counts it at its end: compare what ended.
+    // truth counts it at its end: compare what ended.  Bound: one of good's
+    // 1 ms kernels, the one on the engine at 30 ms.
     rig.run_until(ms(30));
     CHECK(std::abs(acc.gpu_time(good) - rig.gpu_time(good)) <= ms(1));
 }
@@ -307,6 +331,9 @@ TEST_CASE("accounting: kernels without completion interrupts are charged as they
                    << to_ms(rig.gpu_time(loud)) << " ms; share " << rig.share(quiet));
     CHECK(rel_error(dq, rig.gpu_time(quiet)) < 0.01);
     CHECK(rel_error(dl, rig.gpu_time(loud)) < 0.01);
+    // hfq's split to its weights (20:100); 0.01 is the goal for shares on
+    // the simulator's scenarios that have no bursty target, tighter than
+    // the 0.02 of the standard ones.
     CHECK(rig.share(quiet) == Approx(20.0 / 120.0).margin(0.01));
     CHECK(acc.kernels(quiet) == 0);  // no interrupt, no kernel counted
 }
@@ -832,7 +859,8 @@ TEST_CASE("accounting: a new channel's first batches, before its interrupts show
         INFO("leaf " << leaf << ": charged " << to_ms(acc.gpu_time(leaf)) << " ms, ran " << to_ms(rig.gpu_time(leaf))
                      << " ms");
         // Exact in this deterministic run; 10 us leaves room for rounding in
-        // unrelated changes, and the bug was 1.6 ms.
+        // unrelated changes, and the bug was 1.6 ms (a regression guard, not
+        // a measured spread).
         CHECK(std::abs(acc.gpu_time(leaf) - rig.gpu_time(leaf)) <= 10 * kMicrosecond);
     }
 }
@@ -905,13 +933,15 @@ TEST_CASE("accounting: two sparse tenants, one asking for an interrupt per batch
     // its think time too (it started after the last look), the probes find
     // its start, and replays charge a channel that interrupts on every
     // kernel what GET counts of its usual length: +0.11% under `none` and
-    // dfq, +0.36% under hfq (+0.74% before), +0.52% under `timeslice`.
+    // dfq, +0.36% under hfq (+0.74% before), +0.52% under `timeslice`
+    // (-0.4% to +1.1% over 13 seeds; bound: the goal, 1%).
     // The batching task was charged its own idle time inside its batches
     // (+405% under `none`, +408% under dfq, +33% under hfq, +543% under
     // `timeslice`) until the audit looks corrected its charges too: now
     // right on average, with their noise, large beside its 0.1 ms kernels
     // (the looks are a quarter of the other task's pace apart): -5.0% to
-    // +11.7% over 13 audit seeds, hence 15%.  The other: 1% either way
+    // +11.7% over 13 audit seeds (spread 16.7 points, worst 11.7%), hence
+    // 15%: 1.3 times the worst, not four standard deviations.  The other: 1% either way
     // (-0.4% to +1.1% over those seeds).
     for (const char* policy : {"none", "hfq", "dfq", "timeslice"}) {
         INFO(policy);
@@ -931,7 +961,8 @@ TEST_CASE("accounting: two sparse tenants, one asking for an interrupt per batch
                           << to_ms(acc.gpu_time(y)) << " of " << to_ms(rig.gpu_time(y)));
         CHECK(std::abs(off_x) < 0.15 * ran_x);
         CHECK(std::abs(off_y) < 0.01 * ran_y);
-        // Its length is learned (at its 12th kernel, 0.1496 ms).
+        // Its length is learned (at its 12th kernel, 0.1496 ms): within the
+        // goal's 1% of the true 0.15 ms (measured 0.27% off).
         CHECK(std::abs(acc.kernel_estimate(ych) - ms(0.15)) < ms(0.15) / 100);
     }
 }
@@ -1446,7 +1477,11 @@ TEST_CASE("accounting: a silent channel whose kernels grew beside a batching nei
     // is trapped now, and the read after it dates the start (results.md
     // section 6, "Doorbell traps"): y +0.04%, b -0.07% under `none`; under
     // hfq -0.01%, +0.01% and a share of 0.50035.  Bounds: 5% on each
-    // tenant, hfq's share for y within 0.01 of 0.5.
+    // tenant (a review's regression guard against the -46..-55% above, far
+    // wider than the goal's 1% that the measured 0.07% meets; with the
+    // default GPU's trace now exact, share 0.5001), hfq's share
+    // for y within 0.01 of 0.5 (the goal for shares on scenarios without a
+    // bursty target).
     for (const char* policy : {"none", "hfq"}) {
         INFO(policy);
         Rig rig(policy);
@@ -1552,8 +1587,10 @@ TEST_CASE("accounting: kernels that start after a long idle are dated by a trapp
                                                         << " remaps, " << rig.sched.stats().traps << " traps");
                 if (std::string(policy) == "none" && !trace) CHECK(rig.sched.stats().remaps <= 2 * pulses + 100);
                 // Charged within one 10 us kernel on the round-robin GPU (the
-                // first, started before any trap); on the timeslice GPU
-                // each start also pays about 2.2 us of the context switch.
+                // first, started before any trap; 11 us: the kernel plus
+                // 1 us, the closest two settle reads); on the timeslice GPU
+                // each start also pays about 2.2 us of the context switch,
+                // 22% of a 10 us kernel: bound 25%.
                 const double off = std::abs(static_cast<double>(rig.sched.accounting().gpu_time(p)) -
                                             static_cast<double>(rig.gpu_time(p)));
                 CHECK(off < (arbitration == sim::Arbitration::Timeslice ? 0.25 * static_cast<double>(rig.gpu_time(p))
@@ -1689,7 +1726,11 @@ TEST_CASE("accounting: a fresh channel's long kernel after its short ones is aud
     // average: over 64 seeds of the looks the mean is within 5% (measured:
     // -0.6..+0.2%; runs 305..349 ms of 321.6, a spread of 10.5% a run
     // before an idle engine's strata were capped at 6.25 ms), and no run
-    // is charged under half.
+    // is charged under half.  Both bounds are regression guards against the
+    // failure (a 40 ms kernel of each 100 ms round missed, 2.4 ms charged
+    // of 321.6 ms): half catches it in any single run; the mean's 5% is
+    // about eight times the worst mean measured (0.6%).  On the default GPU,
+    // with its trace, every run is now charged exactly 321.6 ms.
     for (const char* policy : {"none", "hfq", "dfq", "timeslice"})
         for (const auto arbitration : {sim::Arbitration::RoundRobin, sim::Arbitration::Timeslice}) {
             double sum = 0, truth = 0;
@@ -1802,7 +1843,9 @@ TEST_CASE("accounting: a channel closed before its unseen kernel's interrupt is 
     // policy but timeslice (which reads the engine itself).  A completion
     // no interrupt reported is now charged as its interrupt would be, and a
     // kernel still running is seen by one read.  Mean over 16 seeds of the
-    // looks within 5%.
+    // looks within 5%: a guard against the failure (each long kernel
+    // charged 1.6 ms of 40), not a measured spread; on the default GPU,
+    // with its trace, every run is now charged exactly.
     for (const int variant : {0, 1})
         for (const char* policy : {"none", "hfq", "dfq", "timeslice"})
             for (const auto arbitration : {sim::Arbitration::RoundRobin, sim::Arbitration::Timeslice}) {
@@ -1877,6 +1920,9 @@ TEST_CASE("accounting: a late handler's belief does not mark an honest channel a
         INFO("engine reads per interrupt " << per_fence << "; charged a " << to_ms(acc.gpu_time(a) - a0) << " of "
                                            << to_ms(rig.gpu_time(a)) << " ms, b " << to_ms(acc.gpu_time(b) - b0)
                                            << " of " << to_ms(rig.gpu_time(b)) << " ms");
+        // Reads per interrupt: 1.02 in pvgpud without the bug, 1.5 with it;
+        // the bound is the 5% over one per fence of the completion
+        // notification goal.  The charges: the goal, 1%.
         CHECK(per_fence < 1.05);
         CHECK(std::abs(acc.gpu_time(a) - a0 - rig.gpu_time(a)) <= rig.gpu_time(a) / 100);
         CHECK(std::abs(acc.gpu_time(b) - b0 - rig.gpu_time(b)) <= rig.gpu_time(b) / 100);

@@ -1,5 +1,11 @@
 // hfq under conditions a scenario file cannot express: weights changed and
 // entities added while running, idle periods, policy switches, held work.
+//
+// Tolerances.  The simulation is deterministic (simulated clock): no bound
+// covers run-to-run spread.  Share margins of 0.02 are the goal (worst share
+// error 0.02 on the standard scenarios), 0.01 the goal for scenarios without
+// a bursty target; other numbers are derived at the check.  "Measured" is
+// the value the run gets today.
 #include <catch2/catch.hpp>
 
 #include <limits>
@@ -68,11 +74,14 @@ TEST_CASE("hfq equalises long and short kernels on a round-robin GPU", "[hfq]") 
     auto& lb = rig.add_loop(b, 500);
     rig.run_ms(5000);
     // Without scheduling round-robin gives 4000/4500 = 0.89 to `long`.
+    // The goal for scenarios without a bursty target, 0.01 (measured 0.5004).
     CHECK(share(rig.ran(la), rig.ran(lb)) == Approx(0.5).margin(0.01));
     CHECK(rig.sched.policy().counters().at("blocks") > 0);
-    // Accounting agrees with the ground truth within 2%.
-    CHECK(double(*rig.sched.policy().accounted(a)) == Approx(double(rig.ran(la))).epsilon(0.02));
-    CHECK(double(*rig.sched.policy().accounted(b)) == Approx(double(rig.ran(lb))).epsilon(0.02));
+    // Accounting agrees with the ground truth: the GPU's context-switch
+    // trace dates every stint, so within 0.1% (measured equal to the
+    // nanosecond; the bound was 2%, with no source).
+    CHECK(double(*rig.sched.policy().accounted(a)) == Approx(double(rig.ran(la))).epsilon(0.001));
+    CHECK(double(*rig.sched.policy().accounted(b)) == Approx(double(rig.ran(lb))).epsilon(0.001));
 }
 
 TEST_CASE("hfq follows weight changes at run time", "[hfq]") {
@@ -82,6 +91,7 @@ TEST_CASE("hfq follows weight changes at run time", "[hfq]") {
     auto& la = rig.add_loop(a, 1000);
     auto& lb = rig.add_loop(b, 300);
     rig.run_ms(2000);
+    // The goal, 0.02 (measured 0.50003, then 0.75025).
     CHECK(share(rig.ran(la), rig.ran(lb)) == Approx(0.5).margin(0.02));
     rig.sched.entities().set_weight(a, 300);
     Duration a0 = rig.ran(la), b0 = rig.ran(lb);
@@ -99,7 +109,8 @@ TEST_CASE("hfq gives a newcomer its share and banks no credit for idle time", "[
     Duration a0 = rig.ran(la);
     rig.run_ms(1000);
     // Fair from the start: `old` is not starved for its 3 s of history ...
-    CHECK(share(rig.ran(la) - a0, rig.ran(lb)) == Approx(0.5).margin(0.03));
+    // The goal, 0.02 (measured 0.4990; the bound was 0.03, with no source).
+    CHECK(share(rig.ran(la) - a0, rig.ran(lb)) == Approx(0.5).margin(0.02));
 }
 
 TEST_CASE("a sleeper returns with bounded credit", "[hfq]") {
@@ -115,9 +126,13 @@ TEST_CASE("a sleeper returns with bounded credit", "[hfq]") {
     Duration a0 = rig.ran(la), b0 = rig.ran(lb1) + rig.ran(lb2);
     rig.run_ms(100);
     // The sleeper may not take the GPU for its 2.6 s of absence: `steady`
-    // keeps about half even in the first 100 ms.
+    // keeps about half even in the first 100 ms.  The sleeper's lead is at
+    // most its kept credit (lag_ms, 4 ms), the block threshold (2 ms) and
+    // one 1 ms kernel at each edge: 8 ms, so steady gets at least
+    // (100 - 8) / 200 = 0.46 (measured 0.4747; the bound was 0.4, with no
+    // source).
     Duration da = rig.ran(la) - a0, db = rig.ran(lb1) + rig.ran(lb2) - b0;
-    CHECK(share(da, db) >= 0.4);
+    CHECK(share(da, db) >= 0.46);
 }
 
 TEST_CASE("hfq reads no engine status while idle or serving a lone task, and wakes on a doorbell", "[hfq]") {
@@ -178,6 +193,7 @@ TEST_CASE("a VM without pid hints is held to its share across all its channels",
     auto& lh = rig.add_loop(host, 250);
     rig.run_ms(5000);
     for (auto* l : vm_loops) vm_ran += rig.ran(*l);
+    // The goal, 0.02 (measured 0.5016 round-robin, 0.5012 timeslice).
     CHECK(share(vm_ran, rig.ran(lh)) == Approx(0.5).margin(0.02));
 }
 
@@ -210,11 +226,13 @@ TEST_CASE("switching policy at run time returns channels to direct", "[hfq]") {
     Duration a0 = rig.ran(la), b0 = rig.ran(lb);
     rig.run_ms(1000);
     CHECK(rig.sched.stats().polls == polls);
-    // Back to the GPU's own round-robin: 5000 / 5100 to `a`.
+    // Back to the GPU's own round-robin: 5000 / 5100 to `a`; over 1 s one
+    // 5 ms kernel at an edge moves it 0.005: 0.01.
     CHECK(share(rig.ran(la) - a0, rig.ran(lb) - b0) == Approx(5000.0 / 5100).margin(0.01));
     rig.sched.set_policy(make_policy("hfq", {}));
     a0 = rig.ran(la), b0 = rig.ran(lb);
     rig.run_ms(3000);
+    // The goal, 0.02 (measured 0.5008).
     CHECK(share(rig.ran(la) - a0, rig.ran(lb) - b0) == Approx(0.5).margin(0.02));
 }
 
@@ -235,7 +253,7 @@ TEST_CASE("channels and entities can leave while hfq runs", "[hfq]") {
     tree.remove(t1);
     Duration h0 = rig.ran(lh);
     rig.run_ms(3000);
-    // host vs vm (now t2 alone) still 50/50.
+    // host vs vm (now t2 alone) still 50/50: the goal, 0.02 (measured 0.5007).
     CHECK(double(rig.ran(lh) - h0) / double(3 * kSecond) == Approx(0.5).margin(0.02));
     CHECK_FALSE(tree.valid(t1));
 }
@@ -404,7 +422,9 @@ TEST_CASE("hfq: on the timeslice GPU a returning bursty leaf preempts a blocked 
     Split rr = run_pair(Arbitration::RoundRobin, 6000, 150, 850, 1);
     INFO("timeslice: a " << ts.a << " b " << ts.b << "; round-robin: a " << rr.a << " b " << rr.b);
     CHECK(ts.b == Approx(150.0 / 1075.0).margin(0.002));
-    CHECK(ts.a >= 0.78);  // the rest, less the preemptions' dead time
+    // The rest, less the preemptions' dead time: 1 - 0.1395 - 75 / 1075 =
+    // 0.791 at most (measured 0.7905); 0.78 is 0.011 below that bound.
+    CHECK(ts.a >= 0.78);
     const double x = 0.85 / (1 + 0.15 * 5.15 / 6);
     CHECK(rr.a == Approx(x).margin(0.002));
     CHECK(rr.b == Approx(0.15 * (1 - 5.15 * x / 6)).margin(0.002));

@@ -1,4 +1,6 @@
 // Water-filling target shares and fairness metrics (scheduler/core/shares.hpp).
+// Every expected value here is exact arithmetic on the inputs: the checks use
+// Approx's default epsilon (floating-point rounding only), no tolerance.
 #include <catch2/catch.hpp>
 
 #include <cmath>

@@ -322,6 +322,8 @@ ALONE_MIN = 0.95
 # sleep that overran by more than STALL_MIN; the cases that measure GPU idle time
 # say how much of it fell in a stall.  Without root it runs at normal
 # priority and reports nothing (the check is then on the plain number).
+# 20 ms: a detection threshold with no measured source (four of the
+# watcher's 5 ms sleeps; below it, ordinary scheduler jitter is not counted).
 STALL_MIN = 0.02
 STALL_WATCH = r"""
 import os, sys, time
@@ -676,6 +678,7 @@ def case_thesis1(bins, tmp):
     # per round).  Measured: none 1.215 and 1.220; hfq 1.008 (before QEMU
     # reported work held in shadow pages: 1.113 and 1.129).  The 5% allows
     # for a TCG guest on a shared 2-core host, not for the policy.
+    # none's theory 1.22 (measured 1.215, 1.220): 1.15 tells it from flat.
     check(none[-1] / none[0] >= 1.15, f"none: bench runtime did not grow with the throttle: {none}")
     check(max(hfq) / min(hfq) <= 1.05, f"hfq bench runtime not flat: {hfq}")
     check(max(hfq) / min(hfq) < none[-1] / none[0], f"hfq grows as much as none: {hfq} vs {none}")
@@ -733,6 +736,7 @@ def case_thesis2(bins, tmp):
     # 6-9): eight guest throttles then wake up late.  Before QEMU reported
     # work held in shadow pages: 1.12 to 1.60.  The bound is that noise.
     r_hfq, r_none = max(hfq) / min(hfq), none[-1] / none[0]
+    # none's growth (measured 3.05..4.69) is only told from flat: 2.5.
     check(r_none >= 2.5, f"none: host bench did not slow down with more throttles: {none}")
     check(r_hfq <= 1.15, f"hfq does not keep the host bench flat: {hfq} vs {none}")
 
@@ -824,6 +828,9 @@ def case_overhead(bins, tmp):
     for p, v in runs.items():
         result(f"vm.overhead.{p}_runtime_ms", ",".join(f"{x:.1f}" for x in v))
     result("vm.overhead.hfq_over_none", f"{ratio:.4f}")
+    # The goal is 1%; the 5% is a TCG guest's noise on the shared 2-core
+    # machine (fastest-of-three ratios measured 0.98..1.03; a single pair
+    # 1.084 in a clean-clone CI run, above).
     check(ratio <= 1.05, f"hfq costs a lone guest bench {100 * (ratio - 1):.1f}% (limit 5%)")
 
 
