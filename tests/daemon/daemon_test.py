@@ -1477,10 +1477,10 @@ def case_monitoring(bins, tmp):
                       f"{policy}: {p} achieved {daemon_share[i]:.3f} by pvgpuctl, "
                       f"{client_share[i]:.3f} by its own count")
                 kernels = (l := loads[i]).completed_at(tb) - l.completed_at(ta)
-                # No stated source: neither measured nor derived (the
-                # clients' interpolated count against pvgpuctl's over the
-                # same instants; 16 is about 3 ms of 200 us kernels).
-                check(abs(after[p]["kernels"] - before[p]["kernels"] - kernels) <= 0.02 * kernels + 16,
+                # The count is the GPU time over the kernel's length, so its
+                # bound is the GPU time's (MONITOR_GPU_TIME_TOL) in kernels.
+                check(abs(after[p]["kernels"] - before[p]["kernels"] - kernels) * kernel_us[i] / 1e6
+                      <= MONITOR_GPU_TIME_TOL * total,
                       f"{policy}: {p} kernels {after[p]['kernels'] - before[p]['kernels']} by pvgpuctl, "
                       f"{kernels:.0f} by its own count")
             check(abs(m["jain_index"] - jain) <= MONITOR_JAIN_TOL,
@@ -1673,8 +1673,9 @@ def case_cheat(bins, tmp):
                       f"{policy}: {p} GPU time {daemon_gpu[i]:.3f} s by pvgpuctl, {real[i]:.3f} s ran "
                       f"(error {err:.3f} of the interval's GPU time > {CHEAT_GPU_TIME_TOL})")
                 dk = after[p]["kernels"] - before[p]["kernels"]
-                # The monitoring case's kernel-count bound (no stated source).
-                check(abs(dk - kernels[i]) <= 0.02 * kernels[i] + 16,
+                # The count is the GPU time over the kernel's length: the GPU
+                # time's bound (CHEAT_GPU_TIME_TOL) in kernels.
+                check(abs(dk - kernels[i]) * kernel_us[i] / 1e6 <= CHEAT_GPU_TIME_TOL * total,
                       f"{policy}: {p} kernels {dk} by pvgpuctl, {kernels[i]:.0f} ran")
             if policy != "none":
                 check(share <= 0.5 + CHEAT_SHARE_TOL,
@@ -3287,12 +3288,12 @@ def case_move(bins, tmp):
         stats = ctl_json(bins, d, "stats")
         check(stats["counters"]["moves"] == 3, f"moves counted: {stats['counters']['moves']}")
         busy = sum(g["busy_s"] for g in stats["gpus"])
-        result("move.busy_s", f"{busy:.3f}")
-        # No stated source for 5% (75 ms, 150 kernels): one kernel run twice
-        # or lost (0.5 ms) would pass; the simulated GPUs' busy time is
-        # exact, so the move.busy_s RESULT lines would show a tighter bound.
-        check(abs(busy - kernels * 0.0005) <= 0.05 * kernels * 0.0005,
-              f"the GPUs were busy {busy:.3f} s for {kernels * 0.0005:.3f} s of kernels")
+        result("move.busy_s", f"{busy:.6f}")
+        # The simulated GPUs' busy time is the sum of the kernels they ran
+        # (measured 1.500000 s): a kernel lost or run twice moves it by 0.5 ms,
+        # so half a kernel is the bound.
+        check(abs(busy - kernels * 0.0005) <= 0.00025,
+              f"the GPUs were busy {busy:.6f} s for {kernels * 0.0005:.6f} s of kernels")
         # A VM that disconnects while its long kernel drains: the move fails
         # and says so; pvgpud goes on.
         ch.fill(400_000_000, 1)

@@ -1984,12 +1984,10 @@ def case_modes(bins, tmp):
         log(f"stats mid-run: {json.dumps(stats_mid.get('counters'))}")
         check(fence == submitted and get == submitted,
               f"completed {fence} (IB_GET {get}) of {submitted} submitted")
-        # No measured source: 5% + 5 ms is a bound set with the test to catch
-        # lost or doubled submissions (each is one kernel_ns); pvgpud charges
-        # from the simulated GPU's context-switch trace, exact up to the
-        # last stint, so the modes.gpu_time_ms / expected RESULT lines would
-        # show a tighter one.
-        check(abs(gpu_ms - expect_ms) <= 0.05 * expect_ms + 5,
+        # pvgpud charges from the simulated GPU's context-switch trace, exactly
+        # once every kernel completed (measured 668.0 ms for 668.0): a kernel
+        # lost or run twice moves it by one kernel, so half a kernel is the bound.
+        check(abs(gpu_ms - expect_ms) <= kernel_ns / 2e6,
               f"GPU time {gpu_ms:.1f} ms for {submitted} x {kernel_ns / 1e6} ms: "
               "lost or doubled submissions")
         check(counters.get("mode_switches", 0) > 0, "the scheduler never switched a mode")
