@@ -55,6 +55,17 @@ std::vector<double> hierarchical_shares(const EntityTree& tree, const std::vecto
     return share;
 }
 
+void set_mode_counted(PolicyContext& ctx, ChannelId ch, ChannelMode mode, std::uint64_t& shadow_events) {
+    if (ctx.mode(ch) == mode) return;
+    if (mode == ChannelMode::Shadowed) ++shadow_events;
+    ctx.set_mode(ch, mode);
+}
+
+bool has_work_unless_killed(const PolicyContext& ctx, ChannelId ch) {
+    if (ctx.gpu().read_status(ch) != PVGPU_CHAN_STATUS_OK) return false;
+    return ctx.gpu().pending(ch) || ctx.held(ch) > 0;
+}
+
 double param_or_default(const PolicyParams& p, const PolicyInfo& info, const std::string& name) {
     if (auto it = p.find(name); it != p.end()) return it->second;
     for (const auto& [n, def, doc] : info.params)

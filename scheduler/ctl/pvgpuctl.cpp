@@ -14,6 +14,7 @@
 #include <charconv>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -23,7 +24,10 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <utility>
 #include <vector>
+
+#include <pvgpu/abi.h>  // PVGPU_WEIGHT_*
 
 #include "proto/unique_fd.hpp"
 #include "pvgpu_paths.h"
@@ -55,156 +59,11 @@ constexpr auto kReplyTimeout = std::chrono::seconds(10);
 constexpr auto kMoveTimeout = std::chrono::seconds(60);
 // The admin protocol version that reports per GPU ("gpus") and has move.
 constexpr int kAdminProtocolGpus = 4;
-constexpr unsigned kWeightMin = 1;      // PVGPU_WEIGHT_MIN
-constexpr unsigned kWeightMax = 10000;  // PVGPU_WEIGHT_MAX
-constexpr unsigned kWeightDefault = 100;  // PVGPU_WEIGHT_DEFAULT
-
-// ---- help texts -------------------------------------------------------------
-
-constexpr const char* kUsage = R"(usage: pvgpuctl [--admin-socket PATH] [--json] COMMAND [ARGS]
-
-Administers pvgpud, the pvgpu GPU scheduling daemon.
-
-Commands:
-  list [--gpu N]                entity tree with weights and shares, per GPU
-  set-weight TARGET WEIGHT      set an admin weight (1..10000)
-  set-policy NAME [KEY=VALUE]... [--gpu N]
-                                switch the scheduling policy (of every GPU,
-                                or of GPU N)
-  policy [--gpu N]              show the active policy and its parameters
-  stats [--gpu N]               daemon statistics and fairness metrics
-  top [--interval S] [--count N] [--gpu N]
-                                live view, refreshed every S seconds
-  move VM --gpu N [--from M]    move a running VM's channels to GPU N, live
-  version                       versions of pvgpuctl and pvgpud
-  attach DOMAIN [--weight W] [--gpu N] [--socket PATH] [--emulator PATH]
-                                give a libvirt domain the pvgpu device
-  detach DOMAIN                 take it away again
-  help [COMMAND]                help on a command (also: COMMAND --help)
-
-Options:
-  --admin-socket PATH   admin socket (default $PVGPU_ADMIN_SOCKET or
-                        )" PVGPU_ADMIN_SOCKET_PATH R"()
-  -c, --connect URI     libvirt URI for attach, detach and the weights of
-                        libvirt domains (default: libvirt's, e.g.
-                        $LIBVIRT_DEFAULT_URI, else qemu:///system as root)
-  --gpu N               the GPU a command is about (its index, as in the
-                        GPU header lines); default: every GPU
-  --json                print the daemon's JSON reply instead of a table
-  -h, --help            this help
-
-Exit status: 0 success, 1 daemon error or daemon unreachable, 2 bad usage.
-)";
-
-const std::map<std::string, std::string, std::less<>> kCommandHelp = {
-    {"list", R"(usage: pvgpuctl [--json] list [--gpu N]
-
-Shows every scheduling entity as a tree: VMs, their guest tasks, host users
-(host/USER) and their tasks (host/USER/NAME), per GPU: a header line per
-GPU (GPU 1 gpu1  policy hfq  busy 99.8%  VMs 2), then that GPU's entities.
-A VM on two GPUs has an entity on each.  --gpu N shows GPU N only.
-Columns: WEIGHT (admin
-weight), TARGET (the share of its GPU it should get now), ACHIEVED (what it got over the daemon's recent window),
-GPU_MS (GPU time used since it appeared, subtree included), CHANNELS,
-KERNELS (kernels completed with a completion interrupt, subtree included).
-pvgpud measures GPU time itself, from completion interrupts and the GPU's
-engine status register, the same way under every policy.  An older pvgpud
-(admin protocol 1) measured nothing under policy none: its ACHIEVED and
-GPU_MS are then shown as '-', with a note.  A pvgpud before admin protocol 4
-drives one GPU, shown as GPU 0 gpu0.  --json prints the daemon's reply,
-with the entities per GPU in "gpus".
-)"},
-    {"set-weight", R"(usage: pvgpuctl set-weight TARGET WEIGHT
-
-Sets the admin weight of an entity; WEIGHT is an integer in 1..10000
-(default weight 100).  TARGET is a VM UUID, a VM name, or an entity path
-(vm1/task-1234, host/alice, host/alice/render).  A weight for a VM or a
-host user that is not connected yet is remembered by pvgpud and applied when
-it connects.  Needs root, the
-daemon's uid or its admin group.
-
-A VM that is a libvirt domain with pvgpu (see attach) keeps its weight in
-the domain's metadata: pvgpud writes <pvgpu:gpu weight="W"/> there (keeping
-its device="N"), live and in the persistent definition, through the libvirt
-connection it follows ([libvirt] uri), so `virsh dumpxml` and the scheduler
-agree and the weight survives a host reboot.
-)"},
-    {"attach", R"(usage: pvgpuctl [-c URI] attach DOMAIN [--weight W] [--gpu N] [--socket PATH] [--emulator PATH]
-
-Edits the persistent definition of the libvirt domain DOMAIN (name or UUID)
-so that it gets the pvgpu device at its next start: a <qemu:commandline>
-with a chardev to pvgpud's client socket (--socket, default
-$PVGPU_SOCKET or )" PVGPU_SOCKET_PATH R"(; reconnecting, so a pvgpud restart
-is survived) and `-device pvgpu`, plus the GPU share in the domain's
-metadata (namespace http://pvgpu.org/xmlns/domain/1.0, --weight, default:
-the weight already there, else 100).  --gpu N puts the domain on the
-host's GPU N (0..15): device="N" in the metadata and gpu=N on the device;
---gpu any lets pvgpud place it; default: the GPU already in the metadata,
-else any.  --emulator PATH also sets the
-domain's <emulator> to the pvgpu-patched QEMU; the domain must run it.
-Attaching again replaces the wiring (a new socket path, say).  Needs the
-right to define domains on that libvirt connection.
-)"},
-    {"detach", R"(usage: pvgpuctl [-c URI] detach DOMAIN
-
-Removes the pvgpu device wiring and the pvgpu metadata from the persistent
-definition of the libvirt domain DOMAIN.  A running domain keeps its device
-until it is shut down.
-)"},
-    {"set-policy", R"(usage: pvgpuctl set-policy NAME [KEY=VALUE]... [--gpu N]
-
-Switches the scheduling policy at run time: none, timeslice, dfq or hfq.
-KEY=VALUE pairs set numeric policy parameters; omitted ones take their
-defaults (pvgpuctl policy shows the effective ones).  Every GPU has its own
-policy: --gpu N switches GPU N's only; without it every GPU's.  Example:
-  pvgpuctl set-policy hfq threshold_ms=4
-  pvgpuctl set-policy timeslice --gpu 1
-Needs root, the daemon's uid or its admin group.
-)"},
-    {"policy", R"(usage: pvgpuctl [--json] policy [--gpu N]
-
-Shows the active policy and its effective parameters; on a host with several
-GPUs, each GPU's (--gpu N: GPU N's).
-)"},
-    {"stats", R"(usage: pvgpuctl [--json] stats [--gpu N]
-
-Shows daemon statistics: uptime, clients, channels, GPU busy fraction,
-fairness metrics (max share error, Jain's index, unfairness) and counters,
-then a section per GPU (--gpu N: GPU N's only) under its header line: its
-policy, arbitration, busy fraction and time, context switches, channels,
-VMs, scheduler CPU and fairness metrics.
-)"},
-    {"top", R"(usage: pvgpuctl top [--interval S] [--count N] [--gpu N]
-
-Live view of the entity tree, redrawn every S seconds (default 1), per GPU
-as in list (--gpu N: GPU N only).  NOW is the share of its GPU each entity
-used since the previous refresh.  Quit with q or Ctrl-C; --count N exits
-after N refreshes.
-)"},
-    {"move", R"(usage: pvgpuctl [--json] move VM --gpu N [--from M]
-
-Moves a running VM (name or UUID) to GPU N, live and without the guest's
-help: pvgpud holds the VM's channels back (the guest keeps writing), waits
-for the work already on the GPU to complete, recreates each channel on GPU N
-with the same ring and fences, and lets it go.  The guest sees a pause,
-printed per channel:
-  channel 3: paused 12.5 ms
-  vm2 moved from gpu0 to gpu1 (2 channels, longest pause 12.5 ms)
---from M names the GPU to move from when the VM has devices on several.
-A move that fails leaves the VM running where it was; pvgpud's message is
-printed and the exit status is 1.  Waits up to )" + std::to_string(kMoveTimeout.count()) + R"( s for pvgpud.
-Needs root, the daemon's uid or its admin group.
-)"},
-    {"version", R"(usage: pvgpuctl [--json] version
-
-Prints the versions of pvgpuctl and of the running pvgpud (and the protocol
-versions it speaks).
-)"},
-    {"help", R"(usage: pvgpuctl help [COMMAND]
-
-Prints help on pvgpuctl or on one command.
-)"},
-};
+constexpr unsigned kWeightMin = PVGPU_WEIGHT_MIN;
+constexpr unsigned kWeightMax = PVGPU_WEIGHT_MAX;
+constexpr unsigned kWeightDefault = PVGPU_WEIGHT_DEFAULT;
+// "1..10000", as the help texts write the range.
+const std::string kWeightRange = std::to_string(kWeightMin) + ".." + std::to_string(kWeightMax);
 
 // ---- errors -----------------------------------------------------------------
 
@@ -726,7 +585,6 @@ void print_gpu(const json& g, const json& list, const std::map<std::string, doub
 }
 
 int cmd_list(const Args& a, AdminConnection& conn) {
-    expect_operands(a, 0, 0);
     const json reply = call(conn, {{"cmd", "list"}});
     // An older pvgpud reports its one GPU's busy fraction in stats only.
     json stats;
@@ -763,7 +621,6 @@ unsigned parse_weight(const std::string& text) {
 }
 
 int cmd_set_weight(const Args& a, AdminConnection& conn) {
-    expect_operands(a, 2, 2);
     std::string target = a.operands[0];
     if (target.empty()) throw UsageError{"set-weight: empty TARGET"};
     const unsigned weight = parse_weight(a.operands[1]);
@@ -795,7 +652,6 @@ void print_gpu_policies(const json& gpus) {
 }
 
 int cmd_set_policy(const Args& a, AdminConnection& conn) {
-    expect_operands(a, 1, 64);
     json params = json::object();
     for (std::size_t i = 1; i < a.operands.size(); ++i) {
         const std::string& kv = a.operands[i];
@@ -840,7 +696,6 @@ int cmd_set_policy(const Args& a, AdminConnection& conn) {
 }
 
 int cmd_policy(const Args& a, AdminConnection& conn) {
-    expect_operands(a, 0, 0);
     json reply = call(conn, {{"cmd", "get-policy"}});
     const json gpus = select_gpus(has_gpus(reply) ? reply["gpus"]
                                                   : json::array({{{"index", 0},
@@ -867,7 +722,6 @@ int admin_protocol(AdminConnection& conn) {
 }
 
 int cmd_stats(const Args& a, AdminConnection& conn) {
-    expect_operands(a, 0, 0);
     json reply = call(conn, {{"cmd", "stats"}});
     if (a.gpu) {
         select_gpus(has_gpus(reply) ? reply["gpus"] : json::array({{{"index", 0}, {"name", "gpu0"}}}), a.gpu);
@@ -903,7 +757,6 @@ int cmd_stats(const Args& a, AdminConnection& conn) {
 }
 
 int cmd_move(const Args& a, AdminConnection& conn) {
-    expect_operands(a, 1, 1);
     const std::string& vm = a.operands[0];
     if (vm.empty()) throw UsageError{"move: empty VM"};
     if (!a.gpu) throw UsageError{"move: --gpu N (the GPU to move the VM to) is required"};
@@ -959,7 +812,6 @@ int cmd_move(const Args& a, AdminConnection& conn) {
 }
 
 int cmd_version(const Args& a, AdminConnection& conn) {
-    expect_operands(a, 0, 0);
     if (!a.json_output) {
         std::printf("pvgpuctl %s\n", PVGPU_VERSION);
         std::fflush(stdout);
@@ -1006,7 +858,6 @@ private:
 };
 
 int cmd_top(const Args& a, AdminConnection& conn) {
-    expect_operands(a, 0, 0);
     const double interval = a.interval_s.value_or(1.0);
     const bool tty_out = ::isatty(STDOUT_FILENO);
 
@@ -1125,17 +976,6 @@ int cmd_top(const Args& a, AdminConnection& conn) {
     return kExitOk;
 }
 
-int print_help(const std::string& topic) {
-    if (topic.empty()) {
-        std::fputs(kUsage, stdout);
-        return kExitOk;
-    }
-    const auto it = kCommandHelp.find(topic);
-    if (it == kCommandHelp.end()) throw UsageError{"no such command '" + topic + "'"};
-    std::fputs(it->second.c_str(), stdout);
-    return kExitOk;
-}
-
 #ifdef PVGPU_HAVE_LIBVIRT
 // attach --gpu: "any" (nullopt: pvgpud places the domain) or an index 0..15.
 std::optional<std::uint32_t> parse_attach_gpu(const std::string& text) {
@@ -1148,9 +988,8 @@ std::optional<std::uint32_t> parse_attach_gpu(const std::string& text) {
     return static_cast<std::uint32_t>(n);
 }
 
-int cmd_attach(const Args& a, bool attach) {
+int edit_domain(const Args& a, bool attach) {
     using namespace pvgpu::virt;
-    expect_operands(a, 1, 1);
     std::optional<unsigned> weight;
     if (a.weight) weight = parse_weight(*a.weight);
     const std::optional<std::uint32_t> gpu = a.gpu_text ? parse_attach_gpu(*a.gpu_text) : std::nullopt;
@@ -1202,45 +1041,274 @@ int cmd_attach(const Args& a, bool attach) {
     }
     return kExitOk;
 }
+
+int cmd_attach(const Args& a, AdminConnection&) { return edit_domain(a, true); }
+int cmd_detach(const Args& a, AdminConnection&) { return edit_domain(a, false); }
+// attach and detach take one DOMAIN.
+constexpr std::pair<std::size_t, std::size_t> kDomainArgs{1, 1};
+#else
+[[noreturn]] int no_libvirt(const Args& a, AdminConnection&) {
+    throw std::runtime_error(a.command + ": this pvgpuctl was built without libvirt support");
+}
+constexpr auto cmd_attach = no_libvirt;
+constexpr auto cmd_detach = no_libvirt;
+// Any arguments: the missing libvirt support is what to report.
+constexpr std::pair<std::size_t, std::size_t> kDomainArgs{0, SIZE_MAX};
 #endif
+
+// ---- the verbs ------------------------------------------------------------------
+
+// The options that only some verbs take, as bits of Verb::options.
+enum : unsigned {
+    kOptGpu = 1u << 0,     // --gpu N
+    kOptGpuAny = 1u << 1,  // --gpu any
+    kOptTop = 1u << 2,     // --interval, --count
+    kOptAttach = 1u << 3,  // --weight, --emulator
+    kOptFrom = 1u << 4,    // --from
+};
+
+// A verb that is not given `option` rejects the command line when `given`
+// holds; the rules are checked in this order.  The messages are written out,
+// not built from the verbs, because they are pvgpuctl's output and keep
+// their wording (the --gpu one lists its verbs in an order of its own).
+struct OptionRule {
+    unsigned option;
+    bool (*given)(const Args&);
+    const char* message;
+};
+
+constexpr OptionRule kOptionRules[] = {
+    {kOptTop, [](const Args& a) { return a.interval_s || a.count; }, "--interval and --count are options of top"},
+    {kOptAttach, [](const Args& a) { return a.weight || !a.emulator.empty(); },
+     "--weight and --emulator are options of attach"},
+    {kOptGpu, [](const Args& a) { return a.gpu_text.has_value(); },
+     "--gpu is an option of attach, list, top, stats, policy, set-policy and move"},
+    {kOptGpuAny, [](const Args& a) { return a.gpu_text && !a.gpu; }, "--gpu any is an option of attach"},
+    {kOptFrom, [](const Args& a) { return a.from_gpu.has_value(); }, "--from is an option of move"},
+};
+
+using Handler = int (*)(const Args&, AdminConnection&);
+
+// One row a command, as systemd's loginctl and git's builtins keep theirs:
+// adding a command is adding a row.  The connection is lazy: a verb that
+// does not use it never connects.
+struct Verb {
+    std::string_view name;
+    std::string_view synopsis;  // its line in pvgpuctl --help
+    std::string summary;        // beside the synopsis; '\n' breaks lines
+    std::string help;           // pvgpuctl help NAME
+    std::pair<std::size_t, std::size_t> args;  // how many operands, at least and at most
+    unsigned options;                          // the kOpt* it takes
+    Handler run;
+    bool own_checks = false;  // help: takes any option, counts its own operands
+};
+
+int cmd_help(const Args& a, AdminConnection&);
+
+const std::vector<Verb>& verbs() {
+    static const std::vector<Verb> table = {
+        {"list", "list [--gpu N]", "entity tree with weights and shares, per GPU",
+         R"(usage: pvgpuctl [--json] list [--gpu N]
+
+Shows every scheduling entity as a tree: VMs, their guest tasks, host users
+(host/USER) and their tasks (host/USER/NAME), per GPU: a header line per
+GPU (GPU 1 gpu1  policy hfq  busy 99.8%  VMs 2), then that GPU's entities.
+A VM on two GPUs has an entity on each.  --gpu N shows GPU N only.
+Columns: WEIGHT (admin
+weight), TARGET (the share of its GPU it should get now), ACHIEVED (what it got over the daemon's recent window),
+GPU_MS (GPU time used since it appeared, subtree included), CHANNELS,
+KERNELS (kernels completed with a completion interrupt, subtree included).
+pvgpud measures GPU time itself, from completion interrupts and the GPU's
+engine status register, the same way under every policy.  An older pvgpud
+(admin protocol 1) measured nothing under policy none: its ACHIEVED and
+GPU_MS are then shown as '-', with a note.  A pvgpud before admin protocol 4
+drives one GPU, shown as GPU 0 gpu0.  --json prints the daemon's reply,
+with the entities per GPU in "gpus".
+)",
+         {0, 0}, kOptGpu, cmd_list},
+        {"set-weight", "set-weight TARGET WEIGHT", "set an admin weight (" + kWeightRange + ")",
+         R"(usage: pvgpuctl set-weight TARGET WEIGHT
+
+Sets the admin weight of an entity; WEIGHT is an integer in )" + kWeightRange +
+        R"(
+(default weight )" + std::to_string(kWeightDefault) + R"().  TARGET is a VM UUID, a VM name, or an entity path
+(vm1/task-1234, host/alice, host/alice/render).  A weight for a VM or a
+host user that is not connected yet is remembered by pvgpud and applied when
+it connects.  Needs root, the
+daemon's uid or its admin group.
+
+A VM that is a libvirt domain with pvgpu (see attach) keeps its weight in
+the domain's metadata: pvgpud writes <pvgpu:gpu weight="W"/> there (keeping
+its device="N"), live and in the persistent definition, through the libvirt
+connection it follows ([libvirt] uri), so `virsh dumpxml` and the scheduler
+agree and the weight survives a host reboot.
+)",
+         {2, 2}, 0, cmd_set_weight},
+        {"set-policy", "set-policy NAME [KEY=VALUE]... [--gpu N]", "switch the scheduling policy (of every GPU,\nor of GPU N)",
+         R"(usage: pvgpuctl set-policy NAME [KEY=VALUE]... [--gpu N]
+
+Switches the scheduling policy at run time: none, timeslice, dfq or hfq.
+KEY=VALUE pairs set numeric policy parameters; omitted ones take their
+defaults (pvgpuctl policy shows the effective ones).  Every GPU has its own
+policy: --gpu N switches GPU N's only; without it every GPU's.  Example:
+  pvgpuctl set-policy hfq threshold_ms=4
+  pvgpuctl set-policy timeslice --gpu 1
+Needs root, the daemon's uid or its admin group.
+)",
+         {1, 64}, kOptGpu, cmd_set_policy},
+        {"policy", "policy [--gpu N]", "show the active policy and its parameters",
+         R"(usage: pvgpuctl [--json] policy [--gpu N]
+
+Shows the active policy and its effective parameters; on a host with several
+GPUs, each GPU's (--gpu N: GPU N's).
+)",
+         {0, 0}, kOptGpu, cmd_policy},
+        {"stats", "stats [--gpu N]", "daemon statistics and fairness metrics",
+         R"(usage: pvgpuctl [--json] stats [--gpu N]
+
+Shows daemon statistics: uptime, clients, channels, GPU busy fraction,
+fairness metrics (max share error, Jain's index, unfairness) and counters,
+then a section per GPU (--gpu N: GPU N's only) under its header line: its
+policy, arbitration, busy fraction and time, context switches, channels,
+VMs, scheduler CPU and fairness metrics.
+)",
+         {0, 0}, kOptGpu, cmd_stats},
+        {"top", "top [--interval S] [--count N] [--gpu N]", "live view, refreshed every S seconds",
+         R"(usage: pvgpuctl top [--interval S] [--count N] [--gpu N]
+
+Live view of the entity tree, redrawn every S seconds (default 1), per GPU
+as in list (--gpu N: GPU N only).  NOW is the share of its GPU each entity
+used since the previous refresh.  Quit with q or Ctrl-C; --count N exits
+after N refreshes.
+)",
+         {0, 0}, kOptGpu | kOptTop, cmd_top},
+        {"move", "move VM --gpu N [--from M]", "move a running VM's channels to GPU N, live",
+         R"(usage: pvgpuctl [--json] move VM --gpu N [--from M]
+
+Moves a running VM (name or UUID) to GPU N, live and without the guest's
+help: pvgpud holds the VM's channels back (the guest keeps writing), waits
+for the work already on the GPU to complete, recreates each channel on GPU N
+with the same ring and fences, and lets it go.  The guest sees a pause,
+printed per channel:
+  channel 3: paused 12.5 ms
+  vm2 moved from gpu0 to gpu1 (2 channels, longest pause 12.5 ms)
+--from M names the GPU to move from when the VM has devices on several.
+A move that fails leaves the VM running where it was; pvgpud's message is
+printed and the exit status is 1.  Waits up to )" + std::to_string(kMoveTimeout.count()) + R"( s for pvgpud.
+Needs root, the daemon's uid or its admin group.
+)",
+         {1, 1}, kOptGpu | kOptFrom, cmd_move},
+        {"version", "version", "versions of pvgpuctl and pvgpud",
+         R"(usage: pvgpuctl [--json] version
+
+Prints the versions of pvgpuctl and of the running pvgpud (and the protocol
+versions it speaks).
+)",
+         {0, 0}, 0, cmd_version},
+        {"attach", "attach DOMAIN [--weight W] [--gpu N] [--socket PATH] [--emulator PATH]", "give a libvirt domain the pvgpu device",
+         R"(usage: pvgpuctl [-c URI] attach DOMAIN [--weight W] [--gpu N] [--socket PATH] [--emulator PATH]
+
+Edits the persistent definition of the libvirt domain DOMAIN (name or UUID)
+so that it gets the pvgpu device at its next start: a <qemu:commandline>
+with a chardev to pvgpud's client socket (--socket, default
+$PVGPU_SOCKET or )" PVGPU_SOCKET_PATH R"(; reconnecting, so a pvgpud restart
+is survived) and `-device pvgpu`, plus the GPU share in the domain's
+metadata (namespace http://pvgpu.org/xmlns/domain/1.0, --weight, default:
+the weight already there, else )" + std::to_string(kWeightDefault) + R"().  --gpu N puts the domain on the
+host's GPU N (0..15): device="N" in the metadata and gpu=N on the device;
+--gpu any lets pvgpud place it; default: the GPU already in the metadata,
+else any.  --emulator PATH also sets the
+domain's <emulator> to the pvgpu-patched QEMU; the domain must run it.
+Attaching again replaces the wiring (a new socket path, say).  Needs the
+right to define domains on that libvirt connection.
+)",
+         kDomainArgs, kOptGpu | kOptGpuAny | kOptAttach, cmd_attach},
+        {"detach", "detach DOMAIN", "take it away again",
+         R"(usage: pvgpuctl [-c URI] detach DOMAIN
+
+Removes the pvgpu device wiring and the pvgpu metadata from the persistent
+definition of the libvirt domain DOMAIN.  A running domain keeps its device
+until it is shut down.
+)",
+         kDomainArgs, 0, cmd_detach},
+        {"help", "help [COMMAND]", "help on a command (also: COMMAND --help)",
+         R"(usage: pvgpuctl help [COMMAND]
+
+Prints help on pvgpuctl or on one command.
+)",
+         {0, 1}, 0, cmd_help, true},
+    };
+    return table;
+}
+
+const Verb* find_verb(std::string_view name) {
+    for (const Verb& v : verbs())
+        if (v.name == name) return &v;
+    return nullptr;
+}
+
+// pvgpuctl --help: the command list comes from the verbs, synopsis in a
+// column of 32, the summary beside it or, after a long synopsis, below.
+std::string usage() {
+    constexpr std::size_t kColumn = 32;
+    std::string text = "usage: pvgpuctl [--admin-socket PATH] [--json] COMMAND [ARGS]\n\n"
+                       "Administers pvgpud, the pvgpu GPU scheduling daemon.\n\n"
+                       "Commands:\n";
+    for (const Verb& v : verbs()) {
+        std::string line = "  " + std::string(v.synopsis);
+        if (line.size() + 2 > kColumn) line += "\n" + std::string(kColumn, ' ');
+        else line.resize(kColumn, ' ');
+        std::string_view summary = v.summary;
+        for (std::size_t nl; (nl = summary.find('\n')) != std::string_view::npos; summary.remove_prefix(nl + 1))
+            line += std::string(summary.substr(0, nl)) + "\n" + std::string(kColumn, ' ');
+        text += line + std::string(summary) + "\n";
+    }
+    return text + R"(
+Options:
+  --admin-socket PATH   admin socket (default $PVGPU_ADMIN_SOCKET or
+                        )" PVGPU_ADMIN_SOCKET_PATH R"()
+  -c, --connect URI     libvirt URI for attach, detach and the weights of
+                        libvirt domains (default: libvirt's, e.g.
+                        $LIBVIRT_DEFAULT_URI, else qemu:///system as root)
+  --gpu N               the GPU a command is about (its index, as in the
+                        GPU header lines); default: every GPU
+  --json                print the daemon's JSON reply instead of a table
+  -h, --help            this help
+
+Exit status: 0 success, 1 daemon error or daemon unreachable, 2 bad usage.
+)";
+}
+
+int print_help(const std::string& topic) {
+    if (topic.empty()) {
+        std::fputs(usage().c_str(), stdout);
+        return kExitOk;
+    }
+    const Verb* v = find_verb(topic);
+    if (!v) throw UsageError{"no such command '" + topic + "'"};
+    std::fputs(v->help.c_str(), stdout);
+    return kExitOk;
+}
+
+int cmd_help(const Args& a, AdminConnection&) {
+    if (a.operands.size() > 1) throw UsageError{"help takes at most one command"};
+    return print_help(a.operands.empty() ? "" : a.operands[0]);
+}
 
 int dispatch(const Args& a) {
     if (a.command.empty()) {
         if (a.help) return print_help("");
         throw UsageError{"missing command"};
     }
-    if (a.command == "help") {
-        if (a.operands.size() > 1) throw UsageError{"help takes at most one command"};
-        return print_help(a.operands.empty() ? "" : a.operands[0]);
-    }
-    if (!kCommandHelp.contains(a.command)) throw UsageError{"unknown command '" + a.command + "'"};
-    if (a.help) return print_help(a.command);
-    if ((a.interval_s || a.count) && a.command != "top")
-        throw UsageError{"--interval and --count are options of top"};
-    if (a.command != "attach" && (a.weight || !a.emulator.empty()))
-        throw UsageError{"--weight and --emulator are options of attach"};
-    if (a.gpu_text && a.command != "attach" && a.command != "list" && a.command != "top" && a.command != "stats" &&
-        a.command != "policy" && a.command != "set-policy" && a.command != "move")
-        throw UsageError{"--gpu is an option of attach, list, top, stats, policy, set-policy and move"};
-    if (a.gpu_text && !a.gpu && a.command != "attach") throw UsageError{"--gpu any is an option of attach"};
-    if (a.from_gpu && a.command != "move") throw UsageError{"--from is an option of move"};
-    if (a.command == "attach" || a.command == "detach") {
-#ifdef PVGPU_HAVE_LIBVIRT
-        return cmd_attach(a, a.command == "attach");
-#else
-        throw std::runtime_error(a.command + ": this pvgpuctl was built without libvirt support");
-#endif
-    }
-
+    const Verb* v = find_verb(a.command);
+    if (!v) throw UsageError{"unknown command '" + a.command + "'"};
     AdminConnection conn(a.admin_socket);
-    if (a.command == "list") return cmd_list(a, conn);
-    if (a.command == "set-weight") return cmd_set_weight(a, conn);
-    if (a.command == "set-policy") return cmd_set_policy(a, conn);
-    if (a.command == "policy") return cmd_policy(a, conn);
-    if (a.command == "stats") return cmd_stats(a, conn);
-    if (a.command == "top") return cmd_top(a, conn);
-    if (a.command == "move") return cmd_move(a, conn);
-    return cmd_version(a, conn);
+    if (v->own_checks) return v->run(a, conn);
+    if (a.help) return print_help(a.command);
+    for (const OptionRule& rule : kOptionRules)
+        if (!(v->options & rule.option) && rule.given(a)) throw UsageError{rule.message};
+    expect_operands(a, v->args.first, v->args.second);
+    return v->run(a, conn);
 }
 
 }  // namespace

@@ -6,8 +6,9 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <memory>
 #include <cstring>
+#include <memory>
+#include <string_view>
 
 #include "log.hpp"
 #include "unix_socket.hpp"
@@ -101,30 +102,64 @@ std::optional<json> handle_admin_request(const std::string& line, const PeerCred
     return handle_admin_command(req, peer, rights, backend, later);
 }
 
+namespace {
+
+// The admin protocol's commands (docs/protocol.md), one row each, as
+// systemd's loginctl keeps its verbs: adding a command is adding a row.
+struct AdminCommand {
+    std::string_view name;
+    // Needs AdminPolicy's rights; after it, answers shared among
+    // unprivileged peers are stale.
+    bool mutates;
+    // Answers through `later` (the reply may come after the handler
+    // returned), so it needs a connection that can take one.
+    bool deferred;
+    json (*run)(const json& req, AdminBackend& backend, const AdminReply& later);
+};
+
+constexpr AdminCommand kAdminCommands[] = {
+    {"version", false, false,
+     [](const json&, AdminBackend&, const AdminReply&) {
+         return json{{"ok", true},
+                     {"version", PVGPU_VERSION},
+                     {"protocol", PVGPU_PROTO_VERSION},
+                     {"admin_protocol", kAdminProtocolVersion}};
+     }},
+    {"list", false, false, [](const json&, AdminBackend& b, const AdminReply&) { return b.admin_list(); }},
+    {"get-policy", false, false,
+     [](const json&, AdminBackend& b, const AdminReply&) { return b.admin_get_policy(); }},
+    {"stats", false, false, [](const json&, AdminBackend& b, const AdminReply&) { return b.admin_stats(); }},
+    {"move", true, true,
+     [](const json& req, AdminBackend& b, const AdminReply& later) {
+         b.admin_move(req, later);
+         return json(nullptr);
+     }},
+    {"set-weight", true, true,
+     [](const json& req, AdminBackend& b, const AdminReply& later) {
+         b.admin_set_weight(req, later);
+         return json(nullptr);
+     }},
+    {"set-policy", true, false,
+     [](const json& req, AdminBackend& b, const AdminReply&) { return b.admin_set_policy(req); }},
+};
+
+const AdminCommand* find_admin_command(std::string_view name) {
+    for (const AdminCommand& c : kAdminCommands)
+        if (c.name == name) return &c;
+    return nullptr;
+}
+
+}  // namespace
+
 json handle_admin_command(const json& req, const PeerCred& peer, const AdminPolicy& rights,
                           AdminBackend& backend, const AdminReply& later) {
     const std::string cmd = req.at("cmd").get<std::string>();
     try {
-        if (cmd == "version")
-            return json{{"ok", true},
-                        {"version", PVGPU_VERSION},
-                        {"protocol", PVGPU_PROTO_VERSION},
-                        {"admin_protocol", kAdminProtocolVersion}};
-        if (cmd == "list") return backend.admin_list();
-        if (cmd == "get-policy") return backend.admin_get_policy();
-        if (cmd == "stats") return backend.admin_stats();
-        if (cmd == "move" || cmd == "set-weight") {
-            if (!rights.may_mutate(peer)) return admin_error(rights.denied(cmd));
-            if (!later) return admin_error(cmd + " is not available on this connection");
-            if (cmd == "move") backend.admin_move(req, later);
-            else backend.admin_set_weight(req, later);
-            return json(nullptr);
-        }
-        if (cmd == "set-policy") {
-            if (!rights.may_mutate(peer)) return admin_error(rights.denied(cmd));
-            return backend.admin_set_policy(req);
-        }
-        return admin_error("unknown command: " + cmd);
+        const AdminCommand* c = find_admin_command(cmd);
+        if (!c) return admin_error("unknown command: " + cmd);
+        if (c->mutates && !rights.may_mutate(peer)) return admin_error(rights.denied(cmd));
+        if (c->deferred && !later) return admin_error(cmd + " is not available on this connection");
+        return c->run(req, backend, later);
     } catch (const std::exception& e) {
         log_error("admin command ", cmd, " failed: ", e.what());
         return admin_error(std::string("internal error: ") + e.what());
@@ -313,7 +348,8 @@ std::string AdminServer::respond(Conn& c, const json& req, Time now) {
     });
     c.in_handler = false;
     // What an unprivileged peer sees next must not predate a change.
-    if (privileged && cmd != "list" && cmd != "stats" && cmd != "version" && cmd != "get-policy")
+    // An unknown command counts as a change: clearing is only ever safe.
+    if (const AdminCommand* known = find_admin_command(cmd); privileged && (!known || known->mutates))
         shared_.clear();
     if (!resp.is_null()) return dump_line(resp);
     // Deferred: nothing more is read until the answer (maybe given already).

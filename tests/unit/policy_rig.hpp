@@ -73,6 +73,13 @@ private:
     DeviceLane device_{*this};
 };
 
+// Ground-truth GPU time per channel, for a test that builds its own rig
+// (Rig below keeps its own, counted from a start time).
+struct Truth final : sim::ExecutionObserver {
+    std::map<ChannelId, Duration> ran;
+    void executed(ChannelId ch, Time start, Time end) override { ran[ch] += end - start; }
+};
+
 // Event loop + simulated GPU + scheduler + one submitter loop per channel.
 class Rig final : public sim::ExecutionObserver {
 public:

@@ -620,64 +620,31 @@ max_queue_kib=64
 }
 
 TEST_CASE("config: malformed input names the file, line and key", "[daemon][config]") {
-    std::string e = config_error("[gpu]\ntimeslice_us = fast\n");
-    CHECK(e.find("test.conf:2") != std::string::npos);
-    CHECK(e.find("[gpu] timeslice_us") != std::string::npos);
-    CHECK(e.find("fast") != std::string::npos);
-
-    e = config_error("[gpu]\npreempt_us = 5000000\n");
-    CHECK(e.find("[gpu] preempt_us") != std::string::npos);
-
-    e = config_error("[gpu]\nctxsw_trace = yes\n");
-    CHECK(e.find("[gpu] ctxsw_trace") != std::string::npos);
-    CHECK(e.find("'yes' is not true or false") != std::string::npos);
-
-    e = config_error("[gpu]\n\nwatchdg_ms = 5\n");
-    CHECK(e.find("test.conf:3") != std::string::npos);
-    CHECK(e.find("watchdg_ms") != std::string::npos);
-    CHECK(e.find("unknown key") != std::string::npos);
-
-    e = config_error("[daemon]\nthis is not a key\n");
-    CHECK(e.find("test.conf:2") != std::string::npos);
-
-    e = config_error("policy = hfq\n");
-    CHECK(e.find("before any [group]") != std::string::npos);
-
-    e = config_error("[scheduler]\npolicy=fifo\n");
-    CHECK(e.find("[scheduler] policy") != std::string::npos);
-    CHECK(e.find("fifo") != std::string::npos);
-
-    e = config_error("[policy.hfq]\nthreshold=2\n");
-    CHECK(e.find("[policy.hfq] threshold") != std::string::npos);
-    CHECK(e.find("threshold_ms") != std::string::npos);  // the known ones are listed
-
-    e = config_error("[policy.hfq]\nthreshold_ms=-1\n");
-    CHECK(e.find("threshold_ms") != std::string::npos);
-
-    e = config_error("[policy.magic]\n");
-    CHECK(e.find("unknown policy") != std::string::npos);
-
-    e = config_error("[gpus]\n");
-    CHECK(e.find("[gpus]") != std::string::npos);
-
-    e = config_error("[gpu]\narbitration=fifo\n");
-    CHECK(e.find("[gpu] arbitration") != std::string::npos);
-
-    e = config_error("[daemon]\nsocket_mode=0999\n");
-    CHECK(e.find("socket_mode") != std::string::npos);
-
-    e = config_error("[limits]\nmax_channels_per_client=0\n");
-    CHECK(e.find("max_channels_per_client") != std::string::npos);
-
-    e = config_error("[daemon]\nlog_level=loud\n");
-    CHECK(e.find("log_level") != std::string::npos);
-
-    e = config_error("[daemon]\nsocket=\n");
-    CHECK(e.find("must not be empty") != std::string::npos);
-
-    e = config_error("[daemon]\nrealtime_priority=100\n");
-    CHECK(e.find("[daemon] realtime_priority") != std::string::npos);
-    CHECK(e.find("0..99") != std::string::npos);
+    // A malformed file, and what its error must name.
+    const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+        {"[gpu]\ntimeslice_us = fast\n", {"test.conf:2", "[gpu] timeslice_us", "fast"}},
+        {"[gpu]\npreempt_us = 5000000\n", {"[gpu] preempt_us"}},
+        {"[gpu]\nctxsw_trace = yes\n", {"[gpu] ctxsw_trace", "'yes' is not true or false"}},
+        {"[gpu]\n\nwatchdg_ms = 5\n", {"test.conf:3", "watchdg_ms", "unknown key"}},
+        {"[daemon]\nthis is not a key\n", {"test.conf:2"}},
+        {"policy = hfq\n", {"before any [group]"}},
+        {"[scheduler]\npolicy=fifo\n", {"[scheduler] policy", "fifo"}},
+        {"[policy.hfq]\nthreshold=2\n", {"[policy.hfq] threshold", "threshold_ms"}},  // the known ones are listed
+        {"[policy.hfq]\nthreshold_ms=-1\n", {"threshold_ms"}},
+        {"[policy.magic]\n", {"unknown policy"}},
+        {"[gpus]\n", {"[gpus]"}},
+        {"[gpu]\narbitration=fifo\n", {"[gpu] arbitration"}},
+        {"[daemon]\nsocket_mode=0999\n", {"socket_mode"}},
+        {"[limits]\nmax_channels_per_client=0\n", {"max_channels_per_client"}},
+        {"[daemon]\nlog_level=loud\n", {"log_level"}},
+        {"[daemon]\nsocket=\n", {"must not be empty"}},
+        {"[daemon]\nrealtime_priority=100\n", {"[daemon] realtime_priority", "0..99"}},
+    };
+    for (const auto& [text, wanted] : cases) {
+        const std::string e = config_error(text);
+        INFO(text << " -> " << e);
+        for (const std::string& w : wanted) CHECK(e.find(w) != std::string::npos);
+    }
     CHECK(parse_config("[daemon]\nrealtime_priority = 10\n", "t.conf").realtime_priority == 10u);
 }
 

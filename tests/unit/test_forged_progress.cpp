@@ -14,16 +14,14 @@
 #include "sim/event_loop.hpp"
 #include "sim/sim_gpu.hpp"
 #include "sim/workload.hpp"
+#include "policy_rig.hpp"
 
 using namespace pvgpu;
 using namespace pvgpu::sim;
 
 namespace {
 
-struct Truth final : ExecutionObserver {
-    std::map<ChannelId, Duration> ran;
-    void executed(ChannelId ch, Time start, Time end) override { ran[ch] += end - start; }
-};
+using test::Truth;
 
 struct Outcome {
     Duration cheater_ran = 0, honest_ran = 0;

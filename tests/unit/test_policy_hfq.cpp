@@ -23,11 +23,7 @@ using namespace pvgpu::sim;
 
 namespace {
 
-// Ground-truth GPU time per channel.
-struct Truth final : ExecutionObserver {
-    std::map<ChannelId, Duration> ran;
-    void executed(ChannelId ch, Time start, Time end) override { ran[ch] += end - start; }
-};
+using test::Truth;
 
 struct Rig {
     EventLoop loop;

@@ -185,10 +185,7 @@ public:
         if (it->second.leaf == sampled_ && !busy_since_ && ctx_->gpu().pending(ch)) busy_since_ = ctx_->now();
     }
 
-    std::optional<Duration> accounted(EntityId leaf) const override {
-        if (leaf >= leaves_.size()) return Duration{0};
-        return leaves_[leaf].accounted;
-    }
+    std::optional<Duration> accounted(EntityId leaf) const override { return accounted_in(leaves_, leaf); }
 
     std::map<std::string, double> counters() const override {
         return {
@@ -213,16 +210,8 @@ public:
     }
 
 private:
-    LeafState& leaf_state(EntityId leaf) {
-        if (leaves_.size() <= leaf) leaves_.resize(leaf + 1);
-        return leaves_[leaf];
-    }
-
-    void set(ChannelId ch, ChannelMode mode) {
-        if (ctx_->mode(ch) == mode) return;
-        if (mode == ChannelMode::Shadowed) ++shadow_events_;
-        ctx_->set_mode(ch, mode);
-    }
+    LeafState& leaf_state(EntityId leaf) { return leaf_state_in(leaves_, leaf); }
+    void set(ChannelId ch, ChannelMode mode) { set_mode_counted(*ctx_, ch, mode, shadow_events_); }
 
     // Mode of a channel joining mid-phase.
     ChannelMode mode_for(EntityId leaf) const {
@@ -250,12 +239,7 @@ private:
         return false;
     }
 
-    // Work on the GPU or held in the shadow page.  A channel the GPU killed
-    // ignores doorbells, so what it holds can never run: that is no work.
-    bool has_work(ChannelId ch) const {
-        if (ctx_->gpu().read_status(ch) != PVGPU_CHAN_STATUS_OK) return false;
-        return ctx_->gpu().pending(ch) || ctx_->held(ch) > 0;
-    }
+    bool has_work(ChannelId ch) const { return has_work_unless_killed(*ctx_, ch); }
 
     bool leaf_has_work(EntityId leaf) const {
         for (const auto& [ch, st] : channels_)

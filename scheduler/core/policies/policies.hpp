@@ -1,6 +1,10 @@
 // Constructors of the built-in policies; policy.cpp lists them in the catalog.
 #pragma once
 
+#include <cstdint>
+#include <optional>
+#include <vector>
+
 #include "core/policy.hpp"
 
 namespace pvgpu {
@@ -24,5 +28,31 @@ std::vector<double> hierarchical_shares(const EntityTree& tree, const std::vecto
 
 // A parameter's value, or its catalog default.
 double param_or_default(const PolicyParams& p, const PolicyInfo& info, const std::string& name);
+
+// ---- pieces the engine-watching policies (timeslice, dfq) share ----
+
+// A policy's state of `leaf` in `leaves` (indexed by entity id: ids are
+// small and reused), grown on first use.
+template <class LeafState>
+LeafState& leaf_state_in(std::vector<LeafState>& leaves, EntityId leaf) {
+    if (leaves.size() <= leaf) leaves.resize(leaf + 1);
+    return leaves[leaf];
+}
+
+// Policy::accounted from such a vector: a leaf never seen has used nothing.
+template <class LeafState>
+std::optional<Duration> accounted_in(const std::vector<LeafState>& leaves, EntityId leaf) {
+    if (leaf >= leaves.size()) return Duration{0};
+    return leaves[leaf].accounted;
+}
+
+// Sets a channel's mode unless it has it already, counting the switches to
+// Shadowed in `shadow_events` (a policy counter: how often guests lose the
+// direct path).
+void set_mode_counted(PolicyContext& ctx, ChannelId ch, ChannelMode mode, std::uint64_t& shadow_events);
+
+// Work on the GPU or held in the shadow page.  A channel the GPU killed
+// ignores doorbells, so what it holds can never run: that is no work.
+bool has_work_unless_killed(const PolicyContext& ctx, ChannelId ch);
 
 }  // namespace pvgpu
