@@ -104,7 +104,7 @@ public:
     // host's monotonic clock is far from 0 then).
     explicit Rig(const std::string& policy, const PolicyParams& params = {},
                  sim::SimGpuConfig cfg = {}, Time start = 0, MechanismCosts costs = {})
-        : gpu_(started(loop, start), host_timers.device(), cfg),
+        : gpu_(started(loop, start), host_timers.device(), traced_or_not(cfg)),
           sched(gpu_, loop, host_timers, make_policy(policy, params), costs) {
         gpu_.set_observer(this);
         measure_from_ = start;
@@ -112,6 +112,14 @@ public:
         // their noise over seeds: docs/results.md section 6); unset, the
         // fixed default every run reproduces.
         if (const char* e = std::getenv("PVGPU_LOOKS_SEED")) sched.seed_accounting(std::strtoull(e, nullptr, 0));
+    }
+
+    // PVGPU_TEST_CTXSW_TRACE=0 runs every rig on a GPU without a
+    // context-switch trace (tests/unit/accounting_notrace.py): the
+    // accounting's trace-less mechanisms under the cases written for them.
+    static sim::SimGpuConfig traced_or_not(sim::SimGpuConfig cfg) {
+        if (const char* e = std::getenv("PVGPU_TEST_CTXSW_TRACE"); e && std::string(e) == "0") cfg.ctxsw_trace = false;
+        return cfg;
     }
 
     EntityId vm(const std::string& name, std::uint32_t weight = 100) {
