@@ -22,10 +22,13 @@ Exit status: 0 pass, 1 fail, 77 skipped (no QEMU, guest kernel or module).
 
 import argparse
 import contextlib
+import json
 import os
 import re
+import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -35,7 +38,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "daemon"))
-from testlib import Skip, TestFailure, check, evidence_dir, log, rerun, result, stop_process  # noqa: E402
+from testlib import Skip, TestFailure, check, evidence_dir, log, rerun, result, stop_process, wait_for  # noqa: E402
 from daemon_test import (Daemon, Load, ctl, ctl_json, good_client_throughput,  # noqa: E402
                          measure_between, throttle)
 
@@ -154,9 +157,9 @@ class GuestReports:
 class Guest(GuestReports):
     """A pvgpu-vm run (see GuestReports for its output)."""
 
-    def __init__(self, bins, daemon, name, command, extra=(), timeout=240):
+    def __init__(self, bins, daemon, name, command, extra=(), timeout=240, uuid=None):
         super().__init__(name)
-        self.uuid = new_uuid()
+        self.uuid = uuid or new_uuid()
         self.out_lines = []
         self.err_lines = []
         # The guest's kernel log, kept with the test's files and shown on failure;
@@ -1057,6 +1060,150 @@ def case_weights(bins, tmp):
         d.stop()
 
 
+class Qmp:
+    """A minimal QMP client (pvgpu-vm --qmp PATH); events are kept in order."""
+
+    def __init__(self, path, timeout=30):
+        deadline = time.monotonic() + timeout
+        while True:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                self.sock.connect(path)
+                break
+            except OSError:
+                self.sock.close()
+                if time.monotonic() > deadline:
+                    raise TestFailure(f"QMP socket {path} did not come up")
+                time.sleep(0.05)
+        self.buf = b""
+        self.events = []
+        self.read(timeout)
+        self.execute("qmp_capabilities")
+
+    def read(self, timeout):
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.sock], [], [], left)[0]:
+                return None
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise TestFailure("QMP connection closed")
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return json.loads(line)
+
+    def execute(self, command, timeout=30, **arguments):
+        msg = {"execute": command}
+        if arguments:
+            msg["arguments"] = arguments
+        self.sock.sendall(json.dumps(msg).encode() + b"\n")
+        while True:
+            reply = self.read(timeout)
+            if reply is None:
+                raise TestFailure(f"QMP {command}: no reply within {timeout} s")
+            if "event" in reply:
+                self.events.append(reply)
+            elif "error" in reply:
+                raise TestFailure(f"QMP {command}: {reply['error']}")
+            elif "return" in reply:
+                return reply["return"]
+
+    def migrate(self, uri, timeout=120):
+        """A migration with the return path; the final status, by MIGRATION events."""
+        self.execute("migrate-set-capabilities", capabilities=[
+            {"capability": "return-path", "state": True}, {"capability": "events", "state": True}])
+        self.execute("migrate", uri=uri)
+        deadline = time.monotonic() + timeout
+        while True:
+            for i, e in enumerate(self.events):
+                if e["event"] == "MIGRATION":
+                    self.events.pop(i)
+                    if e["data"]["status"] in ("completed", "failed", "cancelled"):
+                        return e["data"]["status"]
+                    break
+            else:
+                msg = self.read(max(0.0, deadline - time.monotonic()))
+                if msg is None:
+                    raise TestFailure(f"migration to {uri}: no end within {timeout} s")
+                if "event" in msg:
+                    self.events.append(msg)
+
+    def close(self):
+        self.sock.close()
+
+
+def case_migrate(bins, tmp):
+    """Issue 52: a guest running a bench of 5000 x 1 ms and a throttle migrates
+    mid-run from QEMU A (pvgpud A) to QEMU B (pvgpud B): the bench completes
+    exactly 5000 kernels with no error or resubmission and the guest saw no
+    reconnect (fences in order: libpvgpu counts completions from FENCE and
+    resubmits on a jump); the throttle goes on at B; pvgpud A shows the VM gone,
+    pvgpud B shows it with its channels and the guest's task weight."""
+    for h in ("a", "b"):
+        os.makedirs(os.path.join(tmp, h))
+    da = Daemon(bins, os.path.join(tmp, "a"))
+    db = Daemon(bins, os.path.join(tmp, "b"))
+    for d in (da, db):
+        d.start()
+    sock = os.path.join(tmp, "migrate.sock")
+    qa, qb = os.path.join(tmp, "qmp-a.sock"), os.path.join(tmp, "qmp-b.sock")
+    command = (guest_throttle("thr", 1000, 60, "--report-interval-s", "1") + " & T=$!; " +
+               tagged("bench", load_cmd("bench", 1000, "--kernels", 5000, "--weight", 200,
+                                        "--report-interval-s", "0.2", "--name", "bench")) +
+               "; kill $T; wait")
+    uuid = new_uuid()
+    a = b = qmp = None
+    try:
+        a = Guest(bins, da, "mig", command, extra=("--qmp", qa), uuid=uuid)
+        a.get("bench").wait_until(lambda s: len(s.reports) >= 3, 150, "the bench's reports at A")
+        a.get("thr").wait_until(lambda s: len(s.reports) >= 1, 30, "the throttle's reports at A")
+        b = Guest(bins, db, "mig", command, extra=("--qmp", qb, "--incoming", f"unix:{sock}"), uuid=uuid)
+        Qmp(qb).close()  # B listens for the migration once its QMP is up
+        qmp = Qmp(qa)
+        before = a.get("bench").reports[-1][1]
+        t0 = time.monotonic()
+        st = qmp.migrate(f"unix:{sock}")
+        check(st == "completed", f"migration A -> B: {st}")
+        result("vm.migrate.migration_s", f"{time.monotonic() - t0:.2f}")
+        try:
+            info = qmp.execute("query-migrate")
+            result("vm.migrate.qemu_downtime_ms", info.get("downtime"))
+        except TestFailure:
+            pass  # A may already be quitting
+        check(before < 5000, f"the bench had finished ({before}) before the migration")
+        rc = a.finish(60)
+        check(rc == 0 and any("the guest migrated away" in l for _, l in a.err_lines),
+              f"pvgpu-vm A: exit {rc}: {[l for _, l in a.err_lines][-5:]}")
+        wait_for(lambda: not vm_entities(bins, da, "mig"), 15, "pvgpud A to drop the VM")
+        ents = {e["path"]: e for e in vm_entities(bins, db, "mig")}
+        tasks = [e for p, e in ents.items() if p.startswith("mig/task-")]
+        check(ents.get("mig", {}).get("channels", 0) >= 2 and len(tasks) == 2,
+              f"pvgpud B's view of the VM: {ents}; pvgpu-vm B: {[l for _, l in b.err_lines][-12:]}")
+        check(any(e.get("guest_weight") == 200 for e in tasks), f"the bench's task weight at B: {tasks}")
+        quiesced = [l for l in da.lines if "quiesced in" in l]
+        check(quiesced, "pvgpud A logged no quiesce")
+        result("vm.migrate.quiesce_ms", re.search(r"quiesced in ([0-9.]+) ms", quiesced[-1]).group(1))
+        thr_at_a = a.get("thr").reports[-1][1]
+        b.get("thr").wait_until(lambda s: len(s.reports) >= 2 and s.reports[-1][1] > thr_at_a, 60,
+                                "the throttle to go on at B")
+        b.expect_ok(timeout=180)
+        v = b.values("bench")
+        check(v.get("kernels") == "5000" and v.get("resubmitted") == "0" and v.get("reconnects") == "0",
+              f"bench at B: {v}")
+        result("vm.migrate.bench_runtime_ms", v.get("runtime_ms"))
+        check(da.alive() and db.alive() and not da.internal_errors() and not db.internal_errors(),
+              "a pvgpud died or logged an internal error")
+    finally:
+        if qmp:
+            qmp.close()
+        for g in (a, b):
+            if g and g.proc.poll() is None:
+                g.kill()
+        for d in (da, db):
+            d.stop()
+
+
 CASES = {
     "boot": case_boot,
     "wedge": case_wedge,
@@ -1073,6 +1220,7 @@ CASES = {
     "devices": case_devices,
     "storm": case_storm,
     "weights": case_weights,
+    "migrate": case_migrate,
 }
 
 
