@@ -1114,18 +1114,22 @@ class Qmp:
         self.execute("migrate-set-capabilities", capabilities=[
             {"capability": "return-path", "state": True}, {"capability": "events", "state": True}])
         self.execute("migrate", uri=uri)
+        return self.wait_migration(("completed", "failed", "cancelled"), timeout)
+
+    def wait_migration(self, statuses, timeout):
+        """The next MIGRATION event whose status is one of `statuses`."""
         deadline = time.monotonic() + timeout
         while True:
             for i, e in enumerate(self.events):
                 if e["event"] == "MIGRATION":
                     self.events.pop(i)
-                    if e["data"]["status"] in ("completed", "failed", "cancelled"):
+                    if e["data"]["status"] in statuses:
                         return e["data"]["status"]
                     break
             else:
                 msg = self.read(max(0.0, deadline - time.monotonic()))
                 if msg is None:
-                    raise TestFailure(f"migration to {uri}: no end within {timeout} s")
+                    raise TestFailure(f"no MIGRATION event {statuses} within {timeout} s")
                 if "event" in msg:
                     self.events.append(msg)
 
@@ -1140,11 +1144,15 @@ def case_migrate(bins, tmp):
     reconnect (fences in order: libpvgpu counts completions from FENCE and
     resubmits on a jump); the throttle goes on at B; pvgpud A shows the VM gone,
     pvgpud B shows it with its channels and the guest's task weight."""
-    for h in ("a", "b"):
+    for h in ("a", "b", "c"):
         os.makedirs(os.path.join(tmp, h))
+    # Host C's pvgpud takes VMMs of user nobody only: it refuses the VM's HELLO.
+    with open(os.path.join(tmp, "c", "pvgpud.conf"), "w") as f:
+        f.write("[daemon]\nvmm_users = nobody\n[libvirt]\nuri = none\n")
     da = Daemon(bins, os.path.join(tmp, "a"))
     db = Daemon(bins, os.path.join(tmp, "b"))
-    for d in (da, db):
+    dc = Daemon(bins, os.path.join(tmp, "c"))
+    for d in (da, db, dc):
         d.start()
     sock = os.path.join(tmp, "migrate.sock")
     qa, qb = os.path.join(tmp, "qmp-a.sock"), os.path.join(tmp, "qmp-b.sock")
@@ -1158,23 +1166,50 @@ def case_migrate(bins, tmp):
         a = Guest(bins, da, "mig", command, extra=("--qmp", qa), uuid=uuid)
         a.get("bench").wait_until(lambda s: len(s.reports) >= 3, 150, "the bench's reports at A")
         a.get("thr").wait_until(lambda s: len(s.reports) >= 1, 30, "the throttle's reports at A")
-        b = Guest(bins, db, "mig", command, extra=("--qmp", qb, "--incoming", f"unix:{sock}"), uuid=uuid)
-        Qmp(qb).close()  # B listens for the migration once its QMP is up
         qmp = Qmp(qa)
+        bench = a.get("bench")
+
+        def goes_on(what):
+            n = bench.reports[-1][1]
+            bench.wait_until(lambda s: s.reports[-1][1] > n, 30, f"the bench to go on at A {what}")
+
+        # A migration cancelled mid-way (throttled to 1 MiB/s, it is still
+        # copying RAM): the guest goes on at A.
+        b0 = Guest(bins, db, "mig", command, extra=("--qmp", qb + "0", "--incoming", f"unix:{sock}0"), uuid=uuid)
+        Qmp(qb + "0").close()  # B listens for the migration once its QMP is up
+        qmp.execute("migrate-set-parameters", **{"max-bandwidth": 1 << 20})
+        qmp.execute("migrate-set-capabilities", capabilities=[
+            {"capability": "return-path", "state": True}, {"capability": "events", "state": True}])
+        qmp.execute("migrate", uri=f"unix:{sock}0")
+        qmp.wait_migration(("active",), 30)
+        qmp.execute("migrate_cancel")
+        check(qmp.wait_migration(("cancelled", "failed", "completed"), 30) == "cancelled", "the cancel")
+        qmp.execute("migrate-set-parameters", **{"max-bandwidth": 1 << 30})
+        b0.finish(60)  # its load failed: pvgpu-vm says so, its status is no guest's
+        goes_on("after the cancelled migration")
+        # A destination whose pvgpud refuses the VM (HELLO): A quiesced and
+        # resumes its channels; the guest goes on.
+        b1 = Guest(bins, dc, "mig", command, extra=("--qmp", qb + "1", "--incoming", f"unix:{sock}1"), uuid=uuid)
+        Qmp(qb + "1").close()
+        check(qmp.migrate(f"unix:{sock}1") == "failed", "the migration to a pvgpud refusing the VM did not fail")
+        rc = b1.finish(60)
+        check(rc != 0 and any("did not accept the VM (HELLO)" in l for _, l in b1.err_lines),
+              f"destination C (exit {rc}) does not say why: {[l for _, l in b1.err_lines][-8:]}")
+        check(any("channels resumed" in l for l in da.lines), "pvgpud A did not resume the channels")
+        goes_on("after the refused migration")
+
+        b = Guest(bins, db, "mig", command, extra=("--qmp", qb, "--incoming", f"unix:{sock}"), uuid=uuid)
+        Qmp(qb).close()
         before = a.get("bench").reports[-1][1]
         t0 = time.monotonic()
         st = qmp.migrate(f"unix:{sock}")
         check(st == "completed", f"migration A -> B: {st}")
         result("vm.migrate.migration_s", f"{time.monotonic() - t0:.2f}")
-        try:
-            info = qmp.execute("query-migrate")
-            result("vm.migrate.qemu_downtime_ms", info.get("downtime"))
-        except TestFailure:
-            pass  # A may already be quitting
         check(before < 5000, f"the bench had finished ({before}) before the migration")
         rc = a.finish(60)
-        check(rc == 0 and any("the guest migrated away" in l for _, l in a.err_lines),
-              f"pvgpu-vm A: exit {rc}: {[l for _, l in a.err_lines][-5:]}")
+        gone = [l for _, l in a.err_lines if "the guest migrated away" in l]
+        check(rc == 0 and gone, f"pvgpu-vm A: exit {rc}: {[l for _, l in a.err_lines][-5:]}")
+        result("vm.migrate.qemu_downtime_ms", re.search(r"downtime (\S+) ms", gone[-1]).group(1))
         wait_for(lambda: not vm_entities(bins, da, "mig"), 15, "pvgpud A to drop the VM")
         ents = {e["path"]: e for e in vm_entities(bins, db, "mig")}
         tasks = [e for p, e in ents.items() if p.startswith("mig/task-")]
@@ -1200,7 +1235,7 @@ def case_migrate(bins, tmp):
         for g in (a, b):
             if g and g.proc.poll() is None:
                 g.kill()
-        for d in (da, db):
+        for d in (da, db, dc):
             d.stop()
 
 
