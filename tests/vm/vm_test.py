@@ -1199,7 +1199,7 @@ def case_migrate(bins, tmp):
         goes_on("after the refused migration")
 
         b = Guest(bins, db, "mig", command, extra=("--qmp", qb, "--incoming", f"unix:{sock}"), uuid=uuid)
-        Qmp(qb).close()
+        qmp_b = Qmp(qb)
         before = a.get("bench").reports[-1][1]
         t0 = time.monotonic()
         st = qmp.migrate(f"unix:{sock}")
@@ -1210,6 +1210,10 @@ def case_migrate(bins, tmp):
         gone = [l for _, l in a.err_lines if "the guest migrated away" in l]
         check(rc == 0 and gone, f"pvgpu-vm A: exit {rc}: {[l for _, l in a.err_lines][-5:]}")
         result("vm.migrate.qemu_downtime_ms", re.search(r"downtime (\S+) ms", gone[-1]).group(1))
+        # pvgpu-vm's device is the only anonymous one.
+        result("vm.migrate.restore_us", qmp_b.execute("qom-get", path="/machine/peripheral-anon/device[0]",
+                                                      property="restore-us"))
+        qmp_b.close()
         wait_for(lambda: not vm_entities(bins, da, "mig"), 15, "pvgpud A to drop the VM")
         ents = {e["path"]: e for e in vm_entities(bins, db, "mig")}
         tasks = [e for p, e in ents.items() if p.startswith("mig/task-")]

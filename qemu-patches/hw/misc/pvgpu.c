@@ -413,6 +413,8 @@ struct PvgpuState {
     unsigned mig_weights;             /* TASK_WEIGHTs re-sent, unanswered */
     uint32_t hello_refusals;          /* HELLOs pvgpud refused so far */
     char mig_error[160];              /* why the restore failed, or empty */
+    uint64_t quiesce_us;              /* the last quiesce took (source; QOM) */
+    uint64_t restore_us;              /* the last restore took (destination; QOM) */
     PvgpuSlot slots[PVGPU_MAX_SLOTS];
 
     uint32_t gpu;                     /* property: the host's GPU, or GPU_AUTO */
@@ -2845,8 +2847,13 @@ static int pvgpu_pre_save(void *opaque)
     }
     /* A second save of a quiesced VM (a snapshot after a failed
      * migration, the VM never resumed) finds the channels held already. */
-    if (live && !s->quiesced && pvgpu_quiesce(s) < 0) {
-        return -EIO;
+    if (live && !s->quiesced) {
+        int64_t t0 = get_clock();
+
+        if (pvgpu_quiesce(s) < 0) {
+            return -EIO;
+        }
+        s->quiesce_us = (get_clock() - t0) / 1000;
     }
     for (i = 0; i < s->num_slots; i++) {
         PvgpuSlot *sl = &s->slots[i];
@@ -3052,6 +3059,7 @@ static int pvgpu_post_load(void *opaque, int version_id)
     const char *bad = pvgpu_mig_check(s, buf, sizeof(buf));
     unsigned i, live = 0;
     uint32_t gen, irqs;
+    int64_t t0 = get_clock();
 
     if (bad) {
         error_report("pvgpu: the migration stream does not fit this device: %s",
@@ -3181,6 +3189,7 @@ static int pvgpu_post_load(void *opaque, int version_id)
     }
     s->link_gen = gen;
     s->irq_status = irqs;
+    s->restore_us = (get_clock() - t0) / 1000;
     if (s->cmd_status == CMDST_BUSY) {
         pvgpu_cmd_done(s, s->mig_done[0], s->mig_done[1], s->mig_done[2]);
     }
@@ -3678,6 +3687,10 @@ static void pvgpu_instance_init(Object *obj)
     object_property_add_uint64_ptr(obj, "tx-queued-max", &s->tx_queued_max,
                                    OBJ_PROP_FLAG_READ);
     object_property_add_uint64_ptr(obj, "tx-coalesced", &s->tx_coalesced,
+                                   OBJ_PROP_FLAG_READ);
+    object_property_add_uint64_ptr(obj, "quiesce-us", &s->quiesce_us,
+                                   OBJ_PROP_FLAG_READ);
+    object_property_add_uint64_ptr(obj, "restore-us", &s->restore_us,
                                    OBJ_PROP_FLAG_READ);
 }
 
