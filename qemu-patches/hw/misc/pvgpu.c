@@ -3088,7 +3088,13 @@ static int pvgpu_post_load(void *opaque, int version_id)
         PvgpuSlot *sl = &s->slots[i];
         PvgpuSlotMig *m = &s->mig[i];
 
-        memcpy(sl->task_name, m->task_name, TASK_NAME_LEN);
+        /* The protocol's text field, whatever the stream says (a name
+         * pvgpud refuses would end the link, not just this channel). */
+        memset(sl->task_name, 0, TASK_NAME_LEN);
+        for (size_t k = 0; k < TASK_NAME_LEN - 1 && m->task_name[k]; k++) {
+            uint8_t c = m->task_name[k];
+            sl->task_name[k] = (c >= 0x20 && c <= 0x7e) ? c : '?';
+        }
         sl->pid_hint = m->pid_hint;
         sl->notice = m->notice;
         sl->wait_status = m->wait_status;
@@ -3146,8 +3152,7 @@ static int pvgpu_post_load(void *opaque, int version_id)
                 continue;
             }
             r.pid_hint = m->pid_hint;
-            memcpy(r.task_name, m->task_name, TASK_NAME_LEN);
-            r.task_name[TASK_NAME_LEN - 1] = 0;
+            memcpy(r.task_name, s->slots[i].task_name, TASK_NAME_LEN);
             r.ib_put = m->guest_put;
             r.ib_get = c->ib_get;
             r.fence = c->fence;
