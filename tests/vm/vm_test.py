@@ -1243,6 +1243,61 @@ def case_migrate(bins, tmp):
             d.stop()
 
 
+def case_migrate_shares(bins, tmp):
+    """Issue 52: two VMs at 2:1 on host A; the second migrates to host B, where
+    a third VM runs and B's configuration gives the second weight 300 (the
+    admin weight is the destination's): after the migration A's remaining VM
+    has the GPU and B splits 3:1, each within 0.03."""
+    tol = 0.03
+    for h in ("a", "b"):
+        os.makedirs(os.path.join(tmp, h))
+    da = Daemon(bins, os.path.join(tmp, "a"))
+    db = Daemon(bins, os.path.join(tmp, "b"))
+    for d in (da, db):
+        d.start()
+    k = 2000
+    sock = os.path.join(tmp, "migrate.sock")
+    qa = os.path.join(tmp, "qmp-a.sock")
+    cmd2 = guest_throttle("t2", k, 45)
+    guests = []
+    qmp = None
+    try:
+        ctl(bins, da, "set-weight", "sv1", "200")
+        ctl(bins, db, "set-weight", "sv2", "300")   # B's word for the VM that arrives
+        v1 = Guest(bins, da, "sv1", guest_throttle("t1", k, 45))
+        v2 = Guest(bins, da, "sv2", cmd2, extra=("--qmp", qa))
+        v3 = Guest(bins, db, "sv3", guest_throttle("t3", k, 45))
+        guests += [v1, v2, v3]
+        shares, _ = shares_of([v1.get("t1"), v2.get("t2")], [k] * 2, warmup=2.0, window=5.0)
+        for name, got, want in zip(("sv1", "sv2"), shares, (2 / 3, 1 / 3)):
+            result(f"vm.migrate_shares.before.{name}", f"{got:.3f}")
+            check(abs(got - want) <= tol, f"before: {name} got {got:.3f} on A, target {want:.3f}")
+        v2b = Guest(bins, db, "sv2", cmd2, extra=("--incoming", f"unix:{sock}"), uuid=v2.uuid)
+        guests.append(v2b)
+        qmp = Qmp(qa)
+        # B's QEMU listens once it is up: its device's HELLO reaches pvgpud B.
+        wait_for(lambda: any(e.get("uuid") == v2.uuid for e in ctl_json(bins, db, "list")["entities"]), 60,
+                 "B's QEMU to start")
+        check(qmp.migrate(f"unix:{sock}") == "completed", "the migration of sv2")
+        check(v2.finish(60) == 0, "pvgpu-vm of sv2 at A")
+        after_a, _ = shares_of([v1.get("t1")], [k], warmup=2.0, window=5.0)
+        after_b, _ = shares_of([v2b.get("t2"), v3.get("t3")], [k] * 2, warmup=2.0, window=5.0)
+        for where, name, got, want in (("a", "sv1", after_a[0], 1.0), ("b", "sv2", after_b[0], 0.75),
+                                       ("b", "sv3", after_b[1], 0.25)):
+            result(f"vm.migrate_shares.after.{where}.{name}", f"{got:.3f}")
+            check(abs(got - want) <= tol, f"after: {name} got {got:.3f} on {where.upper()}, target {want:.3f}")
+        check(da.alive() and db.alive() and not da.internal_errors() and not db.internal_errors(),
+              "a pvgpud died or logged an internal error")
+    finally:
+        if qmp:
+            qmp.close()
+        for g in guests:
+            if g.proc.poll() is None:
+                g.kill()
+        for d in (da, db):
+            d.stop()
+
+
 CASES = {
     "boot": case_boot,
     "wedge": case_wedge,
@@ -1260,6 +1315,7 @@ CASES = {
     "storm": case_storm,
     "weights": case_weights,
     "migrate": case_migrate,
+    "migrate-shares": case_migrate_shares,
 }
 
 
