@@ -1158,7 +1158,7 @@ def case_migrate(bins, tmp):
     qa, qb = os.path.join(tmp, "qmp-a.sock"), os.path.join(tmp, "qmp-b.sock")
     command = (guest_throttle("thr", 1000, 60, "--report-interval-s", "1") + " & T=$!; " +
                tagged("bench", load_cmd("bench", 1000, "--kernels", 5000, "--weight", 200,
-                                        "--report-interval-s", "0.2", "--name", "bench")) +
+                                        "--report-interval-s", "0.02", "--name", "bench")) +
                "; kill $T; wait")
     uuid = new_uuid()
     a = b = qmp = None
@@ -1231,6 +1231,26 @@ def case_migrate(bins, tmp):
         check(v.get("kernels") == "5000" and v.get("resubmitted") == "0" and v.get("reconnects") == "0",
               f"bench at B: {v}")
         result("vm.migrate.bench_runtime_ms", v.get("runtime_ms"))
+        # The pause the guest saw, on the host's clock (the guest's own stops
+        # with the VM): from the arrival of A's last report that counted a
+        # new completion to that of B's first; both ends are late by up to a
+        # report interval (20 ms) plus the serial line's latency.
+        rx = re.compile(r"^\[bench\] pvgpu-load: t=\S+ completed=(\d+)")
+
+        def progress(g):
+            out, last = [], None
+            for t, line in g.out_lines:
+                m = rx.match(line)
+                if m and (last is None or int(m.group(1)) > last):
+                    out.append((t, int(m.group(1))))
+                    last = int(m.group(1))
+            return out
+        pa, pb = progress(a), progress(b)
+        if pa and pb:
+            last_a = pa[-1]
+            first_b = next(((t, n) for t, n in pb if n > last_a[1]), None)
+            if first_b:
+                result("vm.migrate.guest_pause_ms", f"{(first_b[0] - last_a[0]) * 1e3:.0f}")
         check(da.alive() and db.alive() and not da.internal_errors() and not db.internal_errors(),
               "a pvgpud died or logged an internal error")
     finally:
