@@ -15,7 +15,9 @@
  * version 3 adds the completion notifier of host clients' channels (a third
  * fd on CHAN_REPLY, see struct pvgpu_chan_reply); version 4 lets HELLO name
  * the GPU (struct pvgpu_hello.gpu, which older versions sent as a reserved
- * zero); everything else is as in version 1.
+ * zero); version 5 adds live migration of a VMM's channels (QUIESCE,
+ * RESUME, CHAN_RESTORE and their replies); everything else is as in
+ * version 1.
  *
  * Admin clients (pvgpuctl) use a separate socket speaking newline-delimited
  * JSON; see docs/protocol.md.
@@ -26,10 +28,11 @@
 #include "abi.h"
 
 #define PVGPU_PROTO_MAGIC 0x55504750u /* "PGPU" little-endian */
-#define PVGPU_PROTO_VERSION 4u
+#define PVGPU_PROTO_VERSION 5u
 #define PVGPU_PROTO_VERSION_TASK_WEIGHT 2u /* first version with TASK_WEIGHT */
 #define PVGPU_PROTO_VERSION_COMPLETION 3u  /* first version with completion notifiers */
 #define PVGPU_PROTO_VERSION_GPU 4u         /* first version whose HELLO may name a GPU */
+#define PVGPU_PROTO_VERSION_MIGRATE 5u     /* first version with QUIESCE/RESUME/CHAN_RESTORE */
 #define PVGPU_PROTO_MAX_PAYLOAD 1024u /* a larger len is a protocol error */
 #define PVGPU_PROTO_MAX_FDS 3u        /* fds one message may carry */
 
@@ -50,6 +53,10 @@ enum pvgpu_msg_type {
 	PVGPU_MSG_TRAP_REPORT = 5,    /* struct pvgpu_trap_report */
 	PVGPU_MSG_PING = 6,           /* no payload; daemon answers PONG */
 	PVGPU_MSG_TASK_WEIGHT = 7,    /* v2, VMM only: struct pvgpu_task_weight */
+	PVGPU_MSG_QUIESCE = 8,        /* v5, VMM only: struct pvgpu_quiesce + fd [done socket] */
+	PVGPU_MSG_RESUME = 9,         /* v5, VMM only: struct pvgpu_chan_ref (zero) */
+	PVGPU_MSG_CHAN_RESTORE = 10,  /* v5, VMM only: struct pvgpu_chan_restore + fd [saved memory];
+	                               * answered by CHAN_REPLY */
 
 	/* daemon -> client */
 	PVGPU_MSG_HELLO_REPLY = 64,   /* struct pvgpu_hello_reply */
@@ -61,6 +68,8 @@ enum pvgpu_msg_type {
 	PVGPU_MSG_ERROR = 69,         /* struct pvgpu_error; the daemon may close after it */
 	PVGPU_MSG_PONG = 70,          /* no payload */
 	PVGPU_MSG_TASK_WEIGHT_REPLY = 71, /* v2: struct pvgpu_status_reply (chan_id 0) */
+	PVGPU_MSG_QUIESCE_REPLY = 72, /* v5: struct pvgpu_status_reply (chan_id: channels held) */
+	PVGPU_MSG_RESUME_REPLY = 73,  /* v5: struct pvgpu_status_reply (chan_id: channels resumed) */
 };
 
 /* Client roles */
@@ -190,6 +199,52 @@ struct pvgpu_notice {
 	pvgpu_u64 pid_hint;        /* which guest task it was */
 };
 
+/* Version 5, VMM only: live migration (docs/protocol.md 2.6).
+ *
+ * QUIESCE holds every channel of the VM the way a move between GPUs does:
+ * each is shadowed (the guest's doorbells are held), the work already on
+ * the GPU completes, and then IB_GET and FENCE are final.  The message
+ * carries one fd: a connected socket (SOCK_SEQPACKET or SOCK_DGRAM) of the
+ * client's on which pvgpud sends one struct pvgpu_quiesce_done once every
+ * channel has drained or the drain failed (send() with MSG_DONTWAIT: a
+ * client that does not read cannot block pvgpud), so that a client whose
+ * main loop is stopped (QEMU saving device state under its big lock) can
+ * wait for it.  QUIESCE_REPLY follows on the connection with the same
+ * status.  Channels the client opens while quiesced are held too.
+ * RESUME gives the channels back to the policy as they were (a failed or
+ * cancelled migration); a client that closes its connection while
+ * quiesced (the source QEMU after a completed migration) frees them as any
+ * disconnect does. */
+struct pvgpu_quiesce {
+	pvgpu_u32 timeout_ms;      /* 0: pvgpud's own bound (the watchdog + 1 s) */
+	pvgpu_u32 reserved;
+};
+
+struct pvgpu_quiesce_done {
+	pvgpu_u32 status;          /* PVGPU_OK: drained; E_STATE: a move or quiesce under way;
+	                            * E_INTERNAL: the drain outlasted its bound */
+	pvgpu_u32 channels;        /* channels held */
+	pvgpu_u32 seq;             /* the QUIESCE's */
+	pvgpu_u32 reserved;
+};
+
+/* CHAN_RESTORE: a channel re-created where another pvgpud left it (the
+ * destination of a migration).  The fd is a regular file (a memfd) of at
+ * least PVGPU_CHAN_MEM_SIZE bytes holding the control page and ring as
+ * saved; pvgpud copies it into the new channel's memory, which starts with
+ * IB_GET = ib_get, FENCE = fence and runs the entries from ib_get to ib_put
+ * (at most PVGPU_RING_ENTRIES of them).  `mode` is the mode the guest had
+ * mapped (informational: the destination's policy decides, and CHAN_REPLY
+ * says what it chose). */
+struct pvgpu_chan_restore {
+	pvgpu_u64 pid_hint;
+	char task_name[32];
+	pvgpu_u32 ib_put;
+	pvgpu_u32 ib_get;
+	pvgpu_u32 fence;
+	pvgpu_u32 mode;            /* enum pvgpu_chan_mode */
+};
+
 struct pvgpu_error {
 	pvgpu_u32 status;          /* enum pvgpu_status */
 	pvgpu_u32 reserved;
@@ -211,5 +266,8 @@ PVGPU_STATIC_ASSERT(sizeof(struct pvgpu_mode_ack) == 16, "mode ack layout");
 PVGPU_STATIC_ASSERT(sizeof(struct pvgpu_notice) == 16, "notice layout");
 PVGPU_STATIC_ASSERT(sizeof(struct pvgpu_error) == 128, "error layout");
 PVGPU_STATIC_ASSERT(sizeof(struct pvgpu_task_weight) == 16, "task weight layout");
+PVGPU_STATIC_ASSERT(sizeof(struct pvgpu_quiesce) == 8, "quiesce layout");
+PVGPU_STATIC_ASSERT(sizeof(struct pvgpu_quiesce_done) == 16, "quiesce done layout");
+PVGPU_STATIC_ASSERT(sizeof(struct pvgpu_chan_restore) == 56, "chan restore layout");
 
 #endif /* PVGPU_PROTOCOL_H */

@@ -3,6 +3,7 @@
 #include <poll.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -463,6 +464,9 @@ void Daemon::on_message(ClientConn& c, wire::Message& m) {
         case PVGPU_MSG_TRAP_REPORT: on_trap_report(cl, m); break;
         case PVGPU_MSG_PING: c.send(PVGPU_MSG_PONG, m.hdr.seq); break;
         case PVGPU_MSG_TASK_WEIGHT: on_task_weight(cl, m); break;
+        case PVGPU_MSG_QUIESCE: on_quiesce(cl, m); break;
+        case PVGPU_MSG_RESUME: on_resume(cl, m); break;
+        case PVGPU_MSG_CHAN_RESTORE: on_restore(cl, m); break;
         default: c.fail(PVGPU_E_INVALID, std::string("unexpected message ") + wire::type_name(type)); break;
         }
     } catch (const std::exception& e) {
@@ -815,19 +819,27 @@ EntityId Daemon::leaf_for(Client& cl, std::uint64_t pid_hint, const std::string&
 }
 
 void Daemon::on_alloc(Client& cl, const wire::Message& m) {
-    ClientConn& conn = *cl.conn;
     const auto a = m.as<pvgpu_chan_alloc>();
+    const std::uint64_t hint = cl.role == PVGPU_ROLE_VMM ? a.pid_hint : 0;
+    open_channel_for(cl, m.hdr.seq, hint, wire::name_of(a.task_name, sizeof a.task_name), nullptr);
+}
+
+// A new channel for `cl` (CHAN_ALLOC), or one carrying on from where
+// another pvgpud left it (CHAN_RESTORE: `restore` has its memory and
+// positions).  Answers CHAN_REPLY either way.
+void Daemon::open_channel_for(Client& cl, std::uint32_t seq, std::uint64_t hint, const std::string& task_name,
+                              const Restore* restore) {
+    ClientConn& conn = *cl.conn;
     pvgpu_chan_reply r{};
     r.mem_size = PVGPU_CHAN_MEM_SIZE;
     auto refuse = [&](std::uint32_t status, const std::string& why) {
         log_debug("client ", conn.id(), ": channel refused: ", why);
         r.status = status;
-        conn.send_struct(PVGPU_MSG_CHAN_REPLY, m.hdr.seq, r);
+        conn.send_struct(PVGPU_MSG_CHAN_REPLY, seq, r);
     };
     if (std::string why = channel_limit(cl); !why.empty()) return refuse(PVGPU_E_LIMIT, why);
-    const std::uint64_t hint = cl.role == PVGPU_ROLE_VMM ? a.pid_hint : 0;
     std::string error;
-    EntityId leaf = leaf_for(cl, hint, wire::name_of(a.task_name, sizeof a.task_name), error);
+    EntityId leaf = leaf_for(cl, hint, task_name, error);
     if (leaf == kNoEntity) return refuse(PVGPU_E_STATE, error);
 
     auto ch = std::make_unique<Channel>();
@@ -841,8 +853,18 @@ void Daemon::on_alloc(Client& cl, const wire::Message& m) {
         remove_if_empty_task(*gpus_[cl.gpu], leaf);
         return refuse(PVGPU_E_INTERNAL, e.what());
     }
+    ChannelStart start{};
+    if (restore) {
+        // The saved control page and ring, with the positions the restore
+        // names (the GPU's own registers start from them too).
+        std::memcpy(ch->mem.ctrl(), restore->mem.data(), PVGPU_CHAN_MEM_SIZE);
+        ch->mem.ctrl()->ib_get = restore->get;
+        ch->mem.ctrl()->fence = restore->fence;
+        ch->mem.ctrl()->ib_put = restore->put;
+        start = ChannelStart{restore->get, restore->fence};
+    }
     Gpu& g = *gpus_[cl.gpu];
-    const ChannelId local = g.sched->open_channel(leaf, ch->mem.memory());
+    const ChannelId local = g.sched->open_channel(leaf, ch->mem.memory(), start);
     while (next_chan_ == 0 || channels_.count(next_chan_)) ++next_chan_;
     const ChannelId id = next_chan_++;
     // Recorded at once: the GPU now uses this memory, only close_channel()
@@ -859,10 +881,20 @@ void Daemon::on_alloc(Client& cl, const wire::Message& m) {
     rec.leaf = leaf;
     rec.ack_timer.bind(timers_);
     rec.watch = MuxWatch(mux_, rec.bell.fd(), G_IO_IN, [this, id](GIOCondition) { on_doorbell(id); });
+    // The work the guest had queued on the other host runs here: the
+    // policy releases it as it would a store of the guest's, and the put
+    // scan runs while it is in flight (it also brings the control page's
+    // IB_GET and FENCE up to date when no entry raises an interrupt).
+    if (restore && restore->put != restore->get) deliver_put(rec, restore->put);
     // Switches that landed while opening are in this mode; pushes follow.
     rec.pushed = g.sched->channel(local).mode();
-    // A channel opened while its VM moves moves too.
+    // A channel opened while its VM moves moves too; one opened while its
+    // VM is quiesced for a migration is held too.
     if (move_ && move_->client == conn.id()) move_drain(id);
+    if (cl.quiesce) {
+        g.sched->drain(local);
+        cl.quiesce->held.insert(id);
+    }
     r.status = PVGPU_OK;
     r.chan_id = id;
     // A host client is never pushed a switch (daemon.hpp) and does not ring
@@ -873,10 +905,11 @@ void Daemon::on_alloc(Client& cl, const wire::Message& m) {
     // write end (send() duplicates, so this copy closes on return).
     const UniqueFd reader = rec.notifier.take_reader();
     const int fds[3] = {rec.mem.fd(), rec.bell.fd(), reader.get()};
-    log_debug("client ", conn.id(), ": channel ", id, " on ", admin_path(rec), ", GPU ", g.index);
+    log_debug("client ", conn.id(), ": channel ", id, restore ? " restored" : "", " on ", admin_path(rec), ", GPU ",
+              g.index);
+    if (restore) ++counters_.restored_channels;
     // The memfd stays alive while the reply waits: it counts as queued.
-    conn.send_struct(PVGPU_MSG_CHAN_REPLY, m.hdr.seq, r, std::span<const int>(fds, reader ? 3 : 2),
-                     PVGPU_CHAN_MEM_SIZE);
+    conn.send_struct(PVGPU_MSG_CHAN_REPLY, seq, r, std::span<const int>(fds, reader ? 3 : 2), PVGPU_CHAN_MEM_SIZE);
 }
 
 void Daemon::on_free(Client& cl, const wire::Message& m) {
@@ -1035,6 +1068,8 @@ void Daemon::close_channel(ChannelId id) {
     Channel& ch = *it->second;
     Gpu& g = gpu_of(ch);
     if (move_) move_forget(id);
+    if (auto c = clients_.find(ch.client); c != clients_.end() && c->second.quiesce)
+        c->second.quiesce->held.erase(id);
     try {
         g.sched->close_channel(ch.local);
     } catch (const std::exception& e) {
@@ -1197,6 +1232,8 @@ void Daemon::admin_move(const json& req, AdminReply reply) {
     if (found.empty()) return fail("VM " + target + " has no device on GPU " + std::to_string(*from));
     if (found.size() > 1) return fail("VM " + target + " has devices on several GPUs: name the one to move (from)");
     const Vm& vm = *found[0];
+    if (clients_.at(vm.client).quiesce)
+        return fail("VM " + target + " is being migrated to another host (its channels are quiesced)");
     if (vm.gpu == *to) return fail("VM " + target + " is on GPU " + std::to_string(*to) + " already");
     if (gpus_of_vm(uuid).count(*to))
         return fail("VM " + target + " has another device on GPU " + std::to_string(*to));
@@ -1312,6 +1349,169 @@ void Daemon::move_abort(const std::string& why) {
     }
     log_warning("move of VM ", mv->uuid, " to GPU ", mv->to, " failed: ", why, "; it stays on GPU ", mv->from);
     mv->reply(admin_error("move failed: " + why + "; the VM stays on GPU " + std::to_string(mv->from)));
+}
+
+// ---------------------------------------------------------------- migration
+
+namespace {
+// How often a quiesce looks whether its channels have drained, as a move does.
+constexpr Duration kQuiescePoll = 1 * kMillisecond;
+
+bool is_socket(int fd) {
+    struct stat st {};
+    return fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode);
+}
+}  // namespace
+
+// QUIESCE: the drain `move` uses, for the whole VM, answered on the
+// client's socket (quiesce_done) and with QUIESCE_REPLY.
+void Daemon::on_quiesce(Client& cl, wire::Message& m) {
+    ClientConn& conn = *cl.conn;
+    if (cl.role != PVGPU_ROLE_VMM || cl.version < PVGPU_PROTO_VERSION_MIGRATE) {
+        conn.fail(PVGPU_E_STATE, "QUIESCE needs a VMM session of protocol version " +
+                                     std::to_string(PVGPU_PROTO_VERSION_MIGRATE));
+        return;
+    }
+    const auto q = m.as<pvgpu_quiesce>();
+    UniqueFd done = std::move(m.fds.at(0));
+    auto answer_now = [&](std::uint32_t status, const char* why) {
+        log_warning("client ", conn.id(), ": QUIESCE refused: ", why);
+        pvgpu_quiesce_done d{status, 0, m.hdr.seq, 0};
+        if (is_socket(done.get())) (void)::send(done.get(), &d, sizeof d, MSG_DONTWAIT | MSG_NOSIGNAL);
+        conn.send_struct(PVGPU_MSG_QUIESCE_REPLY, m.hdr.seq, pvgpu_status_reply{status, 0});
+    };
+    if (!is_socket(done.get())) return answer_now(PVGPU_E_INVALID, "its fd is not a socket");
+    if (cl.quiesce) return answer_now(PVGPU_E_STATE, "already quiesced");
+    if (move_ && move_->client == cl.conn->id()) return answer_now(PVGPU_E_STATE, "a move to another GPU is under way");
+    auto qs = std::make_unique<Quiesce>();
+    qs->seq = m.hdr.seq;
+    qs->done = std::move(done);
+    qs->since = clock_.now();
+    const std::int64_t wd = cfg_.gpus[cl.gpu].watchdog_ms.value_or(2000);
+    const Duration bound = q.timeout_ms ? static_cast<Duration>(q.timeout_ms) * kMillisecond
+                                        : (wd > 0 ? wd * kMillisecond + kSecond : 60 * kSecond);
+    qs->deadline = qs->since + bound;
+    qs->poll.bind(timers_);
+    for (ChannelId id : cl.channels) {
+        Channel& ch = *channels_.at(id);
+        sched_of(ch).drain(ch.local);
+        qs->held.insert(id);
+    }
+    cl.quiesce = std::move(qs);
+    log_info("VM ", cl.uuid, ": quiescing ", cl.quiesce->held.size(), " channels for a migration");
+    quiesce_poll(cl.conn->id());
+}
+
+void Daemon::quiesce_poll(std::uint32_t client_id) {
+    auto it = clients_.find(client_id);
+    if (it == clients_.end() || !it->second.quiesce) return;
+    Client& cl = it->second;
+    Quiesce& qs = *cl.quiesce;
+    bool all = true;
+    for (ChannelId id : qs.held) {
+        const Channel& ch = *channels_.at(id);
+        all = all && sched_of(ch).drained(ch.local);
+    }
+    if (all) return quiesce_end(cl, PVGPU_OK);
+    if (clock_.now() >= qs.deadline) return quiesce_end(cl, PVGPU_E_INTERNAL);
+    qs.poll.arm(clock_.now() + kQuiescePoll, [this, client_id] { quiesce_poll(client_id); });
+}
+
+// The drain ended: tell the client on its socket and on the connection.
+// Failed, the channels go back to the policy at once.
+void Daemon::quiesce_end(Client& cl, std::uint32_t status) {
+    Quiesce& qs = *cl.quiesce;
+    const auto n = static_cast<std::uint32_t>(qs.held.size());
+    pvgpu_quiesce_done d{status, n, qs.seq, 0};
+    if (::send(qs.done.get(), &d, sizeof d, MSG_DONTWAIT | MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof d))
+        log_warning("VM ", cl.uuid, ": cannot send the end of the quiesce: ", std::strerror(errno));
+    qs.done.reset();
+    char pause[32];
+    std::snprintf(pause, sizeof pause, "%.1f", to_ms(clock_.now() - qs.since));
+    cl.conn->send_struct(PVGPU_MSG_QUIESCE_REPLY, qs.seq, pvgpu_status_reply{status, n});
+    if (status == PVGPU_OK) {
+        qs.drained = true;
+        ++counters_.quiesces;
+        log_info("VM ", cl.uuid, ": ", n, n == 1 ? " channel" : " channels", " quiesced in ", pause,
+                 " ms; held until the migration ends");
+        return;
+    }
+    log_warning("VM ", cl.uuid, ": quiesce failed after ", pause, " ms (the work on the GPU did not complete); "
+                "its channels run on");
+    for (ChannelId id : qs.held) {
+        Channel& ch = *channels_.at(id);
+        sched_of(ch).undrain(ch.local);
+    }
+    cl.quiesce.reset();
+}
+
+// RESUME: the migration failed or was cancelled; the channels run on here.
+void Daemon::on_resume(Client& cl, const wire::Message& m) {
+    ClientConn& conn = *cl.conn;
+    if (cl.role != PVGPU_ROLE_VMM || cl.version < PVGPU_PROTO_VERSION_MIGRATE) {
+        conn.fail(PVGPU_E_STATE, "RESUME needs a VMM session of protocol version " +
+                                     std::to_string(PVGPU_PROTO_VERSION_MIGRATE));
+        return;
+    }
+    std::uint32_t n = 0;
+    if (cl.quiesce) {
+        if (!cl.quiesce->drained) {
+            // Resumed before the drain ended: its answer is still owed.
+            pvgpu_quiesce_done d{PVGPU_E_STATE, 0, cl.quiesce->seq, 0};
+            (void)::send(cl.quiesce->done.get(), &d, sizeof d, MSG_DONTWAIT | MSG_NOSIGNAL);
+            conn.send_struct(PVGPU_MSG_QUIESCE_REPLY, cl.quiesce->seq, pvgpu_status_reply{PVGPU_E_STATE, 0});
+        }
+        for (ChannelId id : cl.quiesce->held) {
+            Channel& ch = *channels_.at(id);
+            sched_of(ch).undrain(ch.local);
+            ++n;
+        }
+        cl.quiesce.reset();
+        ++counters_.resumes;
+        log_info("VM ", cl.uuid, ": migration did not complete; ", n, n == 1 ? " channel" : " channels",
+                 " resumed");
+    }
+    conn.send_struct(PVGPU_MSG_RESUME_REPLY, m.hdr.seq, pvgpu_status_reply{PVGPU_OK, n});
+}
+
+// CHAN_RESTORE: a channel the VM had on the migration's source host.
+void Daemon::on_restore(Client& cl, wire::Message& m) {
+    ClientConn& conn = *cl.conn;
+    if (cl.role != PVGPU_ROLE_VMM || cl.version < PVGPU_PROTO_VERSION_MIGRATE) {
+        conn.fail(PVGPU_E_STATE, "CHAN_RESTORE needs a VMM session of protocol version " +
+                                     std::to_string(PVGPU_PROTO_VERSION_MIGRATE));
+        return;
+    }
+    const auto a = m.as<pvgpu_chan_restore>();
+    const UniqueFd fd = std::move(m.fds.at(0));
+    auto refuse = [&](std::uint32_t status, const std::string& why) {
+        log_warning("client ", conn.id(), ": CHAN_RESTORE refused: ", why);
+        pvgpu_chan_reply r{};
+        r.status = status;
+        r.mem_size = PVGPU_CHAN_MEM_SIZE;
+        conn.send_struct(PVGPU_MSG_CHAN_REPLY, m.hdr.seq, r);
+    };
+    // The GPU would run every entry from IB_GET to IB_PUT: never more than
+    // the ring holds.
+    if (a.ib_put - a.ib_get > PVGPU_RING_ENTRIES)
+        return refuse(PVGPU_E_INVALID, "IB_PUT " + std::to_string(a.ib_put) + " is more than a ring ahead of IB_GET " +
+                                           std::to_string(a.ib_get));
+    // A regular file only (a memfd): a pipe or socket could block the read.
+    struct stat st {};
+    if (fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) ||
+        st.st_size < static_cast<off_t>(PVGPU_CHAN_MEM_SIZE))
+        return refuse(PVGPU_E_INVALID, "its memory is not a regular file of " +
+                                           std::to_string(PVGPU_CHAN_MEM_SIZE) + " bytes");
+    Restore rs{a.ib_put, a.ib_get, a.fence, std::vector<std::byte>(PVGPU_CHAN_MEM_SIZE)};
+    std::size_t have = 0;
+    while (have < rs.mem.size()) {
+        const ssize_t n = ::pread(fd.get(), rs.mem.data() + have, rs.mem.size() - have, static_cast<off_t>(have));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return refuse(PVGPU_E_INVALID, "its memory cannot be read");
+        have += static_cast<std::size_t>(n);
+    }
+    const std::uint64_t hint = a.pid_hint;
+    open_channel_for(cl, m.hdr.seq, hint, wire::name_of(a.task_name, sizeof a.task_name), &rs);
 }
 
 // ---------------------------------------------------------------- admin
@@ -1819,6 +2019,9 @@ json Daemon::admin_stats() {
           {"doorbells", counters_.doorbells},
           {"degraded_channels", counters_.degraded},
           {"moves", counters_.moves},
+          {"quiesces", counters_.quiesces},
+          {"resumes", counters_.resumes},
+          {"restored_channels", counters_.restored_channels},
           {"remaps", st.remaps},
           {"polls", st.polls},
           {"accounting_reads", st.accounting_reads},

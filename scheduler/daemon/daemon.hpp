@@ -68,6 +68,9 @@ struct DaemonCounters {
     std::uint64_t bad_entry_kills = 0;
     std::uint64_t degraded = 0;
     std::uint64_t moves = 0;
+    std::uint64_t quiesces = 0;           // VMs quiesced for a migration (QUIESCE drained)
+    std::uint64_t resumes = 0;            // quiesced VMs resumed (RESUME: the migration failed)
+    std::uint64_t restored_channels = 0;  // channels re-created by CHAN_RESTORE
 };
 
 class Daemon final : private ClientConn::Handler, private AdminBackend, private LibvirtWatch::Listener {
@@ -175,6 +178,17 @@ private:
         EntityId entity = kNoEntity;
         std::uint32_t clients = 0;
     };
+    // A VMM's channels held for a live migration (QUIESCE, protocol v5):
+    // drained like a move's, until RESUME (a failed migration) or the
+    // connection's end (a completed one: the source QEMU exits).
+    struct Quiesce {
+        std::uint32_t seq = 0;   // the QUIESCE's, echoed in its answers
+        UniqueFd done;           // the client's socket for quiesce_done; closed once sent
+        std::set<ChannelId> held;
+        Time since = 0, deadline = 0;
+        bool drained = false;
+        Timer poll;
+    };
     struct Client {
         std::unique_ptr<ClientConn> conn;
         uid_t uid = 0;
@@ -192,6 +206,7 @@ private:
         bool libvirt_verified = false;  // VMM: libvirt named it its domain's QEMU
         bool closing = false;
         bool linger = false;  // refused at HELLO: its socket outlives it (linger())
+        std::unique_ptr<Quiesce> quiesce;  // VMM: its channels held for a migration
     };
 
     // --- client protocol ---
@@ -222,6 +237,20 @@ private:
     void on_mode_ack(Client& cl, const wire::Message& m);
     void on_trap_report(Client& cl, const wire::Message& m);
     void on_task_weight(Client& cl, const wire::Message& m);
+    // --- live migration (protocol version 5) ---
+    void on_quiesce(Client& cl, wire::Message& m);
+    void quiesce_poll(std::uint32_t client_id);
+    void quiesce_end(Client& cl, std::uint32_t status);
+    void on_resume(Client& cl, const wire::Message& m);
+    void on_restore(Client& cl, wire::Message& m);
+    // A channel saved elsewhere, for CHAN_RESTORE: positions and the bytes
+    // of its control page and ring.
+    struct Restore {
+        std::uint32_t put = 0, get = 0, fence = 0;
+        std::vector<std::byte> mem;
+    };
+    void open_channel_for(Client& cl, std::uint32_t seq, std::uint64_t pid_hint, const std::string& task_name,
+                          const Restore* restore);
     void reap();
     void teardown(std::uint32_t client_id);
     void linger(UniqueFd fd);

@@ -69,10 +69,11 @@ std::optional<std::string> check_name(const char* field, std::size_t size, const
 std::optional<std::string> check_body(std::uint16_t type, std::span<const std::byte> payload,
                                       std::size_t nfds) {
     using R = std::optional<std::string>;
-    // Only an OK CHAN_REPLY carries fds; its own case checks the count.
-    if (type != PVGPU_MSG_CHAN_REPLY && nfds != 0)
+    // Only an OK CHAN_REPLY, QUIESCE and CHAN_RESTORE carry fds; their own
+    // cases check the count.
+    if (type != PVGPU_MSG_CHAN_REPLY && type != PVGPU_MSG_QUIESCE && type != PVGPU_MSG_CHAN_RESTORE && nfds != 0)
         return "carries " + std::to_string(nfds) +
-               " fds; only CHAN_REPLY with status OK may carry fds";
+               " fds; only CHAN_REPLY with status OK, QUIESCE and CHAN_RESTORE may carry fds";
     switch (type) {
     case PVGPU_MSG_HELLO: {
         const auto b = read_body<pvgpu_hello>(payload);
@@ -107,6 +108,29 @@ std::optional<std::string> check_body(std::uint16_t type, std::span<const std::b
         // reply), not a reason to drop the connection.
         const auto b = read_body<pvgpu_task_weight>(payload);
         if (b.reserved != 0) return R("reserved field is not zero");
+        return std::nullopt;
+    }
+    case PVGPU_MSG_QUIESCE: {
+        const auto b = read_body<pvgpu_quiesce>(payload);
+        if (b.reserved != 0) return R("reserved field is not zero");
+        if (nfds != 1) return "needs 1 fd (the socket for its end), got " + std::to_string(nfds);
+        return std::nullopt;
+    }
+    case PVGPU_MSG_RESUME: {
+        const auto b = read_body<pvgpu_chan_ref>(payload);
+        if (b.chan_id != 0 || b.reserved != 0) return R("chan_id and reserved must be zero");
+        return std::nullopt;
+    }
+    case PVGPU_MSG_CHAN_RESTORE: {
+        const auto b = read_body<pvgpu_chan_restore>(payload);
+        if (!mode_known(b.mode)) return "mode " + std::to_string(b.mode) + " is out of range";
+        if (nfds != 1) return "needs 1 fd (the saved channel memory), got " + std::to_string(nfds);
+        return check_name(b.task_name, sizeof b.task_name, "task_name");
+    }
+    case PVGPU_MSG_QUIESCE_REPLY:
+    case PVGPU_MSG_RESUME_REPLY: {
+        const auto b = read_body<pvgpu_status_reply>(payload);
+        if (!status_known(b.status)) return "status " + std::to_string(b.status) + " is unknown";
         return std::nullopt;
     }
     case PVGPU_MSG_TRAP_REPORT:
@@ -186,6 +210,11 @@ std::optional<std::size_t> payload_size(std::uint16_t type) {
     case PVGPU_MSG_TRAP_REPORT: return sizeof(pvgpu_trap_report);
     case PVGPU_MSG_PING: return 0;
     case PVGPU_MSG_TASK_WEIGHT: return sizeof(pvgpu_task_weight);
+    case PVGPU_MSG_QUIESCE: return sizeof(pvgpu_quiesce);
+    case PVGPU_MSG_RESUME: return sizeof(pvgpu_chan_ref);
+    case PVGPU_MSG_CHAN_RESTORE: return sizeof(pvgpu_chan_restore);
+    case PVGPU_MSG_QUIESCE_REPLY: return sizeof(pvgpu_status_reply);
+    case PVGPU_MSG_RESUME_REPLY: return sizeof(pvgpu_status_reply);
     case PVGPU_MSG_HELLO_REPLY: return sizeof(pvgpu_hello_reply);
     case PVGPU_MSG_CHAN_REPLY: return sizeof(pvgpu_chan_reply);
     case PVGPU_MSG_FREE_REPLY: return sizeof(pvgpu_status_reply);
@@ -207,6 +236,11 @@ const char* type_name(std::uint16_t type) {
     case PVGPU_MSG_TRAP_REPORT: return "TRAP_REPORT";
     case PVGPU_MSG_PING: return "PING";
     case PVGPU_MSG_TASK_WEIGHT: return "TASK_WEIGHT";
+    case PVGPU_MSG_QUIESCE: return "QUIESCE";
+    case PVGPU_MSG_RESUME: return "RESUME";
+    case PVGPU_MSG_CHAN_RESTORE: return "CHAN_RESTORE";
+    case PVGPU_MSG_QUIESCE_REPLY: return "QUIESCE_REPLY";
+    case PVGPU_MSG_RESUME_REPLY: return "RESUME_REPLY";
     case PVGPU_MSG_HELLO_REPLY: return "HELLO_REPLY";
     case PVGPU_MSG_CHAN_REPLY: return "CHAN_REPLY";
     case PVGPU_MSG_FREE_REPLY: return "FREE_REPLY";

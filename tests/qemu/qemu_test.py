@@ -74,7 +74,7 @@ MSG_TASK_WEIGHT = 7
 MSG_HELLO_REPLY, MSG_CHAN_REPLY, MSG_FREE_REPLY, MSG_MODE, MSG_NOTICE, MSG_ERROR, MSG_PONG = (
     64, 65, 66, 67, 68, 69, 70)
 MSG_TASK_WEIGHT_REPLY = 71
-PROTO_VERSION = 4  # the device's PVGPU_DEVICE_PROTO_VERSION (4: HELLO names the GPU)
+PROTO_VERSION = 5  # the device's PVGPU_DEVICE_PROTO_VERSION (5: migration)
 E_OK, E_VERSION, E_INVALID, E_STATE, E_LIMIT = 0, 1, 2, 3, 4
 E_INTERNAL = 6
 WEIGHT_MAX = 10000
@@ -2105,8 +2105,248 @@ def case_unplug(bins, tmp):
     check(rc == 0, f"QEMU exit status {rc}")
 
 
+# ---- migration (docs/pvgpu-device.md section 9) ------------------------------------------
+
+
+class MigVm:
+    """A QEMU under qtest with QMP, as a migration's source or (incoming=URI)
+    its destination."""
+
+    def __init__(self, bins, tmp, daemon, name, vm_uuid, incoming=None, slots=16):
+        extra = ["-incoming", incoming] if incoming else []
+        self.q = Qemu(bins.qemu, tmp, daemon.socket, vm_uuid, name=name, slots=slots, qmp=True,
+                      extra_args=extra)
+        # The socket file appears at bind(), a moment before QEMU listens.
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                self.qmp = Qmp(self.q.qmp_path)
+                break
+            except ConnectionRefusedError:
+                if time.monotonic() > deadline or not self.q.alive():
+                    raise TestFailure(f"{name}: QMP refused: {self.q.read_stderr()[-1000:]}")
+                time.sleep(0.01)
+
+    def migrate(self, uri, timeout=30):
+        """Migrates with the return path (so a destination's refusal fails
+        the migration here) and returns the final status, by QMP events."""
+        # (A file has no way back: the return path only with a socket.)
+        self.qmp.execute("migrate-set-capabilities", capabilities=[
+            {"capability": "return-path", "state": uri.startswith("unix:")},
+            {"capability": "events", "state": True}])
+        self.qmp.execute("migrate", uri=uri)
+        deadline = time.monotonic() + timeout
+        while True:
+            e = self.qmp.wait_event("MIGRATION", max(0.0, deadline - time.monotonic()))
+            st = e["data"]["status"]
+            if st in ("completed", "failed", "cancelled"):
+                return st
+
+    def status(self):
+        return self.qmp.execute("query-status")["status"]
+
+    def cont(self):
+        """`cont` once QEMU takes it: a migration's end (finish-migrate) is
+        over a moment after its MIGRATION event."""
+        def done():
+            try:
+                self.qmp.execute("cont")
+                return True
+            except TestFailure as e:
+                if "not finalized" not in str(e):
+                    raise
+                return False
+        wait_for(done, 10, "QEMU to accept cont", step=0.01)
+
+    def exit_status(self, timeout):
+        """A destination that refused the stream exits by itself."""
+        try:
+            return self.q.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise TestFailure(f"QEMU did not exit within {timeout} s: {self.q.read_stderr()[-1500:]}")
+
+    def close(self):
+        with contextlib.suppress(Exception):
+            self.qmp.close()
+        return self.q.close()
+
+
+def refused_stream(bins, tmp, daemon, name, vm_uuid, uri, message, source=None, slots=16):
+    """A destination fed a stream that does not fit: it exits non-zero (not
+    a crash) saying `message`; the source, if any, runs on."""
+    b = MigVm(bins, tmp, daemon, name, vm_uuid, incoming=uri, slots=slots)
+    try:
+        if source:
+            st = source.migrate(uri.replace("unix:", "unix:", 1))
+            check(st == "failed", f"{name}: migration {st}, want failed")
+        rc = b.exit_status(30)
+        err = b.q.read_stderr()
+        check(rc == 1, f"{name}: the destination exited {rc} (want 1, a clean refusal): {err[-1500:]}")
+        check(message in err, f"{name}: the destination does not say {message!r}: {err[-1500:]}")
+        result(f"migrate.refused.{name}", next(l for l in err.splitlines() if message in l)[:200])
+    finally:
+        b.q.stderr.close()
+    if source:
+        wait_for(lambda: source.status() == "running", 10, f"{name}: the source to run on")
+
+
+def work_completes(dev, slot, put, what, n=2):
+    put = dev.submit(slot, put, n, 100_000)
+    wait_fence(dev, slot, put, 10, what)
+    return put
+
+
+def case_migrate(bins, tmp):
+    dirs = {k: os.path.join(tmp, k) for k in ("a", "b", "c")}
+    for d in dirs.values():
+        os.mkdir(d)
+    da, db = Pvgpud(bins, dirs["a"]), Pvgpud(bins, dirs["b"])
+    # Host C's pvgpud takes no VMM but `nobody`: it refuses the VM's HELLO.
+    dc = Pvgpud(bins, dirs["c"], "[daemon]\nvmm_users = nobody\n")
+    for d in (da, db, dc):
+        d.start()
+    vm_uuid = uuidlib.uuid4()
+    a = b = None
+    try:
+        a = MigVm(bins, tmp, da, "vm-a", vm_uuid)
+        dev = Device(a.q)
+        dev.wait_link()
+        dev.set_task_name(b"qt-mig")
+        slot, chan = dev.alloc(pid_hint=4242)
+        st, _, _ = dev.task_weight(4242, 300)
+        check(st == CMDST_OK, f"TASK_WEIGHT: {st}")
+        put = work_completes(dev, slot, 0, "work before any migration")
+        sock = os.path.join(tmp, "mig.sock")
+
+        # 1. The destination's device has other slots: refused on load.
+        refused_stream(bins, tmp, db, "slots", vm_uuid, f"unix:{sock}",
+                       "the destination's 'slots' differs", source=a, slots=8)
+        put = work_completes(dev, slot, put, "work at A after the refused migration")
+        # 2. The destination's pvgpud refuses the VM: the load fails after A
+        # quiesced its channels; A resumes them.
+        refused_stream(bins, tmp, dc, "hello", vm_uuid, f"unix:{sock}",
+                       "this host's pvgpud did not accept the VM (HELLO)", source=a)
+        put = work_completes(dev, slot, put, "work at A after the refused HELLO")
+        stats = da.ctl("stats")["counters"]
+        check(stats.get("quiesces", 0) >= 1 and stats.get("resumes", 0) >= 1,
+              f"pvgpud A quiesced and resumed the VM: {stats}")
+
+        # 3. A real migration.  Work the GPU was given (a direct channel's
+        # submissions) completes at A; work the guest stored but the GPU was
+        # not given (here: stored while A is stopped, without a doorbell,
+        # as a guest whose doorbell never came) travels in the ring and
+        # runs at B, each entry once and in order.
+        put = dev.submit(slot, put, 10, 2_000_000)
+        wait_fence(dev, slot, put, 10, "10 kernels at A")
+        a.qmp.execute("stop")
+        start = put
+        data = b"".join(struct.pack("<QII", 2_000_000, put + i + 1, 0) for i in range(6))
+        a.q.write(dev.ring(slot, put), data[:16 * min(6, RING_ENTRIES - put % RING_ENTRIES)])
+        if put % RING_ENTRIES + 6 > RING_ENTRIES:
+            a.q.write(dev.ring(slot, 0), data[16 * (RING_ENTRIES - put % RING_ENTRIES):])
+        put = (put + 6) & 0xFFFFFFFF
+        a.q.writel(dev.ctrl(slot, CTRL_IB_PUT), put)
+        st, ws = dev.fence_wait(slot, put)
+        check(st == CMDST_OK and ws == WAIT_ARMED, f"FENCE_WAIT before the migration: {st}/{ws}")
+        b = MigVm(bins, tmp, db, "vm-b", vm_uuid, incoming=f"unix:{sock}")
+        t0 = time.monotonic()
+        st = a.migrate(f"unix:{sock}")
+        check(st == "completed", f"migration A -> B: {st}: {b.q.read_stderr()[-1500:]}")
+        result("migrate.total_ms", f"{(time.monotonic() - t0) * 1e3:.0f}")
+        wait_for(lambda: a.status() == "postmigrate", 10, "A to end in postmigrate")
+        fence_at_a = a.q.readl(dev.ctrl(slot, CTRL_FENCE))
+        check(fence_at_a == start, f"FENCE at A's end {fence_at_a}, want {start} (nothing of the held work)")
+        wait_for(lambda: b.status() == "paused", 10, "B to have loaded the stream (paused, as A was)")
+        devb = Device(b.q)
+        check(devb.slot_reg(slot, SLOT_STATE) == SLOT_LIVE, "the slot is not live at B")
+        check(devb.task_name() == b"qt-mig".ljust(TASK_NAME_LEN, b"\0"), "TASK_NAME at B")
+        check(devb.slot_reg(slot, SLOT_CHAN_ID) != 0, "no channel id at B")
+        b.cont()
+        try:
+            ws = devb.wait_ended(slot, 10, "the fence wait at B")
+        except TestFailure as e:
+            raise TestFailure(f"{e}: FENCE {b.q.readl(devb.ctrl(slot, CTRL_FENCE))} IB_GET "
+                              f"{b.q.readl(devb.ctrl(slot, CTRL_IB_GET))} IB_PUT "
+                              f"{b.q.readl(devb.ctrl(slot, CTRL_IB_PUT))} want {put}, status {b.status()}, "
+                              f"fence-polls {qom(b.qmp, 'fence-polls')}; mode {devb.slot_reg(slot, SLOT_MODE)}; pvgpud B: {db.ctl('list')['entities']} " + "\n".join(db.lines[-15:]))
+        check(ws == WAIT_OK, f"the fence wait at B ended {ws}")
+        check(b.q.readl(devb.ctrl(slot, CTRL_FENCE)) == put and
+              b.q.readl(devb.ctrl(slot, CTRL_IB_GET)) == put,
+              f"at B FENCE {b.q.readl(devb.ctrl(slot, CTRL_FENCE))} IB_GET "
+              f"{b.q.readl(devb.ctrl(slot, CTRL_IB_GET))}, want {put}")
+        ents = {e["path"]: e for e in db.ctl("list")["entities"]}
+        task = ents.get("vm-b/task-4242", {})
+        check(task.get("weight") == 300 and task.get("task_name") == "qt-mig" and task.get("channels") == 1,
+              f"pvgpud B's task after the migration: {task} ({list(ents)})")
+        check(db.ctl("stats")["counters"].get("restored_channels") == 1, f"pvgpud B: {db.ctl('stats')}")
+        put = work_completes(devb, slot, put, "new work at B")
+        a.qmp.execute("quit")
+        a.q.proc.wait(10)
+        a.q.stderr.close()
+        a = None
+        wait_for(lambda: not [e for e in da.ctl("list")["entities"] if e.get("uuid") == str(vm_uuid)],
+                 10, "pvgpud A to drop the VM")
+
+        # 4. Streams that do not fit: saved to a file (B quiesces and, its
+        # VM running again, resumes), then altered.
+        path = os.path.join(tmp, "stream")
+        st = b.migrate(f"exec:cat > {path}")
+        check(st == "completed", f"migration to a file: {st}")
+        b.cont()
+        wait_for(lambda: b.status() == "running", 10, "B to run again")
+        put = work_completes(devb, slot, put, "work at B after saving to a file")
+        data = open(path, "rb").read()
+        ident = b"0000:00:04.0/pvgpu"
+        at = data.find(bytes([len(ident)]) + ident)
+        check(at > 0, "no pvgpu section in the stream")
+        ver = at + 1 + len(ident) + 4
+        check(struct.unpack_from(">I", data, ver)[0] == 1, "the pvgpu section's version is not 1")
+        name = b"qt-mig".ljust(TASK_NAME_LEN, b"\0")
+        slot_at = data.rfind(name)
+        check(struct.unpack_from(">II", data, slot_at + TASK_NAME_LEN) == (SLOT_LIVE, 0),
+              "slot 0's state and mode not found after its task name")
+
+        def variant(label, edit):
+            f = os.path.join(tmp, f"stream-{label}")
+            with open(f, "wb") as out:
+                out.write(edit(bytearray(data)))
+            return f"exec:cat {f}"
+
+        def put32(buf, off, val):
+            struct.pack_into(">I", buf, off, val)
+            return buf
+
+        refused_stream(bins, tmp, da, "version", vm_uuid, variant("version", lambda d: put32(d, ver, 7)),
+                       "unsupported version 7 for '0000:00:04.0/pvgpu' v1")
+        refused_stream(bins, tmp, da, "mode", vm_uuid,
+                       variant("mode", lambda d: put32(d, slot_at + TASK_NAME_LEN + 4, 9)),
+                       "does not fit this device: slot 0: mode 9")
+        refused_stream(bins, tmp, da, "state", vm_uuid,
+                       variant("state", lambda d: put32(d, slot_at + TASK_NAME_LEN, 0x41414141)),
+                       "does not fit this device: slot 0: state")
+        refused_stream(bins, tmp, da, "truncated", vm_uuid, variant("truncated", lambda d: d[:slot_at + 100]),
+                       "load of migration failed")
+        # The unaltered stream loads, and the channel runs at A's pvgpud.
+        b.close()
+        b = None
+        c = MigVm(bins, tmp, da, "vm-file", vm_uuid, incoming=f"exec:cat {path}")
+        try:
+            wait_for(lambda: c.status() == "running", 20, "the saved stream to load")
+            devc = Device(c.q)
+            work_completes(devc, slot, put, "work after loading the saved stream")
+        finally:
+            c.close()
+        check(da.alive() and db.alive() and dc.alive(), "a pvgpud died")
+    finally:
+        for vm in (a, b):
+            if vm:
+                vm.close()
+        for d in (da, db, dc):
+            d.stop()
+
+
 CASES = {"fake": case_fake, "daemon": case_daemon, "modes": case_modes, "restart": case_restart,
-         "hardening": case_hardening, "unplug": case_unplug}
+         "hardening": case_hardening, "unplug": case_unplug, "migrate": case_migrate}
 
 
 SANITIZER_REPORTS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:")

@@ -311,7 +311,7 @@ TEST_CASE("wire: header rules", "[wire][validate]") {
         CHECK_THAT(reader_error(body(h)), Catch::Contains("bad magic"));
     }
     SECTION("unknown types") {
-        for (std::uint16_t t : {0, 8, 63, 72, 0xffff}) {
+        for (std::uint16_t t : {0, 11, 63, 74, 0xffff}) {
             auto h = header(t, 0);
             CHECK_THAT(*validate(h, {}, 0), Catch::Contains("unknown message type " + std::to_string(t)));
             CHECK_THAT(reader_error(body(h)), Catch::Contains("unknown message type"));
@@ -435,6 +435,35 @@ TEST_CASE("wire: payload rules", "[wire][validate]") {
         CHECK_THAT(*validate(header(PVGPU_MSG_TASK_WEIGHT, 8), Bytes(8), 0),
                    Catch::Contains("TASK_WEIGHT (seq 1): len 8, expected 16"));
         CHECK_THAT(*check(PVGPU_MSG_TASK_WEIGHT, task_weight_body(), 1), Catch::Contains("only CHAN_REPLY"));
+    }
+    SECTION("migration (version 5)") {
+        CHECK_FALSE(check(PVGPU_MSG_QUIESCE, pvgpu_quiesce{0, 0}, 1));
+        CHECK_THAT(*check(PVGPU_MSG_QUIESCE, pvgpu_quiesce{0, 0}, 0),
+                   Catch::Contains("QUIESCE (seq 1): needs 1 fd (the socket for its end), got 0"));
+        CHECK_THAT(*check(PVGPU_MSG_QUIESCE, pvgpu_quiesce{0, 1}, 1), Catch::Contains("reserved field is not zero"));
+        CHECK_FALSE(check(PVGPU_MSG_RESUME, pvgpu_chan_ref{0, 0}));
+        CHECK_THAT(*check(PVGPU_MSG_RESUME, pvgpu_chan_ref{1, 0}), Catch::Contains("must be zero"));
+        CHECK_THAT(*check(PVGPU_MSG_RESUME, pvgpu_chan_ref{0, 0}, 1), Catch::Contains("may carry fds"));
+        pvgpu_chan_restore r{};
+        r.pid_hint = 7;
+        std::memcpy(r.task_name, "bench", 6);
+        r.ib_put = 12;
+        r.ib_get = 10;
+        CHECK_FALSE(check(PVGPU_MSG_CHAN_RESTORE, r, 1));
+        CHECK_THAT(*check(PVGPU_MSG_CHAN_RESTORE, r, 0), Catch::Contains("needs 1 fd (the saved channel memory)"));
+        r.mode = 3;
+        CHECK_THAT(*check(PVGPU_MSG_CHAN_RESTORE, r, 1), Catch::Contains("mode 3 is out of range"));
+        r.mode = 0;
+        std::memset(r.task_name, 'x', sizeof r.task_name);
+        CHECK_THAT(*check(PVGPU_MSG_CHAN_RESTORE, r, 1), Catch::Contains("task_name is not NUL-terminated"));
+        // Positions are the daemon's to refuse (E_INVALID in CHAN_REPLY).
+        r = {};
+        r.ib_put = 1000;
+        CHECK_FALSE(check(PVGPU_MSG_CHAN_RESTORE, r, 1));
+        for (std::uint16_t t : {PVGPU_MSG_QUIESCE_REPLY, PVGPU_MSG_RESUME_REPLY}) {
+            CHECK_FALSE(check(t, pvgpu_status_reply{PVGPU_OK, 2}));
+            CHECK_THAT(*check(t, pvgpu_status_reply{9, 0}), Catch::Contains("status 9 is unknown"));
+        }
     }
     SECTION("TASK_WEIGHT_REPLY") {
         for (std::uint32_t st : {PVGPU_OK, PVGPU_E_INVALID, PVGPU_E_LIMIT, PVGPU_E_INTERNAL})

@@ -22,10 +22,13 @@ Exit status: 0 pass, 1 fail, 77 skipped (no QEMU, guest kernel or module).
 
 import argparse
 import contextlib
+import json
 import os
 import re
+import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -35,7 +38,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "daemon"))
-from testlib import Skip, TestFailure, check, evidence_dir, log, rerun, result, stop_process  # noqa: E402
+from testlib import Skip, TestFailure, check, evidence_dir, log, rerun, result, stop_process, wait_for  # noqa: E402
 from daemon_test import (Daemon, Load, ctl, ctl_json, good_client_throughput,  # noqa: E402
                          measure_between, throttle)
 
@@ -154,9 +157,9 @@ class GuestReports:
 class Guest(GuestReports):
     """A pvgpu-vm run (see GuestReports for its output)."""
 
-    def __init__(self, bins, daemon, name, command, extra=(), timeout=240):
+    def __init__(self, bins, daemon, name, command, extra=(), timeout=240, uuid=None):
         super().__init__(name)
-        self.uuid = new_uuid()
+        self.uuid = uuid or new_uuid()
         self.out_lines = []
         self.err_lines = []
         # The guest's kernel log, kept with the test's files and shown on failure;
@@ -1064,6 +1067,264 @@ def case_weights(bins, tmp):
         d.stop()
 
 
+class Qmp:
+    """A minimal QMP client (pvgpu-vm --qmp PATH); events are kept in order."""
+
+    def __init__(self, path, timeout=30):
+        deadline = time.monotonic() + timeout
+        while True:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                self.sock.connect(path)
+                break
+            except OSError:
+                self.sock.close()
+                if time.monotonic() > deadline:
+                    raise TestFailure(f"QMP socket {path} did not come up")
+                time.sleep(0.05)
+        self.buf = b""
+        self.events = []
+        self.read(timeout)
+        self.execute("qmp_capabilities")
+
+    def read(self, timeout):
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.sock], [], [], left)[0]:
+                return None
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise TestFailure("QMP connection closed")
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return json.loads(line)
+
+    def execute(self, command, timeout=30, **arguments):
+        msg = {"execute": command}
+        if arguments:
+            msg["arguments"] = arguments
+        self.sock.sendall(json.dumps(msg).encode() + b"\n")
+        while True:
+            reply = self.read(timeout)
+            if reply is None:
+                raise TestFailure(f"QMP {command}: no reply within {timeout} s")
+            if "event" in reply:
+                self.events.append(reply)
+            elif "error" in reply:
+                raise TestFailure(f"QMP {command}: {reply['error']}")
+            elif "return" in reply:
+                return reply["return"]
+
+    def migrate(self, uri, timeout=120):
+        """A migration with the return path; the final status, by MIGRATION events."""
+        self.execute("migrate-set-capabilities", capabilities=[
+            {"capability": "return-path", "state": True}, {"capability": "events", "state": True}])
+        self.execute("migrate", uri=uri)
+        return self.wait_migration(("completed", "failed", "cancelled"), timeout)
+
+    def wait_migration(self, statuses, timeout):
+        """The next MIGRATION event whose status is one of `statuses`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for i, e in enumerate(self.events):
+                if e["event"] == "MIGRATION":
+                    self.events.pop(i)
+                    if e["data"]["status"] in statuses:
+                        return e["data"]["status"]
+                    break
+            else:
+                msg = self.read(max(0.0, deadline - time.monotonic()))
+                if msg is None:
+                    raise TestFailure(f"no MIGRATION event {statuses} within {timeout} s")
+                if "event" in msg:
+                    self.events.append(msg)
+
+    def close(self):
+        self.sock.close()
+
+
+def case_migrate(bins, tmp):
+    """Issue 52: a guest running a bench of 5000 x 1 ms and a throttle migrates
+    mid-run from QEMU A (pvgpud A) to QEMU B (pvgpud B): the bench completes
+    exactly 5000 kernels with no error or resubmission and the guest saw no
+    reconnect (fences in order: libpvgpu counts completions from FENCE and
+    resubmits on a jump); the throttle goes on at B; pvgpud A shows the VM gone,
+    pvgpud B shows it with its channels and the guest's task weight."""
+    for h in ("a", "b", "c"):
+        os.makedirs(os.path.join(tmp, h))
+    # Host C's pvgpud takes VMMs of user nobody only: it refuses the VM's HELLO.
+    with open(os.path.join(tmp, "c", "pvgpud.conf"), "w") as f:
+        f.write("[daemon]\nvmm_users = nobody\n[libvirt]\nuri = none\n")
+    da = Daemon(bins, os.path.join(tmp, "a"))
+    db = Daemon(bins, os.path.join(tmp, "b"))
+    dc = Daemon(bins, os.path.join(tmp, "c"))
+    for d in (da, db, dc):
+        d.start()
+    sock = os.path.join(tmp, "migrate.sock")
+    qa, qb = os.path.join(tmp, "qmp-a.sock"), os.path.join(tmp, "qmp-b.sock")
+    command = (guest_throttle("thr", 1000, 60, "--report-interval-s", "1") + " & T=$!; " +
+               tagged("bench", load_cmd("bench", 1000, "--kernels", 5000, "--weight", 200,
+                                        "--report-interval-s", "0.02", "--name", "bench")) +
+               "; kill $T; wait")
+    uuid = new_uuid()
+    a = b = qmp = None
+    try:
+        a = Guest(bins, da, "mig", command, extra=("--qmp", qa), uuid=uuid)
+        a.get("bench").wait_until(lambda s: len(s.reports) >= 3, 150, "the bench's reports at A")
+        a.get("thr").wait_until(lambda s: len(s.reports) >= 1, 30, "the throttle's reports at A")
+        qmp = Qmp(qa)
+        bench = a.get("bench")
+
+        def goes_on(what):
+            n = bench.reports[-1][1]
+            bench.wait_until(lambda s: s.reports[-1][1] > n, 30, f"the bench to go on at A {what}")
+
+        # A migration cancelled mid-way (throttled to 1 MiB/s, it is still
+        # copying RAM): the guest goes on at A.
+        b0 = Guest(bins, db, "mig", command, extra=("--qmp", qb + "0", "--incoming", f"unix:{sock}0"), uuid=uuid)
+        Qmp(qb + "0").close()  # B listens for the migration once its QMP is up
+        qmp.execute("migrate-set-parameters", **{"max-bandwidth": 1 << 20})
+        qmp.execute("migrate-set-capabilities", capabilities=[
+            {"capability": "return-path", "state": True}, {"capability": "events", "state": True}])
+        qmp.execute("migrate", uri=f"unix:{sock}0")
+        qmp.wait_migration(("active",), 30)
+        qmp.execute("migrate_cancel")
+        check(qmp.wait_migration(("cancelled", "failed", "completed"), 30) == "cancelled", "the cancel")
+        qmp.execute("migrate-set-parameters", **{"max-bandwidth": 1 << 30})
+        b0.finish(60)  # its load failed: pvgpu-vm says so, its status is no guest's
+        goes_on("after the cancelled migration")
+        # A destination whose pvgpud refuses the VM (HELLO): A quiesced and
+        # resumes its channels; the guest goes on.
+        b1 = Guest(bins, dc, "mig", command, extra=("--qmp", qb + "1", "--incoming", f"unix:{sock}1"), uuid=uuid)
+        Qmp(qb + "1").close()
+        check(qmp.migrate(f"unix:{sock}1") == "failed", "the migration to a pvgpud refusing the VM did not fail")
+        rc = b1.finish(60)
+        check(rc != 0 and any("did not accept the VM (HELLO)" in l for _, l in b1.err_lines),
+              f"destination C (exit {rc}) does not say why: {[l for _, l in b1.err_lines][-8:]}")
+        check(any("channels resumed" in l for l in da.lines), "pvgpud A did not resume the channels")
+        goes_on("after the refused migration")
+
+        b = Guest(bins, db, "mig", command, extra=("--qmp", qb, "--incoming", f"unix:{sock}"), uuid=uuid)
+        qmp_b = Qmp(qb)
+        before = a.get("bench").reports[-1][1]
+        t0 = time.monotonic()
+        st = qmp.migrate(f"unix:{sock}")
+        check(st == "completed", f"migration A -> B: {st}")
+        result("vm.migrate.migration_s", f"{time.monotonic() - t0:.2f}")
+        check(before < 5000, f"the bench had finished ({before}) before the migration")
+        rc = a.finish(60)
+        gone = [l for _, l in a.err_lines if "the guest migrated away" in l]
+        check(rc == 0 and gone, f"pvgpu-vm A: exit {rc}: {[l for _, l in a.err_lines][-5:]}")
+        result("vm.migrate.qemu_downtime_ms", re.search(r"downtime (\S+) ms", gone[-1]).group(1))
+        # pvgpu-vm's device is the only anonymous one.
+        result("vm.migrate.restore_us", qmp_b.execute("qom-get", path="/machine/peripheral-anon/device[0]",
+                                                      property="restore-us"))
+        qmp_b.close()
+        wait_for(lambda: not vm_entities(bins, da, "mig"), 15, "pvgpud A to drop the VM")
+        ents = {e["path"]: e for e in vm_entities(bins, db, "mig")}
+        tasks = [e for p, e in ents.items() if p.startswith("mig/task-")]
+        check(ents.get("mig", {}).get("channels", 0) >= 2 and len(tasks) == 2,
+              f"pvgpud B's view of the VM: {ents}; pvgpu-vm B: {[l for _, l in b.err_lines][-12:]}")
+        check(any(e.get("guest_weight") == 200 for e in tasks), f"the bench's task weight at B: {tasks}")
+        quiesced = [l for l in da.lines if "quiesced in" in l]
+        check(quiesced, "pvgpud A logged no quiesce")
+        result("vm.migrate.quiesce_ms", re.search(r"quiesced in ([0-9.]+) ms", quiesced[-1]).group(1))
+        thr_at_a = a.get("thr").reports[-1][1]
+        b.get("thr").wait_until(lambda s: len(s.reports) >= 2 and s.reports[-1][1] > thr_at_a, 60,
+                                "the throttle to go on at B")
+        b.expect_ok(timeout=180)
+        v = b.values("bench")
+        check(v.get("kernels") == "5000" and v.get("resubmitted") == "0" and v.get("reconnects") == "0",
+              f"bench at B: {v}")
+        result("vm.migrate.bench_runtime_ms", v.get("runtime_ms"))
+        # The pause the guest saw, on the host's clock (the guest's own stops
+        # with the VM): from the arrival of A's last report that counted a
+        # new completion to that of B's first; both ends are late by up to a
+        # report interval (20 ms) plus the serial line's latency.
+        rx = re.compile(r"^\[bench\] pvgpu-load: t=\S+ completed=(\d+)")
+
+        def progress(g):
+            out, last = [], None
+            for t, line in g.out_lines:
+                m = rx.match(line)
+                if m and (last is None or int(m.group(1)) > last):
+                    out.append((t, int(m.group(1))))
+                    last = int(m.group(1))
+            return out
+        pa, pb = progress(a), progress(b)
+        if pa and pb:
+            last_a = pa[-1]
+            first_b = next(((t, n) for t, n in pb if n > last_a[1]), None)
+            if first_b:
+                result("vm.migrate.guest_pause_ms", f"{(first_b[0] - last_a[0]) * 1e3:.0f}")
+        check(da.alive() and db.alive() and not da.internal_errors() and not db.internal_errors(),
+              "a pvgpud died or logged an internal error")
+    finally:
+        if qmp:
+            qmp.close()
+        for g in (a, b):
+            if g and g.proc.poll() is None:
+                g.kill()
+        for d in (da, db, dc):
+            d.stop()
+
+
+def case_migrate_shares(bins, tmp):
+    """Issue 52: two VMs at 2:1 on host A; the second migrates to host B, where
+    a third VM runs and B's configuration gives the second weight 300 (the
+    admin weight is the destination's): after the migration A's remaining VM
+    has the GPU and B splits 3:1, each within 0.03."""
+    tol = 0.03
+    for h in ("a", "b"):
+        os.makedirs(os.path.join(tmp, h))
+    da = Daemon(bins, os.path.join(tmp, "a"))
+    db = Daemon(bins, os.path.join(tmp, "b"))
+    for d in (da, db):
+        d.start()
+    k = 2000
+    sock = os.path.join(tmp, "migrate.sock")
+    qa = os.path.join(tmp, "qmp-a.sock")
+    cmd2 = guest_throttle("t2", k, 45)
+    guests = []
+    qmp = None
+    try:
+        ctl(bins, da, "set-weight", "sv1", "200")
+        ctl(bins, db, "set-weight", "sv2", "300")   # B's word for the VM that arrives
+        v1 = Guest(bins, da, "sv1", guest_throttle("t1", k, 45))
+        v2 = Guest(bins, da, "sv2", cmd2, extra=("--qmp", qa))
+        v3 = Guest(bins, db, "sv3", guest_throttle("t3", k, 45))
+        guests += [v1, v2, v3]
+        shares, _ = shares_of([v1.get("t1"), v2.get("t2")], [k] * 2, warmup=2.0, window=5.0)
+        for name, got, want in zip(("sv1", "sv2"), shares, (2 / 3, 1 / 3)):
+            result(f"vm.migrate_shares.before.{name}", f"{got:.3f}")
+            check(abs(got - want) <= tol, f"before: {name} got {got:.3f} on A, target {want:.3f}")
+        v2b = Guest(bins, db, "sv2", cmd2, extra=("--incoming", f"unix:{sock}"), uuid=v2.uuid)
+        guests.append(v2b)
+        qmp = Qmp(qa)
+        # B's QEMU listens once it is up: its device's HELLO reaches pvgpud B.
+        wait_for(lambda: any(e.get("uuid") == v2.uuid for e in ctl_json(bins, db, "list")["entities"]), 60,
+                 "B's QEMU to start")
+        check(qmp.migrate(f"unix:{sock}") == "completed", "the migration of sv2")
+        check(v2.finish(60) == 0, "pvgpu-vm of sv2 at A")
+        after_a, _ = shares_of([v1.get("t1")], [k], warmup=2.0, window=5.0)
+        after_b, _ = shares_of([v2b.get("t2"), v3.get("t3")], [k] * 2, warmup=2.0, window=5.0)
+        for where, name, got, want in (("a", "sv1", after_a[0], 1.0), ("b", "sv2", after_b[0], 0.75),
+                                       ("b", "sv3", after_b[1], 0.25)):
+            result(f"vm.migrate_shares.after.{where}.{name}", f"{got:.3f}")
+            check(abs(got - want) <= tol, f"after: {name} got {got:.3f} on {where.upper()}, target {want:.3f}")
+        check(da.alive() and db.alive() and not da.internal_errors() and not db.internal_errors(),
+              "a pvgpud died or logged an internal error")
+    finally:
+        if qmp:
+            qmp.close()
+        for g in guests:
+            if g.proc.poll() is None:
+                g.kill()
+        for d in (da, db):
+            d.stop()
+
+
 CASES = {
     "boot": case_boot,
     "wedge": case_wedge,
@@ -1080,6 +1341,8 @@ CASES = {
     "devices": case_devices,
     "storm": case_storm,
     "weights": case_weights,
+    "migrate": case_migrate,
+    "migrate-shares": case_migrate_shares,
 }
 
 

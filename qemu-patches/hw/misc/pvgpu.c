@@ -47,13 +47,18 @@
 #include "hw/qdev-properties.h"
 #include "hw/qdev-properties-system.h"
 #include "chardev/char-fe.h"
-#include "migration/blocker.h"
+#include "migration/vmstate.h"
+#include "migration/misc.h"
+#include "migration/migration.h"   /* migration_in_postcopy() */
+#include "sysemu/runstate.h"
+#include "qemu/coroutine.h"
 #include "sysemu/sysemu.h"
 #include "sysemu/kvm.h"
 #include "exec/memory.h"
 #include "qom/object.h"
 
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <poll.h>
 
 #include "hw/misc/pvgpu/protocol.h"
@@ -76,7 +81,7 @@ int kvm_vm_check_extension(KVMState *s, unsigned int extension);
  * completion notifiers; a VMM has its own completion path (the guest
  * interrupt), so a version-3 session is a version-2 one to the device.
  */
-#define PVGPU_DEVICE_PROTO_VERSION PVGPU_PROTO_VERSION_GPU
+#define PVGPU_DEVICE_PROTO_VERSION PVGPU_PROTO_VERSION_MIGRATE
 
 /* Property "gpu" unset: pvgpud places the device on a GPU. */
 #define PVGPU_DEVICE_GPU_AUTO UINT32_MAX
@@ -166,6 +171,7 @@ OBJECT_DECLARE_SIMPLE_TYPE(PvgpuState, PVGPU)
 #define SLOT_LIVE               2
 #define SLOT_LOST               3     /* the daemon connection dropped */
 #define SLOT_FREEING            4     /* CHAN_FREE sent */
+#define SLOT_RESTORING          5     /* migration destination: CHAN_RESTORE sent */
 
 /* BAR2 per slot: control page, then doorbell page */
 #define SLOT_CTRL_STRIDE        (2 * PVGPU_PAGE_SIZE)
@@ -182,7 +188,17 @@ OBJECT_DECLARE_SIMPLE_TYPE(PvgpuState, PVGPU)
 #define PVGPU_FENCE_POLL_MIN_NS (200 * 1000)
 #define PVGPU_FENCE_POLL_MAX_NS (1000 * 1000)
 #define PVGPU_FENCE_POLL_SHIFT  4
-#define PVGPU_MAX_REQUESTS      (PVGPU_MAX_SLOTS + 4)
+/*
+ * Requests in flight: a mailbox command, a slot's re-allocation or restore
+ * each, a QUIESCE and a RESUME, and on a migration's destination the guest's
+ * task weights being re-sent (at most PVGPU_MAX_TASK_WEIGHTS).
+ */
+#define PVGPU_MAX_TASK_WEIGHTS  256   /* remembered for migration; pvgpud's bound is 4 x its channels */
+#define PVGPU_MAX_REQUESTS      (PVGPU_MAX_SLOTS + PVGPU_MAX_TASK_WEIGHTS + 4)
+/* Migration (section 9 of docs/pvgpu-device.md): the stream's version and
+ * how long the quiesce (source) and the restore (destination) may take. */
+#define PVGPU_MIG_VERSION       1
+#define PVGPU_MIG_TIMEOUT_MS    10000
 /*
  * Messages the daemon's socket has not taken yet wait in the device (it
  * never blocks the vCPU or the main loop on pvgpud).  Past this many unsent
@@ -301,7 +317,34 @@ typedef struct PvgpuRequest {
     uint16_t type;                    /* PVGPU_MSG_* sent */
     int16_t slot;                     /* -1: none */
     bool mailbox;                     /* completes the mailbox command */
+    uint64_t hint;                    /* TASK_WEIGHT: the task and ... */
+    uint32_t weight;                  /* ... its weight, remembered once OK */
 } PvgpuRequest;
+
+/*
+ * A slot as the migration stream carries it (pvgpu_pre_save fills it,
+ * pvgpu_post_load checks and applies it): the registers the guest reads,
+ * the fence wait, and the channel's memory as the guest sees it.
+ */
+typedef struct PvgpuSlotMig {
+    uint8_t task_name[TASK_NAME_LEN];
+    uint32_t state;                   /* SLOT_FREE, SLOT_LIVE or SLOT_LOST */
+    uint32_t mode;                    /* PVGPU_MODE_* the guest had mapped */
+    uint32_t chan_id;                 /* the source pvgpud's (SLOT_CHAN_ID until restored) */
+    uint32_t notice;
+    uint64_t pid_hint;
+    uint32_t wait_status, wait_fence, wait_error;
+    uint32_t guest_put;               /* IB_PUT as the guest last stored it */
+    uint8_t mem[PVGPU_CHAN_MEM_SIZE]; /* control page (with guest_put) and ring */
+} PvgpuSlotMig;
+
+/* A guest task weight pvgpud accepted (TASK_WEIGHT), re-sent after a
+ * migration: the destination's pvgpud starts without it. */
+typedef struct PvgpuTaskWeight {
+    uint64_t pid_hint;
+    uint32_t weight;
+    uint32_t reserved;
+} PvgpuTaskWeight;
 
 struct PvgpuState {
     PCIDevice pdev;
@@ -355,7 +398,23 @@ struct PvgpuState {
     PvgpuRelay *relay;                /* rings the daemon's doorbells */
     QEMUTimer *refresh;
     QEMUTimer *fence_timer;           /* runs while a fence wait is armed */
-    Error *migration_blocker;
+
+    /* Migration (docs/pvgpu-device.md section 9) */
+    PvgpuTaskWeight weights[PVGPU_MAX_TASK_WEIGHTS]; /* oldest first */
+    uint32_t num_weights;
+    bool quiesced;                    /* QUIESCE sent: RESUME when the VM runs again here */
+    VMChangeStateEntry *vmstate_entry;
+    uint32_t mig_done[3];             /* stream: how a BUSY command completes on the destination */
+    PvgpuSlotMig mig[PVGPU_MAX_SLOTS];/* stream: the slots */
+    Coroutine *mig_co;                /* the incoming migration, waiting for pvgpud */
+    QEMUBH *mig_bh;                   /* wakes it from the main loop */
+    QEMUTimer *mig_timer;             /* its bound */
+    unsigned mig_restoring;           /* CHAN_RESTOREs unanswered */
+    unsigned mig_weights;             /* TASK_WEIGHTs re-sent, unanswered */
+    uint32_t hello_refusals;          /* HELLOs pvgpud refused so far */
+    char mig_error[160];              /* why the restore failed, or empty */
+    uint64_t quiesce_us;              /* the last quiesce took (source; QOM) */
+    uint64_t restore_us;              /* the last restore took (destination; QOM) */
     PvgpuSlot slots[PVGPU_MAX_SLOTS];
 
     uint32_t gpu;                     /* property: the host's GPU, or GPU_AUTO */
@@ -384,6 +443,9 @@ struct PvgpuState {
 
 static void pvgpu_link_lost_full(PvgpuState *s, const char *why, bool closed);
 #define pvgpu_link_lost(s, why) pvgpu_link_lost_full(s, why, false)
+static void pvgpu_mig_wake(PvgpuState *s);
+static void pvgpu_mig_restored(PvgpuState *s, PvgpuSlot *sl, const char *failed);
+static void pvgpu_weight_remember(PvgpuState *s, uint64_t hint, uint32_t weight);
 
 /* ------------------------------------------------------------------------ */
 /* Interrupts                                                               */
@@ -627,6 +689,38 @@ static bool pvgpu_request(PvgpuState *s, uint16_t type, const void *body,
         .seq = seq, .type = type, .slot = slot, .mailbox = mailbox,
     };
     s->req_count++;
+    return true;
+}
+
+/* The request recorded last (just sent). */
+static PvgpuRequest *pvgpu_last_request(PvgpuState *s)
+{
+    assert(s->req_count);
+    return &s->req[(s->req_head + s->req_count - 1) % PVGPU_MAX_REQUESTS];
+}
+
+/*
+ * A request carrying one fd (QUIESCE, CHAN_RESTORE).  The fd must go with
+ * the message's first byte, so only when nothing else waits to be written;
+ * and it is the caller's to close once this returns: true only when the
+ * whole message, and so the fd, went out.
+ */
+static bool pvgpu_request_fd(PvgpuState *s, uint16_t type, const void *body,
+                             uint32_t len, int slot, int fd)
+{
+    if (s->link == LINK_DOWN || s->tx_head != s->tx->len || s->tx_watch) {
+        return false;
+    }
+    if (qemu_chr_fe_set_msgfds(&s->chr, &fd, 1) < 0) {
+        return false;
+    }
+    if (!pvgpu_request(s, type, body, len, slot, false) ||
+        s->tx_head != s->tx->len) {
+        /* Not (wholly) written: the fd must not ride on a later write. */
+        qemu_chr_fe_set_msgfds(&s->chr, NULL, 0);
+        pvgpu_link_lost(s, "cannot write a message with its fd to pvgpud");
+        return false;
+    }
     return true;
 }
 
@@ -1894,7 +1988,10 @@ static void pvgpu_cmd_task_weight(PvgpuState *s)
     s->cmd_status = CMDST_BUSY;
     if (!pvgpu_request(s, PVGPU_MSG_TASK_WEIGHT, &tw, sizeof(tw), -1, true)) {
         pvgpu_link_lost(s, "write to the daemon failed");
+        return;
     }
+    pvgpu_last_request(s)->hint = tw.pid_hint;
+    pvgpu_last_request(s)->weight = tw.weight;
 }
 
 /*
@@ -2155,6 +2252,11 @@ static void pvgpu_link_lost_full(PvgpuState *s, const char *why, bool closed)
     unsigned i;
     bool was_up = s->link != LINK_DOWN;
 
+    if (s->link == LINK_HELLO) {
+        s->hello_refusals++;          /* the HELLO did not get through */
+    }
+    s->quiesced = false;              /* pvgpud let go of everything */
+    s->mig_weights = 0;
     s->mode_batch_len = 0;            /* their channels are gone */
     if (was_up) {
         qemu_log_mask(LOG_UNIMP, "pvgpu: daemon link lost: %s\n", why);
@@ -2177,11 +2279,15 @@ static void pvgpu_link_lost_full(PvgpuState *s, const char *why, bool closed)
         case SLOT_LIVE:
             slot_mark_lost(sl);
             break;
+        case SLOT_RESTORING:
+            pvgpu_mig_restored(s, sl, "the connection to pvgpud was lost");
+            break;
         }
     }
-    if (s->cmd_status == CMDST_BUSY) {
+    if (s->cmd_status == CMDST_BUSY && !s->mig_co) {
         pvgpu_cmd_done(s, CMDST_E_LINK, 0, 0);
     }
+    pvgpu_mig_wake(s);
     /* Drop the connection too, so a reconnecting chardev starts afresh. */
     if (was_up && !closed) {
         qemu_chr_fe_disconnect(&s->chr);
@@ -2197,6 +2303,9 @@ static uint16_t pvgpu_reply_type(uint16_t type)
     case PVGPU_MSG_CHAN_ALLOC:  return PVGPU_MSG_CHAN_REPLY;
     case PVGPU_MSG_CHAN_FREE:   return PVGPU_MSG_FREE_REPLY;
     case PVGPU_MSG_TASK_WEIGHT: return PVGPU_MSG_TASK_WEIGHT_REPLY;
+    case PVGPU_MSG_QUIESCE:     return PVGPU_MSG_QUIESCE_REPLY;
+    case PVGPU_MSG_RESUME:      return PVGPU_MSG_RESUME_REPLY;
+    case PVGPU_MSG_CHAN_RESTORE: return PVGPU_MSG_CHAN_REPLY;
     }
     return 0;
 }
@@ -2267,7 +2376,8 @@ static void pvgpu_on_reply(PvgpuState *s, const struct pvgpu_msg_hdr *h,
                 return;
             }
             s->rx_nfds = 0;
-            if (sl->state != (r.mailbox ? SLOT_PENDING : SLOT_LOST)) {
+            if (sl->state != (r.type == PVGPU_MSG_CHAN_RESTORE ? SLOT_RESTORING :
+                              r.mailbox ? SLOT_PENDING : SLOT_LOST)) {
                 /* A re-allocation for a slot the guest freed meanwhile. */
                 struct pvgpu_chan_ref ref = { .chan_id = cr.chan_id };
                 close(memfd);
@@ -2284,16 +2394,29 @@ static void pvgpu_on_reply(PvgpuState *s, const struct pvgpu_msg_hdr *h,
                 /* Give it back; the FREE_REPLY finds no slot. */
                 pvgpu_request(s, PVGPU_MSG_CHAN_FREE, &ref, sizeof(ref), -1,
                               false);
+                if (r.type == PVGPU_MSG_CHAN_RESTORE) {
+                    pvgpu_mig_restored(s, sl, "its channel memory was refused");
+                    return;
+                }
                 sl->state = r.mailbox ? SLOT_FREE : SLOT_LOST;
                 if (r.mailbox) {
                     pvgpu_cmd_done(s, CMDST_E_DAEMON, 0, PVGPU_E_INTERNAL);
                 }
                 return;
             }
-            if (r.mailbox) {
+            if (r.type == PVGPU_MSG_CHAN_RESTORE) {
+                pvgpu_mig_restored(s, sl, NULL);
+            } else if (r.mailbox) {
                 pvgpu_cmd_done(s, CMDST_OK, sl->index, cr.chan_id);
             } else {
                 pvgpu_raise_irq(s, IRQ_LINK);
+            }
+        } else if (r.type == PVGPU_MSG_CHAN_RESTORE) {
+            if (sl->state == SLOT_RESTORING) {
+                char why[64];
+                snprintf(why, sizeof(why), "pvgpud refused it (status %u)",
+                         cr.status);
+                pvgpu_mig_restored(s, sl, why);
             }
         } else if (r.mailbox && sl->state == SLOT_PENDING) {
             sl->state = SLOT_FREE;
@@ -2318,8 +2441,30 @@ static void pvgpu_on_reply(PvgpuState *s, const struct pvgpu_msg_hdr *h,
             return;
         }
         if (r.mailbox) {
+            if (sr.status == PVGPU_OK) {
+                pvgpu_weight_remember(s, r.hint, r.weight);
+            }
             pvgpu_cmd_done(s, sr.status == PVGPU_OK ? CMDST_OK : CMDST_E_DAEMON,
                            0, sr.status);
+        } else if (s->mig_weights) {
+            /* re-sent after a migration (pvgpu_post_load) */
+            s->mig_weights--;
+            if (sr.status != PVGPU_OK) {
+                warn_report("pvgpu: pvgpud refused the guest's weight %u of task "
+                            "%" PRIu64 " after the migration (status %u)",
+                            r.weight, r.hint, sr.status);
+            }
+            pvgpu_mig_wake(s);
+        }
+        return;
+    }
+    case PVGPU_MSG_QUIESCE_REPLY:
+    case PVGPU_MSG_RESUME_REPLY: {
+        /* The quiesce's outcome came on its own socket (pvgpu_quiesce). */
+        struct pvgpu_status_reply sr;
+        memcpy(&sr, body, sizeof(sr));
+        if (sr.status > PVGPU_E_INTERNAL) {
+            pvgpu_link_lost(s, "malformed QUIESCE_REPLY/RESUME_REPLY");
         }
         return;
     }
@@ -2461,6 +2606,8 @@ static uint32_t pvgpu_payload_size(uint16_t type)
     case PVGPU_MSG_ERROR:       return sizeof(struct pvgpu_error);
     case PVGPU_MSG_PONG:        return 0;
     case PVGPU_MSG_TASK_WEIGHT_REPLY: return sizeof(struct pvgpu_status_reply);
+    case PVGPU_MSG_QUIESCE_REPLY: return sizeof(struct pvgpu_status_reply);
+    case PVGPU_MSG_RESUME_REPLY: return sizeof(struct pvgpu_status_reply);
     }
     return UINT32_MAX;            /* unknown or wrong direction */
 }
@@ -2531,6 +2678,7 @@ static void pvgpu_chr_read(void *opaque, const uint8_t *buf, int size)
         }
     }
     pvgpu_flush_modes(s);
+    pvgpu_mig_wake(s);
 }
 
 static void pvgpu_chr_event(void *opaque, QEMUChrEvent event)
@@ -2554,6 +2702,586 @@ static void pvgpu_chr_event(void *opaque, QEMUChrEvent event)
         break;
     }
 }
+
+/* ------------------------------------------------------------------------ */
+/* Migration (docs/pvgpu-device.md section 9)                               */
+
+/* A guest task weight pvgpud accepted; weight 0 forgets it.  Bounded: the
+ * one set longest ago makes room (as pvgpud bounds them). */
+static void pvgpu_weight_remember(PvgpuState *s, uint64_t hint, uint32_t weight)
+{
+    uint32_t i;
+
+    for (i = 0; i < s->num_weights; i++) {
+        if (s->weights[i].pid_hint == hint) {
+            break;
+        }
+    }
+    if (i < s->num_weights) {
+        memmove(&s->weights[i], &s->weights[i + 1],
+                (s->num_weights - i - 1) * sizeof(s->weights[0]));
+        s->num_weights--;
+    }
+    if (weight == 0) {
+        return;
+    }
+    if (s->num_weights == PVGPU_MAX_TASK_WEIGHTS) {
+        memmove(&s->weights[0], &s->weights[1],
+                (s->num_weights - 1) * sizeof(s->weights[0]));
+        s->num_weights--;
+    }
+    s->weights[s->num_weights++] = (PvgpuTaskWeight) {
+        .pid_hint = hint, .weight = weight,
+    };
+}
+
+/*
+ * Source: hold every channel at pvgpud (QUIESCE) and wait until the work on
+ * the GPU has completed.  Runs in pre_save, with the VM stopped and the
+ * migration thread holding the BQL, so the main loop cannot read the
+ * chardev: pvgpud says it is done on a socket of our own, which we poll
+ * here, bounded.  Returns 0 or -1 with the reason reported.
+ */
+static int pvgpu_quiesce(PvgpuState *s)
+{
+    struct pvgpu_quiesce q = { 0 };
+    struct pvgpu_quiesce_done d = { 0 };
+    int64_t deadline = qemu_clock_get_ms(QEMU_CLOCK_REALTIME) + PVGPU_MIG_TIMEOUT_MS;
+    uint32_t seq;
+    int sv[2];
+    ssize_t n;
+
+    if (s->link_version < PVGPU_PROTO_VERSION_MIGRATE) {
+        error_report("pvgpu: pvgpud speaks protocol version %u; migrating a VM "
+                     "with GPU channels needs version %u", s->link_version,
+                     PVGPU_PROTO_VERSION_MIGRATE);
+        return -1;
+    }
+    if (s->tx_head != s->tx->len) {
+        error_report("pvgpu: %u bytes for pvgpud are still unsent (it does not "
+                     "read); cannot quiesce the channels",
+                     (unsigned)(s->tx->len - s->tx_head));
+        return -1;
+    }
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) {
+        error_report("pvgpu: cannot quiesce the channels: socketpair: %s",
+                     strerror(errno));
+        return -1;
+    }
+    if (!pvgpu_request_fd(s, PVGPU_MSG_QUIESCE, &q, sizeof(q), -1, sv[1])) {
+        close(sv[0]);
+        close(sv[1]);
+        error_report("pvgpu: cannot send QUIESCE to pvgpud");
+        return -1;
+    }
+    close(sv[1]);
+    seq = pvgpu_last_request(s)->seq;
+    s->quiesced = true;               /* RESUME from here on if we stay */
+    for (;;) {
+        int64_t left = deadline - qemu_clock_get_ms(QEMU_CLOCK_REALTIME);
+        struct pollfd pfd = { .fd = sv[0], .events = POLLIN };
+        int r;
+
+        if (left <= 0) {
+            close(sv[0]);
+            error_report("pvgpu: pvgpud did not quiesce the channels within "
+                         "%d ms", PVGPU_MIG_TIMEOUT_MS);
+            return -1;
+        }
+        r = poll(&pfd, 1, left);
+        if (r < 0 && errno == EINTR) {
+            continue;
+        }
+        if (r != 0) {
+            break;
+        }
+    }
+    n = recv(sv[0], &d, sizeof(d), MSG_DONTWAIT);
+    close(sv[0]);
+    if (n != sizeof(d) || d.seq != seq) {
+        error_report("pvgpu: pvgpud did not answer QUIESCE (connection lost?)");
+        return -1;
+    }
+    if (d.status != PVGPU_OK) {
+        error_report("pvgpu: pvgpud could not quiesce the channels (status %u%s)",
+                     d.status, d.status == PVGPU_E_INTERNAL ?
+                     ": the work on the GPU did not complete in time" : "");
+        return -1;
+    }
+    return 0;
+}
+
+/*
+ * The VM runs again here: after a failed or cancelled migration (or a
+ * snapshot) the channels go back to work.
+ */
+static void pvgpu_vm_state(void *opaque, bool running, RunState state)
+{
+    PvgpuState *s = opaque;
+    struct pvgpu_chan_ref ref = { 0 };
+
+    if (!running || !s->quiesced) {
+        return;
+    }
+    s->quiesced = false;
+    if (s->link == LINK_READY &&
+        !pvgpu_request(s, PVGPU_MSG_RESUME, &ref, sizeof(ref), -1, false)) {
+        pvgpu_link_lost(s, "write to the daemon failed");
+    }
+}
+
+static int pvgpu_pre_save(void *opaque)
+{
+    PvgpuState *s = opaque;
+    bool live = false;
+    unsigned i;
+
+    if (migration_in_postcopy()) {
+        error_report("pvgpu: post-copy migration is not supported: the GPU "
+                     "channels are saved with the VM stopped, after the work "
+                     "on the GPU completed; migrate without post-copy");
+        return -ENOTSUP;
+    }
+    for (i = 0; i < s->num_slots; i++) {
+        live = live || s->slots[i].state == SLOT_LIVE;
+    }
+    /* A second save of a quiesced VM (a snapshot after a failed
+     * migration, the VM never resumed) finds the channels held already. */
+    if (live && !s->quiesced) {
+        int64_t t0 = get_clock();
+
+        if (pvgpu_quiesce(s) < 0) {
+            return -EIO;
+        }
+        s->quiesce_us = (get_clock() - t0) / 1000;
+    }
+    for (i = 0; i < s->num_slots; i++) {
+        PvgpuSlot *sl = &s->slots[i];
+        PvgpuSlotMig *m = &s->mig[i];
+        struct pvgpu_ctrl_page *real = slot_real(sl);
+
+        memset(m, 0, sizeof(*m));
+        memcpy(m->task_name, sl->task_name, TASK_NAME_LEN);
+        m->pid_hint = sl->pid_hint;
+        m->mode = sl->mode;
+        m->chan_id = sl->chan_id;
+        m->notice = sl->notice;
+        m->wait_status = sl->wait_status;
+        m->wait_fence = sl->wait_fence;
+        m->wait_error = sl->wait_error;
+        switch (sl->state) {
+        case SLOT_LIVE:
+        case SLOT_LOST:
+            m->state = sl->state;
+            if (real) {
+                memcpy(m->mem, sl->chan_mem, PVGPU_CHAN_MEM_SIZE);
+                m->guest_put = sl->state == SLOT_LIVE && sl->mode == PVGPU_MODE_SHADOWED
+                               ? qatomic_read(&sl->shadow->ib_put) : real->ib_put;
+                ((struct pvgpu_ctrl_page *)m->mem)->ib_put = m->guest_put;
+            }
+            break;
+        default:
+            /* FREE, or a free or allocation in flight: the destination's
+             * slot is free (the source's pvgpud drops what it had). */
+            m->state = SLOT_FREE;
+            m->mode = PVGPU_MODE_DIRECT;
+            m->chan_id = 0;
+            m->wait_status = WAIT_NONE;
+            break;
+        }
+    }
+    /* How a command still BUSY completes on the destination: a free is
+     * done there (the slot is free); anything else failed with the link. */
+    s->mig_done[0] = CMDST_E_LINK;
+    s->mig_done[1] = s->mig_done[2] = 0;
+    for (i = 0; s->cmd_status == CMDST_BUSY && i < s->req_count; i++) {
+        PvgpuRequest *r = &s->req[(s->req_head + i) % PVGPU_MAX_REQUESTS];
+        if (r->mailbox && r->type == PVGPU_MSG_CHAN_FREE) {
+            s->mig_done[0] = CMDST_OK;
+            s->mig_done[1] = r->slot;
+        }
+    }
+    return 0;
+}
+
+static void pvgpu_mig_bh(void *opaque)
+{
+    PvgpuState *s = opaque;
+    Coroutine *co = s->mig_co;
+
+    if (co) {
+        s->mig_co = NULL;
+        aio_co_enter(qemu_get_aio_context(), co);
+    }
+}
+
+static void pvgpu_mig_wake(PvgpuState *s)
+{
+    if (s->mig_co) {
+        qemu_bh_schedule(s->mig_bh);
+    }
+}
+
+static void pvgpu_mig_timer_cb(void *opaque)
+{
+    pvgpu_mig_wake(opaque);
+}
+
+/* A CHAN_RESTORE was answered: @failed is why it did not work, or NULL. */
+static void pvgpu_mig_restored(PvgpuState *s, PvgpuSlot *sl, const char *failed)
+{
+    if (failed) {
+        sl->state = SLOT_FREE;
+        if (!s->mig_error[0]) {
+            snprintf(s->mig_error, sizeof(s->mig_error),
+                     "the channel of slot %u: %s", sl->index, failed);
+        }
+    }
+    if (s->mig_restoring) {
+        s->mig_restoring--;
+    }
+    pvgpu_mig_wake(s);
+}
+
+/* The incoming migration's coroutine waits (the main loop runs on) until
+ * @what holds or the deadline passes.  False on the deadline. */
+static bool pvgpu_mig_wait(PvgpuState *s, bool (*what)(PvgpuState *),
+                           int64_t deadline)
+{
+    while (!what(s)) {
+        if (qemu_clock_get_ms(QEMU_CLOCK_REALTIME) >= deadline) {
+            return false;
+        }
+        timer_mod(s->mig_timer, deadline);
+        s->mig_co = qemu_coroutine_self();
+        qemu_coroutine_yield();
+        s->mig_co = NULL;
+    }
+    timer_del(s->mig_timer);
+    return true;
+}
+
+static uint32_t pvgpu_mig_refusals_seen;
+
+static bool pvgpu_mig_linked(PvgpuState *s)
+{
+    return s->link == LINK_READY || s->hello_refusals != pvgpu_mig_refusals_seen;
+}
+
+static bool pvgpu_mig_settled(PvgpuState *s)
+{
+    return s->link != LINK_READY || (!s->mig_restoring && !s->mig_weights);
+}
+
+/* Checks what the guest (or a corrupted stream) could have put in the
+ * stream before anything of it is used.  NULL, or why it does not fit. */
+static const char *pvgpu_mig_check(PvgpuState *s, char *buf, size_t len)
+{
+    unsigned i;
+
+    if (s->cmd_status > CMDST_E_DAEMON || s->mig_done[0] > CMDST_E_DAEMON ||
+        s->mig_done[0] == CMDST_BUSY) {
+        return "mailbox status out of range";
+    }
+    if ((s->irq_status | s->irq_mask) & ~IRQ_ALL) {
+        return "interrupt bits out of range";
+    }
+    if (s->num_slots < 64 && (s->fence_done >> s->num_slots)) {
+        return "fence-done bits beyond the slots";
+    }
+    for (i = 0; i < s->num_slots; i++) {
+        const PvgpuSlotMig *m = &s->mig[i];
+        const struct pvgpu_ctrl_page *c = (const void *)m->mem;
+
+        if (m->state != SLOT_FREE && m->state != SLOT_LIVE && m->state != SLOT_LOST) {
+            snprintf(buf, len, "slot %u: state %u", i, m->state);
+            return buf;
+        }
+        if (m->mode > PVGPU_MODE_SHADOWED) {
+            snprintf(buf, len, "slot %u: mode %u", i, m->mode);
+            return buf;
+        }
+        if (m->wait_status > WAIT_E_DEAD || m->notice > PVGPU_NOTICE_DEGRADED) {
+            snprintf(buf, len, "slot %u: wait status %u, notice %u", i,
+                     m->wait_status, m->notice);
+            return buf;
+        }
+        if (m->state == SLOT_FREE && m->wait_status != WAIT_NONE) {
+            snprintf(buf, len, "slot %u: a fence wait on a free slot", i);
+            return buf;
+        }
+        if (m->state == SLOT_LIVE && m->guest_put - c->ib_get > PVGPU_RING_ENTRIES) {
+            snprintf(buf, len, "slot %u: IB_PUT %u is more than a ring ahead of "
+                     "IB_GET %u", i, m->guest_put, c->ib_get);
+            return buf;
+        }
+    }
+    for (i = 0; i < s->num_weights; i++) {
+        if (s->weights[i].pid_hint == 0 || s->weights[i].weight == 0 ||
+            s->weights[i].weight > PVGPU_WEIGHT_MAX || s->weights[i].reserved) {
+            snprintf(buf, len, "task weight %u out of range", i);
+            return buf;
+        }
+    }
+    return NULL;
+}
+
+/* The saved channel memory as a sealed memfd for CHAN_RESTORE, or -1. */
+static int pvgpu_mig_memfd(const PvgpuSlotMig *m)
+{
+    int fd = memfd_create("pvgpu-restore", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+
+    if (fd < 0) {
+        return -1;
+    }
+    if (pwrite(fd, m->mem, PVGPU_CHAN_MEM_SIZE, 0) != PVGPU_CHAN_MEM_SIZE ||
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE |
+              F_SEAL_SEAL) < 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/*
+ * Destination: the stream is in.  Check it all, then re-create every live
+ * channel at this host's pvgpud from its saved state and re-send the
+ * guest's task weights, waiting (the incoming migration's coroutine
+ * yields; the main loop runs the link) until pvgpud has answered: only
+ * then does QEMU let the guest run.  Any failure fails the load, and QEMU
+ * exits; the source, told by the return path, runs on.
+ */
+static int pvgpu_post_load(void *opaque, int version_id)
+{
+    PvgpuState *s = opaque;
+    int64_t deadline = qemu_clock_get_ms(QEMU_CLOCK_REALTIME) + PVGPU_MIG_TIMEOUT_MS;
+    char buf[96];
+    const char *bad = pvgpu_mig_check(s, buf, sizeof(buf));
+    unsigned i, live = 0;
+    uint32_t gen, irqs;
+    int64_t t0 = get_clock();
+
+    if (bad) {
+        error_report("pvgpu: the migration stream does not fit this device: %s",
+                     bad);
+        return -EINVAL;
+    }
+    for (i = 0; i < s->num_slots; i++) {
+        if (s->slots[i].state != SLOT_FREE) {
+            error_report("pvgpu: cannot load device state over live channels");
+            return -EINVAL;
+        }
+        live += s->mig[i].state == SLOT_LIVE;
+    }
+    if ((live || s->num_weights) && !qemu_in_coroutine()) {
+        error_report("pvgpu: GPU channels can only be restored by an incoming "
+                     "pre-copy migration (not post-copy, not loadvm)");
+        return -ENOTSUP;
+    }
+    /* What the guest saw on the source, whenever this host's HELLO lands:
+     * its channels were not lost, so the link did not change for it. */
+    gen = s->link_gen;
+    irqs = s->irq_status;
+    s->mig_error[0] = 0;
+    s->waits_armed = 0;
+    for (i = 0; i < s->num_slots; i++) {
+        PvgpuSlot *sl = &s->slots[i];
+        PvgpuSlotMig *m = &s->mig[i];
+
+        /* The protocol's text field, whatever the stream says (a name
+         * pvgpud refuses would end the link, not just this channel). */
+        memset(sl->task_name, 0, TASK_NAME_LEN);
+        for (size_t k = 0; k < TASK_NAME_LEN - 1 && m->task_name[k]; k++) {
+            uint8_t c = m->task_name[k];
+            sl->task_name[k] = (c >= 0x20 && c <= 0x7e) ? c : '?';
+        }
+        sl->pid_hint = m->pid_hint;
+        sl->notice = m->notice;
+        sl->wait_status = m->wait_status;
+        sl->wait_fence = m->wait_fence;
+        sl->wait_error = m->wait_error;
+        sl->wait_since = qemu_clock_get_ns(QEMU_CLOCK_REALTIME);
+        s->waits_armed += sl->wait_status == WAIT_ARMED;
+        if (m->state == SLOT_LOST) {
+            /* Its channel was gone on the source too: the guest reads the
+             * saved page (STATUS error, ERROR lost) until it frees it. */
+            memcpy(sl->chan_mem, m->mem, PVGPU_CHAN_MEM_SIZE);
+            sl->installed = true;
+            sl->chan_id = m->chan_id;
+            sl->state = SLOT_LOST;
+            sl->mode = PVGPU_MODE_TRAPPED;
+            memory_region_transaction_begin();
+            memory_region_add_subregion_overlap(&s->bar4, i * PVGPU_PAGE_SIZE,
+                                                &sl->ring, 1);
+            sl->ring_mapped = true;
+            slot_show_ctrl(sl, &sl->ctrl_trap);
+            memory_region_transaction_commit();
+        } else if (m->state == SLOT_LIVE) {
+            sl->state = SLOT_RESTORING;
+            sl->chan_id = m->chan_id;
+            sl->mode = m->mode;
+        }
+    }
+    if (live || s->num_weights) {
+        /* A HELLO refused before the stream came counts as refused: a
+         * refusal is pvgpud's decision, the next try is refused too. */
+        pvgpu_mig_refusals_seen = s->link == LINK_READY || !s->hello_refusals
+                                  ? s->hello_refusals : s->hello_refusals - 1;
+        if (!pvgpu_mig_wait(s, pvgpu_mig_linked, deadline) ||
+            s->link != LINK_READY) {
+            error_report("pvgpu: cannot restore the GPU channels: %s",
+                         s->link == LINK_READY ? "" :
+                         s->hello_refusals != pvgpu_mig_refusals_seen ?
+                         "this host's pvgpud did not accept the VM (HELLO)" :
+                         "no connection to this host's pvgpud");
+            return -EIO;
+        }
+        if (s->link_version < PVGPU_PROTO_VERSION_MIGRATE) {
+            error_report("pvgpu: this host's pvgpud speaks protocol version %u; "
+                         "restoring GPU channels needs version %u",
+                         s->link_version, PVGPU_PROTO_VERSION_MIGRATE);
+            return -EIO;
+        }
+        for (i = 0; i < s->num_slots && s->link == LINK_READY; i++) {
+            PvgpuSlotMig *m = &s->mig[i];
+            const struct pvgpu_ctrl_page *c = (const void *)m->mem;
+            struct pvgpu_chan_restore r = { 0 };
+            int fd;
+
+            if (s->slots[i].state != SLOT_RESTORING) {
+                continue;
+            }
+            r.pid_hint = m->pid_hint;
+            memcpy(r.task_name, s->slots[i].task_name, TASK_NAME_LEN);
+            r.ib_put = m->guest_put;
+            r.ib_get = c->ib_get;
+            r.fence = c->fence;
+            r.mode = m->mode;
+            fd = pvgpu_mig_memfd(m);
+            if (fd < 0) {
+                error_report("pvgpu: cannot restore slot %u: memfd: %s", i,
+                             strerror(errno));
+                return -EIO;
+            }
+            if (!pvgpu_request_fd(s, PVGPU_MSG_CHAN_RESTORE, &r, sizeof(r), i, fd)) {
+                close(fd);
+                break;
+            }
+            close(fd);
+            s->mig_restoring++;
+        }
+        for (i = 0; i < s->num_weights && s->link == LINK_READY; i++) {
+            struct pvgpu_task_weight tw = {
+                .pid_hint = s->weights[i].pid_hint,
+                .weight = s->weights[i].weight,
+            };
+            if (!pvgpu_request(s, PVGPU_MSG_TASK_WEIGHT, &tw, sizeof(tw), -1,
+                               false)) {
+                break;
+            }
+            pvgpu_last_request(s)->hint = tw.pid_hint;
+            pvgpu_last_request(s)->weight = tw.weight;
+            s->mig_weights++;
+        }
+        if (!pvgpu_mig_wait(s, pvgpu_mig_settled, deadline) ||
+            s->link != LINK_READY || s->mig_error[0]) {
+            error_report("pvgpu: cannot restore the GPU channels: %s",
+                         s->mig_error[0] ? s->mig_error :
+                         s->link != LINK_READY ? "the connection to pvgpud was lost" :
+                         "pvgpud did not answer in time");
+            return -EIO;
+        }
+    }
+    s->link_gen = gen;
+    s->irq_status = irqs;
+    s->restore_us = (get_clock() - t0) / 1000;
+    if (s->cmd_status == CMDST_BUSY) {
+        pvgpu_cmd_done(s, s->mig_done[0], s->mig_done[1], s->mig_done[2]);
+    }
+    pvgpu_fence_check(s);
+    pvgpu_fence_arm(s);
+    pvgpu_refresh_arm(s);
+    pvgpu_update_irq(s);
+    return 0;
+}
+
+static bool pvgpu_weights_fit(void *opaque, int version_id)
+{
+    PvgpuState *s = opaque;
+
+    if (s->num_weights > PVGPU_MAX_TASK_WEIGHTS) {
+        error_report("pvgpu: the migration stream has %u task weights "
+                     "(at most %u)", s->num_weights, PVGPU_MAX_TASK_WEIGHTS);
+        return false;
+    }
+    return true;
+}
+
+static const VMStateDescription vmstate_pvgpu_slot = {
+    .name = "pvgpu/slot",
+    .version_id = PVGPU_MIG_VERSION,
+    .minimum_version_id = PVGPU_MIG_VERSION,
+    .fields = (VMStateField[]) {
+        VMSTATE_UINT8_ARRAY(task_name, PvgpuSlotMig, TASK_NAME_LEN),
+        VMSTATE_UINT32(state, PvgpuSlotMig),
+        VMSTATE_UINT32(mode, PvgpuSlotMig),
+        VMSTATE_UINT32(chan_id, PvgpuSlotMig),
+        VMSTATE_UINT32(notice, PvgpuSlotMig),
+        VMSTATE_UINT64(pid_hint, PvgpuSlotMig),
+        VMSTATE_UINT32(wait_status, PvgpuSlotMig),
+        VMSTATE_UINT32(wait_fence, PvgpuSlotMig),
+        VMSTATE_UINT32(wait_error, PvgpuSlotMig),
+        VMSTATE_UINT32(guest_put, PvgpuSlotMig),
+        VMSTATE_UINT8_ARRAY(mem, PvgpuSlotMig, PVGPU_CHAN_MEM_SIZE),
+        VMSTATE_END_OF_LIST()
+    },
+};
+
+static const VMStateDescription vmstate_pvgpu_weight = {
+    .name = "pvgpu/task-weight",
+    .version_id = PVGPU_MIG_VERSION,
+    .minimum_version_id = PVGPU_MIG_VERSION,
+    .fields = (VMStateField[]) {
+        VMSTATE_UINT64(pid_hint, PvgpuTaskWeight),
+        VMSTATE_UINT32(weight, PvgpuTaskWeight),
+        VMSTATE_UINT32(reserved, PvgpuTaskWeight),
+        VMSTATE_END_OF_LIST()
+    },
+};
+
+static const VMStateDescription vmstate_pvgpu = {
+    .name = "pvgpu",
+    .version_id = PVGPU_MIG_VERSION,
+    .minimum_version_id = PVGPU_MIG_VERSION,
+    .pre_save = pvgpu_pre_save,
+    .post_load = pvgpu_post_load,
+    .fields = (VMStateField[]) {
+        VMSTATE_PCI_DEVICE(pdev, PvgpuState),
+        VMSTATE_MSIX(pdev, PvgpuState),
+        VMSTATE_UINT32_EQUAL(num_slots, PvgpuState,
+                             " (pvgpu: the destination's 'slots' differs "
+                             "from the source's)"),
+        VMSTATE_UINT32(cmd_status, PvgpuState),
+        VMSTATE_UINT32_ARRAY(arg, PvgpuState, 3),
+        VMSTATE_UINT32_ARRAY(result, PvgpuState, 2),
+        VMSTATE_UINT8_ARRAY(task_name, PvgpuState, TASK_NAME_LEN),
+        VMSTATE_UINT32(irq_status, PvgpuState),
+        VMSTATE_UINT32(irq_mask, PvgpuState),
+        VMSTATE_UINT32(bad_access, PvgpuState),
+        VMSTATE_UINT64(fence_done, PvgpuState),
+        VMSTATE_UINT32(link_gen, PvgpuState),
+        VMSTATE_UINT32_ARRAY(mig_done, PvgpuState, 3),
+        VMSTATE_STRUCT_VARRAY_UINT32(mig, PvgpuState, num_slots,
+                                     PVGPU_MIG_VERSION, vmstate_pvgpu_slot,
+                                     PvgpuSlotMig),
+        VMSTATE_UINT32(num_weights, PvgpuState),
+        VMSTATE_VALIDATE("pvgpu task weights", pvgpu_weights_fit),
+        VMSTATE_STRUCT_VARRAY_UINT32(weights, PvgpuState, num_weights,
+                                     PVGPU_MIG_VERSION, vmstate_pvgpu_weight,
+                                     PvgpuTaskWeight),
+        VMSTATE_END_OF_LIST()
+    },
+};
 
 /* ------------------------------------------------------------------------ */
 /* Device life cycle                                                        */
@@ -2629,18 +3357,6 @@ static void pvgpu_realize(PCIDevice *pdev, Error **errp)
     if (!s->relay) {
         return;
     }
-    error_setg(&s->migration_blocker,
-               "pvgpu: device '%s' cannot be migrated: its GPU channels live "
-               "in pvgpud's shared memory on this host",
-               DEVICE(pdev)->id ? DEVICE(pdev)->id : TYPE_PVGPU);
-    if (migrate_add_blocker(s->migration_blocker, errp) < 0) {
-        error_free(s->migration_blocker);
-        s->migration_blocker = NULL;
-        pvgpu_relay_stop(s->relay);
-        s->relay = NULL;
-        return;
-    }
-
     pci_config_set_interrupt_pin(pci_conf, 1);
     /* MSI-X table and PBA in their own 4 KiB BAR1 (table at 0, PBA at
      * 0x800), so BAR0 stays the mailbox alone.  INTx when the guest does
@@ -2743,6 +3459,9 @@ static void pvgpu_realize(PCIDevice *pdev, Error **errp)
     s->fence_timer = timer_new_ns(QEMU_CLOCK_REALTIME, pvgpu_fence_cb, s);
     s->tx = g_byte_array_new();
     s->tx_bh = qemu_bh_new(pvgpu_tx_fail_bh, s);
+    s->mig_bh = qemu_bh_new(pvgpu_mig_bh, s);
+    s->mig_timer = timer_new_ms(QEMU_CLOCK_REALTIME, pvgpu_mig_timer_cb, s);
+    s->vmstate_entry = qemu_add_vm_change_state_handler(pvgpu_vm_state, s);
 
     qemu_chr_fe_set_handlers(&s->chr, pvgpu_chr_can_read, pvgpu_chr_read,
                              pvgpu_chr_event, NULL, s, NULL, true);
@@ -2766,9 +3485,6 @@ fail:
     memory_region_transaction_commit();
     pvgpu_wn_cleanup(s);
     msix_uninit_exclusive_bar(pdev);      /* no-op when MSI-X is absent */
-    migrate_del_blocker(s->migration_blocker);
-    error_free(s->migration_blocker);
-    s->migration_blocker = NULL;
     pvgpu_relay_stop(s->relay);
     s->relay = NULL;
 }
@@ -2830,10 +3546,17 @@ static void pvgpu_exit(PCIDevice *pdev)
     pvgpu_rx_reset(s);
     msix_unuse_all_vectors(pdev);
     msix_uninit_exclusive_bar(pdev);
-    if (s->migration_blocker) {
-        migrate_del_blocker(s->migration_blocker);
-        error_free(s->migration_blocker);
-        s->migration_blocker = NULL;
+    if (s->vmstate_entry) {
+        qemu_del_vm_change_state_handler(s->vmstate_entry);
+        s->vmstate_entry = NULL;
+    }
+    if (s->mig_bh) {
+        qemu_bh_delete(s->mig_bh);
+        s->mig_bh = NULL;
+    }
+    if (s->mig_timer) {
+        timer_free(s->mig_timer);
+        s->mig_timer = NULL;
     }
 }
 
@@ -2970,6 +3693,10 @@ static void pvgpu_instance_init(Object *obj)
                                    OBJ_PROP_FLAG_READ);
     object_property_add_uint64_ptr(obj, "tx-coalesced", &s->tx_coalesced,
                                    OBJ_PROP_FLAG_READ);
+    object_property_add_uint64_ptr(obj, "quiesce-us", &s->quiesce_us,
+                                   OBJ_PROP_FLAG_READ);
+    object_property_add_uint64_ptr(obj, "restore-us", &s->restore_us,
+                                   OBJ_PROP_FLAG_READ);
 }
 
 static void pvgpu_class_init(ObjectClass *klass, void *data)
@@ -2988,6 +3715,7 @@ static void pvgpu_class_init(ObjectClass *klass, void *data)
     dc->desc = "pvgpu paravirtual GPU channels (pvgpud)";
     set_bit(DEVICE_CATEGORY_DISPLAY, dc->categories);
     device_class_set_props(dc, pvgpu_properties);
+    dc->vmsd = &vmstate_pvgpu;
 }
 
 static const TypeInfo pvgpu_info = {
