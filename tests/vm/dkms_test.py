@@ -230,7 +230,7 @@ def kv(lines):
     return dict(l.split("=", 1) for l in lines if re.match(r"^\w+=", l))
 
 
-def stage_test_disk(args, work, kver):
+def stage_test_disk(args, work):
     """The read-only disk labelled PVGPUTEST: the guest side of the test as
     boot.sh, the project's guest-driver/ and include/pvgpu/ (what a tenant
     copies into the guest), and the static pvgpu-load."""
@@ -272,7 +272,7 @@ def keep_evidence(guest, work, why):
 
 def run(args, work):
     kver = open(os.path.join(args.image_dir, "kernel")).read().strip()
-    stage_test_disk(args, work, kver)
+    stage_test_disk(args, work)
     d = Daemon(args, work)
     d.start()
     guest = None
