@@ -29,7 +29,7 @@ elif [ $# -ne 0 ]; then
 fi
 
 missing=""
-command -v dkms >/dev/null || missing="dkms"
+command -v dkms >/dev/null || missing=" dkms"
 [ -d "/lib/modules/$(uname -r)/build" ] || missing="$missing linux-headers-$(uname -r)"
 if [ -n "$missing" ]; then
     echo "install.sh: installing$missing"

@@ -11,6 +11,10 @@ build=${1:-build}
 # The test guests' kernel, the headers pvgpu.ko is built against (before the
 # build is configured), busybox and firmware.
 tests/vm/setup-guest.sh "$build"
+# The Debian 12 disk image of the vm-dkms test (debootstrap; the packages
+# install.sh needs fetched into an offline repository in the image): a few
+# minutes the first time, nothing to do after (build/dkms-image/stamp).
+tests/vm/setup-dkms-image.sh "$build"
 # libvirtd, virtlogd and virsh for the 'libvirt' suite (nothing is started
 # system-wide: each test runs its own session libvirtd).
 tests/libvirt/setup-libvirt.sh
