@@ -119,9 +119,12 @@ in_root apt-get update -qq || die "apt-get update in the image failed"
 cache_in
 # Up to date with bookworm's point release and security updates, as a
 # tenant's VM would be: the offline repository is resolved against it.
-log "upgrading to $suite-updates and $suite-security, installing linux-image-$kver (in the image)"
+# A C toolchain is there too, as on most tenants' VMs that build anything
+# (and it is most of the packages: unpacking them under TCG took 2-4 minutes
+# of the test); install.sh brings dkms, the headers and the rest.
+log "upgrading to $suite-updates and $suite-security, installing linux-image-$kver, gcc, make (in the image)"
 { in_root apt-get dist-upgrade -y -qq --no-install-recommends &&
-  in_root apt-get install -y -qq --no-install-recommends "linux-image-$kver"; } > "$out/apt.log" 2>&1 ||
+  in_root apt-get install -y -qq --no-install-recommends "linux-image-$kver" gcc make libc6-dev; } > "$out/apt.log" 2>&1 ||
     { tail -n 30 "$out/apt.log" >&2; die "upgrading or installing linux-image-$kver failed (log: $out/apt.log)"; }
 cache_out
 
