@@ -1,9 +1,12 @@
 """Helpers shared by the Python end-to-end tests (tests/daemon, tests/qemu,
 tests/vm, tests/libvirt)."""
 
+import json
 import os
+import select
 import shlex
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -92,3 +95,97 @@ def run_case(name, run, args):
             return 1
     log(f"PASS {name}")
     return 0
+
+
+class Qmp:
+    """A minimal QMP client on QEMU's -qmp socket (tests/qemu, and pvgpu-vm
+    --qmp PATH in tests/vm); events are kept in order."""
+
+    def __init__(self, path, timeout=30):
+        self.sock = None
+
+        def connected():  # QEMU creates and listens on the socket as it starts
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                s.connect(path)
+            except OSError:
+                s.close()
+                return False
+            self.sock = s
+            return True
+
+        wait_for(connected, timeout, f"QMP socket {path}", step=0.01)
+        self.buf = b""
+        self.events = []
+        self.read(timeout)  # the greeting
+        self.execute("qmp_capabilities")
+
+    def read(self, timeout):
+        """The next message, or None after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.sock], [], [], left)[0]:
+                return None
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise TestFailure("QMP connection closed")
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return json.loads(line)
+
+    def execute(self, command, timeout=30, **arguments):
+        msg = {"execute": command}
+        if arguments:
+            msg["arguments"] = arguments
+        self.sock.sendall(json.dumps(msg).encode() + b"\n")
+        while True:
+            reply = self.read(timeout)
+            if reply is None:
+                raise TestFailure(f"QMP {command}: no reply within {timeout} s")
+            if "event" in reply:
+                self.events.append(reply)
+            elif "error" in reply:
+                raise TestFailure(f"QMP {command}: {reply['error']}")
+            elif "return" in reply:
+                return reply["return"]
+
+    def wait_event(self, name, timeout):
+        """The first event called `name`, kept or still to come."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for i, e in enumerate(self.events):
+                if e["event"] == name:
+                    return self.events.pop(i)
+            msg = self.read(max(0.0, deadline - time.monotonic()))
+            if msg is None:
+                raise TestFailure(f"no QMP event {name} within {timeout} s")
+            if "event" in msg:
+                self.events.append(msg)
+
+    def migrate(self, uri, timeout=120):
+        """A migration with the return path; the final status, by MIGRATION events."""
+        self.execute("migrate-set-capabilities", capabilities=[
+            {"capability": "return-path", "state": True}, {"capability": "events", "state": True}])
+        self.execute("migrate", uri=uri)
+        return self.wait_migration(("completed", "failed", "cancelled"), timeout)
+
+    def wait_migration(self, statuses, timeout):
+        """The next MIGRATION event whose status is one of `statuses`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for i, e in enumerate(self.events):
+                if e["event"] == "MIGRATION":
+                    self.events.pop(i)
+                    if e["data"]["status"] in statuses:
+                        return e["data"]["status"]
+                    break
+            else:
+                msg = self.read(max(0.0, deadline - time.monotonic()))
+                if msg is None:
+                    raise TestFailure(f"no MIGRATION event {statuses} within {timeout} s")
+                if "event" in msg:
+                    self.events.append(msg)
+
+    def close(self):
+        self.sock.close()

@@ -56,7 +56,7 @@ import time
 import uuid as uuidlib
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from testlib import Skip, TestFailure, check, log, result, stop_process, wait_for  # noqa: E402
+from testlib import Qmp, Skip, TestFailure, check, log, result, stop_process, wait_for  # noqa: E402
 
 # ---- ABI (include/pvgpu/abi.h, protocol.h) and the device (docs/pvgpu-device.md)
 
@@ -218,65 +218,6 @@ class Qemu:
 
 def pvgpu_device_arg(slots):
     return f"pvgpu,chardev=pv,addr={PCI_DEV:02x}.0,slots={slots},id=pvgpu0"
-
-
-class Qmp:
-    """A minimal QMP client on QEMU's -qmp socket; events are kept in order."""
-
-    def __init__(self, path, timeout=10):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        # QEMU creates the socket while it starts up.
-        wait_for(lambda: os.path.exists(path), timeout, f"QMP socket {path}", step=0.01)
-        self.sock.connect(path)
-        self.buf = b""
-        self.events = []
-        self.read(timeout)                         # the greeting
-        self.execute("qmp_capabilities")
-
-    def read(self, timeout):
-        """The next message, or None after `timeout` seconds."""
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self.buf:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self.sock], [], [], left)[0]:
-                return None
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                raise TestFailure("QMP connection closed")
-            self.buf += chunk
-        line, self.buf = self.buf.split(b"\n", 1)
-        return json.loads(line)
-
-    def execute(self, command, timeout=10, **arguments):
-        msg = {"execute": command}
-        if arguments:
-            msg["arguments"] = arguments
-        self.sock.sendall(json.dumps(msg).encode() + b"\n")
-        while True:
-            reply = self.read(timeout)
-            if reply is None:
-                raise TestFailure(f"QMP {command}: no reply within {timeout} s")
-            if "event" in reply:
-                self.events.append(reply)
-            elif "error" in reply:
-                raise TestFailure(f"QMP {command}: {reply['error']}")
-            elif "return" in reply:
-                return reply["return"]
-
-    def wait_event(self, name, timeout):
-        deadline = time.monotonic() + timeout
-        while True:
-            for i, e in enumerate(self.events):
-                if e["event"] == name:
-                    return self.events.pop(i)
-            msg = self.read(max(0.0, deadline - time.monotonic()))
-            if msg is None:
-                raise TestFailure(f"no QMP event {name} within {timeout} s")
-            if "event" in msg:
-                self.events.append(msg)
-
-    def close(self):
-        self.sock.close()
 
 
 class Device:

@@ -38,7 +38,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "daemon"))
-from testlib import Skip, TestFailure, check, evidence_dir, log, rerun, result, stop_process, wait_for  # noqa: E402
+from testlib import Qmp, Skip, TestFailure, check, evidence_dir, log, rerun, result, stop_process, wait_for  # noqa: E402
 from daemon_test import (Daemon, Load, ctl, ctl_json, good_client_throughput,  # noqa: E402
                          measure_between, throttle)
 
@@ -1065,83 +1065,6 @@ def case_weights(bins, tmp):
         result("vm.weights.case_s", f"{time.monotonic() - t0:.1f}")
     finally:
         d.stop()
-
-
-class Qmp:
-    """A minimal QMP client (pvgpu-vm --qmp PATH); events are kept in order."""
-
-    def __init__(self, path, timeout=30):
-        deadline = time.monotonic() + timeout
-        while True:
-            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                self.sock.connect(path)
-                break
-            except OSError:
-                self.sock.close()
-                if time.monotonic() > deadline:
-                    raise TestFailure(f"QMP socket {path} did not come up")
-                time.sleep(0.05)
-        self.buf = b""
-        self.events = []
-        self.read(timeout)
-        self.execute("qmp_capabilities")
-
-    def read(self, timeout):
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self.buf:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self.sock], [], [], left)[0]:
-                return None
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                raise TestFailure("QMP connection closed")
-            self.buf += chunk
-        line, self.buf = self.buf.split(b"\n", 1)
-        return json.loads(line)
-
-    def execute(self, command, timeout=30, **arguments):
-        msg = {"execute": command}
-        if arguments:
-            msg["arguments"] = arguments
-        self.sock.sendall(json.dumps(msg).encode() + b"\n")
-        while True:
-            reply = self.read(timeout)
-            if reply is None:
-                raise TestFailure(f"QMP {command}: no reply within {timeout} s")
-            if "event" in reply:
-                self.events.append(reply)
-            elif "error" in reply:
-                raise TestFailure(f"QMP {command}: {reply['error']}")
-            elif "return" in reply:
-                return reply["return"]
-
-    def migrate(self, uri, timeout=120):
-        """A migration with the return path; the final status, by MIGRATION events."""
-        self.execute("migrate-set-capabilities", capabilities=[
-            {"capability": "return-path", "state": True}, {"capability": "events", "state": True}])
-        self.execute("migrate", uri=uri)
-        return self.wait_migration(("completed", "failed", "cancelled"), timeout)
-
-    def wait_migration(self, statuses, timeout):
-        """The next MIGRATION event whose status is one of `statuses`."""
-        deadline = time.monotonic() + timeout
-        while True:
-            for i, e in enumerate(self.events):
-                if e["event"] == "MIGRATION":
-                    self.events.pop(i)
-                    if e["data"]["status"] in statuses:
-                        return e["data"]["status"]
-                    break
-            else:
-                msg = self.read(max(0.0, deadline - time.monotonic()))
-                if msg is None:
-                    raise TestFailure(f"no MIGRATION event {statuses} within {timeout} s")
-                if "event" in msg:
-                    self.events.append(msg)
-
-    def close(self):
-        self.sock.close()
 
 
 def case_migrate(bins, tmp):
