@@ -1345,6 +1345,8 @@ TEST_CASE("accounting: kernels that start unseen after a silent channel", "[acco
                     CHECK(std::max(-*lo, *hi) < 0.03);
                 }
                 INFO(reads_per_ms << " reads per ms at most");
+                // Short kernels: the looks' budget (about 5 reads per ms) plus a
+                // read at each interrupt of a 0.5 ms kernel (2 per ms).
                 if (std::string(policy) == "none") CHECK(reads_per_ms < (len > 1 ? 1.5 : 7.0));
             }
           }

@@ -74,10 +74,11 @@ TEST_CASE("a tenant forging IB_GET and FENCE in its control page changes nothing
             CHECK(forged.cheater_accounted == honest.cheater_accounted);
             CHECK(forged.honest_accounted == honest.honest_accounted);
             if (std::string(policy) != "none") {
-                // And the fair policies hold the cheater to about half.
+                // And the fair policies hold the cheater to half, within the
+                // goal for shares (0.02; measured 0.4974-0.501).
                 double share = double(forged.cheater_ran) / double(forged.cheater_ran + forged.honest_ran);
                 INFO("cheater share " << share);
-                CHECK(share < 0.56);
+                CHECK(share < 0.52);
             }
         }
     }
