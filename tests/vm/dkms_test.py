@@ -89,7 +89,7 @@ class Guest:
         append = ("root=LABEL=pvgpu-root ro console=ttyS0 loglevel=4 panic=-1 "
                   "systemd.show_status=true")
         cmd = [args.qemu, "-machine", "q35", "-accel", "tcg", "-nodefaults", "-no-user-config",
-               "-display", "none", "-m", "1024", "-smp", "1",
+               "-display", "none", "-m", "1024", "-smp", "2",
                "-kernel", os.path.join(args.image_dir, "vmlinuz"),
                "-initrd", os.path.join(args.image_dir, "initrd.img"), "-append", append,
                "-uuid", UUID, "-name", NAME,
