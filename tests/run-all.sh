@@ -13,8 +13,13 @@ build=${1:-build}
 tests/vm/setup-guest.sh "$build"
 # The Debian 12 disk image of the vm-dkms test (debootstrap; the packages
 # install.sh needs fetched into an offline repository in the image): a few
-# minutes the first time, nothing to do after (build/dkms-image/stamp).
-tests/vm/setup-dkms-image.sh "$build"
+# minutes the first time, nothing to do after (build/dkms-image/stamp).  Its
+# host packages are installed here; the image itself (downloads and dpkg
+# under the image's own root, no host apt lock) is made in the background
+# while QEMU and the KVM modules build, and waited for before the tests.
+tests/install-packages.sh setup-dkms-image debootstrap e2fsprogs dpkg-dev qemu-utils
+tests/vm/setup-dkms-image.sh "$build" > "$build/dkms-image.log" 2>&1 &
+dkms_image=$!
 # libvirtd, virtlogd and virsh for the 'libvirt' suite (nothing is started
 # system-wide: each test runs its own session libvirtd).
 tests/libvirt/setup-libvirt.sh
@@ -37,6 +42,12 @@ fi
 if [ "${PVGPU_SKIP_KVM:-0}" != 1 ]; then
     kvm-hooks/build.sh --kernel "$(cat "$build/guest-kernel/version")" "$build/kvm-hooks"
 fi
+if ! wait "$dkms_image"; then
+    cat "$build/dkms-image.log" >&2
+    echo "run-all: making the vm-dkms image failed (log above, $build/dkms-image.log)" >&2
+    exit 1
+fi
+cat "$build/dkms-image.log" >&2
 status=0
 meson test -C "$build" --print-errorlogs || status=1
 cp "$build/meson-logs/testlog.json" "$build/meson-logs/testlog-tests.json"
