@@ -1363,15 +1363,19 @@ bool is_socket(int fd) {
 }
 }  // namespace
 
+// The migration requests come from a VMM that spoke protocol version 5.
+bool Daemon::migration_session(Client& cl, const char* request) {
+    if (cl.role == PVGPU_ROLE_VMM && cl.version >= PVGPU_PROTO_VERSION_MIGRATE) return true;
+    cl.conn->fail(PVGPU_E_STATE, std::string(request) + " needs a VMM session of protocol version " +
+                                     std::to_string(PVGPU_PROTO_VERSION_MIGRATE));
+    return false;
+}
+
 // QUIESCE: the drain `move` uses, for the whole VM, answered on the
 // client's socket (quiesce_done) and with QUIESCE_REPLY.
 void Daemon::on_quiesce(Client& cl, wire::Message& m) {
     ClientConn& conn = *cl.conn;
-    if (cl.role != PVGPU_ROLE_VMM || cl.version < PVGPU_PROTO_VERSION_MIGRATE) {
-        conn.fail(PVGPU_E_STATE, "QUIESCE needs a VMM session of protocol version " +
-                                     std::to_string(PVGPU_PROTO_VERSION_MIGRATE));
-        return;
-    }
+    if (!migration_session(cl, "QUIESCE")) return;
     const auto q = m.as<pvgpu_quiesce>();
     UniqueFd done = std::move(m.fds.at(0));
     auto answer_now = [&](std::uint32_t status, const char* why) {
@@ -1448,11 +1452,7 @@ void Daemon::quiesce_end(Client& cl, std::uint32_t status) {
 // RESUME: the migration failed or was cancelled; the channels run on here.
 void Daemon::on_resume(Client& cl, const wire::Message& m) {
     ClientConn& conn = *cl.conn;
-    if (cl.role != PVGPU_ROLE_VMM || cl.version < PVGPU_PROTO_VERSION_MIGRATE) {
-        conn.fail(PVGPU_E_STATE, "RESUME needs a VMM session of protocol version " +
-                                     std::to_string(PVGPU_PROTO_VERSION_MIGRATE));
-        return;
-    }
+    if (!migration_session(cl, "RESUME")) return;
     std::uint32_t n = 0;
     if (cl.quiesce) {
         if (!cl.quiesce->drained) {
@@ -1477,11 +1477,7 @@ void Daemon::on_resume(Client& cl, const wire::Message& m) {
 // CHAN_RESTORE: a channel the VM had on the migration's source host.
 void Daemon::on_restore(Client& cl, wire::Message& m) {
     ClientConn& conn = *cl.conn;
-    if (cl.role != PVGPU_ROLE_VMM || cl.version < PVGPU_PROTO_VERSION_MIGRATE) {
-        conn.fail(PVGPU_E_STATE, "CHAN_RESTORE needs a VMM session of protocol version " +
-                                     std::to_string(PVGPU_PROTO_VERSION_MIGRATE));
-        return;
-    }
+    if (!migration_session(cl, "CHAN_RESTORE")) return;
     const auto a = m.as<pvgpu_chan_restore>();
     const UniqueFd fd = std::move(m.fds.at(0));
     auto refuse = [&](std::uint32_t status, const std::string& why) {

@@ -238,6 +238,7 @@ private:
     void on_trap_report(Client& cl, const wire::Message& m);
     void on_task_weight(Client& cl, const wire::Message& m);
     // --- live migration (protocol version 5) ---
+    bool migration_session(Client& cl, const char* request);
     void on_quiesce(Client& cl, wire::Message& m);
     void quiesce_poll(std::uint32_t client_id);
     void quiesce_end(Client& cl, std::uint32_t status);
