@@ -9,7 +9,8 @@
 #   $PVGPU_QEMU_DIR/qemu-system-x86_64
 # --asan builds, instead, a second QEMU from the same source tree with
 # AddressSanitizer and UBSan (configure --enable-sanitizers) and without TCG
-# (qtest needs no CPU emulation; leaving it out halves the build), for the
+# (qtest needs no CPU emulation; leaving it out halves the build) and
+# without the firmware path (qtest boots no BIOS), for the
 # qemu test suite's use-after-free checks.  Its build directory is
 # $PVGPU_QEMU_ASAN_DIR (default: <repo>/build/qemu-asan).  Result:
 #   $PVGPU_QEMU_ASAN_DIR/qemu-system-x86_64
@@ -138,7 +139,11 @@ if [ $asan = 1 ]; then
 else
     out=$cache
     bdir="$src/build"
-    conf_args="$conf_base --enable-tcg --disable-docs --disable-install-blobs"
+    # Debian's own firmware path (debian/rules FIRMWAREPATH): SeaBIOS and
+    # the option ROMs from seabios and qemu-system-data, so neither libvirt
+    # domains nor pvgpu-vm pass -L.
+    conf_args="$conf_base --enable-tcg --disable-docs --disable-install-blobs \
+--firmwarepath=/usr/share/qemu:/usr/share/seabios:/usr/lib/ipxe/qemu"
     stamp="$cache/.stamp-configure"
 fi
 # Debian's source has no embedded meson: use the system one, and the system
@@ -157,5 +162,14 @@ fi
 # --- 5. build ----------------------------------------------------------------
 log "building $bdir/qemu-system-x86_64 (-j$jobs)"
 (cd "$bdir" && ninja -j"$jobs" qemu-system-x86_64) || die "build failed"
-ln -sfn "$bdir/qemu-system-x86_64" "$out/qemu-system-x86_64"
+if [ $asan = 1 ]; then
+    ln -sfn "$bdir/qemu-system-x86_64" "$out/qemu-system-x86_64"
+else
+    # A copy, not a link: QEMU run from its build tree looks for its data in
+    # the tree's qemu-bundle only, never in the firmware path.
+    if [ -L "$out/qemu-system-x86_64" ] || ! cmp -s "$bdir/qemu-system-x86_64" "$out/qemu-system-x86_64"; then
+        cp "$bdir/qemu-system-x86_64" "$out/qemu-system-x86_64.new"
+        mv -f "$out/qemu-system-x86_64.new" "$out/qemu-system-x86_64"
+    fi
+fi
 log "done: $out/qemu-system-x86_64"

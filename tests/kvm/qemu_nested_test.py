@@ -209,8 +209,9 @@ def run(args, tmp):
             (module, "build the guest module")]:
         if not os.path.exists(path):
             raise Skip(f"{path} not found ({why})")
+    # L1 is an initramfs: the firmware the L2 QEMU reads goes into its /fw.
     fw = [os.path.join(d, f) for f in ("bios-256k.bin", "linuxboot_dma.bin", "kvmvapic.bin")
-          for d in vm.firmware_dirs() if os.path.exists(os.path.join(d, f))]
+          for d in ("/usr/share/seabios", "/usr/share/qemu") if os.path.exists(os.path.join(d, f))]
 
     # L2's initramfs: pvgpu.ko, the static guest tools, pvgpu-wn-bench.
     l2_initrd = os.path.join(tmp, "l2-initrd.cpio")

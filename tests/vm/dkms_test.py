@@ -100,8 +100,6 @@ class Guest:
                "-chardev", f"socket,id=pv,path={socket_path},reconnect=1",
                "-device", "pvgpu,chardev=pv",
                "-monitor", f"unix:{self.monitor},server=on,wait=off"]
-        for d in VM.firmware_dirs():
-            cmd += ["-L", d]
         for i, n in enumerate(("console", "out")):
             cmd += ["-chardev", f"socket,id=ser{i},path={self.listeners[n].path}", "-serial", f"chardev:ser{i}"]
         with open(os.path.join(work, "qemu-command.txt"), "w") as f:
