@@ -10,16 +10,18 @@ over serial ports to UNIX sockets of this script.  Measured numbers are
 printed as "RESULT key=value" lines (docs/results.md).
 
 usage: libvirt_test.py --pvgpud P --pvgpuctl P --vm P CASE
-CASE: lifecycle | shares | wedge | all
+CASE: lifecycle | shares | wedge | identity | migrate | all
 Exit status: 0 pass, 1 fail, 77 skipped (no libvirtd, QEMU, guest kernel or module).
 """
 
 import argparse
 import functools
+import json
 import importlib.machinery
 import importlib.util
 import os
 import pwd
+import re
 import shutil
 import socket
 import struct
@@ -39,7 +41,8 @@ from testlib import Skip, TestFailure, check, evidence_dir, log, rerun, result, 
 from testlib import wait_for as testlib_wait_for  # noqa: E402
 from daemon_test import (DAEMONS, E_OK, MSG_HELLO, MSG_HELLO_REPLY, ROLE_VMM, Daemon,  # noqa: E402
                          RawClient, ctl_json, measure_between)
-from vm_test import GuestReports, guest_throttle  # noqa: E402
+from vm_test import (GuestReports, guest_pause_ends, guest_throttle, key_values, load_cmd,  # noqa: E402
+                     report_pause, tagged)
 
 SKIP = 77
 NS = "http://pvgpu.org/xmlns/domain/1.0"
@@ -96,15 +99,27 @@ class Paths:
 class Libvirt:
     """A session-mode libvirtd running as `nobody` with its state in `root`."""
 
-    def __init__(self, root):
+    def __init__(self, root, host_uuid=None, bind=None):
+        """host_uuid: libvirt's host UUID (libvirtd.conf), what tells two
+        hosts apart in a migration.  bind: (what, where) mounted over `where`
+        in a mount namespace of this libvirtd and its QEMUs, so that a path
+        names this host's own file (pvgpud's socket, the same path on every
+        host)."""
         self.root = root
         self.pw = pwd.getpwnam(USER)
-        for d in ("run", "cfg", "cache", "home"):
+        self.bind = bind
+        for d in ("run", "cfg/libvirt", "cache", "home"):
             os.makedirs(os.path.join(root, d), exist_ok=True)
+        if host_uuid:
+            with open(os.path.join(root, "cfg", "libvirt", "libvirtd.conf"), "w") as f:
+                f.write(f'host_uuid = "{host_uuid}"\n')
         self._chown(root)
         self.env = {"HOME": os.path.join(root, "home"), "XDG_RUNTIME_DIR": os.path.join(root, "run"),
                     "XDG_CONFIG_HOME": os.path.join(root, "cfg"), "XDG_CACHE_HOME": os.path.join(root, "cache"),
-                    "PATH": "/usr/sbin:/usr/bin:/bin", "LANG": "C"}
+                    "PATH": "/usr/sbin:/usr/bin:/bin", "LANG": "C",
+                    # virsh must not start a session libvirtd of its own
+                    # while this one comes up.
+                    "LIBVIRT_AUTOSTART": "0"}
         self.sock = os.path.join(root, "run", "libvirt", "libvirt-sock")
         # root reaches nobody's session daemon through its socket.
         self.uri = f"qemu+unix:///session?socket={self.sock}"
@@ -129,7 +144,15 @@ class Libvirt:
     def start(self):
         if os.path.exists(self.sock):
             os.unlink(self.sock)
-        self.proc = subprocess.Popen(["libvirtd"], env=self.env, cwd=self.root, preexec_fn=self._as_user(),
+        if self.bind:
+            # unshare and setpriv exec: the process is libvirtd's.
+            cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                   'mount --bind "$1" "$2" && exec setpriv --reuid="$3" --regid="$4" --clear-groups libvirtd',
+                   "sh", self.bind[0], self.bind[1], str(self.pw.pw_uid), str(self.pw.pw_gid)]
+            demote = None
+        else:
+            cmd, demote = ["libvirtd"], self._as_user()
+        self.proc = subprocess.Popen(cmd, env=self.env, cwd=self.root, preexec_fn=demote,
                                      stdin=subprocess.DEVNULL, stdout=open(self.log, "a"),
                                      stderr=subprocess.STDOUT)
         wait_for(lambda: self.virsh("uri", check_rc=False).returncode == 0, 30, "libvirtd to answer", step=0.2)
@@ -145,6 +168,14 @@ class Libvirt:
         if check_rc and p.returncode != 0:
             raise TestFailure(f"virsh {' '.join(args)}: exit {p.returncode}: {p.stderr.strip()}")
         return p
+
+    def qemu_log(self, name):
+        """libvirt's log of the domain's QEMU ('' if none yet)."""
+        try:
+            with open(os.path.join(self.root, "cache", "libvirt", "qemu", "log", f"{name}.log"), errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
 
     def cleanup(self):
         try:
@@ -184,6 +215,7 @@ class Guest(GuestReports):
                            + list(extra_initrd) + ["--", command], capture_output=True, text=True)
         check(p.returncode == 0, f"pvgpu-vm --write-initrd: {p.stderr.strip()}")
         self.lines = []
+        self.conn_lines = []  # the lines of each connection: one per QEMU the guest ran in
         self.out_path = os.path.join(self.dir, "out.sock")
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(self.out_path)
@@ -191,8 +223,7 @@ class Guest(GuestReports):
         lv._chown(self.dir)
         os.chmod(self.out_path, 0o777)
         self.console = os.path.join(self.dir, "console.log")
-        # The admin's own <qemu:commandline>: the project's minimal QEMU has no
-        # firmware path built in (DESIGN.md section 9); attach must keep these.
+        # The admin's own <qemu:commandline> (a no-op): attach must keep it.
         self.xml = f"""<domain type='qemu' xmlns:qemu='http://libvirt.org/schemas/domain/qemu/1.0'>
   <name>{name}</name>
   <uuid>{self.uuid}</uuid>
@@ -207,14 +238,13 @@ class Guest(GuestReports):
   <on_reboot>destroy</on_reboot>
   <devices>
     <emulator>{os.path.realpath(paths.qemu)}</emulator>
-    <serial type='file'><source path='{self.console}'/><target port='0'/></serial>
+    <serial type='file'><source path='{self.console}' append='on'/><target port='0'/></serial>
     <serial type='unix'><source mode='connect' path='{self.out_path}'/><target port='1'/></serial>
     <controller type='usb' model='none'/>
     <memballoon model='none'/>
   </devices>
   <qemu:commandline>
-    <qemu:arg value='-L'/><qemu:arg value='/usr/share/seabios'/>
-    <qemu:arg value='-L'/><qemu:arg value='/usr/share/qemu'/>
+    <qemu:arg value='-msg'/><qemu:arg value='timestamp=off'/>
   </qemu:commandline>
 </domain>
 """
@@ -226,10 +256,16 @@ class Guest(GuestReports):
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self):
-        try:
-            conn, _ = self.listener.accept()
-        except OSError:
-            return
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            sink = []
+            self.conn_lines.append(sink)
+            threading.Thread(target=self._read_conn, args=(conn, sink), daemon=True).start()
+
+    def _read_conn(self, conn, sink):
         buf = b""
         while True:
             data = conn.recv(65536)
@@ -238,7 +274,10 @@ class Guest(GuestReports):
             buf += data
             while b"\n" in buf:
                 raw, buf = buf.split(b"\n", 1)
-                self.take(self.lines, raw.decode(errors="replace").rstrip("\r"), time.monotonic())
+                line, now = raw.decode(errors="replace").rstrip("\r"), time.monotonic()
+                self.take(self.lines, line, now)
+                with self.cond:
+                    sink.append((now, line))
 
     def stopped(self):
         """The guest kernel stopped: its heartbeat was on the console and has
@@ -313,12 +352,18 @@ def vm_row(paths, d, name):
     return None
 
 
-def start_daemon(paths, tmp, lv):
-    d = Daemon(paths, tmp)
+def write_daemon_config(d, lv, vmm_users=("root", USER)):
+    # The session libvirtd runs its QEMUs as nobody: that user is a VMM here.
     with open(d.config, "w") as f:
-        # The session libvirtd runs its QEMUs as nobody: that user is a VMM here.
-        f.write(f"[daemon]\nsocket_mode = 0666\nvmm_users = root, {USER}\n\n"
+        f.write(f"[daemon]\nsocket_mode = 0666\nvmm_users = {', '.join(vmm_users)}\n\n"
                 f"[libvirt]\nuri = {lv.uri}\npid_dir = {lv.pid_dir}\n")
+
+
+def start_daemon(paths, tmp, lv, socket_path=None, vmm_users=("root", USER)):
+    d = Daemon(paths, tmp)
+    if socket_path:
+        d.socket = socket_path
+    write_daemon_config(d, lv, vmm_users)
     d.start()
     return d
 
@@ -360,7 +405,7 @@ def case_lifecycle(paths, tmp):
         xml = lv.virsh("dumpxml", "--inactive", "lv1").stdout
         check(f'xmlns:pvgpu="{NS}" weight="200"' in xml, "attach: no <pvgpu:gpu weight=200/> in the XML")
         check("pvgpu,chardev=pvgpu0" in xml and f"path={d.socket}" in xml, "attach: no device wiring")
-        check("/usr/share/seabios" in xml, "attach lost the admin's own qemu:commandline arguments")
+        check("timestamp=off" in xml, "attach lost the admin's own qemu:commandline arguments")
 
         lv.virsh("start", "lv1")
         # The VM and its weight show up once QEMU says HELLO, before any channel.
@@ -417,7 +462,7 @@ def case_lifecycle(paths, tmp):
         pvgpuctl(paths, d, lv, "detach", "lv2")
         xml = lv.virsh("dumpxml", "--inactive", "lv2").stdout
         check("-device" not in xml and "id=pvgpu0" not in xml and NS not in xml, f"detach left pvgpu in: {xml}")
-        check("/usr/share/seabios" in xml, "detach removed the admin's own qemu:commandline arguments")
+        check("timestamp=off" in xml, "detach removed the admin's own qemu:commandline arguments")
         lv.virsh("destroy", "lv1")
         wait_for(lambda: vm_row(paths, d, "lv1") is None, 10, "lv1 to leave pvgpuctl list")
         check(d.alive(), "pvgpud died")
@@ -560,8 +605,151 @@ def case_identity(paths, tmp):
         lv.cleanup()
 
 
+class Events:
+    """`virsh qemu-monitor-event --loop` on one libvirtd: its domains' QEMU
+    events, each at the time QEMU stamped it (the wall clock), taken to the
+    host's monotonic clock."""
+
+    def __init__(self, lv):
+        self.events = []
+        self.offset = time.time() - time.monotonic()
+        self.proc = subprocess.Popen(["virsh", "-q", "-c", "qemu:///session", "qemu-monitor-event", "--loop"],
+                                     env=lv.env, preexec_fn=lv._as_user(), stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        rx = re.compile(r"^event (\w+) at (\d+)\.(\d+) for domain")
+        for line in self.proc.stdout:
+            m = rx.match(line.strip())
+            if m:
+                wall = int(m.group(2)) + int(m.group(3)) / 1e6
+                self.events.append((wall - self.offset, m.group(1)))
+
+    def first(self, name):
+        return next((t for t, e in self.events if e == name), None)
+
+    def stop(self):
+        stop_process(self.proc, timeout=5)
+
+
+def free_tcp_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def case_migrate(paths, tmp):
+    """Issue 52: `virsh migrate --live` between two hosts.  Host A and host B
+    are two private libvirtds with distinct host UUIDs, each followed by its
+    own pvgpud; pvgpud's socket has one path on both, which on B (its own
+    mount namespace) is B's pvgpud.  A guest running a bench of 5000 x 1 ms
+    and a throttle, attached at weight 200, migrates mid-run: the bench
+    completes exactly 5000 kernels with no resubmission or reconnect, the
+    throttle goes on at B, pvgpud A drops the VM, and pvgpud B has it with
+    its channels, the guest's task weight, and weight 200 from the
+    <pvgpu:gpu> metadata that came with the domain.  Before that, a
+    migration to B while B's pvgpud refuses the VM fails and the guest goes
+    on at A."""
+    run_dir, b_run = os.path.join(tmp, "pvgpu-run"), os.path.join(tmp, "b-run")
+    for d in (run_dir, b_run, os.path.join(tmp, "a"), os.path.join(tmp, "b")):
+        os.makedirs(d)
+    lva = Libvirt(os.path.join(tmp, "libvirt-a"), host_uuid=uuidlib.uuid4())
+    lvb = Libvirt(os.path.join(tmp, "libvirt-b"), host_uuid=uuidlib.uuid4(), bind=(b_run, run_dir))
+    try:
+        lva.start()
+        lvb.start()
+        da = start_daemon(paths, os.path.join(tmp, "a"), lva, os.path.join(run_dir, "pvgpud.sock"))
+        # B's pvgpud first takes no VMM of user nobody: it refuses the VM.
+        db = start_daemon(paths, os.path.join(tmp, "b"), lvb, os.path.join(b_run, "pvgpud.sock"), ("root",))
+        for d in (da, db):
+            wait_for(lambda d=d: any("libvirt: following domains" in line for line in d.lines), 30,
+                     "pvgpud to follow its libvirtd")
+        command = (guest_throttle("thr", 1000, 60) + " & T=$!; " +
+                   tagged("bench", load_cmd("bench", 1000, "--kernels", 5000, "--weight", 200,
+                                            "--report-interval-s", "0.02", "--name", "bench")) +
+                   "; kill $T; wait")
+        g = Guest(paths, lva, tmp, "lvmig", command)
+        pvgpuctl(paths, da, lva, "attach", "lvmig", "--weight", "200", "--socket", da.socket)
+        lva.virsh("start", "lvmig")
+        bench = g.get("bench")
+        bench.wait_until(lambda s: len(s.reports) >= 3, 150, "the bench's reports at A")
+        g.get("thr").wait_until(lambda s: len(s.reports) >= 1, 30, "the throttle's reports at A")
+        check(vm_row(paths, da, "lvmig")["weight"] == 200, "weight 200 at A")
+        # A destination whose pvgpud refuses the VM: the migration fails
+        # with the device's reason and the guest goes on at A.
+        port = free_tcp_port()
+        p = lva.virsh("migrate", "--live", "--persistent", "--undefinesource", "lvmig", lvb.uri,
+                      f"tcp://127.0.0.1:{port}", timeout=240, check_rc=False)
+        check(p.returncode != 0, "the migration to a pvgpud refusing the VM succeeded")
+        # libvirt says only that the job failed; the reason is in B's QEMU log.
+        check("failed" in p.stderr, f"virsh migrate said: {p.stderr.strip()}")
+        wait_for(lambda: "did not accept the VM (HELLO)" in lvb.qemu_log("lvmig"), 10,
+                 "the device's reason in B's QEMU log")
+        check(lva.virsh("domstate", "lvmig").stdout.strip() == "running", "lvmig not running at A after the refusal")
+        check(any("channels resumed" in line for line in da.lines), "pvgpud A did not resume the channels")
+        n = bench.reports[-1][1]
+        bench.wait_until(lambda s: s.reports[-1][1] > n, 30, "the bench to go on at A after the refusal")
+        db.stop()
+        write_daemon_config(db, lvb)
+        db.start()
+
+        before = bench.reports[-1][1]
+        ev_a, ev_b = Events(lva), Events(lvb)
+        t0 = time.monotonic()
+        lva.virsh("migrate", "--live", "--persistent", "--undefinesource", "lvmig", lvb.uri,
+                  f"tcp://127.0.0.1:{port}", timeout=240)
+        result("libvirt.migrate.migration_s", f"{time.monotonic() - t0:.2f}")
+        g.lv = lvb
+        check(before < 5000, f"the bench had finished ({before}) before the migration")
+        check(lvb.virsh("domstate", "lvmig").stdout.strip() == "running", "lvmig not running at B")
+        check("lvmig" not in lva.virsh("list", "--all", "--name").stdout.split(), "lvmig still defined at A")
+        # While the guest runs at B (it ends with the bench): B's restore time,
+        # B's view of the VM.
+        q = lvb.virsh("qemu-monitor-command", "lvmig", json.dumps(
+            {"execute": "qom-get", "arguments": {"path": "/machine/peripheral-anon/device[0]",
+                                                 "property": "restore-us"}})).stdout
+        result("libvirt.migrate.restore_us", json.loads(q)["return"])
+        row = wait_for(lambda: vm_row(paths, db, "lvmig"), 30, "lvmig in pvgpud B's list")
+        check(row["weight"] == 200, f"pvgpud B gave lvmig weight {row['weight']}, its metadata says 200")
+        ents = {e["path"]: e for e in ctl_json(paths, db, "list")["entities"] if e["path"].startswith("lvmig")}
+        tasks = [e for p, e in ents.items() if p.startswith("lvmig/task-")]
+        check(ents["lvmig"].get("channels", 0) >= 2 and len(tasks) == 2, f"pvgpud B's view of the VM: {ents}")
+        check(any(e.get("guest_weight") == 200 for e in tasks), f"the bench's task weight at B: {tasks}")
+        info = lvb.virsh("domjobinfo", "lvmig", "--completed", check_rc=False).stdout
+        m = re.search(r"Total downtime:\s+(\d+)\s+ms", info)
+        if m:
+            result("libvirt.migrate.qemu_downtime_ms", m.group(1))
+        check('weight="200"' in lvb.virsh("dumpxml", "lvmig").stdout, "the <pvgpu:gpu> metadata at B")
+        wait_for(lambda: vm_row(paths, da, "lvmig") is None, 15, "pvgpud A to drop the VM")
+        thr = g.get("thr")
+        thr_at_a = thr.reports[-1][1]
+        thr.wait_until(lambda s: s.reports[-1][1] > thr_at_a, 60, "the throttle to go on at B")
+        v = wait_for(lambda: key_values(g.lines, "bench").get("runtime_ms") and key_values(g.lines, "bench"),
+                     240, "the bench to finish at B", step=0.5)
+        check(v.get("kernels") == "5000" and v.get("resubmitted") == "0" and v.get("reconnects") == "0",
+              f"bench at B: {v}")
+        # A's QEMU, the refused destination's (the guest never ran there), B's.
+        check(len(g.conn_lines) == 3 and not g.conn_lines[1],
+              f"the guest's output came over {[len(c) for c in g.conn_lines]} lines per connection")
+        # pvgpu's part of the downtime: A's drain and B's restore.
+        quiesced = [line for line in da.lines if "quiesced in" in line]
+        check(quiesced, "pvgpud A logged no quiesce")
+        result("libvirt.migrate.quiesce_ms", re.search(r"quiesced in ([0-9.]+) ms", quiesced[-1]).group(1))
+        # The stop and the resume: QEMU's STOP event at A, RESUME at B.
+        for ev in (ev_a, ev_b):
+            ev.stop()
+        report_pause("libvirt.migrate", guest_pause_ends(g.conn_lines[0], g.conn_lines[2], "bench"),
+                     ev_a.first("STOP"), ev_b.first("RESUME"))
+        check(da.alive() and db.alive() and not da.internal_errors() and not db.internal_errors(),
+              "a pvgpud died or logged an internal error")
+    finally:
+        lvb.cleanup()
+        lva.cleanup()
+
+
 CASES = {"lifecycle": case_lifecycle, "shares": case_shares, "wedge": case_wedge,
-         "identity": case_identity}
+         "identity": case_identity, "migrate": case_migrate}
 
 
 def main():

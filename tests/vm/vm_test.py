@@ -112,6 +112,20 @@ class Series:
             print(f"#   [{self.name}] {line}")
 
 
+def key_values(lines, tag=None):
+    """key=value lines among a guest's (time, line) pairs: those tagged `tag`, or untagged."""
+    vals = {}
+    for _, line in lines:
+        m = TAGGED.match(line)
+        if (m.group("tag") if m else None) != tag:
+            continue
+        body = m.group("rest") if m else line
+        if "=" in body and " " not in body.split("=", 1)[0]:
+            k, v = body.split("=", 1)
+            vals[k.strip()] = v.strip()
+    return vals
+
+
 class GuestReports:
     """One guest's output lines as they arrive, and its pvgpu-load reports as
     Series.  Guest commands tag their lines "[tag] ..." to be told apart;
@@ -226,17 +240,7 @@ class Guest(GuestReports):
         return rc
 
     def values(self, tag=None):
-        """key=value lines of the guest's stdout (those tagged `tag`, or untagged)."""
-        vals = {}
-        for _, line in self.out_lines:
-            m = TAGGED.match(line)
-            if (m.group("tag") if m else None) != tag:
-                continue
-            body = m.group("rest") if m else line
-            if "=" in body and " " not in body.split("=", 1)[0]:
-                k, v = body.split("=", 1)
-                vals[k.strip()] = v.strip()
-        return vals
+        return key_values(self.out_lines, tag)
 
     def expect_ok(self, timeout=300):
         rc = self.finish(timeout)
@@ -1067,6 +1071,51 @@ def case_weights(bins, tmp):
         d.stop()
 
 
+def completion_reports(lines, tag):
+    """(arrival, completed) of a guest's `tag` reports that counted a new completion."""
+    rx = re.compile(rf"^\[{re.escape(tag)}\] pvgpu-load: t=\S+ completed=(\d+)")
+    out, last = [], None
+    for t, line in lines:
+        m = rx.match(line)
+        if m and (last is None or int(m.group(1)) > last):
+            out.append((t, int(m.group(1))))
+            last = int(m.group(1))
+    return out
+
+
+def guest_pause_ends(lines_a, lines_b, tag):
+    """The pause a migrated guest saw, on the host's clock (the guest's own
+    stops with the VM): the arrival of the source's last `tag` report that
+    counted a new completion, and that of the destination's first; both are
+    late by up to a report interval plus the serial line's latency.  None
+    when either side has no such report."""
+    pa, pb = completion_reports(lines_a, tag), completion_reports(lines_b, tag)
+    if not pa:
+        return None
+    first_b = next((t for t, n in pb if n > pa[-1][1]), None)
+    return None if first_b is None else (pa[-1][0], first_b)
+
+
+def report_pause(prefix, ends, stop_at, resume_at):
+    """The pause a migrated guest saw (guest_pause_ends), in three parts on
+    the host's monotonic clock: from the source's last report with a new
+    completion to the VM's stop at the source (pvgpu's quiesce runs just
+    before it), the stop to the resume at the destination (QEMU's downtime,
+    pvgpu's restore within it), and from there to the destination's first
+    report with a new completion."""
+    check(ends and stop_at and resume_at, f"the pause's ends: reports {ends}, stop {stop_at}, resume {resume_at}")
+    result(f"{prefix}.guest_pause_ms", f"{(ends[1] - ends[0]) * 1e3:.0f}")
+    result(f"{prefix}.pause_before_stop_ms", f"{(stop_at - ends[0]) * 1e3:.0f}")
+    result(f"{prefix}.pause_stopped_ms", f"{(resume_at - stop_at) * 1e3:.0f}")
+    result(f"{prefix}.pause_after_resume_ms", f"{(ends[1] - resume_at) * 1e3:.0f}")
+
+
+def qmp_event_at(event):
+    """A QMP event's time (QEMU stamps it with the wall clock) on the host's monotonic clock."""
+    ts = event["timestamp"]
+    return ts["seconds"] + ts["microseconds"] / 1e6 - (time.time() - time.monotonic())
+
+
 def case_migrate(bins, tmp):
     """Issue 52: a guest running a bench of 5000 x 1 ms and a throttle migrates
     mid-run from QEMU A (pvgpud A) to QEMU B (pvgpud B): the bench completes
@@ -1127,6 +1176,14 @@ def case_migrate(bins, tmp):
               f"destination C (exit {rc}) does not say why: {[l for _, l in b1.err_lines][-8:]}")
         check(any("channels resumed" in l for l in da.lines), "pvgpud A did not resume the channels")
         goes_on("after the refused migration")
+        # The control for the part of the pause after a resume: the same
+        # QEMU (its TCG code cache warm) resuming at A after the refusal.
+        resumed_at = qmp_event_at(qmp.wait_event("RESUME", 10))
+        done = completion_reports(a.out_lines, "bench")
+        before_stop = [n for t, n in done if t < resumed_at]
+        after = next((t for t, n in done if t > resumed_at and before_stop and n > before_stop[-1]), None)
+        if after:
+            result("vm.migrate.refused_pause_after_resume_ms", f"{(after - resumed_at) * 1e3:.0f}")
 
         b = Guest(bins, db, "mig", command, extra=("--qmp", qb, "--incoming", f"unix:{sock}"), uuid=uuid)
         qmp_b = Qmp(qb)
@@ -1143,6 +1200,9 @@ def case_migrate(bins, tmp):
         # pvgpu-vm's device is the only anonymous one.
         result("vm.migrate.restore_us", qmp_b.execute("qom-get", path="/machine/peripheral-anon/device[0]",
                                                       property="restore-us"))
+        # The last STOP: the refused migration stopped A too.
+        stop_at = qmp_event_at([e for e in qmp.events if e["event"] == "STOP"][-1])
+        resume_at = qmp_event_at(qmp_b.wait_event("RESUME", 10))
         qmp_b.close()
         wait_for(lambda: not vm_entities(bins, da, "mig"), 15, "pvgpud A to drop the VM")
         ents = {e["path"]: e for e in vm_entities(bins, db, "mig")}
@@ -1161,26 +1221,7 @@ def case_migrate(bins, tmp):
         check(v.get("kernels") == "5000" and v.get("resubmitted") == "0" and v.get("reconnects") == "0",
               f"bench at B: {v}")
         result("vm.migrate.bench_runtime_ms", v.get("runtime_ms"))
-        # The pause the guest saw, on the host's clock (the guest's own stops
-        # with the VM): from the arrival of A's last report that counted a
-        # new completion to that of B's first; both ends are late by up to a
-        # report interval (20 ms) plus the serial line's latency.
-        rx = re.compile(r"^\[bench\] pvgpu-load: t=\S+ completed=(\d+)")
-
-        def progress(g):
-            out, last = [], None
-            for t, line in g.out_lines:
-                m = rx.match(line)
-                if m and (last is None or int(m.group(1)) > last):
-                    out.append((t, int(m.group(1))))
-                    last = int(m.group(1))
-            return out
-        pa, pb = progress(a), progress(b)
-        if pa and pb:
-            last_a = pa[-1]
-            first_b = next(((t, n) for t, n in pb if n > last_a[1]), None)
-            if first_b:
-                result("vm.migrate.guest_pause_ms", f"{(first_b[0] - last_a[0]) * 1e3:.0f}")
+        report_pause("vm.migrate", guest_pause_ends(a.out_lines, b.out_lines, "bench"), stop_at, resume_at)
         check(da.alive() and db.alive() and not da.internal_errors() and not db.internal_errors(),
               "a pvgpud died or logged an internal error")
     finally:
