@@ -1943,56 +1943,81 @@ static void pvgpu_cmd_fence_wait(PvgpuState *s)
     pvgpu_cmd_done(s, PVGPU_CMDST_OK, idx, sl->wait_status);
 }
 
+/* Start the mailbox command @cmd (a guest write to CMD). */
+static void pvgpu_cmd_start(PvgpuState *s, uint32_t cmd)
+{
+    if (s->cmd_status == PVGPU_CMDST_BUSY) {
+        s->bad_access++;          /* one command at a time */
+        return;
+    }
+    switch (cmd) {
+    case PVGPU_CMD_CHAN_ALLOC:
+        pvgpu_cmd_alloc(s);
+        break;
+    case PVGPU_CMD_CHAN_FREE:
+        pvgpu_cmd_free(s);
+        break;
+    case PVGPU_CMD_FENCE_WAIT:
+        pvgpu_cmd_fence_wait(s);
+        break;
+    case PVGPU_CMD_TASK_WEIGHT:
+        pvgpu_cmd_task_weight(s);
+        break;
+    default:
+        s->bad_access++;
+        pvgpu_cmd_done(s, PVGPU_CMDST_E_INVALID, 0, 0);
+        break;
+    }
+}
+
+/* An offset of BAR0 that names no register (it is past the BAR). */
+#define PVGPU_REG_NONE PVGPU_BAR0_SIZE
+
+/*
+ * The register the aligned BAR0 offset @addr names, as the MMIO handlers'
+ * switches spell it: a register of a slot's array as slot 0's
+ * (PVGPU_REG_SLOT(0, r), PVGPU_REG_WAIT(0, r)) with the slot in *@index, a
+ * word of TASK_NAME as PVGPU_REG_TASK_NAME with its byte offset in *@index,
+ * anything else as itself.  Array offsets of slots the device does not have
+ * name no register.
+ */
+static hwaddr pvgpu_mmio_decode(const PvgpuState *s, hwaddr addr,
+                                unsigned *index)
+{
+    hwaddr base, stride;
+
+    *index = 0;
+    if (addr >= PVGPU_REG_TASK_NAME &&
+        addr < PVGPU_REG_TASK_NAME + PVGPU_TASK_NAME_LEN) {
+        *index = addr - PVGPU_REG_TASK_NAME;
+        return PVGPU_REG_TASK_NAME;
+    }
+    if (addr >= PVGPU_REG_WAIT_BASE) {
+        base = PVGPU_REG_WAIT_BASE;
+        stride = PVGPU_REG_WAIT_STRIDE;
+    } else if (addr >= PVGPU_REG_SLOT_BASE) {
+        base = PVGPU_REG_SLOT_BASE;
+        stride = PVGPU_REG_SLOT_STRIDE;
+    } else {
+        return addr;
+    }
+    if ((addr - base) / stride >= s->num_slots) {
+        return PVGPU_REG_NONE;
+    }
+    *index = (addr - base) / stride;
+    return base + (addr - base) % stride;
+}
+
 static uint64_t pvgpu_mmio_read(void *opaque, hwaddr addr, unsigned size)
 {
     PvgpuState *s = opaque;
+    unsigned i;
 
     if (size != 4 || (addr & 3)) {
         s->bad_access++;
         return ~0ull;
     }
-    if (addr >= PVGPU_REG_TASK_NAME && addr < PVGPU_REG_TASK_NAME + PVGPU_TASK_NAME_LEN) {
-        return ldl_le_p(&s->task_name[addr - PVGPU_REG_TASK_NAME]);
-    }
-    if (addr >= PVGPU_REG_WAIT_BASE) {
-        uint32_t idx = (addr - PVGPU_REG_WAIT_BASE) / PVGPU_REG_WAIT_STRIDE;
-        PvgpuSlot *sl;
-
-        if (idx >= s->num_slots) {
-            return 0;
-        }
-        sl = &s->slots[idx];
-        switch ((addr - PVGPU_REG_WAIT_BASE) % PVGPU_REG_WAIT_STRIDE) {
-        case PVGPU_WAIT_REG_STATUS:
-            return sl->wait_status;
-        case PVGPU_WAIT_REG_FENCE:
-            return sl->wait_fence;
-        case PVGPU_WAIT_REG_ERROR:
-            return sl->wait_error;
-        }
-        return 0;
-    }
-    if (addr >= PVGPU_REG_SLOT_BASE) {
-        uint32_t idx = (addr - PVGPU_REG_SLOT_BASE) / PVGPU_REG_SLOT_STRIDE;
-        PvgpuSlot *sl;
-
-        if (idx >= s->num_slots) {
-            return 0;
-        }
-        sl = &s->slots[idx];
-        switch ((addr - PVGPU_REG_SLOT_BASE) % PVGPU_REG_SLOT_STRIDE) {
-        case PVGPU_SLOT_REG_STATE:
-            return sl->state == PVGPU_SLOT_FREEING ? PVGPU_SLOT_LIVE : sl->state;
-        case PVGPU_SLOT_REG_MODE:
-            return sl->mode;
-        case PVGPU_SLOT_REG_CHAN_ID:
-            return sl->chan_id;
-        case PVGPU_SLOT_REG_NOTICE:
-            return sl->notice;
-        }
-        return 0;
-    }
-    switch (addr) {
+    switch (pvgpu_mmio_decode(s, addr, &i)) {
     case PVGPU_REG_MAGIC:
         return PVGPU_DEV_MAGIC;
     case PVGPU_REG_VERSION:
@@ -2027,6 +2052,23 @@ static uint64_t pvgpu_mmio_read(void *opaque, hwaddr addr, unsigned size)
         return (uint32_t)(s->fence_done >> 32);
     case PVGPU_REG_FEATURES:
         return s->use_kernel_wn ? PVGPU_FEATURE_KERNEL_WN : 0;
+    case PVGPU_REG_SLOT(0, PVGPU_SLOT_REG_STATE):
+        return s->slots[i].state == PVGPU_SLOT_FREEING ? PVGPU_SLOT_LIVE
+                                                       : s->slots[i].state;
+    case PVGPU_REG_SLOT(0, PVGPU_SLOT_REG_MODE):
+        return s->slots[i].mode;
+    case PVGPU_REG_SLOT(0, PVGPU_SLOT_REG_CHAN_ID):
+        return s->slots[i].chan_id;
+    case PVGPU_REG_SLOT(0, PVGPU_SLOT_REG_NOTICE):
+        return s->slots[i].notice;
+    case PVGPU_REG_WAIT(0, PVGPU_WAIT_REG_STATUS):
+        return s->slots[i].wait_status;
+    case PVGPU_REG_WAIT(0, PVGPU_WAIT_REG_FENCE):
+        return s->slots[i].wait_fence;
+    case PVGPU_REG_WAIT(0, PVGPU_WAIT_REG_ERROR):
+        return s->slots[i].wait_error;
+    case PVGPU_REG_TASK_NAME:
+        return ldl_le_p(&s->task_name[i]);
     }
     return 0;
 }
@@ -2035,39 +2077,15 @@ static void pvgpu_mmio_write(void *opaque, hwaddr addr, uint64_t val,
                              unsigned size)
 {
     PvgpuState *s = opaque;
+    unsigned i;
 
     if (size != 4 || (addr & 3)) {
         s->bad_access++;
         return;
     }
-    if (addr >= PVGPU_REG_TASK_NAME && addr < PVGPU_REG_TASK_NAME + PVGPU_TASK_NAME_LEN) {
-        stl_le_p(&s->task_name[addr - PVGPU_REG_TASK_NAME], val);
-        return;
-    }
-    switch (addr) {
+    switch (pvgpu_mmio_decode(s, addr, &i)) {
     case PVGPU_REG_CMD:
-        if (s->cmd_status == PVGPU_CMDST_BUSY) {
-            s->bad_access++;          /* one command at a time */
-            return;
-        }
-        switch (val) {
-        case PVGPU_CMD_CHAN_ALLOC:
-            pvgpu_cmd_alloc(s);
-            break;
-        case PVGPU_CMD_CHAN_FREE:
-            pvgpu_cmd_free(s);
-            break;
-        case PVGPU_CMD_FENCE_WAIT:
-            pvgpu_cmd_fence_wait(s);
-            break;
-        case PVGPU_CMD_TASK_WEIGHT:
-            pvgpu_cmd_task_weight(s);
-            break;
-        default:
-            s->bad_access++;
-            pvgpu_cmd_done(s, PVGPU_CMDST_E_INVALID, 0, 0);
-            break;
-        }
+        pvgpu_cmd_start(s, val);
         break;
     case PVGPU_REG_ARG0:
         s->arg[0] = val;
@@ -2091,6 +2109,9 @@ static void pvgpu_mmio_write(void *opaque, hwaddr addr, uint64_t val,
         break;
     case PVGPU_REG_FENCE_DONE_HI:
         s->fence_done &= ~((uint64_t)(uint32_t)val << 32);
+        break;
+    case PVGPU_REG_TASK_NAME:
+        stl_le_p(&s->task_name[i], val);
         break;
     default:
         s->bad_access++;              /* read-only or unknown */
@@ -3228,36 +3249,30 @@ static void pvgpu_wn_cleanup(PvgpuState *s)
     }
 }
 
-static void pvgpu_realize(PCIDevice *pdev, Error **errp)
+/* The properties make a device, or say why not in @errp. */
+static bool pvgpu_check_properties(PvgpuState *s, Error **errp)
 {
-    PvgpuState *s = PVGPU(pdev);
-    uint8_t *pci_conf = pdev->config;
-    unsigned i;
-    char name[64];
-    Error *err = NULL;
-    int ret;
-
     if (!qemu_chr_fe_backend_connected(&s->chr)) {
         error_setg(errp, "pvgpu: 'chardev' must name a socket chardev "
                    "connected to pvgpud");
-        return;
+        return false;
     }
     if (!qemu_uuid_set) {
         error_setg(errp, "pvgpu: the VM needs a UUID (-uuid): pvgpud keys "
                    "VMs by UUID");
-        return;
+        return false;
     }
     if (s->num_slots < 1 || s->num_slots > PVGPU_MAX_SLOTS ||
         (s->num_slots & (s->num_slots - 1))) {
         error_setg(errp, "pvgpu: 'slots' must be a power of two in 1..%d "
                    "(got %u)", PVGPU_MAX_SLOTS, s->num_slots);
-        return;
+        return false;
     }
     if (s->gpu != PVGPU_DEVICE_GPU_AUTO && s->gpu >= PVGPU_MAX_GPUS) {
         error_setg(errp, "pvgpu: 'gpu' must be a GPU index in 0..%u, or "
                    "unset to let pvgpud place the device (got %u)",
                    PVGPU_MAX_GPUS - 1, s->gpu);
-        return;
+        return false;
     }
     s->use_kernel_wn = s->kernel_wn != ON_OFF_AUTO_OFF && pvgpu_wn_version() > 0;
     if (s->kernel_wn == ON_OFF_AUTO_ON && !s->use_kernel_wn) {
@@ -3267,30 +3282,92 @@ static void pvgpu_realize(PCIDevice *pdev, Error **errp)
                                     "(-accel kvm)"
                                   : "the host's kvm.ko lacks it (load the one "
                                     "kvm-hooks/build.sh builds)");
-        return;
+        return false;
     }
+    return true;
+}
 
-    s->relay = pvgpu_relay_new(s, errp);
-    if (!s->relay) {
-        return;
-    }
-    pci_config_set_interrupt_pin(pci_conf, 1);
-    /* MSI-X table and PBA in their own 4 KiB BAR1 (table at 0, PBA at
-     * 0x800), so BAR0 stays the mailbox alone.  INTx when the guest does
-     * not enable MSI-X, or when the platform has no MSI at all. */
+/*
+ * Interrupts: INTA, and MSI-X with its table and PBA in their own 4 KiB BAR1
+ * (table at 0, PBA at 0x800), so BAR0 stays the mailbox alone.  INTx when
+ * the guest does not enable MSI-X, or when the platform has no MSI at all.
+ */
+static bool pvgpu_init_irqs(PvgpuState *s, Error **errp)
+{
+    PCIDevice *pdev = &s->pdev;
+    Error *err = NULL;
+    unsigned i;
+    int ret;
+
+    pci_config_set_interrupt_pin(pdev->config, 1);
     ret = msix_init_exclusive_bar(pdev, PVGPU_MSIX_VECTORS, PVGPU_BAR_MSIX,
                                   &err);
     if (ret == -ENOTSUP) {
         warn_report_err(err);
-        err = NULL;
-    } else if (ret) {
-        error_propagate(errp, err);
-        goto fail;
-    } else {
-        for (i = 0; i < PVGPU_MSIX_VECTORS; i++) {
-            msix_vector_use(pdev, i);
-        }
+        return true;
     }
+    if (ret) {
+        error_propagate(errp, err);
+        return false;
+    }
+    for (i = 0; i < PVGPU_MSIX_VECTORS; i++) {
+        msix_vector_use(pdev, i);
+    }
+    return true;
+}
+
+/*
+ * Slot @i's windows: the memory its channel will be mapped on (reserved
+ * now), the control page as BAR2 may show it (direct, trapped, shadowed),
+ * its doorbell page in BAR2 and its ring in BAR4.
+ */
+static bool pvgpu_init_slot(PvgpuState *s, unsigned i, Error **errp)
+{
+    PvgpuSlot *sl = &s->slots[i];
+    char name[64];
+
+    sl->dev = s;
+    sl->index = i;
+    sl->shadow = qemu_memalign(PVGPU_PAGE_SIZE, PVGPU_PAGE_SIZE);
+    memset(sl->shadow, 0, PVGPU_PAGE_SIZE);
+    sl->chan_mem = mmap(NULL, PVGPU_CHAN_MEM_SIZE, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (sl->chan_mem == MAP_FAILED) {
+        sl->chan_mem = NULL;
+        error_setg_errno(errp, errno, "pvgpu: cannot reserve channel memory");
+        return false;
+    }
+    snprintf(name, sizeof(name), "pvgpu-ctrl%u", i);
+    memory_region_init_ram_device_ptr(&sl->ctrl_direct, OBJECT(s), name,
+                                      PVGPU_PAGE_SIZE, sl->chan_mem);
+    snprintf(name, sizeof(name), "pvgpu-ring%u", i);
+    memory_region_init_ram_device_ptr(&sl->ring, OBJECT(s), name,
+                                      PVGPU_PAGE_SIZE,
+                                      (uint8_t *)sl->chan_mem +
+                                      PVGPU_CHAN_RING_OFFSET);
+    snprintf(name, sizeof(name), "pvgpu-trap%u", i);
+    memory_region_init_io(&sl->ctrl_trap, OBJECT(s), &pvgpu_trap_ops, sl,
+                          name, PVGPU_PAGE_SIZE);
+    snprintf(name, sizeof(name), "pvgpu-shadow%u", i);
+    memory_region_init_ram_device_ptr(&sl->ctrl_shadow, OBJECT(s), name,
+                                      PVGPU_PAGE_SIZE, sl->shadow);
+    snprintf(name, sizeof(name), "pvgpu-doorbell%u", i);
+    memory_region_init_io(&sl->doorbell, OBJECT(s), &pvgpu_doorbell_ops,
+                          sl, name, PVGPU_PAGE_SIZE);
+    memory_region_add_subregion_overlap(&s->bar2,
+                                        i * PVGPU_BAR2_STRIDE +
+                                        PVGPU_BAR2_DOORBELL,
+                                        &sl->doorbell, 1);
+    return true;
+}
+
+/*
+ * BAR0, the mailbox; BAR2 and BAR4, the slots' windows over a background
+ * that answers where no channel is mapped.  Registered with PCI by realize.
+ */
+static bool pvgpu_init_bars(PvgpuState *s, Error **errp)
+{
+    unsigned i;
 
     memory_region_init_io(&s->mmio, OBJECT(s), &pvgpu_mmio_ops, s,
                           "pvgpu-mmio", PVGPU_BAR0_SIZE);
@@ -3300,76 +3377,57 @@ static void pvgpu_realize(PCIDevice *pdev, Error **errp)
                           "pvgpu-ctrl-empty", s->num_slots * PVGPU_BAR2_STRIDE);
     memory_region_add_subregion_overlap(&s->bar2, 0, &s->bar2_bg, 0);
     memory_region_init(&s->bar4, OBJECT(s), "pvgpu-ring",
-                       s->num_slots * PVGPU_PAGE_SIZE);
+                       s->num_slots * PVGPU_BAR4_STRIDE);
     memory_region_init_io(&s->bar4_bg, OBJECT(s), &pvgpu_bg_ops, s,
-                          "pvgpu-ring-empty", s->num_slots * PVGPU_PAGE_SIZE);
+                          "pvgpu-ring-empty", s->num_slots * PVGPU_BAR4_STRIDE);
     memory_region_add_subregion_overlap(&s->bar4, 0, &s->bar4_bg, 0);
 
     for (i = 0; i < s->num_slots; i++) {
+        if (!pvgpu_init_slot(s, i, errp)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* kernel-wn: an eventfd per slot for KVM's write notify, and the listener
+ * that registers the trapped control pages with KVM (section 6.1). */
+static bool pvgpu_init_kernel_wn(PvgpuState *s, Error **errp)
+{
+    unsigned i;
+    int ret;
+
+    if (!s->use_kernel_wn) {
+        return true;
+    }
+    for (i = 0; i < s->num_slots; i++) {
         PvgpuSlot *sl = &s->slots[i];
 
-        sl->dev = s;
-        sl->index = i;
-        sl->shadow = qemu_memalign(PVGPU_PAGE_SIZE, PVGPU_PAGE_SIZE);
-        memset(sl->shadow, 0, PVGPU_PAGE_SIZE);
-        sl->chan_mem = mmap(NULL, PVGPU_CHAN_MEM_SIZE, PROT_READ | PROT_WRITE,
-                            MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (sl->chan_mem == MAP_FAILED) {
-            sl->chan_mem = NULL;
-            error_setg_errno(errp, errno, "pvgpu: cannot reserve channel memory");
-            goto fail;
+        ret = event_notifier_init(&sl->wn_notify, 0);
+        if (ret < 0) {
+            error_setg_errno(errp, -ret, "pvgpu: cannot create an eventfd "
+                             "for KVM write notify");
+            return false;
         }
-        snprintf(name, sizeof(name), "pvgpu-ctrl%u", i);
-        memory_region_init_ram_device_ptr(&sl->ctrl_direct, OBJECT(s), name,
-                                          PVGPU_PAGE_SIZE, sl->chan_mem);
-        snprintf(name, sizeof(name), "pvgpu-ring%u", i);
-        memory_region_init_ram_device_ptr(&sl->ring, OBJECT(s), name,
-                                          PVGPU_PAGE_SIZE,
-                                          (uint8_t *)sl->chan_mem +
-                                          PVGPU_CHAN_RING_OFFSET);
-        snprintf(name, sizeof(name), "pvgpu-trap%u", i);
-        memory_region_init_io(&sl->ctrl_trap, OBJECT(s), &pvgpu_trap_ops, sl,
-                              name, PVGPU_PAGE_SIZE);
-        snprintf(name, sizeof(name), "pvgpu-shadow%u", i);
-        memory_region_init_ram_device_ptr(&sl->ctrl_shadow, OBJECT(s), name,
-                                          PVGPU_PAGE_SIZE, sl->shadow);
-        snprintf(name, sizeof(name), "pvgpu-doorbell%u", i);
-        memory_region_init_io(&sl->doorbell, OBJECT(s), &pvgpu_doorbell_ops,
-                              sl, name, PVGPU_PAGE_SIZE);
-        memory_region_add_subregion_overlap(&s->bar2,
-                                            i * PVGPU_BAR2_STRIDE +
-                                            PVGPU_BAR2_DOORBELL,
-                                            &sl->doorbell, 1);
+        sl->wn_notify_ok = true;
+        event_notifier_set_handler(&sl->wn_notify, slot_wn_notified);
     }
+    s->wn_fallback_bh = qemu_bh_new(pvgpu_wn_fallback_bh, s);
+    s->wn_listener = (MemoryListener) {
+        .name = "pvgpu-wn",
+        .region_add = pvgpu_wn_region_add,
+        .region_del = pvgpu_wn_region_del,
+        .priority = 20,   /* after KVM's add, before KVM's del */
+    };
+    memory_listener_register(&s->wn_listener, &address_space_memory);
+    s->wn_listening = true;
+    return true;
+}
 
-    if (s->use_kernel_wn) {
-        for (i = 0; i < s->num_slots; i++) {
-            PvgpuSlot *sl = &s->slots[i];
-
-            ret = event_notifier_init(&sl->wn_notify, 0);
-            if (ret < 0) {
-                error_setg_errno(errp, -ret, "pvgpu: cannot create an eventfd "
-                                 "for KVM write notify");
-                goto fail;
-            }
-            sl->wn_notify_ok = true;
-            event_notifier_set_handler(&sl->wn_notify, slot_wn_notified);
-        }
-        s->wn_fallback_bh = qemu_bh_new(pvgpu_wn_fallback_bh, s);
-        s->wn_listener = (MemoryListener) {
-            .name = "pvgpu-wn",
-            .region_add = pvgpu_wn_region_add,
-            .region_del = pvgpu_wn_region_del,
-            .priority = 20,   /* after KVM's add, before KVM's del */
-        };
-        memory_listener_register(&s->wn_listener, &address_space_memory);
-        s->wn_listening = true;
-    }
-
-    pci_register_bar(pdev, 0, PCI_BASE_ADDRESS_SPACE_MEMORY, &s->mmio);
-    pci_register_bar(pdev, 2, PCI_BASE_ADDRESS_SPACE_MEMORY, &s->bar2);
-    pci_register_bar(pdev, 4, PCI_BASE_ADDRESS_SPACE_MEMORY, &s->bar4);
-
+/* The device's state at power-on, its timers and bottom halves, and the
+ * daemon connection's handlers: from here on HELLO goes out on connect. */
+static void pvgpu_start(PvgpuState *s)
+{
     s->irq_mask = PVGPU_IRQ_ALL;
     s->link = PVGPU_LINK_DOWN;
     s->refresh = timer_new_ms(QEMU_CLOCK_REALTIME, pvgpu_refresh_cb, s);
@@ -3382,11 +3440,17 @@ static void pvgpu_realize(PCIDevice *pdev, Error **errp)
 
     qemu_chr_fe_set_handlers(&s->chr, pvgpu_chr_can_read, pvgpu_chr_read,
                              pvgpu_chr_event, NULL, s, NULL, true);
-    return;
+}
 
-fail:
-    /* The subregions the device owns hold references on it: without them
-     * gone a failed realize is never finalized (pvgpu_exit does the same). */
+/*
+ * Undo a realize that failed after the relay started.  The subregions the
+ * device owns hold references on it: without them gone a failed realize is
+ * never finalized (pvgpu_exit does the same).
+ */
+static void pvgpu_realize_undo(PvgpuState *s)
+{
+    unsigned i;
+
     memory_region_transaction_begin();
     for (i = 0; i < s->num_slots; i++) {
         if (s->slots[i].doorbell.container) {
@@ -3401,9 +3465,34 @@ fail:
     }
     memory_region_transaction_commit();
     pvgpu_wn_cleanup(s);
-    msix_uninit_exclusive_bar(pdev);      /* no-op when MSI-X is absent */
+    msix_uninit_exclusive_bar(&s->pdev);  /* no-op when MSI-X is absent */
     pvgpu_relay_stop(s->relay);
     s->relay = NULL;
+}
+
+static void pvgpu_realize(PCIDevice *pdev, Error **errp)
+{
+    PvgpuState *s = PVGPU(pdev);
+
+    if (!pvgpu_check_properties(s, errp)) {
+        return;
+    }
+    s->relay = pvgpu_relay_new(s, errp);
+    if (!s->relay) {
+        return;
+    }
+    if (!pvgpu_init_irqs(s, errp) || !pvgpu_init_bars(s, errp) ||
+        !pvgpu_init_kernel_wn(s, errp)) {
+        pvgpu_realize_undo(s);
+        return;
+    }
+    pci_register_bar(pdev, PVGPU_BAR_MBOX, PCI_BASE_ADDRESS_SPACE_MEMORY,
+                     &s->mmio);
+    pci_register_bar(pdev, PVGPU_BAR_CHANNELS, PCI_BASE_ADDRESS_SPACE_MEMORY,
+                     &s->bar2);
+    pci_register_bar(pdev, PVGPU_BAR_RINGS, PCI_BASE_ADDRESS_SPACE_MEMORY,
+                     &s->bar4);
+    pvgpu_start(s);
 }
 
 /*
