@@ -7,10 +7,10 @@ set -eu
 kdir=$1 output=$2 srcdir=$3 incdir=$4
 work=$(dirname "$output")/kbuild
 mkdir -p "$work/include/pvgpu"
-for f in pvgpu.c pvgpu_regs.h Kbuild; do
+for f in pvgpu.c Kbuild; do
     cmp -s "$srcdir/$f" "$work/$f" || cp "$srcdir/$f" "$work/$f"
 done
-for f in abi.h protocol.h guest_ioctl.h; do
+for f in abi.h protocol.h guest_ioctl.h regs.h; do
     cmp -s "$incdir/pvgpu/$f" "$work/include/pvgpu/$f" || cp "$incdir/pvgpu/$f" "$work/include/pvgpu/$f"
 done
 work=$(cd "$work" && pwd)

@@ -53,7 +53,7 @@
 
 #include "pvgpu/guest_ioctl.h"
 #include "pvgpu/protocol.h"
-#include "pvgpu_regs.h"
+#include "pvgpu/regs.h"
 
 #define PVGPU_DRV_VERSION "0.1.0"
 #define PVGPU_MAX_WEIGHTS 256	/* remembered task weights (bounded table) */
@@ -221,7 +221,7 @@ static void pvgpu_dev_free(struct kref *ref)
 
 static bool pvgpu_cmd_settled(struct pvgpu_dev *dev)
 {
-	return pvgpu_rd(dev, PVGPU_REG_CMD_STATUS) != PVGPU_ST_BUSY;
+	return pvgpu_rd(dev, PVGPU_REG_CMD_STATUS) != PVGPU_CMDST_BUSY;
 }
 
 static void pvgpu_slot_reset(struct pvgpu_slot *s)
@@ -274,7 +274,7 @@ static int pvgpu_mbox_settle(struct pvgpu_dev *dev, long timeout)
 	status = pvgpu_rd(dev, PVGPU_REG_CMD_STATUS);
 	slot = pvgpu_rd(dev, PVGPU_REG_RESULT0);
 	spin_lock_irqsave(&dev->lock, flags);
-	if (dev->stale == PVGPU_STALE_ALLOC && status == PVGPU_ST_OK &&
+	if (dev->stale == PVGPU_STALE_ALLOC && status == PVGPU_CMDST_OK &&
 	    slot < dev->num_slots && dev->slots[slot].use == PVGPU_USE_FREE) {
 		dev->slots[slot].use = PVGPU_USE_ZOMBIE;
 	} else if (dev->stale == PVGPU_STALE_FREE) {
@@ -399,7 +399,7 @@ static void pvgpu_reap_locked(struct pvgpu_dev *dev)
 			break;
 		}
 		/* E_INVALID: the device no longer holds it (reset): free too. */
-		if (st != PVGPU_ST_OK)
+		if (st != PVGPU_CMDST_OK)
 			dev_warn(&dev->pdev->dev, "slot %u: CHAN_FREE status %d\n", i, st);
 		spin_lock_irqsave(&dev->lock, flags);
 		pvgpu_slot_reset(&dev->slots[i]);
@@ -508,7 +508,7 @@ static int pvgpu_weight_forget(struct pvgpu_dev *dev, struct pvgpu_weight *w)
 	if (st < 0)
 		return st;
 	/* E_LINK: no daemon now; the next one never knew the weight. */
-	if (st != PVGPU_ST_OK && st != PVGPU_ST_E_LINK)
+	if (st != PVGPU_CMDST_OK && st != PVGPU_CMDST_E_LINK)
 		dev_warn_ratelimited(&dev->pdev->dev,
 				     "forgetting the weight of exited pid %d failed: status %d\n",
 				     pid_nr(w->pid), st);
@@ -606,13 +606,13 @@ static struct pvgpu_weight *pvgpu_weight_slot(struct pvgpu_dev *dev, struct pid 
 static int pvgpu_weight_errno(int st, u32 r1)
 {
 	switch (st) {
-	case PVGPU_ST_OK:
+	case PVGPU_CMDST_OK:
 		return 0;
-	case PVGPU_ST_E_INVALID:
+	case PVGPU_CMDST_E_INVALID:
 		return -EINVAL;
-	case PVGPU_ST_E_LINK:
+	case PVGPU_CMDST_E_LINK:
 		return -ENOLINK;
-	case PVGPU_ST_E_DAEMON:
+	case PVGPU_CMDST_E_DAEMON:
 		return r1 == PVGPU_E_LIMIT ? -ENOSPC : -EIO;
 	default:
 		return st < 0 ? st : -EIO;
@@ -644,7 +644,7 @@ static void pvgpu_weights_resend(struct pvgpu_dev *dev, u32 gen)
 			       w->weight, NULL, &r1, false, PVGPU_STALE_OTHER, 0);
 		if (st < 0)
 			break;
-		if (st != PVGPU_ST_OK)
+		if (st != PVGPU_CMDST_OK)
 			dev_warn(&dev->pdev->dev,
 				 "re-sending the weight of pid %d failed: errno %d\n",
 				 pid_nr(w->pid), -pvgpu_weight_errno(st, r1));
@@ -686,7 +686,7 @@ static void pvgpu_link_work(struct work_struct *work)
 	link = pvgpu_rd(dev, PVGPU_REG_LINK);
 	gen = pvgpu_rd(dev, PVGPU_REG_LINK_GEN);
 	for (i = 0; i < dev->num_slots; i++) {
-		state = pvgpu_rd(dev, PVGPU_REG_SLOT_STATE(i));
+		state = pvgpu_rd(dev, PVGPU_REG_SLOT(i, PVGPU_SLOT_REG_STATE));
 		spin_lock_irqsave(&dev->lock, flags);
 		if (dev->slots[i].use == PVGPU_USE_OWNED &&
 		    (state == PVGPU_SLOT_LOST || dev->slots[i].link_gen != gen)) {
@@ -728,21 +728,21 @@ static void pvgpu_fence_irq(struct pvgpu_dev *dev)
 		 * and after the status, so that an OK is believed only for the
 		 * target it ended; the error after the status it goes with.
 		 */
-		wf = pvgpu_rd(dev, PVGPU_REG_WAIT_FENCE(i));
-		ws = pvgpu_rd(dev, PVGPU_REG_WAIT_STATUS(i));
-		we = pvgpu_rd(dev, PVGPU_REG_WAIT_ERROR(i));
-		wf2 = pvgpu_rd(dev, PVGPU_REG_WAIT_FENCE(i));
+		wf = pvgpu_rd(dev, PVGPU_REG_WAIT(i, PVGPU_WAIT_REG_FENCE));
+		ws = pvgpu_rd(dev, PVGPU_REG_WAIT(i, PVGPU_WAIT_REG_STATUS));
+		we = pvgpu_rd(dev, PVGPU_REG_WAIT(i, PVGPU_WAIT_REG_ERROR));
+		wf2 = pvgpu_rd(dev, PVGPU_REG_WAIT(i, PVGPU_WAIT_REG_FENCE));
 		s = &dev->slots[i];
 		spin_lock_irqsave(&dev->lock, flags);
-		if (s->use == PVGPU_USE_OWNED && ws != PVGPU_WS_ARMED) {
+		if (s->use == PVGPU_USE_OWNED && ws != PVGPU_WAITST_ARMED) {
 			s->armed = false;
 			s->wait_ends++;
-			if (ws == PVGPU_WS_OK && wf == wf2) {
+			if (ws == PVGPU_WAITST_OK && wf == wf2) {
 				if (!s->reached_valid || fence_reached(wf, s->reached))
 					s->reached = wf;
 				s->reached_valid = true;
 				s->reached_gen = s->wait_ends;
-			} else if (ws == PVGPU_WS_E_DEAD) {
+			} else if (ws == PVGPU_WAITST_E_DEAD) {
 				pvgpu_mark_dead(s, we ? we : PVGPU_CHAN_ERR_LOST);
 			}
 			s->event_seq++;
@@ -916,7 +916,7 @@ static u32 pvgpu_slots_used(struct pvgpu_dev *dev)
 	u32 i, used = 0;
 
 	for (i = 0; i < dev->num_slots; i++)
-		used += pvgpu_rd(dev, PVGPU_REG_SLOT_STATE(i)) != PVGPU_SLOT_FREE;
+		used += pvgpu_rd(dev, PVGPU_REG_SLOT(i, PVGPU_SLOT_REG_STATE)) != PVGPU_SLOT_FREE;
 	return used;
 }
 
@@ -960,11 +960,11 @@ static long pvgpu_ioc_info(struct pvgpu_file *pf, struct pvgpu_ioc_info *info)
 static int pvgpu_alloc_errno(int st, u32 r1)
 {
 	switch (st) {
-	case PVGPU_ST_E_NOSLOT:
+	case PVGPU_CMDST_E_NOSLOT:
 		return -ENOSPC;
-	case PVGPU_ST_E_LINK:
+	case PVGPU_CMDST_E_LINK:
 		return -ENOLINK;
-	case PVGPU_ST_E_DAEMON:
+	case PVGPU_CMDST_E_DAEMON:
 		if (r1 == PVGPU_E_LIMIT)
 			return -EDQUOT;
 		if (r1 == PVGPU_E_STATE)
@@ -985,7 +985,7 @@ static void pvgpu_write_task_name(struct pvgpu_dev *dev)
 	get_task_comm(comm, current);
 	strscpy(name, comm, sizeof(name));
 	for (k = 0; k < PVGPU_TASK_NAME_LEN / 4; k++)
-		pvgpu_wr(dev, PVGPU_REG_TASK_NAME(k),
+		pvgpu_wr(dev, PVGPU_REG_TASK_NAME + 4 * k,
 			 get_unaligned_le32(name + 4 * k));
 }
 
@@ -1035,7 +1035,7 @@ static long pvgpu_ioc_alloc(struct pvgpu_file *pf, struct pvgpu_ioc_alloc *req)
 	st = pvgpu_cmd(dev, PVGPU_CMD_CHAN_ALLOC, lower_32_bits(hint),
 		       upper_32_bits(hint), 0, &slot, &chan, true,
 		       PVGPU_STALE_ALLOC, 0);
-	if (st == PVGPU_ST_OK) {
+	if (st == PVGPU_CMDST_OK) {
 		spin_lock_irqsave(&dev->lock, flags);
 		if (slot >= dev->num_slots || dev->slots[slot].use != PVGPU_USE_FREE) {
 			spin_unlock_irqrestore(&dev->lock, flags);
@@ -1055,7 +1055,7 @@ static long pvgpu_ioc_alloc(struct pvgpu_file *pf, struct pvgpu_ioc_alloc *req)
 		spin_unlock_irqrestore(&dev->lock, flags);
 	}
 	pvgpu_mbox_unlock(dev);
-	if (st != PVGPU_ST_OK)
+	if (st != PVGPU_CMDST_OK)
 		return pvgpu_alloc_errno(st, chan);
 
 	req->handle = slot;
@@ -1112,25 +1112,25 @@ static int pvgpu_arm(struct pvgpu_dev *dev, struct pvgpu_slot *s, u32 handle,
 
 	st = pvgpu_cmd(dev, PVGPU_CMD_FENCE_WAIT, handle, target, 0, NULL, &r1,
 		       false, PVGPU_STALE_OTHER, 0);
-	we = pvgpu_rd(dev, PVGPU_REG_WAIT_ERROR(handle));
+	we = pvgpu_rd(dev, PVGPU_REG_WAIT(handle, PVGPU_WAIT_REG_ERROR));
 	spin_lock_irqsave(&dev->lock, flags);
 	if (s->use == PVGPU_USE_OWNED && s->alloc_seq == alloc_seq) {
-		if (st == PVGPU_ST_OK && r1 == PVGPU_WS_OK) {
+		if (st == PVGPU_CMDST_OK && r1 == PVGPU_WAITST_OK) {
 			s->armed = false;
 			s->wait_ends++;	/* ended at once (its interrupt follows) */
 			if (!s->reached_valid || fence_reached(target, s->reached))
 				s->reached = target;
 			s->reached_valid = true;
 			s->reached_gen = s->wait_ends;
-		} else if (st == PVGPU_ST_OK && r1 == PVGPU_WS_E_DEAD) {
+		} else if (st == PVGPU_CMDST_OK && r1 == PVGPU_WAITST_E_DEAD) {
 			s->armed = false;
 			pvgpu_mark_dead(s, we ? we : PVGPU_CHAN_ERR_LOST);
-		} else if (st == PVGPU_ST_E_INVALID && r1 == PVGPU_WS_ARMED) {
+		} else if (st == PVGPU_CMDST_E_INVALID && r1 == PVGPU_WAITST_ARMED) {
 			/* an earlier wait is armed, unless it ended meanwhile */
 			s->armed = s->wait_ends == ends;
-		} else if (st == PVGPU_ST_OK && r1 == PVGPU_WS_ARMED) {
+		} else if (st == PVGPU_CMDST_OK && r1 == PVGPU_WAITST_ARMED) {
 			/* armed; s->armed is false already if it ended meanwhile */
-		} else if (st == PVGPU_ST_E_INVALID) {
+		} else if (st == PVGPU_CMDST_E_INVALID) {
 			/* the device does not hold the channel any more */
 			s->armed = false;
 			pvgpu_mark_dead(s, PVGPU_CHAN_ERR_LOST);
@@ -1767,7 +1767,7 @@ static int pvgpu_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	magic = pvgpu_rd(dev, PVGPU_REG_MAGIC);
 	dev->version = pvgpu_rd(dev, PVGPU_REG_VERSION);
 	dev->num_slots = pvgpu_rd(dev, PVGPU_REG_NUM_SLOTS);
-	if (magic != PVGPU_MAGIC_VALUE || dev->version < 1 ||
+	if (magic != PVGPU_DEV_MAGIC || dev->version < 1 ||
 	    dev->num_slots < 1 || dev->num_slots > PVGPU_MAX_SLOTS ||
 	    pci_resource_len(pdev, PVGPU_BAR_CHANNELS) <
 	    (resource_size_t)dev->num_slots * PVGPU_BAR2_STRIDE ||
@@ -1855,7 +1855,7 @@ static void pvgpu_remove(struct pci_dev *pdev)
 	 */
 	for (i = 0; i < dev->num_slots; i++) {
 		unsigned long end = jiffies + pvgpu_cmd_jiffies();
-		u32 state = pvgpu_rd(dev, PVGPU_REG_SLOT_STATE(i));
+		u32 state = pvgpu_rd(dev, PVGPU_REG_SLOT(i, PVGPU_SLOT_REG_STATE));
 
 		if (state != PVGPU_SLOT_LIVE && state != PVGPU_SLOT_LOST)
 			continue;

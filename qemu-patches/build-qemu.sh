@@ -118,7 +118,7 @@ done
 # and, beside pvgpu.c, the uapi of kvm-hooks/ (the in-kernel write notify
 # the device probes; found next to the file that includes it).
 mkdir -p "$src/include/hw/misc/pvgpu"
-for h in abi.h protocol.h; do
+for h in abi.h protocol.h regs.h; do
     cmp -s "$repo/include/pvgpu/$h" "$src/include/hw/misc/pvgpu/$h" ||
         cp "$repo/include/pvgpu/$h" "$src/include/hw/misc/pvgpu/$h"
 done

@@ -3,6 +3,7 @@ tests/vm, tests/libvirt)."""
 
 import json
 import os
+import re
 import select
 import shlex
 import signal
@@ -95,6 +96,102 @@ def run_case(name, run, args):
             return 1
     log(f"PASS {name}")
     return 0
+
+
+# ---- C headers (include/pvgpu/) ----------------------------------------------
+
+_C_TOKEN = re.compile(r"\s*(?:(0[xX][0-9a-fA-F]+|\d+)[uUlL]*|([A-Za-z_]\w*)|(<<|>>|[-+*|&^~()]))")
+
+
+def _c_int_expr(text, names):
+    """The value of a C integer constant expression made of numbers, names in
+    `names`, unary - ~, binary * + - << >> & ^ | and parentheses; None for
+    anything else (a cast, sizeof, a string, an unknown name)."""
+    toks, pos = [], 0
+    text = text.strip()
+    while pos < len(text):
+        m = _C_TOKEN.match(text, pos)
+        if not m:
+            return None
+        pos = m.end()
+        if m.group(1):
+            if re.match(r"0\d", m.group(1)):
+                return None                     # octal: not used in these headers
+            toks.append(int(m.group(1), 0))
+        elif m.group(2):
+            if m.group(2) not in names:
+                return None
+            toks.append(names[m.group(2)])
+        else:
+            toks.append(m.group(3))
+    levels = [("|",), ("^",), ("&",), ("<<", ">>"), ("+", "-"), ("*",)]
+    ops = {"|": int.__or__, "^": int.__xor__, "&": int.__and__, "<<": int.__lshift__,
+           ">>": int.__rshift__, "+": int.__add__, "-": int.__sub__, "*": int.__mul__}
+    i = 0
+
+    def binary(level):
+        nonlocal i
+        if level == len(levels):
+            return unary()
+        v = binary(level + 1)
+        while i < len(toks) and toks[i] in levels[level]:
+            op = toks[i]
+            i += 1
+            v = ops[op](v, binary(level + 1))
+        return v
+
+    def unary():
+        nonlocal i
+        if i == len(toks):
+            raise ValueError("expression ends early")
+        t = toks[i]
+        i += 1
+        if isinstance(t, int):
+            return t
+        if t == "-":
+            return -unary()
+        if t == "~":
+            return ~unary()
+        if t == "(":
+            v = binary(0)
+            if i == len(toks) or toks[i] != ")":
+                raise ValueError("unbalanced parentheses")
+            i += 1
+            return v
+        raise ValueError(f"unexpected {t!r}")
+
+    try:
+        v = binary(0)
+    except ValueError:
+        return None
+    return v if i == len(toks) else None
+
+
+def c_defines(path, prefix="PVGPU_", _names=None):
+    """The integer #defines of the C header `path` as {name less `prefix`: value},
+    e.g. c_defines(".../include/pvgpu/regs.h")["REG_MAGIC"].  Headers it
+    #includes "like this" (beside it) are read first, for the names its
+    values use, but only the header's own names are returned.  Lines whose
+    value is not an integer expression (_c_int_expr), and function-like
+    macros, are skipped."""
+    names = {} if _names is None else _names
+    with open(path) as f:
+        text = f.read()
+    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+    text = re.sub(r"//[^\n]*", "", text).replace("\\\n", " ")
+    own = {}
+    for line in text.splitlines():
+        m = re.match(r'\s*#\s*include\s+"([^"]+)"', line)
+        if m:
+            c_defines(os.path.join(os.path.dirname(path), m.group(1)), prefix, names)
+            continue
+        m = re.match(r"\s*#\s*define\s+([A-Za-z_]\w*)(?!\()\s+(.+)", line)
+        if not m:
+            continue
+        v = _c_int_expr(m.group(2), names)
+        if v is not None:
+            names[m.group(1)] = own[m.group(1)] = v
+    return {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in own.items()}
 
 
 class Qmp:

@@ -27,6 +27,7 @@
 #define PVGPU_GUEST_IOCTL_H
 
 #include "abi.h"
+#include "regs.h" /* PVGPU_LINK_*: struct pvgpu_ioc_info.link is the device's LINK */
 
 #ifdef __KERNEL__
 #include <linux/ioctl.h>
@@ -48,11 +49,6 @@ typedef int64_t pvgpu_s64;
 #define PVGPU_MMAP_DOORBELL (1u * PVGPU_PAGE_SIZE)
 #define PVGPU_MMAP_RING (2u * PVGPU_PAGE_SIZE)
 #define PVGPU_MMAP_CHANNEL_SIZE (3u * PVGPU_PAGE_SIZE)
-
-/* Device link state (PVGPU_IOC_INFO.link), as the device's LINK register. */
-#define PVGPU_LINK_DOWN 0u
-#define PVGPU_LINK_HELLO 1u
-#define PVGPU_LINK_READY 2u
 
 /* PVGPU_IOC_INFO: the device and the caller as the driver sees them. */
 struct pvgpu_ioc_info {

@@ -615,8 +615,7 @@ unsigned parse_weight(const std::string& text) {
     unsigned long w = 0;
     const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), w);
     if (ec != std::errc{} || end != text.data() + text.size() || w < kWeightMin || w > kWeightMax)
-        throw UsageError{"weight must be an integer in " + std::to_string(kWeightMin) + ".." +
-                         std::to_string(kWeightMax) + ", got '" + text + "'"};
+        throw UsageError{"weight must be an integer in " + kWeightRange + ", got '" + text + "'"};
     return static_cast<unsigned>(w);
 }
 

@@ -10,6 +10,7 @@
 // before submitting the next one (the simulator's workload model).  All loops
 // run on one thread; waiting is done by libpvgpu (no busy spinning).
 #include <pvgpu.h>
+#include <pvgpu/abi.h>  // PVGPU_WEIGHT_*
 #include <pvgpu/guest_ioctl.h>
 
 #include <signal.h>
@@ -220,7 +221,7 @@ Options parse_args(int argc, char** argv) {
             if ((t == pvgpu::Transport::Socket ? o.socket : o.device).empty())
                 throw UsageError{std::string(key) + ": empty path"};
         } else if (key == "--weight") {
-            o.weight = static_cast<std::uint32_t>(parse_count(key, value(), 1, 10000));
+            o.weight = static_cast<std::uint32_t>(parse_count(key, value(), PVGPU_WEIGHT_MIN, PVGPU_WEIGHT_MAX));
         } else if (key == "--gpu") {
             o.gpu = static_cast<std::uint32_t>(parse_count(key, value(), 0, pvgpu::kMaxGpus - 1));
         } else if (key == "--name") {

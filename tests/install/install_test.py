@@ -211,7 +211,8 @@ def case_tree(ns, tmp):
     check(os.path.abspath(ns.build_dir) not in dyn, "the installed pvgpu-load has a run path into the build")
 
     # Header and pkg-config file.
-    for h in ("pvgpu.h", "pvgpu/abi.h", "pvgpu/protocol.h", "pvgpu/guest_ioctl.h", "pvgpu/backend.h"):
+    for h in ("pvgpu.h", "pvgpu/abi.h", "pvgpu/protocol.h", "pvgpu/guest_ioctl.h", "pvgpu/regs.h",
+              "pvgpu/backend.h"):
         check(os.path.isfile(at(os.path.join(dirs["includedir"], h))), f"{h} not installed in {dirs['includedir']}")
     pc = os.path.join(libdir, "pkgconfig", "pvgpu.pc")
     check(os.path.isfile(pc), f"{pc} not installed")

@@ -35,24 +35,8 @@
 
 #include "pvgpu/abi.h"
 #include "pvgpu/protocol.h"
+#include "pvgpu/regs.h"
 
-#define VENDOR 0x1234
-#define DEVICE 0x5047
-#define REG_MAGIC 0x00
-#define REG_LINK 0x0c
-#define REG_CMD 0x10
-#define REG_CMD_STATUS 0x14
-#define REG_ARG0 0x18
-#define REG_ARG1 0x1c
-#define REG_RESULT0 0x20
-#define REG_FEATURES 0x48
-#define REG_SLOT_MODE(i) (0x104 + 16 * (i))
-#define MAGIC 0x55504750u
-#define LINK_READY 2
-#define CMD_CHAN_ALLOC 1
-#define CMDST_BUSY 1
-#define SLOT_STRIDE 0x2000
-#define DOORBELL_OFF 0x1000
 #define KERNEL_NS (200u * 1000 * 1000)
 #define WAIT_NS (20ull * 1000 * 1000 * 1000)
 
@@ -157,12 +141,12 @@ static void open_device(void)
 		fail("%s: %s", root, strerror(errno));
 	while ((e = readdir(d))) {
 		snprintf(dir, sizeof(dir), "%s/%s", root, e->d_name);
-		if (read_hex(dir, "vendor") == VENDOR && read_hex(dir, "device") == DEVICE)
+		if (read_hex(dir, "vendor") == PVGPU_PCI_VENDOR_ID && read_hex(dir, "device") == PVGPU_PCI_DEVICE_ID)
 			break;
 	}
 	closedir(d);
 	if (!e)
-		fail("no pvgpu PCI device (%04x:%04x)", VENDOR, DEVICE);
+		fail("no pvgpu PCI device (%04x:%04x)", PVGPU_PCI_VENDOR_ID, PVGPU_PCI_DEVICE_ID);
 	/* Without a driver the BARs may not decode yet. */
 	snprintf(path, sizeof(path), "%s/enable", dir);
 	f = fopen(path, "w");
@@ -172,8 +156,8 @@ static void open_device(void)
 	bar0 = map_bar(dir, 0, NULL);
 	bar2 = map_bar(dir, 2, NULL);
 	bar4 = map_bar(dir, 4, NULL);
-	if (reg(REG_MAGIC) != MAGIC)
-		fail("MAGIC %#x", reg(REG_MAGIC));
+	if (reg(PVGPU_REG_MAGIC) != PVGPU_DEV_MAGIC)
+		fail("MAGIC %#x", reg(PVGPU_REG_MAGIC));
 }
 
 /*
@@ -200,23 +184,23 @@ static void toggle_memory_decode(void)
 
 static unsigned alloc_channel(void)
 {
-	wait_reg(REG_LINK, LINK_READY, "daemon link");
-	set_reg(REG_ARG0, 0xbe7c);
-	set_reg(REG_ARG1, 0);
-	set_reg(REG_CMD, CMD_CHAN_ALLOC);
+	wait_reg(PVGPU_REG_LINK, PVGPU_LINK_READY, "daemon link");
+	set_reg(PVGPU_REG_ARG0, 0xbe7c);
+	set_reg(PVGPU_REG_ARG1, 0);
+	set_reg(PVGPU_REG_CMD, PVGPU_CMD_CHAN_ALLOC);
 	{
 		uint64_t deadline = now_ns() + WAIT_NS;
 		const struct timespec step = { 0, 100 * 1000 };
 
-		while (reg(REG_CMD_STATUS) == CMDST_BUSY) {
+		while (reg(PVGPU_REG_CMD_STATUS) == PVGPU_CMDST_BUSY) {
 			if (now_ns() > deadline)
 				fail("CHAN_ALLOC still busy after 20 s");
 			nanosleep(&step, NULL);
 		}
 	}
-	if (reg(REG_CMD_STATUS) != 0)
-		fail("CHAN_ALLOC status %u", reg(REG_CMD_STATUS));
-	return reg(REG_RESULT0);
+	if (reg(PVGPU_REG_CMD_STATUS) != PVGPU_CMDST_OK)
+		fail("CHAN_ALLOC status %u", reg(PVGPU_REG_CMD_STATUS));
+	return reg(PVGPU_REG_RESULT0);
 }
 
 /* Mean ns per store of @put to IB_PUT, or 0 if the mode changed meanwhile. */
@@ -230,7 +214,7 @@ static uint64_t time_stores(volatile uint32_t *ib_put, uint32_t put, unsigned n,
 	for (i = 0; i < n; i++)
 		*ib_put = put;
 	t1 = now_ns();
-	if (reg(REG_SLOT_MODE(slot)) != mode)
+	if (reg(PVGPU_REG_SLOT(slot, PVGPU_SLOT_REG_MODE)) != mode)
 		return 0;
 	return (t1 - t0) / n;
 }
@@ -260,14 +244,14 @@ int main(int argc, char **argv)
 	}
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	open_device();
-	printf("RESULT features kernel_wn=%u\n", reg(REG_FEATURES) & 1);
+	printf("RESULT features kernel_wn=%u\n", reg(PVGPU_REG_FEATURES) & PVGPU_FEATURE_KERNEL_WN);
 	slot = alloc_channel();
-	ctrl = (volatile struct pvgpu_ctrl_page *)(bar2 + slot * SLOT_STRIDE);
-	doorbell = (volatile uint32_t *)(bar2 + slot * SLOT_STRIDE + DOORBELL_OFF);
+	ctrl = (volatile struct pvgpu_ctrl_page *)(bar2 + slot * PVGPU_BAR2_STRIDE);
+	doorbell = (volatile uint32_t *)(bar2 + slot * PVGPU_BAR2_STRIDE + PVGPU_BAR2_DOORBELL);
 	ring = (volatile struct pvgpu_ring_entry *)(bar4 + slot * PVGPU_PAGE_SIZE);
 
 	/* pvgpu-load left pvgpud idle: hfq traps the new, idle channel. */
-	wait_reg(REG_SLOT_MODE(slot), PVGPU_MODE_TRAPPED, "idle channel trapped");
+	wait_reg(PVGPU_REG_SLOT(slot, PVGPU_SLOT_REG_MODE), PVGPU_MODE_TRAPPED, "idle channel trapped");
 	for (r = 0; r < rounds; r++)
 		report("trapped", r, time_stores(&ctrl->ib_put, put, stores, slot,
 						 PVGPU_MODE_TRAPPED));
@@ -284,7 +268,7 @@ int main(int argc, char **argv)
 	__sync_synchronize();
 	ctrl->ib_put = ++put;
 	*doorbell = 1;
-	wait_reg(REG_SLOT_MODE(slot), PVGPU_MODE_DIRECT, "busy channel direct");
+	wait_reg(PVGPU_REG_SLOT(slot, PVGPU_SLOT_REG_MODE), PVGPU_MODE_DIRECT, "busy channel direct");
 	for (r = 0; r < rounds; r++)
 		report("direct", r, time_stores(&ctrl->ib_put, put, stores, slot,
 						PVGPU_MODE_DIRECT));

@@ -52,7 +52,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import qemu_test as qt  # noqa: E402
 from qemu_test import (BAR0_GPA, BAR1_GPA, BAR2_GPA, BAR4_GPA, HDR, MAGIC, PAGE,  # noqa: E402
                        REG_CMD, REG_IRQ_STATUS, REG_LINK, REG_MAGIC, REG_SLOT_BASE,
-                       REG_WAIT_BASE, SLOT_STRIDE, Device, FakeDaemon, Qemu, TestFailure,
+                       REG_WAIT_BASE, BAR2_STRIDE, Device, FakeDaemon, Qemu, TestFailure,
                        check, log)
 
 SLOTS = 4
@@ -175,10 +175,13 @@ class Fuzzer:
     def register(self):
         """A read or write of a named register (random offsets rarely hit them)."""
         dev, rng = self.dev, self.rng
-        off = rng.choice([0x0, 0x4, 0x8, 0xC, 0x14, 0x18, 0x1C, 0x20, 0x24, 0x28, 0x2C, 0x30, 0x34,
-                          0x38, 0x3C, 0x40, 0x44, qt.REG_TASK_NAME + 4 * rng.randrange(8),
-                          REG_SLOT_BASE + 0x10 * rng.randrange(SLOTS) + 4 * rng.randrange(4),
-                          REG_WAIT_BASE + 0x10 * rng.randrange(SLOTS) + 4 * rng.randrange(4)])
+        off = rng.choice([qt.REG_MAGIC, qt.REG_VERSION, qt.REG_NUM_SLOTS, qt.REG_LINK,
+                          qt.REG_CMD_STATUS, qt.REG_ARG0, qt.REG_ARG1, qt.REG_RESULT0,
+                          qt.REG_RESULT1, qt.REG_IRQ_STATUS, qt.REG_IRQ_ACK, qt.REG_IRQ_MASK,
+                          qt.REG_BAD_ACCESS, qt.REG_LINK_GEN, qt.REG_ARG2, qt.REG_FENCE_DONE_LO,
+                          qt.REG_FENCE_DONE_HI, qt.REG_TASK_NAME + 4 * rng.randrange(8),
+                          REG_SLOT_BASE + qt.REG_SLOT_STRIDE * rng.randrange(SLOTS) + 4 * rng.randrange(4),
+                          REG_WAIT_BASE + qt.REG_WAIT_STRIDE * rng.randrange(SLOTS) + 4 * rng.randrange(4)])
         if rng.random() < 0.7:
             dev.reg(off)
         else:
@@ -284,7 +287,7 @@ class Fuzzer:
         elif r < 0.30:
             self.access(BAR0_GPA, PAGE)
         elif r < 0.38:
-            self.access(BAR2_GPA, SLOTS * SLOT_STRIDE)
+            self.access(BAR2_GPA, SLOTS * BAR2_STRIDE)
         elif r < 0.42:
             self.access(BAR4_GPA, SLOTS * PAGE)
         elif r < 0.52:
@@ -313,11 +316,11 @@ class Fuzzer:
 
     def sample(self):
         dev = self.dev
-        check(dev.reg(REG_MAGIC) == MAGIC, "MAGIC reads wrong")
+        check(dev.reg(REG_MAGIC) == qt.DEV_MAGIC, "MAGIC reads wrong")
         for i in range(SLOTS):
-            self.states.add(("slot", dev.reg(REG_SLOT_BASE + 0x10 * i)))
-            self.states.add(("mode", dev.reg(REG_SLOT_BASE + 0x10 * i + 4)))
-            self.states.add(("wait", dev.reg(REG_WAIT_BASE + 0x10 * i)))
+            self.states.add(("slot", dev.reg(REG_SLOT_BASE + qt.REG_SLOT_STRIDE * i + qt.SLOT_REG_STATE)))
+            self.states.add(("mode", dev.reg(REG_SLOT_BASE + qt.REG_SLOT_STRIDE * i + qt.SLOT_REG_MODE)))
+            self.states.add(("wait", dev.reg(REG_WAIT_BASE + qt.REG_WAIT_STRIDE * i + qt.WAIT_REG_STATUS)))
         irq = dev.reg(REG_IRQ_STATUS)
         for b in range(4):
             if irq >> b & 1:

@@ -56,7 +56,8 @@ import time
 import uuid as uuidlib
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from testlib import Qmp, Skip, TestFailure, check, log, result, stop_process, wait_for  # noqa: E402
+from testlib import (Qmp, Skip, TestFailure, c_defines, check, log, result, stop_process,  # noqa: E402
+                     wait_for)
 
 # ---- ABI (include/pvgpu/abi.h, protocol.h) and the device (docs/pvgpu-device.md)
 
@@ -79,30 +80,16 @@ E_OK, E_VERSION, E_INVALID, E_STATE, E_LIMIT = 0, 1, 2, 3, 4
 E_INTERNAL = 6
 WEIGHT_MAX = 10000
 
-VENDOR_ID, DEVICE_ID = 0x1234, 0x5047
-REG_MAGIC, REG_VERSION, REG_NUM_SLOTS, REG_LINK = 0x00, 0x04, 0x08, 0x0C
-REG_CMD, REG_CMD_STATUS, REG_ARG0, REG_ARG1 = 0x10, 0x14, 0x18, 0x1C
-REG_RESULT0, REG_RESULT1, REG_IRQ_STATUS, REG_IRQ_ACK = 0x20, 0x24, 0x28, 0x2C
-REG_IRQ_MASK, REG_BAD_ACCESS, REG_LINK_GEN, REG_ARG2 = 0x30, 0x34, 0x38, 0x3C
-REG_TASK_NAME, TASK_NAME_LEN = 0xa00, 32
-DEV_VERSION = 2
-REG_FENCE_DONE_LO, REG_FENCE_DONE_HI = 0x40, 0x44
-REG_FEATURES, FEATURE_KERNEL_WN = 0x48, 0x1
-REG_SLOT_BASE, SLOT_STATE, SLOT_MODE, SLOT_CHAN_ID, SLOT_NOTICE = 0x100, 0x0, 0x4, 0x8, 0xC
-REG_WAIT_BASE, WAIT_STATUS, WAIT_FENCE, WAIT_ERROR = 0x600, 0x0, 0x4, 0x8
-LINK_DOWN, LINK_HELLO, LINK_READY = 0, 1, 2
-CMD_CHAN_ALLOC, CMD_CHAN_FREE, CMD_FENCE_WAIT, CMD_TASK_WEIGHT = 1, 2, 3, 4
-CMDST_OK, CMDST_BUSY, CMDST_E_INVALID, CMDST_E_NOSLOT, CMDST_E_LINK, CMDST_E_DAEMON = range(6)
-IRQ_CMD_DONE, IRQ_NOTICE, IRQ_LINK, IRQ_FENCE = 1, 2, 4, 8
-IRQ_ALL = IRQ_CMD_DONE | IRQ_NOTICE | IRQ_LINK | IRQ_FENCE
-WAIT_NONE, WAIT_ARMED, WAIT_OK, WAIT_E_DEAD = 0, 1, 2, 3
+# The device's registers, fields, commands and states: every integer #define
+# of include/pvgpu/regs.h, without its PVGPU_ prefix (REG_MAGIC,
+# SLOT_REG_STATE, CMDST_OK, IRQ_ALL, WAITST_OK, BAR2_STRIDE, ...).
+REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+globals().update(c_defines(os.path.join(REPO, "include", "pvgpu", "regs.h")))
+
 CHAN_ERR_WATCHDOG, CHAN_ERR_BAD_ENTRY = 1, 2
-VEC_CMD_DONE, VEC_NOTICE, VEC_FENCE = 0, 1, 2
 PCI_CAP_ID_MSI, PCI_CAP_ID_MSIX = 0x05, 0x11
 MSG_RAM_GPA = 0x100000  # MSI-X messages are pointed at guest RAM and read back
-SLOT_FREE, SLOT_PENDING, SLOT_LIVE, SLOT_LOST = 0, 1, 2, 3
 CHAN_ERR_LOST = 0x80
-SLOT_STRIDE = 2 * PAGE  # BAR2: control page + doorbell page per slot
 
 BAR0_GPA, BAR1_GPA, BAR2_GPA, BAR4_GPA = 0xE0000000, 0xE0001000, 0xE0100000, 0xE0400000
 PCI_DEV = 4  # -device pvgpu,addr=04.0
@@ -227,7 +214,7 @@ class Device:
         self.q = q
         self.bdf = None
         for dev in range(32):
-            if self.cfg_read(dev, 0) == (DEVICE_ID << 16 | VENDOR_ID):
+            if self.cfg_read(dev, 0) == (PCI_DEVICE_ID << 16 | PCI_VENDOR_ID):
                 self.bdf = dev
                 break
         check(self.bdf == PCI_DEV, f"pvgpu not found on bus 0 (found at {self.bdf})")
@@ -287,22 +274,22 @@ class Device:
         return bool((self.cfg_read(self.bdf, 0x04) >> 16) & 0x08)
 
     def wait_reg(self, slot, off):
-        return self.reg(REG_WAIT_BASE + 0x10 * slot + off)
+        return self.reg(REG_WAIT_BASE + REG_WAIT_STRIDE * slot + off)
 
     def fence_wait(self, slot, fence):
         """FENCE_WAIT: returns (CMD_STATUS, WAIT_STATUS as RESULT1)."""
         st, r0, r1 = self.command(CMD_FENCE_WAIT, slot, fence & 0xFFFFFFFF)
         if st == CMDST_OK:
             check(r0 == slot, f"FENCE_WAIT RESULT0 {r0} != slot {slot}")
-            check(r1 == self.wait_reg(slot, WAIT_STATUS), "RESULT1 is not WAIT_STATUS")
+            check(r1 == self.wait_reg(slot, WAIT_REG_STATUS), "RESULT1 is not WAIT_STATUS")
         return st, r1
 
     def fence_done(self):
         return self.reg(REG_FENCE_DONE_LO) | self.reg(REG_FENCE_DONE_HI) << 32
 
     def wait_ended(self, slot, timeout, what):
-        wait_for(lambda: self.wait_reg(slot, WAIT_STATUS) != WAIT_ARMED, timeout, what, step=0.001)
-        return self.wait_reg(slot, WAIT_STATUS)
+        wait_for(lambda: self.wait_reg(slot, WAIT_REG_STATUS) != WAITST_ARMED, timeout, what, step=0.001)
+        return self.wait_reg(slot, WAIT_REG_STATUS)
 
     def reg(self, off):
         return self.q.readl(BAR0_GPA + off)
@@ -311,16 +298,16 @@ class Device:
         self.q.writel(BAR0_GPA + off, val)
 
     def slot_reg(self, slot, off):
-        return self.reg(REG_SLOT_BASE + 0x10 * slot + off)
+        return self.reg(REG_SLOT_BASE + REG_SLOT_STRIDE * slot + off)
 
     def ctrl(self, slot, off=0):
-        return BAR2_GPA + slot * SLOT_STRIDE + off
+        return BAR2_GPA + slot * BAR2_STRIDE + off
 
     def doorbell(self, slot):
-        return BAR2_GPA + slot * SLOT_STRIDE + PAGE
+        return BAR2_GPA + slot * BAR2_STRIDE + BAR2_DOORBELL
 
     def ring(self, slot, index=0):
-        return BAR4_GPA + slot * PAGE + (index % RING_ENTRIES) * 16
+        return BAR4_GPA + slot * BAR4_STRIDE + (index % RING_ENTRIES) * 16
 
     def wait_link(self, timeout=10):
         wait_for(lambda: self.reg(REG_LINK) == LINK_READY, timeout, "the device's daemon link")
@@ -370,8 +357,8 @@ class Device:
     def alloc(self, pid_hint=0):
         st, slot, chan = self.command(CMD_CHAN_ALLOC, pid_hint & 0xFFFFFFFF, pid_hint >> 32)
         check(st == CMDST_OK, f"CHAN_ALLOC failed: status {st} result1 {chan}")
-        check(self.slot_reg(slot, SLOT_STATE) == SLOT_LIVE, f"slot {slot} not live after alloc")
-        check(self.slot_reg(slot, SLOT_CHAN_ID) == chan, "slot chan id differs from RESULT1")
+        check(self.slot_reg(slot, SLOT_REG_STATE) == SLOT_LIVE, f"slot {slot} not live after alloc")
+        check(self.slot_reg(slot, SLOT_REG_CHAN_ID) == chan, "slot chan id differs from RESULT1")
         return slot, chan
 
     def free(self, slot):
@@ -669,7 +656,7 @@ class Pvgpud:
 
 def probe(dev, slots):
     q = dev.q
-    check(dev.reg(REG_MAGIC) == MAGIC, f"MAGIC {dev.reg(REG_MAGIC):#x}")
+    check(dev.reg(REG_MAGIC) == DEV_MAGIC, f"MAGIC {dev.reg(REG_MAGIC):#x}")
     check(dev.reg(REG_VERSION) == DEV_VERSION, f"VERSION {dev.reg(REG_VERSION)}")
     check((dev.cfg_read(dev.bdf, 0x08) & 0xFF) == DEV_VERSION, "PCI revision is not VERSION")
     check(dev.reg(REG_ARG2) == 0, "ARG2 not 0 at reset")
@@ -681,14 +668,14 @@ def probe(dev, slots):
     dev.set_reg(REG_FEATURES, FEATURE_KERNEL_WN)
     check(dev.reg(REG_FEATURES) == 0 and dev.reg(REG_BAD_ACCESS) == bad + 1,
           "FEATURES is read-only: a store must be dropped and counted")
-    check(dev.sizes[0] == PAGE, f"BAR0 size {dev.sizes[0]:#x}")
-    check(dev.sizes[2] == slots * SLOT_STRIDE, f"BAR2 size {dev.sizes[2]:#x}")
-    check(dev.sizes[4] == slots * PAGE, f"BAR4 size {dev.sizes[4]:#x}")
+    check(dev.sizes[0] == BAR0_SIZE, f"BAR0 size {dev.sizes[0]:#x}")
+    check(dev.sizes[2] == slots * BAR2_STRIDE, f"BAR2 size {dev.sizes[2]:#x}")
+    check(dev.sizes[4] == slots * BAR4_STRIDE, f"BAR4 size {dev.sizes[4]:#x}")
     check(dev.sizes[1] == PAGE, f"BAR1 (MSI-X) size {dev.sizes[1]:#x}")
     check((dev.cfg_read(dev.bdf, 0x3C) >> 8) & 0xFF == 1, "interrupt pin is not INTA")
     mx = dev.msix_info()
-    check(mx == {"cap": mx["cap"], "vectors": 3, "table_bir": 1, "table_off": 0,
-                 "pba_bir": 1, "pba_off": 0x800}, f"MSI-X capability {mx}")
+    check(mx == {"cap": mx["cap"], "vectors": MSIX_VECTORS, "table_bir": BAR_MSIX, "table_off": 0,
+                 "pba_bir": BAR_MSIX, "pba_off": 0x800}, f"MSI-X capability {mx}")
     check(dev.find_cap(PCI_CAP_ID_MSI) is None, "plain MSI capability still present")
     result("msix.capability", json.dumps(mx))
     log(f"device at 00:{dev.bdf:02x}.0, {slots} slots, BAR sizes "
@@ -744,7 +731,7 @@ def case_fake(bins, tmp):
         n = fake.push_mode(chan, MODE_TRAPPED, 1)
         wait_for(lambda: len(fake.acks) > n, 5, "the TRAPPED ack")
         check(fake.acks[-1] == (chan, MODE_TRAPPED, 1, 3), f"TRAPPED ack {fake.acks[-1]}")
-        check(dev.slot_reg(slot, SLOT_MODE) == MODE_TRAPPED, "SLOT_MODE not trapped")
+        check(dev.slot_reg(slot, SLOT_REG_MODE) == MODE_TRAPPED, "SLOT_MODE not trapped")
         fake.bells(chan)
         kicks = qom(qmp, "doorbell-kicks")
         for put in (4, 5, 6):
@@ -863,7 +850,7 @@ def case_fake(bins, tmp):
         check(st == CMDST_E_NOSLOT, f"alloc with every slot used: {st}")
         for s in extra:
             dev.free(s)
-        check(all(dev.slot_reg(s, SLOT_STATE) == SLOT_FREE for s in extra), "freed slots not free")
+        check(all(dev.slot_reg(s, SLOT_REG_STATE) == SLOT_FREE for s in extra), "freed slots not free")
 
         # Batched switches: MODE pushes for several channels arriving in one
         # read are applied together (one flat-view update), and every
@@ -886,7 +873,7 @@ def case_fake(bins, tmp):
         check(sorted(acks) == sorted((c, MODE_TRAPPED, 101, 2) for _, c in group), f"burst acks {acks}")
         check(all(fake.page(c, CTRL_IB_PUT) == 2 for _, c in group), "burst unshadow: held IB_PUT not released")
         burst(MODE_DIRECT, 102)
-        check(all(dev.slot_reg(sl2, SLOT_MODE) == MODE_DIRECT for sl2, _ in group), "burst: not direct")
+        check(all(dev.slot_reg(sl2, SLOT_REG_MODE) == MODE_DIRECT for sl2, _ in group), "burst: not direct")
         dev.submit(group[0][0], 2, 1, 1000)
         check(fake.page(group[0][1], CTRL_IB_PUT) == 3, "burst: direct page not mapped")
         for sl2, _ in group:
@@ -898,21 +885,21 @@ def case_fake(bins, tmp):
         gen = dev.reg(REG_LINK_GEN)
         dev.set_reg(REG_IRQ_ACK, 0xFFFFFFFF)
         st, ws = dev.fence_wait(slot, fake.page(chan, CTRL_FENCE) + 1000)
-        check(ws == WAIT_ARMED, f"FENCE_WAIT before the drop: {st}/{ws}")
+        check(ws == WAITST_ARMED, f"FENCE_WAIT before the drop: {st}/{ws}")
         fake.drop()
-        wait_for(lambda: dev.slot_reg(slot, SLOT_STATE) in (SLOT_LOST, SLOT_LIVE) and
-                 dev.reg(REG_LINK_GEN) > gen or dev.slot_reg(slot, SLOT_STATE) == SLOT_LOST,
+        wait_for(lambda: dev.slot_reg(slot, SLOT_REG_STATE) in (SLOT_LOST, SLOT_LIVE) and
+                 dev.reg(REG_LINK_GEN) > gen or dev.slot_reg(slot, SLOT_REG_STATE) == SLOT_LOST,
                  5, "the slot to be marked lost")
         check(dev.reg(REG_IRQ_STATUS) & IRQ_LINK, "no LINK interrupt on disconnect")
-        check(dev.wait_reg(slot, WAIT_STATUS) == WAIT_E_DEAD and
-              dev.wait_reg(slot, WAIT_ERROR) == CHAN_ERR_LOST,
-              f"wait on a lost channel: {dev.wait_reg(slot, WAIT_STATUS)}/"
-              f"{dev.wait_reg(slot, WAIT_ERROR):#x}")
+        check(dev.wait_reg(slot, WAIT_REG_STATUS) == WAITST_E_DEAD and
+              dev.wait_reg(slot, WAIT_REG_ERROR) == CHAN_ERR_LOST,
+              f"wait on a lost channel: {dev.wait_reg(slot, WAIT_REG_STATUS)}/"
+              f"{dev.wait_reg(slot, WAIT_REG_ERROR):#x}")
         check(dev.reg(REG_IRQ_STATUS) & IRQ_FENCE and dev.fence_done() & (1 << slot),
               "lost wait not signalled")
-        wait_for(lambda: dev.reg(REG_LINK_GEN) > gen and dev.slot_reg(slot, SLOT_STATE) == SLOT_LIVE,
+        wait_for(lambda: dev.reg(REG_LINK_GEN) > gen and dev.slot_reg(slot, SLOT_REG_STATE) == SLOT_LIVE,
                  10, "reconnect and re-allocation")
-        new_chan = dev.slot_reg(slot, SLOT_CHAN_ID)
+        new_chan = dev.slot_reg(slot, SLOT_REG_CHAN_ID)
         check(new_chan != chan and new_chan in fake.channels, f"re-allocated channel {new_chan}")
         check(fake.channels[new_chan]["pid_hint"] == 0x1_0000_0042, "re-allocation lost the pid hint")
         check(len(fake.hellos) == 2, f"HELLOs: {len(fake.hellos)}")
@@ -931,7 +918,7 @@ def case_fake(bins, tmp):
         gen = dev.reg(REG_LINK_GEN)
         fake.send(MSG_FREE_REPLY, 4242, struct.pack("<II", 0, 1))  # answers nothing
         wait_for(lambda: dev.reg(REG_LINK_GEN) > gen, 10, "reconnect after a stray reply")
-        wait_for(lambda: dev.slot_reg(slot, SLOT_STATE) == SLOT_LIVE, 10, "slot live again")
+        wait_for(lambda: dev.slot_reg(slot, SLOT_REG_STATE) == SLOT_LIVE, 10, "slot live again")
         dev.free(slot)
         check_task_names_fake(dev, fake)
         check_task_weights_fake(dev, fake)
@@ -975,11 +962,11 @@ def check_interrupts(dev, fake, slot, chan):
     # NOTICE (vector 1): a DEGRADED notice changes nothing else.
     fake.send(MSG_NOTICE, 0, struct.pack("<IIQ", 3, chan, 0))
     wait_for(lambda: dev.msix_pba() & (1 << VEC_NOTICE), 5, "the NOTICE vector's pending bit")
-    check(dev.slot_reg(slot, SLOT_NOTICE) == 3, "SLOT_NOTICE after DEGRADED")
+    check(dev.slot_reg(slot, SLOT_REG_NOTICE) == 3, "SLOT_NOTICE after DEGRADED")
     # FENCE (vector 2): a wait that ends at once.
     fake.set_page(chan, CTRL_FENCE, 3)
     st, ws = dev.fence_wait(slot, 3)
-    check(st == CMDST_OK and ws == WAIT_OK, f"FENCE_WAIT(3) with FENCE 3: {st}/{ws}")
+    check(st == CMDST_OK and ws == WAITST_OK, f"FENCE_WAIT(3) with FENCE 3: {st}/{ws}")
     check(dev.msix_pba() == 0b111, f"every vector pending: PBA {dev.msix_pba():#x}")
     # Program the vectors at guest RAM and unmask: each pending message is sent.
     for v in range(3):
@@ -1003,11 +990,11 @@ def check_interrupts(dev, fake, slot, chan):
           "CMD_DONE must fire vector 0 only")
     q.writel(MSG_RAM_GPA, 0)
     st, ws = dev.fence_wait(slot, 4)
-    check(ws == WAIT_ARMED, f"FENCE_WAIT(4) with FENCE 3: {ws}")
+    check(ws == WAITST_ARMED, f"FENCE_WAIT(4) with FENCE 3: {ws}")
     check(fired(VEC_CMD_DONE) and not fired(VEC_FENCE), "armed wait: vector 0 only")
     fake.set_page(chan, CTRL_FENCE, 4)
     wait_for(lambda: fired(VEC_FENCE), 2, "the fence vector's message")
-    check(dev.wait_reg(slot, WAIT_STATUS) == WAIT_OK, "wait status after the fence vector")
+    check(dev.wait_reg(slot, WAIT_REG_STATUS) == WAITST_OK, "wait status after the fence vector")
     check(not fired(VEC_NOTICE), "fence completion fired the notice vector")
     fake.send(MSG_NOTICE, 0, struct.pack("<IIQ", 3, chan, 0))
     wait_for(lambda: fired(VEC_NOTICE), 5, "the NOTICE vector's message")
@@ -1049,8 +1036,8 @@ def check_fence_waits_fake(dev, fake, qmp):
     dev.set_reg(REG_IRQ_ACK, 0xFFFFFFFF)
     # Already reached: ends at once, FENCE_DONE and IRQ_FENCE set.
     st, ws = dev.fence_wait(slot, 5)
-    check(st == CMDST_OK and ws == WAIT_OK, f"FENCE_WAIT(5) at FENCE 5: {st}/{ws}")
-    check(dev.wait_reg(slot, WAIT_FENCE) == 5, "WAIT_FENCE")
+    check(st == CMDST_OK and ws == WAITST_OK, f"FENCE_WAIT(5) at FENCE 5: {st}/{ws}")
+    check(dev.wait_reg(slot, WAIT_REG_FENCE) == 5, "WAIT_FENCE")
     check(dev.fence_done() == bit, f"FENCE_DONE {dev.fence_done():#x}")
     check(dev.reg(REG_IRQ_STATUS) & IRQ_FENCE, "no IRQ_FENCE for an immediate completion")
     dev.set_reg(REG_FENCE_DONE_LO, bit)
@@ -1058,19 +1045,19 @@ def check_fence_waits_fake(dev, fake, qmp):
     dev.set_reg(REG_IRQ_ACK, IRQ_FENCE)
     # Wrap-safe: 0xFFFFFF00 is 261 behind 5.
     st, ws = dev.fence_wait(slot, 0xFFFFFF00)
-    check(ws == WAIT_OK, f"FENCE_WAIT(0xFFFFFF00) at FENCE 5: {ws}")
+    check(ws == WAITST_OK, f"FENCE_WAIT(0xFFFFFF00) at FENCE 5: {ws}")
     dev.set_reg(REG_IRQ_ACK, IRQ_FENCE)
     # Not reached: armed; only the command completes.
     st, ws = dev.fence_wait(slot, 9)
-    check(st == CMDST_OK and ws == WAIT_ARMED, f"FENCE_WAIT(9) at FENCE 5: {st}/{ws}")
+    check(st == CMDST_OK and ws == WAITST_ARMED, f"FENCE_WAIT(9) at FENCE 5: {st}/{ws}")
     check(dev.fence_done() & bit == 0, "FENCE_DONE set by an armed wait")
     check(not dev.reg(REG_IRQ_STATUS) & IRQ_FENCE, "IRQ_FENCE set by an armed wait")
     st, _ = dev.fence_wait(slot, 7)
     check(st == CMDST_E_INVALID, f"second FENCE_WAIT on an armed slot: {st}")
-    check(dev.wait_reg(slot, WAIT_FENCE) == 9, "the refused wait replaced the armed one")
+    check(dev.wait_reg(slot, WAIT_REG_FENCE) == 9, "the refused wait replaced the armed one")
     fake.set_page(chan, CTRL_FENCE, 8)
     time.sleep(0.02)
-    check(dev.wait_reg(slot, WAIT_STATUS) == WAIT_ARMED, "wait ended before FENCE got there")
+    check(dev.wait_reg(slot, WAIT_REG_STATUS) == WAITST_ARMED, "wait ended before FENCE got there")
     # The wait is older than 16 ms: checked at most once a millisecond
     # (a fixed 200 us poll ran 5 times as often).
     p0, w0 = qom(qmp, "fence-polls"), time.monotonic()
@@ -1083,41 +1070,41 @@ def check_fence_waits_fake(dev, fake, qmp):
     fake.set_page(chan, CTRL_FENCE, 9)
     ws = dev.wait_ended(slot, 2, "the wait for fence 9")
     took = time.monotonic() - t0
-    check(ws == WAIT_OK, f"wait for 9 ended with {ws}")
+    check(ws == WAITST_OK, f"wait for 9 ended with {ws}")
     check(dev.fence_done() & bit and dev.reg(REG_IRQ_STATUS) & IRQ_FENCE, "completion not signalled")
     result("fence_wait.fake_latency_ms", f"{took * 1e3:.2f}")
     # Across the 32-bit wrap.
     fake.set_page(chan, CTRL_FENCE, 0xFFFFFFF0)
     st, ws = dev.fence_wait(slot, 0x10)
-    check(ws == WAIT_ARMED, f"FENCE_WAIT(0x10) at 0xFFFFFFF0: {ws}")
+    check(ws == WAITST_ARMED, f"FENCE_WAIT(0x10) at 0xFFFFFFF0: {ws}")
     fake.set_page(chan, CTRL_FENCE, 0xFFFFFFFF)
     time.sleep(0.01)
-    check(dev.wait_reg(slot, WAIT_STATUS) == WAIT_ARMED, "wrap: ended at 0xFFFFFFFF")
+    check(dev.wait_reg(slot, WAIT_REG_STATUS) == WAITST_ARMED, "wrap: ended at 0xFFFFFFFF")
     fake.set_page(chan, CTRL_FENCE, 0x10)
-    check(dev.wait_ended(slot, 2, "the wait across the wrap") == WAIT_OK, "wrap: wait not OK")
+    check(dev.wait_ended(slot, 2, "the wait across the wrap") == WAITST_OK, "wrap: wait not OK")
     # The channel dies (watchdog) before FENCE gets there: E_DEAD + its ERROR.
     st, ws = dev.fence_wait(slot, 0x20)
-    check(ws == WAIT_ARMED, f"FENCE_WAIT(0x20): {ws}")
+    check(ws == WAITST_ARMED, f"FENCE_WAIT(0x20): {ws}")
     dev.set_reg(REG_FENCE_DONE_LO, 0xFFFFFFFF)
     fake.set_page(chan, CTRL_ERROR, CHAN_ERR_WATCHDOG)
     fake.set_page(chan, CTRL_STATUS, 1)
     ws = dev.wait_ended(slot, 2, "the wait on a dying channel")
-    check(ws == WAIT_E_DEAD and dev.wait_reg(slot, WAIT_ERROR) == CHAN_ERR_WATCHDOG,
-          f"dead channel: wait {ws}, error {dev.wait_reg(slot, WAIT_ERROR)}")
+    check(ws == WAITST_E_DEAD and dev.wait_reg(slot, WAIT_REG_ERROR) == CHAN_ERR_WATCHDOG,
+          f"dead channel: wait {ws}, error {dev.wait_reg(slot, WAIT_REG_ERROR)}")
     check(dev.fence_done() & bit, "dead channel: FENCE_DONE not set")
     # Arming on a dead channel ends at once with the error; a reached fence is still OK.
     st, ws = dev.fence_wait(slot, 0x30)
-    check(st == CMDST_OK and ws == WAIT_E_DEAD, f"FENCE_WAIT on a dead channel: {st}/{ws}")
+    check(st == CMDST_OK and ws == WAITST_E_DEAD, f"FENCE_WAIT on a dead channel: {st}/{ws}")
     st, ws = dev.fence_wait(slot, 0x10)
-    check(ws == WAIT_OK, f"FENCE_WAIT for a reached fence on a dead channel: {ws}")
+    check(ws == WAITST_OK, f"FENCE_WAIT for a reached fence on a dead channel: {ws}")
     # CHAN_FREE cancels an armed wait (no completion); the slot refuses waits after.
     fake.set_page(chan, CTRL_STATUS, 0)
     fake.set_page(chan, CTRL_ERROR, 0)
     st, ws = dev.fence_wait(slot, 0x40)
-    check(ws == WAIT_ARMED, f"FENCE_WAIT(0x40): {ws}")
+    check(ws == WAITST_ARMED, f"FENCE_WAIT(0x40): {ws}")
     dev.set_reg(REG_FENCE_DONE_LO, 0xFFFFFFFF)
     dev.free(slot)
-    check(dev.wait_reg(slot, WAIT_STATUS) == WAIT_NONE, "CHAN_FREE left the wait armed")
+    check(dev.wait_reg(slot, WAIT_REG_STATUS) == WAITST_NONE, "CHAN_FREE left the wait armed")
     check(dev.fence_done() & bit == 0, "CHAN_FREE completed the wait")
     st, _ = dev.fence_wait(slot, 1)
     check(st == CMDST_E_INVALID, f"FENCE_WAIT on a freed slot: {st}")
@@ -1212,13 +1199,13 @@ def check_task_names_fake(dev, fake):
     # A reconnect re-allocates lost slots with their own names.
     gen = dev.reg(REG_LINK_GEN)
     fake.drop()
-    wait_for(lambda: dev.reg(REG_LINK_GEN) > gen and dev.slot_reg(s2, SLOT_STATE) == SLOT_LIVE, 10,
+    wait_for(lambda: dev.reg(REG_LINK_GEN) > gen and dev.slot_reg(s2, SLOT_REG_STATE) == SLOT_LIVE, 10,
              "re-allocation after a drop")
-    again = dev.slot_reg(s2, SLOT_CHAN_ID)
+    again = dev.slot_reg(s2, SLOT_REG_CHAN_ID)
     check(fake.channels[again]["task_name"] == b"a?b?c?".ljust(TASK_NAME_LEN, b"\0"),
           f"re-allocation task_name {fake.channels[again]['task_name']!r}")
     for sl in (slot, s2, s3, s4):
-        wait_for(lambda: dev.slot_reg(sl, SLOT_STATE) == SLOT_LIVE, 10, f"slot {sl} live again")
+        wait_for(lambda: dev.slot_reg(sl, SLOT_REG_STATE) == SLOT_LIVE, 10, f"slot {sl} live again")
         dev.free(sl)
     result("task_name.sanitised", "ok")
 
@@ -1263,7 +1250,7 @@ def check_task_weights_fake(dev, fake):
     check(dev.reg(REG_BAD_ACCESS) == before + 1 and dev.reg(REG_CMD_STATUS) == CMDST_BUSY,
           "a command while BUSY was not refused")
     # FENCE_WAIT state and the slot registers stay readable meanwhile.
-    check(dev.slot_reg(0, SLOT_STATE) == SLOT_FREE, "slot registers while BUSY")
+    check(dev.slot_reg(0, SLOT_REG_STATE) == SLOT_FREE, "slot registers while BUSY")
     gen = dev.reg(REG_LINK_GEN)
     dev.set_reg(REG_IRQ_ACK, IRQ_CMD_DONE)
     fake.hold_hello = True      # the reconnect stays in LINK_HELLO for the next check
@@ -1323,13 +1310,13 @@ def bad_mailbox(dev):
     st, _, _ = dev.command(CMD_CHAN_FREE, 0xFFFFFFFF)
     check(st == CMDST_E_INVALID, f"free of slot -1: status {st}")
     free_slot = dev.slots - 1
-    check(dev.slot_reg(free_slot, SLOT_STATE) == SLOT_FREE, "last slot unexpectedly used")
+    check(dev.slot_reg(free_slot, SLOT_REG_STATE) == SLOT_FREE, "last slot unexpectedly used")
     st, _, _ = dev.command(CMD_CHAN_FREE, free_slot)
     check(st == CMDST_E_INVALID, f"free of a free slot: status {st}")
     for bad_slot in (dev.slots, 9999, 0xFFFFFFFF, free_slot):
         st, _ = dev.fence_wait(bad_slot, 1)
         check(st == CMDST_E_INVALID, f"FENCE_WAIT on slot {bad_slot:#x}: status {st}")
-    check(dev.wait_reg(free_slot, WAIT_STATUS) == WAIT_NONE, "a refused FENCE_WAIT armed a wait")
+    check(dev.wait_reg(free_slot, WAIT_REG_STATUS) == WAITST_NONE, "a refused FENCE_WAIT armed a wait")
     after_cmds = dev.reg(REG_BAD_ACCESS)
     # Wrong sizes and alignment on the mailbox.
     q.writeb(BAR0_GPA + REG_CMD, CMD_CHAN_ALLOC)
@@ -1340,7 +1327,7 @@ def bad_mailbox(dev):
     q.writel(BAR0_GPA + REG_MAGIC, 0)       # read-only
     q.writel(BAR0_GPA + REG_RESULT0, 5)     # read-only
     q.writel(BAR0_GPA + 0xFFC, 5)           # unknown
-    check(dev.reg(REG_MAGIC) == MAGIC and dev.reg(REG_RESULT0) != 5, "a read-only register changed")
+    check(dev.reg(REG_MAGIC) == DEV_MAGIC and dev.reg(REG_RESULT0) != 5, "a read-only register changed")
     check(dev.reg(REG_CMD_STATUS) != CMDST_BUSY, "a bad-size CMD write started a command")
     # Empty slots: all ones, stores dropped; beyond the BARs nothing of ours.
     check(q.readl(dev.ctrl(free_slot, CTRL_FENCE)) == 0xFFFFFFFF, "empty control slot readable")
@@ -1468,7 +1455,7 @@ def check_pong_for_alloc(dev, fake):
     finally:
         fake.pong_alloc = False
     check(st == CMDST_E_LINK, f"CHAN_ALLOC answered by a PONG: status {st}")
-    check(all(dev.slot_reg(i, SLOT_STATE) == SLOT_FREE for i in range(dev.slots)), "a slot leaked")
+    check(all(dev.slot_reg(i, SLOT_REG_STATE) == SLOT_FREE for i in range(dev.slots)), "a slot leaked")
     wait_for(lambda: dev.reg(REG_LINK_GEN) > gen and dev.reg(REG_LINK) == LINK_READY, 10,
              "the reconnect after the PONG")
 
@@ -1506,10 +1493,10 @@ def check_bell_not_eventfd(dev, fake):
     chan = fake.next_chan - 1
     check((st, r1) == (CMDST_E_DAEMON, E_INTERNAL), f"CHAN_ALLOC with a pipe for a doorbell: {st}/{r1}")
     wait_for(lambda: chan in fake.frees, 5, "the refused channel to be given back")
-    check(all(dev.slot_reg(i, SLOT_STATE) == SLOT_FREE for i in range(dev.slots)), "a slot leaked")
+    check(all(dev.slot_reg(i, SLOT_REG_STATE) == SLOT_FREE for i in range(dev.slots)), "a slot leaked")
     check(q.alive(), "QEMU died")
     slot, _ = dev.alloc(0x65)              # the next channel (an eventfd) works
-    check(dev.slot_reg(slot, SLOT_STATE) == SLOT_LIVE, "no channel after the refused one")
+    check(dev.slot_reg(slot, SLOT_REG_STATE) == SLOT_LIVE, "no channel after the refused one")
     dev.free(slot)
 
 
@@ -1525,7 +1512,7 @@ def check_send_failure_mid_message(dev, fake, qmp):
     held = len(fake.held_hellos)
     fake.drop()
     wait_for(lambda: len(fake.held_hellos) > held, 10, "the HELLO of the reconnect")
-    check(dev.slot_reg(slot, SLOT_STATE) == SLOT_LOST, "the slot is not lost")
+    check(dev.slot_reg(slot, SLOT_REG_STATE) == SLOT_LOST, "the slot is not lost")
     gen = dev.reg(REG_LINK_GEN)
     conn, seq, version = fake.held_hellos.pop()
     fake.hold_hello = False
@@ -1554,7 +1541,7 @@ def check_send_failure_mid_message(dev, fake, qmp):
     dev = Device(q)                        # the reset cleared the BARs
     dev.wait_link()
     slot, _ = dev.alloc(0x63)
-    check(dev.slot_reg(slot, SLOT_STATE) == SLOT_LIVE, "no channel after the reset")
+    check(dev.slot_reg(slot, SLOT_REG_STATE) == SLOT_LIVE, "no channel after the reset")
     dev.free(slot)
     return dev
 
@@ -1623,7 +1610,7 @@ def check_daemon_never_reads(dev, fake, qmp):
     result("hardening.never_reading_daemon_queued_max", queued)
     check(queued <= 1024 * 1024, f"{queued} bytes queued")
     check("pvgpud does not read" in q.read_stderr(), "no warning says why the link dropped")
-    wait_for(lambda: dev.slot_reg(slot, SLOT_STATE) == SLOT_LIVE, 10, "the lost channel's re-allocation")
+    wait_for(lambda: dev.slot_reg(slot, SLOT_REG_STATE) == SLOT_LIVE, 10, "the lost channel's re-allocation")
     dev.free(slot)
 
 
@@ -1797,11 +1784,11 @@ def case_daemon(bins, tmp):
         t0 = time.monotonic()
         put = dev.submit(slot, put, 4, 20_000_000)
         st, ws = dev.fence_wait(slot, put)
-        check(st == CMDST_OK and ws == WAIT_ARMED, f"FENCE_WAIT({put}) right after submit: {st}/{ws}")
+        check(st == CMDST_OK and ws == WAITST_ARMED, f"FENCE_WAIT({put}) right after submit: {st}/{ws}")
         ws = dev.wait_ended(slot, 10, "the fence wait on 4 x 20 ms")
         took = time.monotonic() - t0
         fence = q.readl(dev.ctrl(slot, CTRL_FENCE))
-        check(ws == WAIT_OK and fence == put, f"wait ended {ws} at FENCE {fence} (want {put})")
+        check(ws == WAITST_OK and fence == put, f"wait ended {ws} at FENCE {fence} (want {put})")
         # 4 x 20 ms of work: the wait cannot end before 80 ms (5 ms of
         # slack for the clock reads around it).
         check(took >= 0.075, f"wait ended after {took * 1e3:.1f} ms, before the work could finish")
@@ -1809,9 +1796,9 @@ def case_daemon(bins, tmp):
               "fence completion not signalled")
         result("daemon.fence_wait_4x20ms_ms", f"{took * 1e3:.1f}")
         st, ws = dev.fence_wait(slot, put)
-        check(st == CMDST_OK and ws == WAIT_OK, f"FENCE_WAIT on a reached fence: {st}/{ws}")
+        check(st == CMDST_OK and ws == WAITST_OK, f"FENCE_WAIT on a reached fence: {st}/{ws}")
         st, ws = dev.fence_wait(slot, start + 1)
-        check(ws == WAIT_OK, f"FENCE_WAIT on an older fence: {ws}")
+        check(ws == WAITST_OK, f"FENCE_WAIT on an older fence: {ws}")
         # Past the end of the ring: more than 256 entries ahead of IB_GET is a
         # bad entry; the daemon kills the channel and the device says so.
         dev.set_task_name(b"qt-bad")
@@ -1821,17 +1808,17 @@ def case_daemon(bins, tmp):
               f"the weight set before the channel: {task}")
         dev.set_reg(REG_IRQ_ACK, 0xFFFFFFFF)
         st, ws = dev.fence_wait(slot2, 1)
-        check(ws == WAIT_ARMED, f"FENCE_WAIT on an idle channel: {st}/{ws}")
+        check(ws == WAITST_ARMED, f"FENCE_WAIT on an idle channel: {st}/{ws}")
         q.writel(dev.ctrl(slot2, CTRL_IB_PUT), 1000)
         q.writel(dev.doorbell(slot2), 1)
-        wait_for(lambda: dev.slot_reg(slot2, SLOT_NOTICE) == 2, 5, "the BAD_ENTRY notice")
+        wait_for(lambda: dev.slot_reg(slot2, SLOT_REG_NOTICE) == 2, 5, "the BAD_ENTRY notice")
         check(dev.reg(REG_IRQ_STATUS) & IRQ_NOTICE, "no NOTICE interrupt")
         check(q.readl(dev.ctrl(slot2, CTRL_STATUS)) == 1, "dead channel's STATUS not ERROR")
         ws = dev.wait_ended(slot2, 2, "the wait on the dead channel")
-        check(ws == WAIT_E_DEAD and dev.wait_reg(slot2, WAIT_ERROR) == CHAN_ERR_BAD_ENTRY,
-              f"wait on a BAD_ENTRY channel: {ws}/{dev.wait_reg(slot2, WAIT_ERROR)}")
+        check(ws == WAITST_E_DEAD and dev.wait_reg(slot2, WAIT_REG_ERROR) == CHAN_ERR_BAD_ENTRY,
+              f"wait on a BAD_ENTRY channel: {ws}/{dev.wait_reg(slot2, WAIT_REG_ERROR)}")
         st, ws = dev.fence_wait(slot2, 1)
-        check(st == CMDST_OK and ws == WAIT_E_DEAD, f"FENCE_WAIT on a dead channel: {st}/{ws}")
+        check(st == CMDST_OK and ws == WAITST_E_DEAD, f"FENCE_WAIT on a dead channel: {st}/{ws}")
         dev.free(slot2)
         # The first channel is unaffected.
         put = dev.submit(slot, put, 4, 100_000)
@@ -1862,7 +1849,7 @@ def case_daemon(bins, tmp):
               f"after reset: IRQ_MASK {dev.reg(REG_IRQ_MASK):#x} IRQ_STATUS {dev.reg(REG_IRQ_STATUS):#x}")
         check(dev.reg(REG_ARG2) == 0 and dev.task_name() == bytes(TASK_NAME_LEN),
               "ARG2 / TASK_NAME not cleared by the reset")
-        check(all(dev.slot_reg(i, SLOT_STATE) == SLOT_FREE for i in range(dev.slots)),
+        check(all(dev.slot_reg(i, SLOT_REG_STATE) == SLOT_FREE for i in range(dev.slots)),
               "slots not free after reset")
         slot, chan = dev.alloc(pid_hint=1234)
         put = dev.submit(slot, 0, 2, 100_000)
@@ -1896,7 +1883,7 @@ def case_modes(bins, tmp):
         t_end = time.monotonic() + 4.0
         while time.monotonic() < t_end:
             get = q.readl(dev.ctrl(slot, CTRL_IB_GET))
-            mode = dev.slot_reg(slot, SLOT_MODE)
+            mode = dev.slot_reg(slot, SLOT_REG_MODE)
             modes_seen[mode] = modes_seen.get(mode, 0) + 1
             if (put - get) & 0xFFFFFFFF < 64:
                 put = dev.submit(slot, put, 8, kernel_ns)
@@ -1956,22 +1943,22 @@ def case_restart(bins, tmp):
         wait_fence(dev, slot, put, 5, "work before the restart")
         gen = dev.reg(REG_LINK_GEN)
         st, ws = dev.fence_wait(slot, put + 1)
-        check(ws == WAIT_ARMED, f"FENCE_WAIT for work never submitted: {st}/{ws}")
+        check(ws == WAITST_ARMED, f"FENCE_WAIT for work never submitted: {st}/{ws}")
         d.stop(signal.SIGKILL)
-        wait_for(lambda: dev.slot_reg(slot, SLOT_STATE) == SLOT_LOST, 5, "the slot to be lost")
-        check(dev.wait_reg(slot, WAIT_STATUS) == WAIT_E_DEAD and
-              dev.wait_reg(slot, WAIT_ERROR) == CHAN_ERR_LOST, "wait not ended by the lost link")
+        wait_for(lambda: dev.slot_reg(slot, SLOT_REG_STATE) == SLOT_LOST, 5, "the slot to be lost")
+        check(dev.wait_reg(slot, WAIT_REG_STATUS) == WAITST_E_DEAD and
+              dev.wait_reg(slot, WAIT_REG_ERROR) == CHAN_ERR_LOST, "wait not ended by the lost link")
         st, ws = dev.fence_wait(slot, put + 1)
-        check(st == CMDST_OK and ws == WAIT_E_DEAD, f"FENCE_WAIT on a lost slot: {st}/{ws}")
+        check(st == CMDST_OK and ws == WAITST_E_DEAD, f"FENCE_WAIT on a lost slot: {st}/{ws}")
         st, ws = dev.fence_wait(slot, put)
-        check(ws == WAIT_OK, f"FENCE_WAIT for completed work on a lost slot: {ws}")
+        check(ws == WAITST_OK, f"FENCE_WAIT for completed work on a lost slot: {ws}")
         check(q.readl(dev.ctrl(slot, CTRL_STATUS)) == 1 and
               q.readl(dev.ctrl(slot, CTRL_ERROR)) == CHAN_ERR_LOST, "lost channel's page")
         st, _, _ = dev.command(CMD_CHAN_ALLOC)
         check(st == CMDST_E_LINK, f"alloc without a daemon: {st}")
         q.writel(dev.ctrl(slot, CTRL_IB_PUT), 99)       # dropped, no crash
         d.start()
-        wait_for(lambda: dev.reg(REG_LINK_GEN) > gen and dev.slot_reg(slot, SLOT_STATE) == SLOT_LIVE,
+        wait_for(lambda: dev.reg(REG_LINK_GEN) > gen and dev.slot_reg(slot, SLOT_REG_STATE) == SLOT_LIVE,
                  15, "reconnect and re-allocation")
         check(q.readl(dev.ctrl(slot, CTRL_IB_PUT)) == 0, "re-allocated channel not fresh")
         put = dev.submit(slot, 0, 4, 100_000)
@@ -2025,12 +2012,12 @@ def case_unplug(bins, tmp):
             unplug(q, qmp)
             wait_for(lambda: not any(p.startswith("vm-plug") for p in entities()), 5,
                      "pvgpud to drop the unplugged VM and its channels")
-            check(q.readl(BAR0_GPA + REG_MAGIC) != MAGIC, "the unplugged device still answers")
+            check(q.readl(BAR0_GPA + REG_MAGIC) != DEV_MAGIC, "the unplugged device still answers")
             qmp.execute("device_add", driver="pvgpu", chardev="pv", addr=f"{PCI_DEV:02x}.0",
                         slots=4, id="pvgpu0")
             dev = Device(q)
             dev.wait_link()
-            check(dev.slot_reg(0, SLOT_STATE) == SLOT_FREE, "a re-plugged device starts with a used slot")
+            check(dev.slot_reg(0, SLOT_REG_STATE) == SLOT_FREE, "a re-plugged device starts with a used slot")
         check(not [l for l in d.lines if "HELLO" in l and ("second" in l or "already" in l)],
               "pvgpud refused a HELLO: " + "; ".join(d.lines[-10:]))
         result("unplug.rounds", 2)
@@ -2188,7 +2175,7 @@ def case_migrate(bins, tmp):
         put = (put + 6) & 0xFFFFFFFF
         a.q.writel(dev.ctrl(slot, CTRL_IB_PUT), put)
         st, ws = dev.fence_wait(slot, put)
-        check(st == CMDST_OK and ws == WAIT_ARMED, f"FENCE_WAIT before the migration: {st}/{ws}")
+        check(st == CMDST_OK and ws == WAITST_ARMED, f"FENCE_WAIT before the migration: {st}/{ws}")
         b = MigVm(bins, tmp, db, "vm-b", vm_uuid, incoming=f"unix:{sock}")
         t0 = time.monotonic()
         st = a.migrate(f"unix:{sock}")
@@ -2199,9 +2186,9 @@ def case_migrate(bins, tmp):
         check(fence_at_a == start, f"FENCE at A's end {fence_at_a}, want {start} (nothing of the held work)")
         wait_for(lambda: b.status() == "paused", 10, "B to have loaded the stream (paused, as A was)")
         devb = Device(b.q)
-        check(devb.slot_reg(slot, SLOT_STATE) == SLOT_LIVE, "the slot is not live at B")
+        check(devb.slot_reg(slot, SLOT_REG_STATE) == SLOT_LIVE, "the slot is not live at B")
         check(devb.task_name() == b"qt-mig".ljust(TASK_NAME_LEN, b"\0"), "TASK_NAME at B")
-        check(devb.slot_reg(slot, SLOT_CHAN_ID) != 0, "no channel id at B")
+        check(devb.slot_reg(slot, SLOT_REG_CHAN_ID) != 0, "no channel id at B")
         b.cont()
         try:
             ws = devb.wait_ended(slot, 10, "the fence wait at B")
@@ -2209,8 +2196,8 @@ def case_migrate(bins, tmp):
             raise TestFailure(f"{e}: FENCE {b.q.readl(devb.ctrl(slot, CTRL_FENCE))} IB_GET "
                               f"{b.q.readl(devb.ctrl(slot, CTRL_IB_GET))} IB_PUT "
                               f"{b.q.readl(devb.ctrl(slot, CTRL_IB_PUT))} want {put}, status {b.status()}, "
-                              f"fence-polls {qom(b.qmp, 'fence-polls')}; mode {devb.slot_reg(slot, SLOT_MODE)}; pvgpud B: {db.ctl('list')['entities']} " + "\n".join(db.lines[-15:]))
-        check(ws == WAIT_OK, f"the fence wait at B ended {ws}")
+                              f"fence-polls {qom(b.qmp, 'fence-polls')}; mode {devb.slot_reg(slot, SLOT_REG_MODE)}; pvgpud B: {db.ctl('list')['entities']} " + "\n".join(db.lines[-15:]))
+        check(ws == WAITST_OK, f"the fence wait at B ended {ws}")
         check(b.q.readl(devb.ctrl(slot, CTRL_FENCE)) == put and
               b.q.readl(devb.ctrl(slot, CTRL_IB_GET)) == put,
               f"at B FENCE {b.q.readl(devb.ctrl(slot, CTRL_FENCE))} IB_GET "

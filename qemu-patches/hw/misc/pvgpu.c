@@ -62,6 +62,7 @@
 #include <poll.h>
 
 #include "hw/misc/pvgpu/protocol.h"
+#include "hw/misc/pvgpu/regs.h"
 #include "kvm_pvgpu.h"   /* kvm-hooks/uapi/linux/kvm_pvgpu.h, copied beside */
 
 /*
@@ -88,96 +89,8 @@ int kvm_vm_check_extension(KVMState *s, unsigned int extension);
 OBJECT_DECLARE_SIMPLE_TYPE(PvgpuState, PVGPU)
 
 /* ------------------------------------------------------------------------ */
-/* Register interface (docs/pvgpu-device.md)                                */
+/* Device parameters (the register map is include/pvgpu/regs.h)             */
 
-#define PVGPU_PCI_VENDOR_ID     0x1234      /* PCI_VENDOR_ID_QEMU */
-#define PVGPU_PCI_DEVICE_ID     0x5047      /* "PG", experimental */
-
-#define PVGPU_DEV_MAGIC         0x55504750u /* "PGPU" */
-#define PVGPU_DEV_VERSION       2u  /* 2: ARG2, TASK_NAME, CMD_TASK_WEIGHT */
-
-/* BAR0 registers, 32-bit */
-#define REG_MAGIC               0x00  /* ro */
-#define REG_VERSION             0x04  /* ro */
-#define REG_NUM_SLOTS           0x08  /* ro */
-#define REG_LINK                0x0c  /* ro: LINK_* */
-#define REG_CMD                 0x10  /* wo: CMD_* starts a command */
-#define REG_CMD_STATUS          0x14  /* ro: CMDST_* */
-#define REG_ARG0                0x18  /* rw */
-#define REG_ARG1                0x1c  /* rw */
-#define REG_RESULT0             0x20  /* ro */
-#define REG_RESULT1             0x24  /* ro */
-#define REG_IRQ_STATUS          0x28  /* ro */
-#define REG_IRQ_ACK             0x2c  /* wo: write 1 to clear */
-#define REG_IRQ_MASK            0x30  /* rw */
-#define REG_BAD_ACCESS          0x34  /* ro: rejected guest accesses */
-#define REG_LINK_GEN            0x38  /* ro: connections to the daemon so far */
-#define REG_ARG2                0x3c  /* rw */
-#define REG_FENCE_DONE_LO       0x40  /* rw1c: slots whose fence wait ended */
-#define REG_FENCE_DONE_HI       0x44  /* rw1c: slots 32..63 (version 1); reads 0 */
-#define REG_FEATURES            0x48  /* ro: FEATURE_* (0 on older devices) */
-#define   FEATURE_KERNEL_WN     (1u << 0) /* TRAPPED uses KVM write notify */
-#define REG_SLOT_BASE           0x100 /* per slot, 16 bytes each: */
-#define   SLOT_REG_STATE        0x0   /*   ro: SLOT_* */
-#define   SLOT_REG_MODE         0x4   /*   ro: PVGPU_MODE_* now mapped */
-#define   SLOT_REG_CHAN_ID      0x8   /*   ro: daemon channel id */
-#define   SLOT_REG_NOTICE       0xc   /*   ro: last PVGPU_NOTICE_* (0: none) */
-#define REG_SLOT_STRIDE         0x10
-#define REG_TASK_NAME           0xa00 /* rw, 32 bytes: name for the next CHAN_ALLOC */
-#define TASK_NAME_LEN           32    /* = sizeof(pvgpu_chan_alloc.task_name) */
-#define REG_WAIT_BASE           0x600 /* per slot, 16 bytes each: */
-#define   WAIT_REG_STATUS       0x0   /*   ro: WAIT_* */
-#define   WAIT_REG_FENCE        0x4   /*   ro: the fence waited for */
-#define   WAIT_REG_ERROR        0x8   /*   ro: channel ERROR when WAIT_E_DEAD */
-#define REG_WAIT_STRIDE         0x10
-#define BAR0_SIZE               0x1000
-
-#define PVGPU_MSIX_BAR          1     /* exclusive BAR: table 0x0, PBA 0x800 */
-#define PVGPU_MSIX_VECTORS      3
-#define VEC_CMD_DONE            0     /* IRQ_CMD_DONE */
-#define VEC_NOTICE              1     /* IRQ_NOTICE, IRQ_LINK */
-#define VEC_FENCE               2     /* IRQ_FENCE */
-
-#define LINK_DOWN               0     /* no daemon connection */
-#define LINK_HELLO              1     /* connected, HELLO in flight */
-#define LINK_READY              2     /* HELLO answered OK */
-
-#define CMD_CHAN_ALLOC          1     /* ARG0/ARG1: pid hint lo/hi */
-#define CMD_CHAN_FREE           2     /* ARG0: slot */
-#define CMD_FENCE_WAIT          3     /* ARG0: slot, ARG1: fence */
-#define CMD_TASK_WEIGHT         4     /* ARG0/ARG1: pid hint lo/hi, ARG2: weight */
-
-#define CMDST_OK                0
-#define CMDST_BUSY              1
-#define CMDST_E_INVALID         2     /* unknown command or bad argument */
-#define CMDST_E_NOSLOT          3     /* every slot is in use */
-#define CMDST_E_LINK            4     /* no daemon connection */
-#define CMDST_E_DAEMON          5     /* the daemon refused; RESULT1: status */
-
-#define IRQ_CMD_DONE            (1u << 0)
-#define IRQ_NOTICE              (1u << 1)  /* a slot's NOTICE changed */
-#define IRQ_LINK                (1u << 2)  /* LINK or a slot's state changed */
-#define IRQ_FENCE               (1u << 3)  /* a fence wait ended (FENCE_DONE) */
-#define IRQ_ALL                 (IRQ_CMD_DONE | IRQ_NOTICE | IRQ_LINK | IRQ_FENCE)
-
-/* Per-slot fence wait (CMD_FENCE_WAIT) */
-#define WAIT_NONE               0     /* never armed, or cancelled by CHAN_FREE */
-#define WAIT_ARMED              1     /* FENCE has not reached the target yet */
-#define WAIT_OK                 2     /* FENCE reached the target */
-#define WAIT_E_DEAD             3     /* the channel died or was lost first */
-
-#define SLOT_FREE               0
-#define SLOT_PENDING            1     /* CHAN_ALLOC sent */
-#define SLOT_LIVE               2
-#define SLOT_LOST               3     /* the daemon connection dropped */
-#define SLOT_FREEING            4     /* CHAN_FREE sent */
-#define SLOT_RESTORING          5     /* migration destination: CHAN_RESTORE sent */
-
-/* BAR2 per slot: control page, then doorbell page */
-#define SLOT_CTRL_STRIDE        (2 * PVGPU_PAGE_SIZE)
-#define SLOT_DOORBELL_OFF       PVGPU_PAGE_SIZE
-
-#define PVGPU_MAX_SLOTS         64
 #define PVGPU_SHADOW_REFRESH_MS 1
 /*
  * Armed fence waits are checked every elapsed/16 of the youngest armed wait,
@@ -210,9 +123,12 @@ OBJECT_DECLARE_SIMPLE_TYPE(PvgpuState, PVGPU)
                                  sizeof(struct pvgpu_trap_report))
 
 /* Slot registers, then wait registers, then TASK_NAME: no overlap. */
-QEMU_BUILD_BUG_ON(REG_SLOT_BASE + PVGPU_MAX_SLOTS * REG_SLOT_STRIDE > REG_WAIT_BASE);
-QEMU_BUILD_BUG_ON(REG_WAIT_BASE + PVGPU_MAX_SLOTS * REG_WAIT_STRIDE > REG_TASK_NAME);
-QEMU_BUILD_BUG_ON(TASK_NAME_LEN != sizeof_field(struct pvgpu_chan_alloc, task_name));
+QEMU_BUILD_BUG_ON(PVGPU_REG_SLOT_BASE + PVGPU_MAX_SLOTS * PVGPU_REG_SLOT_STRIDE >
+                  PVGPU_REG_WAIT_BASE);
+QEMU_BUILD_BUG_ON(PVGPU_REG_WAIT_BASE + PVGPU_MAX_SLOTS * PVGPU_REG_WAIT_STRIDE >
+                  PVGPU_REG_TASK_NAME);
+QEMU_BUILD_BUG_ON(PVGPU_TASK_NAME_LEN !=
+                  sizeof_field(struct pvgpu_chan_alloc, task_name));
 
 /* ------------------------------------------------------------------------ */
 
@@ -224,7 +140,7 @@ typedef struct PvgpuSlot {
     uint32_t chan_id;
     uint32_t notice;
     uint64_t pid_hint;
-    char task_name[TASK_NAME_LEN];    /* as sent with CHAN_ALLOC (re-allocation) */
+    char task_name[PVGPU_TASK_NAME_LEN];    /* as sent with CHAN_ALLOC (re-allocation) */
 
     /*
      * The channel's memory: PVGPU_CHAN_MEM_SIZE bytes of host address space
@@ -257,7 +173,7 @@ typedef struct PvgpuSlot {
     uint32_t wait_status;             /* WAIT_* */
     uint32_t wait_fence;              /* the target of the last FENCE_WAIT */
     int64_t wait_since;               /* when it was armed (REALTIME, ns) */
-    uint32_t wait_error;              /* channel ERROR when WAIT_E_DEAD */
+    uint32_t wait_error;              /* channel ERROR when PVGPU_WAITST_E_DEAD */
 
     /*
      * In-kernel write notify (kernel-wn, docs/pvgpu-device.md 6.1): while
@@ -327,8 +243,8 @@ typedef struct PvgpuRequest {
  * the fence wait, and the channel's memory as the guest sees it.
  */
 typedef struct PvgpuSlotMig {
-    uint8_t task_name[TASK_NAME_LEN];
-    uint32_t state;                   /* SLOT_FREE, SLOT_LIVE or SLOT_LOST */
+    uint8_t task_name[PVGPU_TASK_NAME_LEN];
+    uint32_t state;                   /* PVGPU_SLOT_FREE, PVGPU_SLOT_LIVE or PVGPU_SLOT_LOST */
     uint32_t mode;                    /* PVGPU_MODE_* the guest had mapped */
     uint32_t chan_id;                 /* the source pvgpud's (SLOT_CHAN_ID until restored) */
     uint32_t notice;
@@ -359,12 +275,12 @@ struct PvgpuState {
     uint32_t cmd_status;
     uint32_t arg[3];
     uint32_t result[2];
-    uint8_t task_name[TASK_NAME_LEN]; /* TASK_NAME as the guest wrote it */
+    uint8_t task_name[PVGPU_TASK_NAME_LEN]; /* TASK_NAME as the guest wrote it */
     uint32_t irq_status;
     uint32_t irq_mask;
     uint32_t bad_access;
     uint64_t fence_done;              /* slots whose fence wait ended (rw1c) */
-    unsigned waits_armed;             /* slots in WAIT_ARMED */
+    unsigned waits_armed;             /* slots in PVGPU_WAITST_ARMED */
 
     /* daemon link */
     uint32_t link;
@@ -471,14 +387,14 @@ static void pvgpu_raise_irq(PvgpuState *s, uint32_t bits)
 
     s->irq_status |= bits;
     if (msix_enabled(&s->pdev)) {
-        if (fresh & IRQ_CMD_DONE) {
-            msix_notify(&s->pdev, VEC_CMD_DONE);
+        if (fresh & PVGPU_IRQ_CMD_DONE) {
+            msix_notify(&s->pdev, PVGPU_VEC_CMD_DONE);
         }
-        if (fresh & (IRQ_NOTICE | IRQ_LINK)) {
-            msix_notify(&s->pdev, VEC_NOTICE);
+        if (fresh & (PVGPU_IRQ_NOTICE | PVGPU_IRQ_LINK)) {
+            msix_notify(&s->pdev, PVGPU_VEC_NOTICE);
         }
-        if (fresh & IRQ_FENCE) {
-            msix_notify(&s->pdev, VEC_FENCE);
+        if (fresh & PVGPU_IRQ_FENCE) {
+            msix_notify(&s->pdev, PVGPU_VEC_FENCE);
         }
     } else {
         pvgpu_update_irq(s);
@@ -571,7 +487,7 @@ static void pvgpu_tx_flush(PvgpuState *s)
         }
         /* The write may have dropped the link itself (the chardev reports
          * CLOSED from inside it), which emptied the queue. */
-        if (s->link != LINK_DOWN) {
+        if (s->link != PVGPU_LINK_DOWN) {
             pvgpu_tx_fail(s, "write to pvgpud failed");
         }
         return;
@@ -657,7 +573,7 @@ static bool pvgpu_send(PvgpuState *s, uint16_t type, uint32_t seq,
     if (!s->tx_watch) {
         pvgpu_tx_flush(s);
     }
-    return !s->tx_failed && s->link != LINK_DOWN;
+    return !s->tx_failed && s->link != PVGPU_LINK_DOWN;
 }
 
 /*
@@ -673,14 +589,14 @@ static bool pvgpu_request(PvgpuState *s, uint16_t type, const void *body,
 {
     uint32_t seq;
 
-    if (s->link == LINK_DOWN || s->req_count == PVGPU_MAX_REQUESTS) {
+    if (s->link == PVGPU_LINK_DOWN || s->req_count == PVGPU_MAX_REQUESTS) {
         return false;
     }
     seq = s->next_seq + 1;
     if (seq == 0) {
         seq = 1;
     }
-    if (!pvgpu_send(s, type, seq, body, len) || s->link == LINK_DOWN) {
+    if (!pvgpu_send(s, type, seq, body, len) || s->link == PVGPU_LINK_DOWN) {
         return false;
     }
     s->next_seq = seq;
@@ -708,7 +624,7 @@ static PvgpuRequest *pvgpu_last_request(PvgpuState *s)
 static bool pvgpu_request_fd(PvgpuState *s, uint16_t type, const void *body,
                              uint32_t len, int slot, int fd)
 {
-    if (s->link == LINK_DOWN || s->tx_head != s->tx->len || s->tx_watch) {
+    if (s->link == PVGPU_LINK_DOWN || s->tx_head != s->tx->len || s->tx_watch) {
         return false;
     }
     if (qemu_chr_fe_set_msgfds(&s->chr, &fd, 1) < 0) {
@@ -911,7 +827,7 @@ static void slot_show_ctrl(PvgpuSlot *sl, MemoryRegion *mr)
     sl->ctrl_mapped = mr;
     if (mr) {
         memory_region_add_subregion_overlap(&s->bar2,
-                                            sl->index * SLOT_CTRL_STRIDE, mr, 1);
+                                            sl->index * PVGPU_BAR2_STRIDE, mr, 1);
     }
 }
 
@@ -941,7 +857,7 @@ static void slot_report_put(PvgpuSlot *sl, uint32_t put, bool report)
 {
     PvgpuState *s = sl->dev;
 
-    if (report && s->link == LINK_READY) {
+    if (report && s->link == PVGPU_LINK_READY) {
         struct pvgpu_trap_report t = { .chan_id = sl->chan_id, .put = put };
         pvgpu_send(s, PVGPU_MSG_TRAP_REPORT, 0, &t, sizeof(t));
     }
@@ -953,7 +869,7 @@ static void slot_forward_put(PvgpuSlot *sl, uint32_t put, bool report)
 {
     struct pvgpu_ctrl_page *real = slot_real(sl);
 
-    if (!real || sl->state != SLOT_LIVE) {
+    if (!real || sl->state != PVGPU_SLOT_LIVE) {
         return;
     }
     smp_wmb();                 /* ring entries before IB_PUT */
@@ -1065,7 +981,7 @@ static void slot_wn_check(PvgpuSlot *sl)
     struct pvgpu_ctrl_page *real = slot_real(sl);
     uint32_t put;
 
-    if (!real || sl->state != SLOT_LIVE || sl->mode == PVGPU_MODE_SHADOWED) {
+    if (!real || sl->state != PVGPU_SLOT_LIVE || sl->mode == PVGPU_MODE_SHADOWED) {
         return;
     }
     put = qatomic_read(&real->ib_put);
@@ -1142,7 +1058,7 @@ static void pvgpu_wn_fallback_bh(void *opaque)
     for (i = 0; i < s->num_slots; i++) {
         PvgpuSlot *sl = &s->slots[i];
 
-        if (sl->state == SLOT_LIVE && sl->wn_fallback && sl->wn_want &&
+        if (sl->state == PVGPU_SLOT_LIVE && sl->wn_fallback && sl->wn_want &&
             sl->ctrl_mapped == &sl->ctrl_direct) {
             slot_show_ctrl(sl, &sl->ctrl_trap);
             moved[i] = true;
@@ -1209,7 +1125,7 @@ static void slot_report_held(PvgpuSlot *sl)
         .put = qatomic_read(&sl->shadow->ib_put),
     };
 
-    if (t.put == sl->reported_held || s->link != LINK_READY) {
+    if (t.put == sl->reported_held || s->link != PVGPU_LINK_READY) {
         return;
     }
     sl->reported_held = t.put;
@@ -1222,7 +1138,7 @@ static void pvgpu_refresh_arm(PvgpuState *s)
 
     for (i = 0; i < s->num_slots; i++) {
         PvgpuSlot *sl = &s->slots[i];
-        if ((sl->state == SLOT_LIVE && sl->mode == PVGPU_MODE_SHADOWED) ||
+        if ((sl->state == PVGPU_SLOT_LIVE && sl->mode == PVGPU_MODE_SHADOWED) ||
             sl->late_check) {
             if (!timer_pending(s->refresh)) {
                 timer_mod(s->refresh, qemu_clock_get_ms(QEMU_CLOCK_REALTIME) +
@@ -1430,7 +1346,7 @@ static void pvgpu_refresh_cb(void *opaque)
         PvgpuSlot *sl = &s->slots[i];
         struct pvgpu_ctrl_page *real = slot_real(sl);
 
-        if (!real || sl->state != SLOT_LIVE) {
+        if (!real || sl->state != PVGPU_SLOT_LIVE) {
             sl->late_check = 0;
             continue;
         }
@@ -1452,7 +1368,7 @@ static void pvgpu_refresh_cb(void *opaque)
 }
 
 /* ------------------------------------------------------------------------ */
-/* Fence waits (CMD_FENCE_WAIT)                                             */
+/* Fence waits (PVGPU_CMD_FENCE_WAIT)                                       */
 
 /* Wrap-safe: @now is at or past @target. */
 static bool fence_reached(uint32_t now, uint32_t target)
@@ -1464,13 +1380,13 @@ static void slot_wait_end(PvgpuSlot *sl, uint32_t status, uint32_t error)
 {
     PvgpuState *s = sl->dev;
 
-    assert(sl->wait_status == WAIT_ARMED && s->waits_armed > 0);
+    assert(sl->wait_status == PVGPU_WAITST_ARMED && s->waits_armed > 0);
     s->waits_armed--;
     sl->wait_error = error;
     smp_wmb();
     sl->wait_status = status;
     s->fence_done |= 1ull << sl->index;
-    pvgpu_raise_irq(s, IRQ_FENCE);
+    pvgpu_raise_irq(s, PVGPU_IRQ_FENCE);
 }
 
 /* End the slot's armed wait if its outcome is known now. */
@@ -1479,11 +1395,11 @@ static void slot_wait_check(PvgpuSlot *sl)
     struct pvgpu_ctrl_page *real = slot_real(sl);
     uint32_t status, fence;
 
-    if (sl->wait_status != WAIT_ARMED) {
+    if (sl->wait_status != PVGPU_WAITST_ARMED) {
         return;
     }
     if (!real) {
-        slot_wait_end(sl, WAIT_E_DEAD, PVGPU_CHAN_ERR_LOST);
+        slot_wait_end(sl, PVGPU_WAITST_E_DEAD, PVGPU_CHAN_ERR_LOST);
         return;
     }
     /* STATUS first: a channel that completed its work and then died shows
@@ -1492,13 +1408,13 @@ static void slot_wait_check(PvgpuSlot *sl)
     smp_rmb();
     fence = real->fence;
     if (fence_reached(fence, sl->wait_fence)) {
-        slot_wait_end(sl, WAIT_OK, 0);
-    } else if (sl->state == SLOT_LOST) {
-        slot_wait_end(sl, WAIT_E_DEAD, PVGPU_CHAN_ERR_LOST);
-    } else if (sl->state != SLOT_LIVE) {
-        slot_wait_end(sl, WAIT_E_DEAD, real->error);
+        slot_wait_end(sl, PVGPU_WAITST_OK, 0);
+    } else if (sl->state == PVGPU_SLOT_LOST) {
+        slot_wait_end(sl, PVGPU_WAITST_E_DEAD, PVGPU_CHAN_ERR_LOST);
+    } else if (sl->state != PVGPU_SLOT_LIVE) {
+        slot_wait_end(sl, PVGPU_WAITST_E_DEAD, real->error);
     } else if (status == PVGPU_CHAN_STATUS_ERROR) {
-        slot_wait_end(sl, WAIT_E_DEAD, real->error);
+        slot_wait_end(sl, PVGPU_WAITST_E_DEAD, real->error);
     }
 }
 
@@ -1507,10 +1423,10 @@ static void slot_wait_cancel(PvgpuSlot *sl)
 {
     PvgpuState *s = sl->dev;
 
-    if (sl->wait_status == WAIT_ARMED) {
+    if (sl->wait_status == PVGPU_WAITST_ARMED) {
         s->waits_armed--;
     }
-    sl->wait_status = WAIT_NONE;
+    sl->wait_status = PVGPU_WAITST_NONE;
     sl->wait_fence = 0;
     sl->wait_error = 0;
     s->fence_done &= ~(1ull << sl->index);
@@ -1532,7 +1448,7 @@ static void pvgpu_fence_arm(PvgpuState *s)
     }
     now = qemu_clock_get_ns(QEMU_CLOCK_REALTIME);
     for (i = 0; i < s->num_slots; i++) {
-        if (s->slots[i].wait_status == WAIT_ARMED) {
+        if (s->slots[i].wait_status == PVGPU_WAITST_ARMED) {
             youngest = MAX(youngest, s->slots[i].wait_since);
         }
     }
@@ -1649,7 +1565,7 @@ static bool slot_install(PvgpuSlot *sl, uint32_t chan_id, uint32_t mode,
     sl->chan_id = chan_id;
     sl->notice = 0;
     sl->late_check = 0;
-    sl->state = SLOT_LIVE;
+    sl->state = PVGPU_SLOT_LIVE;
     sl->mode = PVGPU_MODE_DIRECT;
     sl->wn_fallback = false;          /* a fresh channel tries the kernel again */
 
@@ -1722,7 +1638,7 @@ static void slot_mark_lost(PvgpuSlot *sl)
         slot_show_ctrl(sl, &sl->ctrl_trap);
         memory_region_transaction_commit();
     }
-    sl->state = SLOT_LOST;
+    sl->state = PVGPU_SLOT_LOST;
     sl->mode = PVGPU_MODE_TRAPPED;
     sl->late_check = 0;
     slot_wait_check(sl);      /* an armed wait ends now: reached or lost */
@@ -1732,7 +1648,7 @@ static void slot_free(PvgpuSlot *sl)
 {
     slot_wait_cancel(sl);
     slot_teardown(sl);
-    sl->state = SLOT_FREE;
+    sl->state = PVGPU_SLOT_FREE;
     sl->mode = PVGPU_MODE_DIRECT;
     sl->chan_id = 0;
     sl->pid_hint = 0;
@@ -1750,7 +1666,7 @@ static PvgpuSlot *slot_by_chan(PvgpuState *s, uint32_t chan_id)
     for (i = 0; i < s->num_slots; i++) {
         PvgpuSlot *sl = &s->slots[i];
         if (sl->chan_id == chan_id &&
-            (sl->state == SLOT_LIVE || sl->state == SLOT_FREEING)) {
+            (sl->state == PVGPU_SLOT_LIVE || sl->state == PVGPU_SLOT_FREEING)) {
             return sl;
         }
     }
@@ -1786,7 +1702,7 @@ static void pvgpu_trap_write(void *opaque, hwaddr addr, uint64_t val,
         s->bad_access++;
         return;
     }
-    if (sl->state != SLOT_LIVE) {
+    if (sl->state != PVGPU_SLOT_LIVE) {
         return;           /* lost channel: nothing executes any more */
     }
     s->traps++;
@@ -1821,7 +1737,7 @@ static void pvgpu_doorbell_write(void *opaque, hwaddr addr, uint64_t val,
     /* Reached when no KVM ioeventfd took the store: the slot is free, lost
      * or shadowed (held: the GPU must not see it, the daemon must), or
      * there is no KVM (slot_arm_bell). */
-    if (sl->state != SLOT_LIVE) {
+    if (sl->state != PVGPU_SLOT_LIVE) {
         return;
     }
     if (sl->mode == PVGPU_MODE_SHADOWED) {
@@ -1870,20 +1786,20 @@ static void pvgpu_cmd_done(PvgpuState *s, uint32_t status, uint32_t r0,
     s->result[1] = r1;
     smp_wmb();
     s->cmd_status = status;
-    pvgpu_raise_irq(s, IRQ_CMD_DONE);
+    pvgpu_raise_irq(s, PVGPU_IRQ_CMD_DONE);
 }
 
 /*
  * TASK_NAME as the protocol's text field: the bytes up to the first NUL,
- * at most TASK_NAME_LEN - 1 of them, non-printable ones as '?', NUL-padded.
+ * at most PVGPU_TASK_NAME_LEN - 1 of them, non-printable ones as '?', NUL-padded.
  * The guest's register is never trusted to be terminated or printable.
  */
 static void pvgpu_task_name(const PvgpuState *s, char *out)
 {
     size_t i;
 
-    memset(out, 0, TASK_NAME_LEN);
-    for (i = 0; i < TASK_NAME_LEN - 1 && s->task_name[i]; i++) {
+    memset(out, 0, PVGPU_TASK_NAME_LEN);
+    for (i = 0; i < PVGPU_TASK_NAME_LEN - 1 && s->task_name[i]; i++) {
         uint8_t c = s->task_name[i];
         out[i] = (c >= 0x20 && c <= 0x7e) ? c : '?';
     }
@@ -1895,30 +1811,30 @@ static void pvgpu_cmd_alloc(PvgpuState *s)
     PvgpuSlot *sl = NULL;
     unsigned i;
 
-    if (s->link != LINK_READY) {
-        pvgpu_cmd_done(s, CMDST_E_LINK, 0, 0);
+    if (s->link != PVGPU_LINK_READY) {
+        pvgpu_cmd_done(s, PVGPU_CMDST_E_LINK, 0, 0);
         return;
     }
     for (i = 0; i < s->num_slots; i++) {
-        if (s->slots[i].state == SLOT_FREE) {
+        if (s->slots[i].state == PVGPU_SLOT_FREE) {
             sl = &s->slots[i];
             break;
         }
     }
     if (!sl) {
-        pvgpu_cmd_done(s, CMDST_E_NOSLOT, 0, 0);
+        pvgpu_cmd_done(s, PVGPU_CMDST_E_NOSLOT, 0, 0);
         return;
     }
     a.pid_hint = ((uint64_t)s->arg[1] << 32) | s->arg[0];
     pvgpu_task_name(s, a.task_name);
     sl->pid_hint = a.pid_hint;
     memcpy(sl->task_name, a.task_name, sizeof(sl->task_name));
-    sl->state = SLOT_PENDING;
-    s->cmd_status = CMDST_BUSY;
+    sl->state = PVGPU_SLOT_PENDING;
+    s->cmd_status = PVGPU_CMDST_BUSY;
     if (!pvgpu_request(s, PVGPU_MSG_CHAN_ALLOC, &a, sizeof(a), sl->index,
                        true)) {
         /* Still BUSY: the link loss completes the command with E_LINK. */
-        sl->state = SLOT_FREE;
+        sl->state = PVGPU_SLOT_FREE;
         pvgpu_link_lost(s, "write to the daemon failed");
     }
 }
@@ -1930,29 +1846,29 @@ static void pvgpu_cmd_free(PvgpuState *s)
     struct pvgpu_chan_ref ref = { 0 };
 
     if (idx >= s->num_slots) {
-        pvgpu_cmd_done(s, CMDST_E_INVALID, 0, 0);
+        pvgpu_cmd_done(s, PVGPU_CMDST_E_INVALID, 0, 0);
         return;
     }
     sl = &s->slots[idx];
-    if (sl->state == SLOT_LOST) {
+    if (sl->state == PVGPU_SLOT_LOST) {
         /* The daemon already dropped it. */
         slot_free(sl);
-        pvgpu_cmd_done(s, CMDST_OK, idx, 0);
+        pvgpu_cmd_done(s, PVGPU_CMDST_OK, idx, 0);
         return;
     }
-    if (sl->state != SLOT_LIVE) {
-        pvgpu_cmd_done(s, CMDST_E_INVALID, idx, 0);
+    if (sl->state != PVGPU_SLOT_LIVE) {
+        pvgpu_cmd_done(s, PVGPU_CMDST_E_INVALID, idx, 0);
         return;
     }
     ref.chan_id = sl->chan_id;
     slot_wait_cancel(sl);
-    sl->state = SLOT_FREEING;
+    sl->state = PVGPU_SLOT_FREEING;
     /* Nothing the guest writes now may reach the channel. */
     memory_region_transaction_begin();
     slot_arm_bell(sl, false);
     slot_show_ctrl(sl, &sl->ctrl_trap);
     memory_region_transaction_commit();
-    s->cmd_status = CMDST_BUSY;
+    s->cmd_status = PVGPU_CMDST_BUSY;
     if (!pvgpu_request(s, PVGPU_MSG_CHAN_FREE, &ref, sizeof(ref), idx, true)) {
         /* The link loss frees the slot and completes the command (E_LINK). */
         pvgpu_link_lost(s, "write to the daemon failed");
@@ -1973,19 +1889,19 @@ static void pvgpu_cmd_task_weight(PvgpuState *s)
     tw.pid_hint = ((uint64_t)s->arg[1] << 32) | s->arg[0];
     tw.weight = s->arg[2];
     if (tw.pid_hint == 0 || tw.weight > PVGPU_WEIGHT_MAX) {
-        pvgpu_cmd_done(s, CMDST_E_INVALID, 0, 0);
+        pvgpu_cmd_done(s, PVGPU_CMDST_E_INVALID, 0, 0);
         return;
     }
-    if (s->link != LINK_READY) {
-        pvgpu_cmd_done(s, CMDST_E_LINK, 0, 0);
+    if (s->link != PVGPU_LINK_READY) {
+        pvgpu_cmd_done(s, PVGPU_CMDST_E_LINK, 0, 0);
         return;
     }
     if (s->link_version < PVGPU_PROTO_VERSION_TASK_WEIGHT) {
         /* An older pvgpud: it would take the message for a protocol error. */
-        pvgpu_cmd_done(s, CMDST_E_DAEMON, 0, PVGPU_E_VERSION);
+        pvgpu_cmd_done(s, PVGPU_CMDST_E_DAEMON, 0, PVGPU_E_VERSION);
         return;
     }
-    s->cmd_status = CMDST_BUSY;
+    s->cmd_status = PVGPU_CMDST_BUSY;
     if (!pvgpu_request(s, PVGPU_MSG_TASK_WEIGHT, &tw, sizeof(tw), -1, true)) {
         pvgpu_link_lost(s, "write to the daemon failed");
         return;
@@ -2006,111 +1922,153 @@ static void pvgpu_cmd_fence_wait(PvgpuState *s)
     PvgpuSlot *sl;
 
     if (idx >= s->num_slots) {
-        pvgpu_cmd_done(s, CMDST_E_INVALID, 0, 0);
+        pvgpu_cmd_done(s, PVGPU_CMDST_E_INVALID, 0, 0);
         return;
     }
     sl = &s->slots[idx];
-    if ((sl->state != SLOT_LIVE && sl->state != SLOT_LOST) ||
-        sl->wait_status == WAIT_ARMED) {
+    if ((sl->state != PVGPU_SLOT_LIVE && sl->state != PVGPU_SLOT_LOST) ||
+        sl->wait_status == PVGPU_WAITST_ARMED) {
         /* no channel, or one wait per slot */
-        pvgpu_cmd_done(s, CMDST_E_INVALID, idx, sl->wait_status);
+        pvgpu_cmd_done(s, PVGPU_CMDST_E_INVALID, idx, sl->wait_status);
         return;
     }
     sl->wait_fence = s->arg[1];
     sl->wait_error = 0;
     sl->wait_since = qemu_clock_get_ns(QEMU_CLOCK_REALTIME);
-    sl->wait_status = WAIT_ARMED;
+    sl->wait_status = PVGPU_WAITST_ARMED;
     s->waits_armed++;
     s->fence_done &= ~(1ull << idx);
     slot_wait_check(sl);
     pvgpu_fence_arm(s);
-    pvgpu_cmd_done(s, CMDST_OK, idx, sl->wait_status);
+    pvgpu_cmd_done(s, PVGPU_CMDST_OK, idx, sl->wait_status);
+}
+
+/* Start the mailbox command @cmd (a guest write to CMD). */
+static void pvgpu_cmd_start(PvgpuState *s, uint32_t cmd)
+{
+    if (s->cmd_status == PVGPU_CMDST_BUSY) {
+        s->bad_access++;          /* one command at a time */
+        return;
+    }
+    switch (cmd) {
+    case PVGPU_CMD_CHAN_ALLOC:
+        pvgpu_cmd_alloc(s);
+        break;
+    case PVGPU_CMD_CHAN_FREE:
+        pvgpu_cmd_free(s);
+        break;
+    case PVGPU_CMD_FENCE_WAIT:
+        pvgpu_cmd_fence_wait(s);
+        break;
+    case PVGPU_CMD_TASK_WEIGHT:
+        pvgpu_cmd_task_weight(s);
+        break;
+    default:
+        s->bad_access++;
+        pvgpu_cmd_done(s, PVGPU_CMDST_E_INVALID, 0, 0);
+        break;
+    }
+}
+
+/* An offset of BAR0 that names no register (it is past the BAR). */
+#define PVGPU_REG_NONE PVGPU_BAR0_SIZE
+
+/*
+ * The register the aligned BAR0 offset @addr names, as the MMIO handlers'
+ * switches spell it: a register of a slot's array as slot 0's
+ * (PVGPU_REG_SLOT(0, r), PVGPU_REG_WAIT(0, r)) with the slot in *@index, a
+ * word of TASK_NAME as PVGPU_REG_TASK_NAME with its byte offset in *@index,
+ * anything else as itself.  Array offsets of slots the device does not have
+ * name no register.
+ */
+static hwaddr pvgpu_mmio_decode(const PvgpuState *s, hwaddr addr,
+                                unsigned *index)
+{
+    hwaddr base, stride;
+
+    *index = 0;
+    if (addr >= PVGPU_REG_TASK_NAME &&
+        addr < PVGPU_REG_TASK_NAME + PVGPU_TASK_NAME_LEN) {
+        *index = addr - PVGPU_REG_TASK_NAME;
+        return PVGPU_REG_TASK_NAME;
+    }
+    if (addr >= PVGPU_REG_WAIT_BASE) {
+        base = PVGPU_REG_WAIT_BASE;
+        stride = PVGPU_REG_WAIT_STRIDE;
+    } else if (addr >= PVGPU_REG_SLOT_BASE) {
+        base = PVGPU_REG_SLOT_BASE;
+        stride = PVGPU_REG_SLOT_STRIDE;
+    } else {
+        return addr;
+    }
+    if ((addr - base) / stride >= s->num_slots) {
+        return PVGPU_REG_NONE;
+    }
+    *index = (addr - base) / stride;
+    return base + (addr - base) % stride;
 }
 
 static uint64_t pvgpu_mmio_read(void *opaque, hwaddr addr, unsigned size)
 {
     PvgpuState *s = opaque;
+    unsigned i;
 
     if (size != 4 || (addr & 3)) {
         s->bad_access++;
         return ~0ull;
     }
-    if (addr >= REG_TASK_NAME && addr < REG_TASK_NAME + TASK_NAME_LEN) {
-        return ldl_le_p(&s->task_name[addr - REG_TASK_NAME]);
-    }
-    if (addr >= REG_WAIT_BASE) {
-        uint32_t idx = (addr - REG_WAIT_BASE) / REG_WAIT_STRIDE;
-        PvgpuSlot *sl;
-
-        if (idx >= s->num_slots) {
-            return 0;
-        }
-        sl = &s->slots[idx];
-        switch ((addr - REG_WAIT_BASE) % REG_WAIT_STRIDE) {
-        case WAIT_REG_STATUS:
-            return sl->wait_status;
-        case WAIT_REG_FENCE:
-            return sl->wait_fence;
-        case WAIT_REG_ERROR:
-            return sl->wait_error;
-        }
-        return 0;
-    }
-    if (addr >= REG_SLOT_BASE) {
-        uint32_t idx = (addr - REG_SLOT_BASE) / REG_SLOT_STRIDE;
-        PvgpuSlot *sl;
-
-        if (idx >= s->num_slots) {
-            return 0;
-        }
-        sl = &s->slots[idx];
-        switch ((addr - REG_SLOT_BASE) % REG_SLOT_STRIDE) {
-        case SLOT_REG_STATE:
-            return sl->state == SLOT_FREEING ? SLOT_LIVE : sl->state;
-        case SLOT_REG_MODE:
-            return sl->mode;
-        case SLOT_REG_CHAN_ID:
-            return sl->chan_id;
-        case SLOT_REG_NOTICE:
-            return sl->notice;
-        }
-        return 0;
-    }
-    switch (addr) {
-    case REG_MAGIC:
+    switch (pvgpu_mmio_decode(s, addr, &i)) {
+    case PVGPU_REG_MAGIC:
         return PVGPU_DEV_MAGIC;
-    case REG_VERSION:
+    case PVGPU_REG_VERSION:
         return PVGPU_DEV_VERSION;
-    case REG_NUM_SLOTS:
+    case PVGPU_REG_NUM_SLOTS:
         return s->num_slots;
-    case REG_LINK:
+    case PVGPU_REG_LINK:
         return s->link;
-    case REG_CMD_STATUS:
+    case PVGPU_REG_CMD_STATUS:
         return s->cmd_status;
-    case REG_ARG0:
+    case PVGPU_REG_ARG0:
         return s->arg[0];
-    case REG_ARG1:
+    case PVGPU_REG_ARG1:
         return s->arg[1];
-    case REG_ARG2:
+    case PVGPU_REG_ARG2:
         return s->arg[2];
-    case REG_RESULT0:
+    case PVGPU_REG_RESULT0:
         return s->result[0];
-    case REG_RESULT1:
+    case PVGPU_REG_RESULT1:
         return s->result[1];
-    case REG_IRQ_STATUS:
+    case PVGPU_REG_IRQ_STATUS:
         return s->irq_status;
-    case REG_IRQ_MASK:
+    case PVGPU_REG_IRQ_MASK:
         return s->irq_mask;
-    case REG_BAD_ACCESS:
+    case PVGPU_REG_BAD_ACCESS:
         return s->bad_access;
-    case REG_LINK_GEN:
+    case PVGPU_REG_LINK_GEN:
         return s->link_gen;
-    case REG_FENCE_DONE_LO:
+    case PVGPU_REG_FENCE_DONE_LO:
         return (uint32_t)s->fence_done;
-    case REG_FENCE_DONE_HI:
+    case PVGPU_REG_FENCE_DONE_HI:
         return (uint32_t)(s->fence_done >> 32);
-    case REG_FEATURES:
-        return s->use_kernel_wn ? FEATURE_KERNEL_WN : 0;
+    case PVGPU_REG_FEATURES:
+        return s->use_kernel_wn ? PVGPU_FEATURE_KERNEL_WN : 0;
+    case PVGPU_REG_SLOT(0, PVGPU_SLOT_REG_STATE):
+        return s->slots[i].state == PVGPU_SLOT_FREEING ? PVGPU_SLOT_LIVE
+                                                       : s->slots[i].state;
+    case PVGPU_REG_SLOT(0, PVGPU_SLOT_REG_MODE):
+        return s->slots[i].mode;
+    case PVGPU_REG_SLOT(0, PVGPU_SLOT_REG_CHAN_ID):
+        return s->slots[i].chan_id;
+    case PVGPU_REG_SLOT(0, PVGPU_SLOT_REG_NOTICE):
+        return s->slots[i].notice;
+    case PVGPU_REG_WAIT(0, PVGPU_WAIT_REG_STATUS):
+        return s->slots[i].wait_status;
+    case PVGPU_REG_WAIT(0, PVGPU_WAIT_REG_FENCE):
+        return s->slots[i].wait_fence;
+    case PVGPU_REG_WAIT(0, PVGPU_WAIT_REG_ERROR):
+        return s->slots[i].wait_error;
+    case PVGPU_REG_TASK_NAME:
+        return ldl_le_p(&s->task_name[i]);
     }
     return 0;
 }
@@ -2119,62 +2077,41 @@ static void pvgpu_mmio_write(void *opaque, hwaddr addr, uint64_t val,
                              unsigned size)
 {
     PvgpuState *s = opaque;
+    unsigned i;
 
     if (size != 4 || (addr & 3)) {
         s->bad_access++;
         return;
     }
-    if (addr >= REG_TASK_NAME && addr < REG_TASK_NAME + TASK_NAME_LEN) {
-        stl_le_p(&s->task_name[addr - REG_TASK_NAME], val);
-        return;
-    }
-    switch (addr) {
-    case REG_CMD:
-        if (s->cmd_status == CMDST_BUSY) {
-            s->bad_access++;          /* one command at a time */
-            return;
-        }
-        switch (val) {
-        case CMD_CHAN_ALLOC:
-            pvgpu_cmd_alloc(s);
-            break;
-        case CMD_CHAN_FREE:
-            pvgpu_cmd_free(s);
-            break;
-        case CMD_FENCE_WAIT:
-            pvgpu_cmd_fence_wait(s);
-            break;
-        case CMD_TASK_WEIGHT:
-            pvgpu_cmd_task_weight(s);
-            break;
-        default:
-            s->bad_access++;
-            pvgpu_cmd_done(s, CMDST_E_INVALID, 0, 0);
-            break;
-        }
+    switch (pvgpu_mmio_decode(s, addr, &i)) {
+    case PVGPU_REG_CMD:
+        pvgpu_cmd_start(s, val);
         break;
-    case REG_ARG0:
+    case PVGPU_REG_ARG0:
         s->arg[0] = val;
         break;
-    case REG_ARG1:
+    case PVGPU_REG_ARG1:
         s->arg[1] = val;
         break;
-    case REG_ARG2:
+    case PVGPU_REG_ARG2:
         s->arg[2] = val;
         break;
-    case REG_IRQ_ACK:
+    case PVGPU_REG_IRQ_ACK:
         s->irq_status &= ~(uint32_t)val;
         pvgpu_update_irq(s);
         break;
-    case REG_IRQ_MASK:
-        s->irq_mask = val & IRQ_ALL;
+    case PVGPU_REG_IRQ_MASK:
+        s->irq_mask = val & PVGPU_IRQ_ALL;
         pvgpu_update_irq(s);
         break;
-    case REG_FENCE_DONE_LO:
+    case PVGPU_REG_FENCE_DONE_LO:
         s->fence_done &= ~(uint64_t)(uint32_t)val;
         break;
-    case REG_FENCE_DONE_HI:
+    case PVGPU_REG_FENCE_DONE_HI:
         s->fence_done &= ~((uint64_t)(uint32_t)val << 32);
+        break;
+    case PVGPU_REG_TASK_NAME:
+        stl_le_p(&s->task_name[i], val);
         break;
     default:
         s->bad_access++;              /* read-only or unknown */
@@ -2220,7 +2157,7 @@ static void pvgpu_send_hello(PvgpuState *s)
     h.pid = getpid();
     h.gpu = s->gpu == PVGPU_DEVICE_GPU_AUTO ? PVGPU_GPU_ANY
                                             : PVGPU_GPU_INDEX(s->gpu);
-    s->link = LINK_HELLO;
+    s->link = PVGPU_LINK_HELLO;
     if (!pvgpu_request(s, PVGPU_MSG_HELLO, &h, sizeof(h), -1, false)) {
         pvgpu_link_lost(s, "cannot send HELLO");
     }
@@ -2235,7 +2172,7 @@ static void pvgpu_realloc_lost(PvgpuState *s)
         PvgpuSlot *sl = &s->slots[i];
         struct pvgpu_chan_alloc a = { 0 };
 
-        if (sl->state != SLOT_LOST) {
+        if (sl->state != PVGPU_SLOT_LOST) {
             continue;
         }
         a.pid_hint = sl->pid_hint;
@@ -2250,9 +2187,9 @@ static void pvgpu_realloc_lost(PvgpuState *s)
 static void pvgpu_link_lost_full(PvgpuState *s, const char *why, bool closed)
 {
     unsigned i;
-    bool was_up = s->link != LINK_DOWN;
+    bool was_up = s->link != PVGPU_LINK_DOWN;
 
-    if (s->link == LINK_HELLO) {
+    if (s->link == PVGPU_LINK_HELLO) {
         s->hello_refusals++;          /* the HELLO did not get through */
     }
     s->quiesced = false;              /* pvgpud let go of everything */
@@ -2262,7 +2199,7 @@ static void pvgpu_link_lost_full(PvgpuState *s, const char *why, bool closed)
         qemu_log_mask(LOG_UNIMP, "pvgpu: daemon link lost: %s\n", why);
         warn_report("pvgpu: connection to pvgpud lost (%s); channels are gone", why);
     }
-    s->link = LINK_DOWN;
+    s->link = PVGPU_LINK_DOWN;
     s->link_version = 0;
     s->req_count = 0;
     pvgpu_rx_reset(s);
@@ -2270,29 +2207,29 @@ static void pvgpu_link_lost_full(PvgpuState *s, const char *why, bool closed)
     for (i = 0; i < s->num_slots; i++) {
         PvgpuSlot *sl = &s->slots[i];
         switch (sl->state) {
-        case SLOT_PENDING:
-            sl->state = SLOT_FREE;
+        case PVGPU_SLOT_PENDING:
+            sl->state = PVGPU_SLOT_FREE;
             break;
-        case SLOT_FREEING:
+        case PVGPU_SLOT_FREEING:
             slot_free(sl);
             break;
-        case SLOT_LIVE:
+        case PVGPU_SLOT_LIVE:
             slot_mark_lost(sl);
             break;
-        case SLOT_RESTORING:
+        case PVGPU_SLOT_RESTORING:
             pvgpu_mig_restored(s, sl, "the connection to pvgpud was lost");
             break;
         }
     }
-    if (s->cmd_status == CMDST_BUSY && !s->mig_co) {
-        pvgpu_cmd_done(s, CMDST_E_LINK, 0, 0);
+    if (s->cmd_status == PVGPU_CMDST_BUSY && !s->mig_co) {
+        pvgpu_cmd_done(s, PVGPU_CMDST_E_LINK, 0, 0);
     }
     pvgpu_mig_wake(s);
     /* Drop the connection too, so a reconnecting chardev starts afresh. */
     if (was_up && !closed) {
         qemu_chr_fe_disconnect(&s->chr);
     }
-    pvgpu_raise_irq(s, IRQ_LINK);
+    pvgpu_raise_irq(s, PVGPU_IRQ_LINK);
 }
 
 /* The reply the daemon owes for a request of @type (0: none). */
@@ -2358,10 +2295,10 @@ static void pvgpu_on_reply(PvgpuState *s, const struct pvgpu_msg_hdr *h,
             return;
         }
         s->link_version = hr.version;
-        s->link = LINK_READY;
+        s->link = PVGPU_LINK_READY;
         s->link_gen++;
         pvgpu_realloc_lost(s);
-        pvgpu_raise_irq(s, IRQ_LINK);
+        pvgpu_raise_irq(s, PVGPU_IRQ_LINK);
         return;
     }
     case PVGPU_MSG_CHAN_REPLY: {
@@ -2376,8 +2313,8 @@ static void pvgpu_on_reply(PvgpuState *s, const struct pvgpu_msg_hdr *h,
                 return;
             }
             s->rx_nfds = 0;
-            if (sl->state != (r.type == PVGPU_MSG_CHAN_RESTORE ? SLOT_RESTORING :
-                              r.mailbox ? SLOT_PENDING : SLOT_LOST)) {
+            if (sl->state != (r.type == PVGPU_MSG_CHAN_RESTORE ? PVGPU_SLOT_RESTORING :
+                              r.mailbox ? PVGPU_SLOT_PENDING : PVGPU_SLOT_LOST)) {
                 /* A re-allocation for a slot the guest freed meanwhile. */
                 struct pvgpu_chan_ref ref = { .chan_id = cr.chan_id };
                 close(memfd);
@@ -2386,7 +2323,7 @@ static void pvgpu_on_reply(PvgpuState *s, const struct pvgpu_msg_hdr *h,
                               false);
                 return;
             }
-            if (sl->state == SLOT_LOST) {
+            if (sl->state == PVGPU_SLOT_LOST) {
                 slot_teardown(sl);    /* the old channel's memory */
             }
             if (!slot_install(sl, cr.chan_id, cr.mode, memfd, bellfd)) {
@@ -2398,29 +2335,29 @@ static void pvgpu_on_reply(PvgpuState *s, const struct pvgpu_msg_hdr *h,
                     pvgpu_mig_restored(s, sl, "its channel memory was refused");
                     return;
                 }
-                sl->state = r.mailbox ? SLOT_FREE : SLOT_LOST;
+                sl->state = r.mailbox ? PVGPU_SLOT_FREE : PVGPU_SLOT_LOST;
                 if (r.mailbox) {
-                    pvgpu_cmd_done(s, CMDST_E_DAEMON, 0, PVGPU_E_INTERNAL);
+                    pvgpu_cmd_done(s, PVGPU_CMDST_E_DAEMON, 0, PVGPU_E_INTERNAL);
                 }
                 return;
             }
             if (r.type == PVGPU_MSG_CHAN_RESTORE) {
                 pvgpu_mig_restored(s, sl, NULL);
             } else if (r.mailbox) {
-                pvgpu_cmd_done(s, CMDST_OK, sl->index, cr.chan_id);
+                pvgpu_cmd_done(s, PVGPU_CMDST_OK, sl->index, cr.chan_id);
             } else {
-                pvgpu_raise_irq(s, IRQ_LINK);
+                pvgpu_raise_irq(s, PVGPU_IRQ_LINK);
             }
         } else if (r.type == PVGPU_MSG_CHAN_RESTORE) {
-            if (sl->state == SLOT_RESTORING) {
+            if (sl->state == PVGPU_SLOT_RESTORING) {
                 char why[64];
                 snprintf(why, sizeof(why), "pvgpud refused it (status %u)",
                          cr.status);
                 pvgpu_mig_restored(s, sl, why);
             }
-        } else if (r.mailbox && sl->state == SLOT_PENDING) {
-            sl->state = SLOT_FREE;
-            pvgpu_cmd_done(s, CMDST_E_DAEMON, 0, cr.status);
+        } else if (r.mailbox && sl->state == PVGPU_SLOT_PENDING) {
+            sl->state = PVGPU_SLOT_FREE;
+            pvgpu_cmd_done(s, PVGPU_CMDST_E_DAEMON, 0, cr.status);
         }
         return;
     }
@@ -2429,7 +2366,7 @@ static void pvgpu_on_reply(PvgpuState *s, const struct pvgpu_msg_hdr *h,
             uint32_t idx = sl->index;
             slot_free(sl);
             if (r.mailbox) {
-                pvgpu_cmd_done(s, CMDST_OK, idx, 0);
+                pvgpu_cmd_done(s, PVGPU_CMDST_OK, idx, 0);
             }
         }
         return;
@@ -2444,7 +2381,7 @@ static void pvgpu_on_reply(PvgpuState *s, const struct pvgpu_msg_hdr *h,
             if (sr.status == PVGPU_OK) {
                 pvgpu_weight_remember(s, r.hint, r.weight);
             }
-            pvgpu_cmd_done(s, sr.status == PVGPU_OK ? CMDST_OK : CMDST_E_DAEMON,
+            pvgpu_cmd_done(s, sr.status == PVGPU_OK ? PVGPU_CMDST_OK : PVGPU_CMDST_E_DAEMON,
                            0, sr.status);
         } else if (s->mig_weights) {
             /* re-sent after a migration (pvgpu_post_load) */
@@ -2484,7 +2421,7 @@ static void pvgpu_flush_modes(PvgpuState *s)
         const struct pvgpu_mode *m = &s->mode_batch[i];
         PvgpuSlot *x = slot_by_chan(s, m->chan_id);
 
-        if (!x || x->state != SLOT_LIVE) {
+        if (!x || x->state != PVGPU_SLOT_LIVE) {
             continue;                 /* raced with CHAN_FREE */
         }
         sl[n] = x;
@@ -2555,11 +2492,11 @@ static void pvgpu_on_message(PvgpuState *s)
              * A guest reads STATUS on the NOTICE interrupt: a shadowed slot
              * must show the death now, not at the next refresh tick.
              */
-            if (sl->state == SLOT_LIVE && sl->mode == PVGPU_MODE_SHADOWED &&
+            if (sl->state == PVGPU_SLOT_LIVE && sl->mode == PVGPU_MODE_SHADOWED &&
                 slot_real(sl)) {
                 slot_shadow_show_gpu(sl);
             }
-            pvgpu_raise_irq(s, IRQ_NOTICE);
+            pvgpu_raise_irq(s, PVGPU_IRQ_NOTICE);
             pvgpu_fence_check(s);     /* a dead channel ends its wait */
         }
         return;
@@ -2568,7 +2505,7 @@ static void pvgpu_on_message(PvgpuState *s)
         struct pvgpu_error e;
         memcpy(&e, body, sizeof(e));
         e.message[sizeof(e.message) - 1] = 0;
-        if (s->link == LINK_HELLO) {
+        if (s->link == PVGPU_LINK_HELLO) {
             /* Why pvgpud refuses the HELLO (a GPU it lacks, say); one
              * before version 4 takes a named GPU for a protocol error. */
             error_report("pvgpu: pvgpud refused HELLO: %s%s", e.message,
@@ -2629,7 +2566,7 @@ static int pvgpu_chr_can_read(void *opaque)
 {
     PvgpuState *s = opaque;
 
-    if (s->link == LINK_DOWN) {
+    if (s->link == PVGPU_LINK_DOWN) {
         return 0;
     }
     return pvgpu_rx_want(s);
@@ -2653,7 +2590,7 @@ static void pvgpu_chr_read(void *opaque, const uint8_t *buf, int size)
         memcpy(s->rx_fds, fds, n * sizeof(int));
         s->rx_nfds = n;
     }
-    while (size > 0 && s->link != LINK_DOWN) {
+    while (size > 0 && s->link != PVGPU_LINK_DOWN) {
         const struct pvgpu_msg_hdr *h = (const void *)s->rx;
         uint32_t take = MIN((uint32_t)size, pvgpu_rx_want(s));
 
@@ -2687,7 +2624,7 @@ static void pvgpu_chr_event(void *opaque, QEMUChrEvent event)
 
     switch (event) {
     case CHR_EVENT_OPENED:
-        if (s->link != LINK_DOWN) {
+        if (s->link != PVGPU_LINK_DOWN) {
             return;
         }
         pvgpu_rx_reset(s);
@@ -2824,7 +2761,7 @@ static void pvgpu_vm_state(void *opaque, bool running, RunState state)
         return;
     }
     s->quiesced = false;
-    if (s->link == LINK_READY &&
+    if (s->link == PVGPU_LINK_READY &&
         !pvgpu_request(s, PVGPU_MSG_RESUME, &ref, sizeof(ref), -1, false)) {
         pvgpu_link_lost(s, "write to the daemon failed");
     }
@@ -2843,7 +2780,7 @@ static int pvgpu_pre_save(void *opaque)
         return -ENOTSUP;
     }
     for (i = 0; i < s->num_slots; i++) {
-        live = live || s->slots[i].state == SLOT_LIVE;
+        live = live || s->slots[i].state == PVGPU_SLOT_LIVE;
     }
     /* A second save of a quiesced VM (a snapshot after a failed
      * migration, the VM never resumed) finds the channels held already. */
@@ -2861,7 +2798,7 @@ static int pvgpu_pre_save(void *opaque)
         struct pvgpu_ctrl_page *real = slot_real(sl);
 
         memset(m, 0, sizeof(*m));
-        memcpy(m->task_name, sl->task_name, TASK_NAME_LEN);
+        memcpy(m->task_name, sl->task_name, PVGPU_TASK_NAME_LEN);
         m->pid_hint = sl->pid_hint;
         m->mode = sl->mode;
         m->chan_id = sl->chan_id;
@@ -2870,12 +2807,12 @@ static int pvgpu_pre_save(void *opaque)
         m->wait_fence = sl->wait_fence;
         m->wait_error = sl->wait_error;
         switch (sl->state) {
-        case SLOT_LIVE:
-        case SLOT_LOST:
+        case PVGPU_SLOT_LIVE:
+        case PVGPU_SLOT_LOST:
             m->state = sl->state;
             if (real) {
                 memcpy(m->mem, sl->chan_mem, PVGPU_CHAN_MEM_SIZE);
-                m->guest_put = sl->state == SLOT_LIVE && sl->mode == PVGPU_MODE_SHADOWED
+                m->guest_put = sl->state == PVGPU_SLOT_LIVE && sl->mode == PVGPU_MODE_SHADOWED
                                ? qatomic_read(&sl->shadow->ib_put) : real->ib_put;
                 ((struct pvgpu_ctrl_page *)m->mem)->ib_put = m->guest_put;
             }
@@ -2883,21 +2820,21 @@ static int pvgpu_pre_save(void *opaque)
         default:
             /* FREE, or a free or allocation in flight: the destination's
              * slot is free (the source's pvgpud drops what it had). */
-            m->state = SLOT_FREE;
+            m->state = PVGPU_SLOT_FREE;
             m->mode = PVGPU_MODE_DIRECT;
             m->chan_id = 0;
-            m->wait_status = WAIT_NONE;
+            m->wait_status = PVGPU_WAITST_NONE;
             break;
         }
     }
     /* How a command still BUSY completes on the destination: a free is
      * done there (the slot is free); anything else failed with the link. */
-    s->mig_done[0] = CMDST_E_LINK;
+    s->mig_done[0] = PVGPU_CMDST_E_LINK;
     s->mig_done[1] = s->mig_done[2] = 0;
-    for (i = 0; s->cmd_status == CMDST_BUSY && i < s->req_count; i++) {
+    for (i = 0; s->cmd_status == PVGPU_CMDST_BUSY && i < s->req_count; i++) {
         PvgpuRequest *r = &s->req[(s->req_head + i) % PVGPU_MAX_REQUESTS];
         if (r->mailbox && r->type == PVGPU_MSG_CHAN_FREE) {
-            s->mig_done[0] = CMDST_OK;
+            s->mig_done[0] = PVGPU_CMDST_OK;
             s->mig_done[1] = r->slot;
         }
     }
@@ -2931,7 +2868,7 @@ static void pvgpu_mig_timer_cb(void *opaque)
 static void pvgpu_mig_restored(PvgpuState *s, PvgpuSlot *sl, const char *failed)
 {
     if (failed) {
-        sl->state = SLOT_FREE;
+        sl->state = PVGPU_SLOT_FREE;
         if (!s->mig_error[0]) {
             snprintf(s->mig_error, sizeof(s->mig_error),
                      "the channel of slot %u: %s", sl->index, failed);
@@ -2965,12 +2902,12 @@ static uint32_t pvgpu_mig_refusals_seen;
 
 static bool pvgpu_mig_linked(PvgpuState *s)
 {
-    return s->link == LINK_READY || s->hello_refusals != pvgpu_mig_refusals_seen;
+    return s->link == PVGPU_LINK_READY || s->hello_refusals != pvgpu_mig_refusals_seen;
 }
 
 static bool pvgpu_mig_settled(PvgpuState *s)
 {
-    return s->link != LINK_READY || (!s->mig_restoring && !s->mig_weights);
+    return s->link != PVGPU_LINK_READY || (!s->mig_restoring && !s->mig_weights);
 }
 
 /* Checks what the guest (or a corrupted stream) could have put in the
@@ -2979,11 +2916,11 @@ static const char *pvgpu_mig_check(PvgpuState *s, char *buf, size_t len)
 {
     unsigned i;
 
-    if (s->cmd_status > CMDST_E_DAEMON || s->mig_done[0] > CMDST_E_DAEMON ||
-        s->mig_done[0] == CMDST_BUSY) {
+    if (s->cmd_status > PVGPU_CMDST_E_DAEMON || s->mig_done[0] > PVGPU_CMDST_E_DAEMON ||
+        s->mig_done[0] == PVGPU_CMDST_BUSY) {
         return "mailbox status out of range";
     }
-    if ((s->irq_status | s->irq_mask) & ~IRQ_ALL) {
+    if ((s->irq_status | s->irq_mask) & ~PVGPU_IRQ_ALL) {
         return "interrupt bits out of range";
     }
     if (s->num_slots < 64 && (s->fence_done >> s->num_slots)) {
@@ -2993,7 +2930,8 @@ static const char *pvgpu_mig_check(PvgpuState *s, char *buf, size_t len)
         const PvgpuSlotMig *m = &s->mig[i];
         const struct pvgpu_ctrl_page *c = (const void *)m->mem;
 
-        if (m->state != SLOT_FREE && m->state != SLOT_LIVE && m->state != SLOT_LOST) {
+        if (m->state != PVGPU_SLOT_FREE && m->state != PVGPU_SLOT_LIVE &&
+            m->state != PVGPU_SLOT_LOST) {
             snprintf(buf, len, "slot %u: state %u", i, m->state);
             return buf;
         }
@@ -3001,16 +2939,16 @@ static const char *pvgpu_mig_check(PvgpuState *s, char *buf, size_t len)
             snprintf(buf, len, "slot %u: mode %u", i, m->mode);
             return buf;
         }
-        if (m->wait_status > WAIT_E_DEAD || m->notice > PVGPU_NOTICE_DEGRADED) {
+        if (m->wait_status > PVGPU_WAITST_E_DEAD || m->notice > PVGPU_NOTICE_DEGRADED) {
             snprintf(buf, len, "slot %u: wait status %u, notice %u", i,
                      m->wait_status, m->notice);
             return buf;
         }
-        if (m->state == SLOT_FREE && m->wait_status != WAIT_NONE) {
+        if (m->state == PVGPU_SLOT_FREE && m->wait_status != PVGPU_WAITST_NONE) {
             snprintf(buf, len, "slot %u: a fence wait on a free slot", i);
             return buf;
         }
-        if (m->state == SLOT_LIVE && m->guest_put - c->ib_get > PVGPU_RING_ENTRIES) {
+        if (m->state == PVGPU_SLOT_LIVE && m->guest_put - c->ib_get > PVGPU_RING_ENTRIES) {
             snprintf(buf, len, "slot %u: IB_PUT %u is more than a ring ahead of "
                      "IB_GET %u", i, m->guest_put, c->ib_get);
             return buf;
@@ -3067,11 +3005,11 @@ static int pvgpu_post_load(void *opaque, int version_id)
         return -EINVAL;
     }
     for (i = 0; i < s->num_slots; i++) {
-        if (s->slots[i].state != SLOT_FREE) {
+        if (s->slots[i].state != PVGPU_SLOT_FREE) {
             error_report("pvgpu: cannot load device state over live channels");
             return -EINVAL;
         }
-        live += s->mig[i].state == SLOT_LIVE;
+        live += s->mig[i].state == PVGPU_SLOT_LIVE;
     }
     if ((live || s->num_weights) && !qemu_in_coroutine()) {
         error_report("pvgpu: GPU channels can only be restored by an incoming "
@@ -3090,8 +3028,8 @@ static int pvgpu_post_load(void *opaque, int version_id)
 
         /* The protocol's text field, whatever the stream says (a name
          * pvgpud refuses would end the link, not just this channel). */
-        memset(sl->task_name, 0, TASK_NAME_LEN);
-        for (size_t k = 0; k < TASK_NAME_LEN - 1 && m->task_name[k]; k++) {
+        memset(sl->task_name, 0, PVGPU_TASK_NAME_LEN);
+        for (size_t k = 0; k < PVGPU_TASK_NAME_LEN - 1 && m->task_name[k]; k++) {
             uint8_t c = m->task_name[k];
             sl->task_name[k] = (c >= 0x20 && c <= 0x7e) ? c : '?';
         }
@@ -3101,14 +3039,14 @@ static int pvgpu_post_load(void *opaque, int version_id)
         sl->wait_fence = m->wait_fence;
         sl->wait_error = m->wait_error;
         sl->wait_since = qemu_clock_get_ns(QEMU_CLOCK_REALTIME);
-        s->waits_armed += sl->wait_status == WAIT_ARMED;
-        if (m->state == SLOT_LOST) {
+        s->waits_armed += sl->wait_status == PVGPU_WAITST_ARMED;
+        if (m->state == PVGPU_SLOT_LOST) {
             /* Its channel was gone on the source too: the guest reads the
              * saved page (STATUS error, ERROR lost) until it frees it. */
             memcpy(sl->chan_mem, m->mem, PVGPU_CHAN_MEM_SIZE);
             sl->installed = true;
             sl->chan_id = m->chan_id;
-            sl->state = SLOT_LOST;
+            sl->state = PVGPU_SLOT_LOST;
             sl->mode = PVGPU_MODE_TRAPPED;
             memory_region_transaction_begin();
             memory_region_add_subregion_overlap(&s->bar4, i * PVGPU_PAGE_SIZE,
@@ -3116,8 +3054,8 @@ static int pvgpu_post_load(void *opaque, int version_id)
             sl->ring_mapped = true;
             slot_show_ctrl(sl, &sl->ctrl_trap);
             memory_region_transaction_commit();
-        } else if (m->state == SLOT_LIVE) {
-            sl->state = SLOT_RESTORING;
+        } else if (m->state == PVGPU_SLOT_LIVE) {
+            sl->state = PVGPU_SLOT_RESTORING;
             sl->chan_id = m->chan_id;
             sl->mode = m->mode;
         }
@@ -3125,12 +3063,12 @@ static int pvgpu_post_load(void *opaque, int version_id)
     if (live || s->num_weights) {
         /* A HELLO refused before the stream came counts as refused: a
          * refusal is pvgpud's decision, the next try is refused too. */
-        pvgpu_mig_refusals_seen = s->link == LINK_READY || !s->hello_refusals
+        pvgpu_mig_refusals_seen = s->link == PVGPU_LINK_READY || !s->hello_refusals
                                   ? s->hello_refusals : s->hello_refusals - 1;
         if (!pvgpu_mig_wait(s, pvgpu_mig_linked, deadline) ||
-            s->link != LINK_READY) {
+            s->link != PVGPU_LINK_READY) {
             error_report("pvgpu: cannot restore the GPU channels: %s",
-                         s->link == LINK_READY ? "" :
+                         s->link == PVGPU_LINK_READY ? "" :
                          s->hello_refusals != pvgpu_mig_refusals_seen ?
                          "this host's pvgpud did not accept the VM (HELLO)" :
                          "no connection to this host's pvgpud");
@@ -3142,17 +3080,17 @@ static int pvgpu_post_load(void *opaque, int version_id)
                          s->link_version, PVGPU_PROTO_VERSION_MIGRATE);
             return -EIO;
         }
-        for (i = 0; i < s->num_slots && s->link == LINK_READY; i++) {
+        for (i = 0; i < s->num_slots && s->link == PVGPU_LINK_READY; i++) {
             PvgpuSlotMig *m = &s->mig[i];
             const struct pvgpu_ctrl_page *c = (const void *)m->mem;
             struct pvgpu_chan_restore r = { 0 };
             int fd;
 
-            if (s->slots[i].state != SLOT_RESTORING) {
+            if (s->slots[i].state != PVGPU_SLOT_RESTORING) {
                 continue;
             }
             r.pid_hint = m->pid_hint;
-            memcpy(r.task_name, s->slots[i].task_name, TASK_NAME_LEN);
+            memcpy(r.task_name, s->slots[i].task_name, PVGPU_TASK_NAME_LEN);
             r.ib_put = m->guest_put;
             r.ib_get = c->ib_get;
             r.fence = c->fence;
@@ -3170,7 +3108,7 @@ static int pvgpu_post_load(void *opaque, int version_id)
             close(fd);
             s->mig_restoring++;
         }
-        for (i = 0; i < s->num_weights && s->link == LINK_READY; i++) {
+        for (i = 0; i < s->num_weights && s->link == PVGPU_LINK_READY; i++) {
             struct pvgpu_task_weight tw = {
                 .pid_hint = s->weights[i].pid_hint,
                 .weight = s->weights[i].weight,
@@ -3184,10 +3122,10 @@ static int pvgpu_post_load(void *opaque, int version_id)
             s->mig_weights++;
         }
         if (!pvgpu_mig_wait(s, pvgpu_mig_settled, deadline) ||
-            s->link != LINK_READY || s->mig_error[0]) {
+            s->link != PVGPU_LINK_READY || s->mig_error[0]) {
             error_report("pvgpu: cannot restore the GPU channels: %s",
                          s->mig_error[0] ? s->mig_error :
-                         s->link != LINK_READY ? "the connection to pvgpud was lost" :
+                         s->link != PVGPU_LINK_READY ? "the connection to pvgpud was lost" :
                          "pvgpud did not answer in time");
             return -EIO;
         }
@@ -3195,7 +3133,7 @@ static int pvgpu_post_load(void *opaque, int version_id)
     s->link_gen = gen;
     s->irq_status = irqs;
     s->restore_us = (get_clock() - t0) / 1000;
-    if (s->cmd_status == CMDST_BUSY) {
+    if (s->cmd_status == PVGPU_CMDST_BUSY) {
         pvgpu_cmd_done(s, s->mig_done[0], s->mig_done[1], s->mig_done[2]);
     }
     pvgpu_fence_check(s);
@@ -3222,7 +3160,7 @@ static const VMStateDescription vmstate_pvgpu_slot = {
     .version_id = PVGPU_MIG_VERSION,
     .minimum_version_id = PVGPU_MIG_VERSION,
     .fields = (VMStateField[]) {
-        VMSTATE_UINT8_ARRAY(task_name, PvgpuSlotMig, TASK_NAME_LEN),
+        VMSTATE_UINT8_ARRAY(task_name, PvgpuSlotMig, PVGPU_TASK_NAME_LEN),
         VMSTATE_UINT32(state, PvgpuSlotMig),
         VMSTATE_UINT32(mode, PvgpuSlotMig),
         VMSTATE_UINT32(chan_id, PvgpuSlotMig),
@@ -3264,7 +3202,7 @@ static const VMStateDescription vmstate_pvgpu = {
         VMSTATE_UINT32(cmd_status, PvgpuState),
         VMSTATE_UINT32_ARRAY(arg, PvgpuState, 3),
         VMSTATE_UINT32_ARRAY(result, PvgpuState, 2),
-        VMSTATE_UINT8_ARRAY(task_name, PvgpuState, TASK_NAME_LEN),
+        VMSTATE_UINT8_ARRAY(task_name, PvgpuState, PVGPU_TASK_NAME_LEN),
         VMSTATE_UINT32(irq_status, PvgpuState),
         VMSTATE_UINT32(irq_mask, PvgpuState),
         VMSTATE_UINT32(bad_access, PvgpuState),
@@ -3311,36 +3249,30 @@ static void pvgpu_wn_cleanup(PvgpuState *s)
     }
 }
 
-static void pvgpu_realize(PCIDevice *pdev, Error **errp)
+/* The properties make a device, or say why not in @errp. */
+static bool pvgpu_check_properties(PvgpuState *s, Error **errp)
 {
-    PvgpuState *s = PVGPU(pdev);
-    uint8_t *pci_conf = pdev->config;
-    unsigned i;
-    char name[64];
-    Error *err = NULL;
-    int ret;
-
     if (!qemu_chr_fe_backend_connected(&s->chr)) {
         error_setg(errp, "pvgpu: 'chardev' must name a socket chardev "
                    "connected to pvgpud");
-        return;
+        return false;
     }
     if (!qemu_uuid_set) {
         error_setg(errp, "pvgpu: the VM needs a UUID (-uuid): pvgpud keys "
                    "VMs by UUID");
-        return;
+        return false;
     }
     if (s->num_slots < 1 || s->num_slots > PVGPU_MAX_SLOTS ||
         (s->num_slots & (s->num_slots - 1))) {
         error_setg(errp, "pvgpu: 'slots' must be a power of two in 1..%d "
                    "(got %u)", PVGPU_MAX_SLOTS, s->num_slots);
-        return;
+        return false;
     }
     if (s->gpu != PVGPU_DEVICE_GPU_AUTO && s->gpu >= PVGPU_MAX_GPUS) {
         error_setg(errp, "pvgpu: 'gpu' must be a GPU index in 0..%u, or "
                    "unset to let pvgpud place the device (got %u)",
                    PVGPU_MAX_GPUS - 1, s->gpu);
-        return;
+        return false;
     }
     s->use_kernel_wn = s->kernel_wn != ON_OFF_AUTO_OFF && pvgpu_wn_version() > 0;
     if (s->kernel_wn == ON_OFF_AUTO_ON && !s->use_kernel_wn) {
@@ -3350,111 +3282,154 @@ static void pvgpu_realize(PCIDevice *pdev, Error **errp)
                                     "(-accel kvm)"
                                   : "the host's kvm.ko lacks it (load the one "
                                     "kvm-hooks/build.sh builds)");
-        return;
+        return false;
     }
+    return true;
+}
 
-    s->relay = pvgpu_relay_new(s, errp);
-    if (!s->relay) {
-        return;
-    }
-    pci_config_set_interrupt_pin(pci_conf, 1);
-    /* MSI-X table and PBA in their own 4 KiB BAR1 (table at 0, PBA at
-     * 0x800), so BAR0 stays the mailbox alone.  INTx when the guest does
-     * not enable MSI-X, or when the platform has no MSI at all. */
-    ret = msix_init_exclusive_bar(pdev, PVGPU_MSIX_VECTORS, PVGPU_MSIX_BAR,
+/*
+ * Interrupts: INTA, and MSI-X with its table and PBA in their own 4 KiB BAR1
+ * (table at 0, PBA at 0x800), so BAR0 stays the mailbox alone.  INTx when
+ * the guest does not enable MSI-X, or when the platform has no MSI at all.
+ */
+static bool pvgpu_init_irqs(PvgpuState *s, Error **errp)
+{
+    PCIDevice *pdev = &s->pdev;
+    Error *err = NULL;
+    unsigned i;
+    int ret;
+
+    pci_config_set_interrupt_pin(pdev->config, 1);
+    ret = msix_init_exclusive_bar(pdev, PVGPU_MSIX_VECTORS, PVGPU_BAR_MSIX,
                                   &err);
     if (ret == -ENOTSUP) {
         warn_report_err(err);
-        err = NULL;
-    } else if (ret) {
-        error_propagate(errp, err);
-        goto fail;
-    } else {
-        for (i = 0; i < PVGPU_MSIX_VECTORS; i++) {
-            msix_vector_use(pdev, i);
-        }
+        return true;
     }
+    if (ret) {
+        error_propagate(errp, err);
+        return false;
+    }
+    for (i = 0; i < PVGPU_MSIX_VECTORS; i++) {
+        msix_vector_use(pdev, i);
+    }
+    return true;
+}
+
+/*
+ * Slot @i's windows: the memory its channel will be mapped on (reserved
+ * now), the control page as BAR2 may show it (direct, trapped, shadowed),
+ * its doorbell page in BAR2 and its ring in BAR4.
+ */
+static bool pvgpu_init_slot(PvgpuState *s, unsigned i, Error **errp)
+{
+    PvgpuSlot *sl = &s->slots[i];
+    char name[64];
+
+    sl->dev = s;
+    sl->index = i;
+    sl->shadow = qemu_memalign(PVGPU_PAGE_SIZE, PVGPU_PAGE_SIZE);
+    memset(sl->shadow, 0, PVGPU_PAGE_SIZE);
+    sl->chan_mem = mmap(NULL, PVGPU_CHAN_MEM_SIZE, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (sl->chan_mem == MAP_FAILED) {
+        sl->chan_mem = NULL;
+        error_setg_errno(errp, errno, "pvgpu: cannot reserve channel memory");
+        return false;
+    }
+    snprintf(name, sizeof(name), "pvgpu-ctrl%u", i);
+    memory_region_init_ram_device_ptr(&sl->ctrl_direct, OBJECT(s), name,
+                                      PVGPU_PAGE_SIZE, sl->chan_mem);
+    snprintf(name, sizeof(name), "pvgpu-ring%u", i);
+    memory_region_init_ram_device_ptr(&sl->ring, OBJECT(s), name,
+                                      PVGPU_PAGE_SIZE,
+                                      (uint8_t *)sl->chan_mem +
+                                      PVGPU_CHAN_RING_OFFSET);
+    snprintf(name, sizeof(name), "pvgpu-trap%u", i);
+    memory_region_init_io(&sl->ctrl_trap, OBJECT(s), &pvgpu_trap_ops, sl,
+                          name, PVGPU_PAGE_SIZE);
+    snprintf(name, sizeof(name), "pvgpu-shadow%u", i);
+    memory_region_init_ram_device_ptr(&sl->ctrl_shadow, OBJECT(s), name,
+                                      PVGPU_PAGE_SIZE, sl->shadow);
+    snprintf(name, sizeof(name), "pvgpu-doorbell%u", i);
+    memory_region_init_io(&sl->doorbell, OBJECT(s), &pvgpu_doorbell_ops,
+                          sl, name, PVGPU_PAGE_SIZE);
+    memory_region_add_subregion_overlap(&s->bar2,
+                                        i * PVGPU_BAR2_STRIDE +
+                                        PVGPU_BAR2_DOORBELL,
+                                        &sl->doorbell, 1);
+    return true;
+}
+
+/*
+ * BAR0, the mailbox; BAR2 and BAR4, the slots' windows over a background
+ * that answers where no channel is mapped.  Registered with PCI by realize.
+ */
+static bool pvgpu_init_bars(PvgpuState *s, Error **errp)
+{
+    unsigned i;
 
     memory_region_init_io(&s->mmio, OBJECT(s), &pvgpu_mmio_ops, s,
-                          "pvgpu-mmio", BAR0_SIZE);
+                          "pvgpu-mmio", PVGPU_BAR0_SIZE);
     memory_region_init(&s->bar2, OBJECT(s), "pvgpu-ctrl",
-                       s->num_slots * SLOT_CTRL_STRIDE);
+                       s->num_slots * PVGPU_BAR2_STRIDE);
     memory_region_init_io(&s->bar2_bg, OBJECT(s), &pvgpu_bg_ops, s,
-                          "pvgpu-ctrl-empty", s->num_slots * SLOT_CTRL_STRIDE);
+                          "pvgpu-ctrl-empty", s->num_slots * PVGPU_BAR2_STRIDE);
     memory_region_add_subregion_overlap(&s->bar2, 0, &s->bar2_bg, 0);
     memory_region_init(&s->bar4, OBJECT(s), "pvgpu-ring",
-                       s->num_slots * PVGPU_PAGE_SIZE);
+                       s->num_slots * PVGPU_BAR4_STRIDE);
     memory_region_init_io(&s->bar4_bg, OBJECT(s), &pvgpu_bg_ops, s,
-                          "pvgpu-ring-empty", s->num_slots * PVGPU_PAGE_SIZE);
+                          "pvgpu-ring-empty", s->num_slots * PVGPU_BAR4_STRIDE);
     memory_region_add_subregion_overlap(&s->bar4, 0, &s->bar4_bg, 0);
 
     for (i = 0; i < s->num_slots; i++) {
+        if (!pvgpu_init_slot(s, i, errp)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* kernel-wn: an eventfd per slot for KVM's write notify, and the listener
+ * that registers the trapped control pages with KVM (section 6.1). */
+static bool pvgpu_init_kernel_wn(PvgpuState *s, Error **errp)
+{
+    unsigned i;
+    int ret;
+
+    if (!s->use_kernel_wn) {
+        return true;
+    }
+    for (i = 0; i < s->num_slots; i++) {
         PvgpuSlot *sl = &s->slots[i];
 
-        sl->dev = s;
-        sl->index = i;
-        sl->shadow = qemu_memalign(PVGPU_PAGE_SIZE, PVGPU_PAGE_SIZE);
-        memset(sl->shadow, 0, PVGPU_PAGE_SIZE);
-        sl->chan_mem = mmap(NULL, PVGPU_CHAN_MEM_SIZE, PROT_READ | PROT_WRITE,
-                            MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (sl->chan_mem == MAP_FAILED) {
-            sl->chan_mem = NULL;
-            error_setg_errno(errp, errno, "pvgpu: cannot reserve channel memory");
-            goto fail;
+        ret = event_notifier_init(&sl->wn_notify, 0);
+        if (ret < 0) {
+            error_setg_errno(errp, -ret, "pvgpu: cannot create an eventfd "
+                             "for KVM write notify");
+            return false;
         }
-        snprintf(name, sizeof(name), "pvgpu-ctrl%u", i);
-        memory_region_init_ram_device_ptr(&sl->ctrl_direct, OBJECT(s), name,
-                                          PVGPU_PAGE_SIZE, sl->chan_mem);
-        snprintf(name, sizeof(name), "pvgpu-ring%u", i);
-        memory_region_init_ram_device_ptr(&sl->ring, OBJECT(s), name,
-                                          PVGPU_PAGE_SIZE,
-                                          (uint8_t *)sl->chan_mem +
-                                          PVGPU_CHAN_RING_OFFSET);
-        snprintf(name, sizeof(name), "pvgpu-trap%u", i);
-        memory_region_init_io(&sl->ctrl_trap, OBJECT(s), &pvgpu_trap_ops, sl,
-                              name, PVGPU_PAGE_SIZE);
-        snprintf(name, sizeof(name), "pvgpu-shadow%u", i);
-        memory_region_init_ram_device_ptr(&sl->ctrl_shadow, OBJECT(s), name,
-                                          PVGPU_PAGE_SIZE, sl->shadow);
-        snprintf(name, sizeof(name), "pvgpu-doorbell%u", i);
-        memory_region_init_io(&sl->doorbell, OBJECT(s), &pvgpu_doorbell_ops,
-                              sl, name, PVGPU_PAGE_SIZE);
-        memory_region_add_subregion_overlap(&s->bar2,
-                                            i * SLOT_CTRL_STRIDE +
-                                            SLOT_DOORBELL_OFF,
-                                            &sl->doorbell, 1);
+        sl->wn_notify_ok = true;
+        event_notifier_set_handler(&sl->wn_notify, slot_wn_notified);
     }
+    s->wn_fallback_bh = qemu_bh_new(pvgpu_wn_fallback_bh, s);
+    s->wn_listener = (MemoryListener) {
+        .name = "pvgpu-wn",
+        .region_add = pvgpu_wn_region_add,
+        .region_del = pvgpu_wn_region_del,
+        .priority = 20,   /* after KVM's add, before KVM's del */
+    };
+    memory_listener_register(&s->wn_listener, &address_space_memory);
+    s->wn_listening = true;
+    return true;
+}
 
-    if (s->use_kernel_wn) {
-        for (i = 0; i < s->num_slots; i++) {
-            PvgpuSlot *sl = &s->slots[i];
-
-            ret = event_notifier_init(&sl->wn_notify, 0);
-            if (ret < 0) {
-                error_setg_errno(errp, -ret, "pvgpu: cannot create an eventfd "
-                                 "for KVM write notify");
-                goto fail;
-            }
-            sl->wn_notify_ok = true;
-            event_notifier_set_handler(&sl->wn_notify, slot_wn_notified);
-        }
-        s->wn_fallback_bh = qemu_bh_new(pvgpu_wn_fallback_bh, s);
-        s->wn_listener = (MemoryListener) {
-            .name = "pvgpu-wn",
-            .region_add = pvgpu_wn_region_add,
-            .region_del = pvgpu_wn_region_del,
-            .priority = 20,   /* after KVM's add, before KVM's del */
-        };
-        memory_listener_register(&s->wn_listener, &address_space_memory);
-        s->wn_listening = true;
-    }
-
-    pci_register_bar(pdev, 0, PCI_BASE_ADDRESS_SPACE_MEMORY, &s->mmio);
-    pci_register_bar(pdev, 2, PCI_BASE_ADDRESS_SPACE_MEMORY, &s->bar2);
-    pci_register_bar(pdev, 4, PCI_BASE_ADDRESS_SPACE_MEMORY, &s->bar4);
-
-    s->irq_mask = IRQ_ALL;
-    s->link = LINK_DOWN;
+/* The device's state at power-on, its timers and bottom halves, and the
+ * daemon connection's handlers: from here on HELLO goes out on connect. */
+static void pvgpu_start(PvgpuState *s)
+{
+    s->irq_mask = PVGPU_IRQ_ALL;
+    s->link = PVGPU_LINK_DOWN;
     s->refresh = timer_new_ms(QEMU_CLOCK_REALTIME, pvgpu_refresh_cb, s);
     s->fence_timer = timer_new_ns(QEMU_CLOCK_REALTIME, pvgpu_fence_cb, s);
     s->tx = g_byte_array_new();
@@ -3465,11 +3440,17 @@ static void pvgpu_realize(PCIDevice *pdev, Error **errp)
 
     qemu_chr_fe_set_handlers(&s->chr, pvgpu_chr_can_read, pvgpu_chr_read,
                              pvgpu_chr_event, NULL, s, NULL, true);
-    return;
+}
 
-fail:
-    /* The subregions the device owns hold references on it: without them
-     * gone a failed realize is never finalized (pvgpu_exit does the same). */
+/*
+ * Undo a realize that failed after the relay started.  The subregions the
+ * device owns hold references on it: without them gone a failed realize is
+ * never finalized (pvgpu_exit does the same).
+ */
+static void pvgpu_realize_undo(PvgpuState *s)
+{
+    unsigned i;
+
     memory_region_transaction_begin();
     for (i = 0; i < s->num_slots; i++) {
         if (s->slots[i].doorbell.container) {
@@ -3484,9 +3465,34 @@ fail:
     }
     memory_region_transaction_commit();
     pvgpu_wn_cleanup(s);
-    msix_uninit_exclusive_bar(pdev);      /* no-op when MSI-X is absent */
+    msix_uninit_exclusive_bar(&s->pdev);  /* no-op when MSI-X is absent */
     pvgpu_relay_stop(s->relay);
     s->relay = NULL;
+}
+
+static void pvgpu_realize(PCIDevice *pdev, Error **errp)
+{
+    PvgpuState *s = PVGPU(pdev);
+
+    if (!pvgpu_check_properties(s, errp)) {
+        return;
+    }
+    s->relay = pvgpu_relay_new(s, errp);
+    if (!s->relay) {
+        return;
+    }
+    if (!pvgpu_init_irqs(s, errp) || !pvgpu_init_bars(s, errp) ||
+        !pvgpu_init_kernel_wn(s, errp)) {
+        pvgpu_realize_undo(s);
+        return;
+    }
+    pci_register_bar(pdev, PVGPU_BAR_MBOX, PCI_BASE_ADDRESS_SPACE_MEMORY,
+                     &s->mmio);
+    pci_register_bar(pdev, PVGPU_BAR_CHANNELS, PCI_BASE_ADDRESS_SPACE_MEMORY,
+                     &s->bar2);
+    pci_register_bar(pdev, PVGPU_BAR_RINGS, PCI_BASE_ADDRESS_SPACE_MEMORY,
+                     &s->bar4);
+    pvgpu_start(s);
 }
 
 /*
@@ -3507,7 +3513,7 @@ static void pvgpu_exit(PCIDevice *pdev)
         qemu_chr_fe_disconnect(&s->chr);
     }
     qemu_chr_fe_deinit(&s->chr, false);
-    s->link = LINK_DOWN;
+    s->link = PVGPU_LINK_DOWN;
     s->req_count = 0;
     pvgpu_tx_reset(s);
     g_byte_array_free(s->tx, true);
@@ -3597,15 +3603,15 @@ static void pvgpu_reset(DeviceState *dev)
 
         slot_wait_cancel(sl);
         switch (sl->state) {
-        case SLOT_PENDING:           /* its CHAN_REPLY will be given back */
-            sl->state = SLOT_FREE;
+        case PVGPU_SLOT_PENDING:           /* its CHAN_REPLY will be given back */
+            sl->state = PVGPU_SLOT_FREE;
             break;
-        case SLOT_LOST:
+        case PVGPU_SLOT_LOST:
             slot_free(sl);
             break;
-        case SLOT_LIVE:
+        case PVGPU_SLOT_LIVE:
             ref.chan_id = sl->chan_id;
-            sl->state = SLOT_FREEING;
+            sl->state = PVGPU_SLOT_FREEING;
             memory_region_transaction_begin();
             slot_arm_bell(sl, false);
             slot_show_ctrl(sl, &sl->ctrl_trap);
@@ -3616,12 +3622,12 @@ static void pvgpu_reset(DeviceState *dev)
             break;
         }
     }
-    s->cmd_status = CMDST_OK;
+    s->cmd_status = PVGPU_CMDST_OK;
     memset(s->arg, 0, sizeof(s->arg));
     memset(s->task_name, 0, sizeof(s->task_name));
     s->result[0] = s->result[1] = 0;
     s->irq_status = 0;
-    s->irq_mask = IRQ_ALL;
+    s->irq_mask = PVGPU_IRQ_ALL;
     s->fence_done = 0;
     s->bad_access = 0;
     pvgpu_update_irq(s);
