@@ -57,6 +57,20 @@ def log(message):
     print(f"# {message}", flush=True)
 
 
+def recv_lines(conn, stop=None):
+    """The newline-ended lines a stream socket sends (bytes, without the
+    newline) until it closes or `stop` (an Event) is set."""
+    buf = b""
+    while stop is None or not stop.is_set():
+        data = conn.recv(65536)
+        if not data:
+            return
+        buf += data
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            yield line
+
+
 def wait_for(pred, timeout, what, step=0.002):
     """Polls an observable condition (a register, a file, a listing) until it
     holds; returns its value."""

@@ -137,17 +137,24 @@ struct LibvirtWatch::Impl {
     void on_link(Link now, const std::string& why);
     void on_resync(std::map<std::string, DomainInfo> all);
     void on_answer(const std::string& uuid, const DomainAnswer& a);
-    void finish_lookup(std::uint64_t id, const DomainAnswer& a);
-    void finish_write(std::uint64_t id, const WeightWrite& w);
     // Why a caller cannot wait for libvirt now; nullopt: it may.
     std::optional<std::string> unreachable() const;
     void drain_results();
 
-    template <class Fn>
+    // Calls the loop waits on: each `done` runs once, with the worker's
+    // answer or, after kLibvirtCallTimeout, with the answer given for late.
+    template <class Answer>
     struct Pending {
-        Fn done;
+        std::function<void(const Answer&)> done;
         Source timeout;
     };
+    template <class Answer>
+    using Calls = std::map<std::uint64_t, Pending<Answer>>;
+    template <class Answer>
+    std::uint64_t open_call(Calls<Answer>& calls, std::function<void(const Answer&)> done,
+                            Answer (*late)(const std::string& why));
+    template <class Answer>
+    static void finish(Calls<Answer>& calls, std::uint64_t id, const Answer& a);
     GMainContext* ctx;
     Listener& listener;
     std::shared_ptr<Shared> sh;
@@ -157,8 +164,8 @@ struct LibvirtWatch::Impl {
     std::string down_why;
     std::map<std::string, DomainInfo> running;  // by UUID
     std::set<std::string> known;                // UUIDs of every domain with pvgpu libvirt named
-    std::map<std::uint64_t, Pending<std::function<void(const DomainAnswer&)>>> lookups;
-    std::map<std::uint64_t, Pending<std::function<void(const WeightWrite&)>>> writes;
+    Calls<DomainAnswer> lookups;
+    Calls<WeightWrite> writes;
     std::uint64_t next_id = 1;
 };
 
@@ -514,20 +521,27 @@ void LibvirtWatch::Impl::on_answer(const std::string& uuid, const DomainAnswer& 
     if (a.kind == K::Stopped) listener.domain_not_running(uuid, a.info.name);
 }
 
-void LibvirtWatch::Impl::finish_lookup(std::uint64_t id, const DomainAnswer& a) {
-    auto it = lookups.find(id);
-    if (it == lookups.end()) return;  // answered already (timed out)
-    auto done = std::move(it->second.done);
-    lookups.erase(it);
-    done(a);
+template <class Answer>
+std::uint64_t LibvirtWatch::Impl::open_call(Calls<Answer>& calls, std::function<void(const Answer&)> done,
+                                            Answer (*late)(const std::string& why)) {
+    const std::uint64_t id = next_id++;
+    auto& p = calls[id];
+    p.done = std::move(done);
+    const unsigned ms = static_cast<unsigned>(kLibvirtCallTimeout / kMillisecond);
+    p.timeout = add_timeout(ctx, ms, [this, &calls, id, late, ms] {
+        finish(calls, id, late("libvirt at " + sh->cfg.uri + " did not answer within " + std::to_string(ms) + " ms"));
+        return false;
+    });
+    return id;
 }
 
-void LibvirtWatch::Impl::finish_write(std::uint64_t id, const WeightWrite& w) {
-    auto it = writes.find(id);
-    if (it == writes.end()) return;
+template <class Answer>
+void LibvirtWatch::Impl::finish(Calls<Answer>& calls, std::uint64_t id, const Answer& a) {
+    auto it = calls.find(id);
+    if (it == calls.end()) return;  // answered already (timed out)
     auto done = std::move(it->second.done);
-    writes.erase(it);
-    done(w);
+    calls.erase(it);
+    done(a);
 }
 
 LibvirtWatch::LibvirtWatch(GMainContext* ctx, LibvirtConfig cfg, Listener& listener)
@@ -549,20 +563,14 @@ void LibvirtWatch::lookup(const std::string& uuid, std::function<void(const Doma
         done(DomainAnswer{DomainAnswer::Kind::Unreachable, {}, *why});
         return;
     }
-    const std::uint64_t id = l.next_id++;
-    auto& p = l.lookups[id];
-    p.done = std::move(done);
-    p.timeout = add_timeout(l.ctx, static_cast<unsigned>(kLibvirtCallTimeout / kMillisecond), [&l, id] {
-        l.finish_lookup(id, DomainAnswer{DomainAnswer::Kind::Unreachable, {},
-                                         "libvirt at " + l.sh->cfg.uri + " did not answer within " +
-                                             std::to_string(kLibvirtCallTimeout / kMillisecond) + " ms"});
-        return false;
+    const std::uint64_t id = l.open_call<DomainAnswer>(l.lookups, std::move(done), [](const std::string& why) {
+        return DomainAnswer{DomainAnswer::Kind::Unreachable, {}, why};
     });
     l.sh->push_job([uuid, id](Worker& w) {
         DomainAnswer a = w.ask(uuid);
         w.post([uuid, id, a](Impl& impl) {
             impl.on_answer(uuid, a);
-            impl.finish_lookup(id, a);
+            Impl::finish(impl.lookups, id, a);
         });
     });
 }
@@ -574,18 +582,12 @@ void LibvirtWatch::set_weight(const std::string& target, std::uint32_t weight,
         done(WeightWrite{WeightWrite::Kind::Unreachable, {}, *why});
         return;
     }
-    const std::uint64_t id = l.next_id++;
-    auto& p = l.writes[id];
-    p.done = std::move(done);
-    p.timeout = add_timeout(l.ctx, static_cast<unsigned>(kLibvirtCallTimeout / kMillisecond), [&l, id] {
-        l.finish_write(id, WeightWrite{WeightWrite::Kind::Unreachable, {},
-                                       "libvirt at " + l.sh->cfg.uri + " did not answer within " +
-                                           std::to_string(kLibvirtCallTimeout / kMillisecond) + " ms"});
-        return false;
+    const std::uint64_t id = l.open_call<WeightWrite>(l.writes, std::move(done), [](const std::string& why) {
+        return WeightWrite{WeightWrite::Kind::Unreachable, {}, why};
     });
     l.sh->push_job([target, weight, id](Worker& w) {
         WeightWrite r = w.write_weight(target, weight);
-        w.post([id, r](Impl& impl) { impl.finish_write(id, r); });
+        w.post([id, r](Impl& impl) { Impl::finish(impl.writes, id, r); });
     });
 }
 

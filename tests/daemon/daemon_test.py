@@ -36,7 +36,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from testlib import Skip, TestFailure, check, log, rerun, result  # noqa: E402
+from testlib import Skip, TestFailure, check, log, recv_lines, rerun, result  # noqa: E402
 
 SKIP = 77
 
@@ -1717,23 +1717,16 @@ class FakeAdmin:
                 continue
             with conn:
                 conn.settimeout(5)
-                buf = b""
                 try:
-                    while not self.stop.is_set():
-                        data = conn.recv(4096)
-                        if not data:
-                            break
-                        buf += data
-                        while b"\n" in buf:
-                            line, buf = buf.split(b"\n", 1)
-                            req = json.loads(line)
-                            cmd = req.get("cmd")
-                            self.requests.append(cmd)
-                            self.bodies.append(req)
-                            reply = self.replies.get(cmd, {"ok": False, "error": f"unknown command: {cmd}"})
-                            if callable(reply):
-                                reply = reply(req)
-                            conn.sendall((json.dumps(reply) + "\n").encode())
+                    for line in recv_lines(conn, self.stop):
+                        req = json.loads(line)
+                        cmd = req.get("cmd")
+                        self.requests.append(cmd)
+                        self.bodies.append(req)
+                        reply = self.replies.get(cmd, {"ok": False, "error": f"unknown command: {cmd}"})
+                        if callable(reply):
+                            reply = reply(req)
+                        conn.sendall((json.dumps(reply) + "\n").encode())
                 except (socket.timeout, ConnectionError):
                     pass
 

@@ -37,7 +37,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "daemon"))
 sys.path.insert(0, os.path.join(HERE, "..", "vm"))
-from testlib import Skip, TestFailure, check, evidence_dir, log, rerun, result, stop_process  # noqa: E402
+from testlib import (Skip, TestFailure, check, evidence_dir, log, recv_lines, rerun, result,  # noqa: E402
+                     stop_process)
 from testlib import wait_for as testlib_wait_for  # noqa: E402
 from daemon_test import (DAEMONS, E_OK, MSG_HELLO, MSG_HELLO_REPLY, ROLE_VMM, Daemon,  # noqa: E402
                          RawClient, ctl_json, measure_between)
@@ -266,18 +267,11 @@ class Guest(GuestReports):
             threading.Thread(target=self._read_conn, args=(conn, sink), daemon=True).start()
 
     def _read_conn(self, conn, sink):
-        buf = b""
-        while True:
-            data = conn.recv(65536)
-            if not data:
-                break
-            buf += data
-            while b"\n" in buf:
-                raw, buf = buf.split(b"\n", 1)
-                line, now = raw.decode(errors="replace").rstrip("\r"), time.monotonic()
-                self.take(self.lines, line, now)
-                with self.cond:
-                    sink.append((now, line))
+        for raw in recv_lines(conn):
+            line, now = raw.decode(errors="replace").rstrip("\r"), time.monotonic()
+            self.take(self.lines, line, now)
+            with self.cond:
+                sink.append((now, line))
 
     def stopped(self):
         """The guest kernel stopped: its heartbeat was on the console and has
