@@ -14,14 +14,13 @@ usage: gpus_bench.py --pvgpud P --pvgpuctl P --load P [--gpus 1,2,4,8]
 
 import argparse
 import os
-import shutil
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import daemon_test as t  # noqa: E402
-from scale_bench import cpu_seconds, many_clients_config  # noqa: E402
+from scale_bench import bench_arguments, cpu_seconds, end_run, many_clients_config  # noqa: E402
 
 KERNELS_US = [250, 500, 1000, 2000]
 
@@ -53,17 +52,11 @@ def run(ns, bins, gpus):
         core = (c1 - c0) / (w1 - w0)
         return core, busy
     finally:
-        for load in loads:
-            load.kill()
-        d.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
+        end_run(loads, d, tmp)
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pvgpud", required=True)
-    ap.add_argument("--pvgpuctl", required=True)
-    ap.add_argument("--load", required=True)
+    ap = bench_arguments(__doc__)
     ap.add_argument("--gpus", default="1,2,4,8", help="GPU counts to run (comma separated)")
     ap.add_argument("--per-gpu", type=int, default=16, help="throttles on each GPU")
     ap.add_argument("--seconds", type=float, default=5.0)

@@ -46,6 +46,23 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import daemon_test as t  # noqa: E402
 
 
+def bench_arguments(doc):
+    """The parser every daemon benchmark starts from: the binaries it runs."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pvgpud", required=True)
+    ap.add_argument("--pvgpuctl", required=True)
+    ap.add_argument("--load", required=True)
+    return ap
+
+
+def end_run(loads, d, tmp):
+    """A benchmark run's end: its clients, its pvgpud, its files."""
+    for load in loads:
+        load.kill()
+    d.stop()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
 def cpu_seconds(pid):
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -129,17 +146,11 @@ def run_policy(ns, bins, policy, ks):
                 "us_per_kernel": core * 1e6 / rate if rate > 0 else float("inf"), "extremes": extremes,
                 "acc_jain": acc_jain, "acc_unfairness": acc_u}
     finally:
-        for load in loads:
-            load.kill()
-        d.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
+        end_run(loads, d, tmp)
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pvgpud", required=True)
-    ap.add_argument("--pvgpuctl", required=True)
-    ap.add_argument("--load", required=True)
+    ap = bench_arguments(__doc__)
     ap.add_argument("--clients", type=int, default=128)
     ap.add_argument("--seconds", type=float, default=7.0)
     ap.add_argument("--warmup", type=float, default=2.0,

@@ -202,6 +202,19 @@ class Qemu:
         self.stderr.close()
         return self.proc.returncode
 
+    def shut_down(self, qmp, stop_peer, tail=20):
+        """A case's end: its QMP, QEMU, then what QEMU talked to (stop_peer);
+        the last `tail` lines QEMU wrote to stderr are logged.  QEMU's exit
+        status."""
+        if qmp:
+            qmp.close()
+        rc = self.close()
+        stop_peer()
+        err = self.read_stderr() if os.path.exists(self.stderr_path) else ""
+        if err.strip():
+            log("qemu stderr:\n" + "\n".join("#   " + l for l in err.splitlines()[-tail:]))
+        return rc
+
 
 def pvgpu_device_arg(slots):
     return f"pvgpu,chardev=pv,addr={PCI_DEV:02x}.0,slots={slots},id=pvgpu0"
@@ -924,13 +937,7 @@ def case_fake(bins, tmp):
         check_task_weights_fake(dev, fake)
         check(q.alive(), "QEMU died")
     finally:
-        if qmp:
-            qmp.close()
-        rc = q.close()
-        fake.close()
-        err = q.read_stderr() if os.path.exists(q.stderr_path) else ""
-        if err.strip():
-            log("qemu stderr:\n" + "\n".join("#   " + l for l in err.splitlines()[-20:]))
+        rc = q.shut_down(qmp, fake.close)
     check(rc == 0, f"QEMU exit status {rc}")
 
 
@@ -1716,13 +1723,7 @@ def case_hardening(bins, tmp):
         check_send_failure_mid_message(dev, fake, qmp)
         check(q.alive(), "QEMU died")
     finally:
-        if qmp:
-            qmp.close()
-        rc = q.close()
-        fake.close()
-        err = q.read_stderr() if os.path.exists(q.stderr_path) else ""
-        if err.strip():
-            log("qemu stderr:\n" + "\n".join("#   " + l for l in err.splitlines()[-40:]))
+        rc = q.shut_down(qmp, fake.close, tail=40)
     check(rc == 0, f"QEMU exit status {rc}")
 
 
@@ -2023,13 +2024,7 @@ def case_unplug(bins, tmp):
         result("unplug.rounds", 2)
         check(q.alive() and d.alive(), "QEMU or pvgpud died")
     finally:
-        if qmp:
-            qmp.close()
-        rc = q.close()
-        d.stop()
-        err = q.read_stderr() if os.path.exists(q.stderr_path) else ""
-        if err.strip():
-            log("qemu stderr:\n" + "\n".join("#   " + l for l in err.splitlines()[-20:]))
+        rc = q.shut_down(qmp, d.stop)
     check(rc == 0, f"QEMU exit status {rc}")
 
 
