@@ -151,6 +151,9 @@ class Daemon:
             raise TestFailure(f"pvgpud did not exit within {timeout} s of signal {sig}")
         return rc
 
+    def check_healthy(self):
+        check(self.alive() and not self.internal_errors(), f"pvgpud: {self.internal_errors()}")
+
     def internal_errors(self):
         """Lines where pvgpud caught an exception of its own: a bug, whatever the case measured."""
         if self.reader and not self.alive():
@@ -552,7 +555,7 @@ def case_fairness_notrace(bins, tmp):
                 for load in loads:
                     rc, _ = load.finish(sig=signal.SIGTERM)
                     check(rc == 0, f"{load.name}: exit status {rc}")
-            check(d.alive() and not d.internal_errors(), f"pvgpud: {d.internal_errors()}")
+            d.check_healthy()
         finally:
             d.stop()
 

@@ -261,6 +261,14 @@ class Guest(GuestReports):
                 print(f"#   [{self.name} console] {line}")
 
 
+def stop_all(guests, *daemons):
+    """A case's end: its guests killed, then its pvgpuds stopped."""
+    for g in guests:
+        g.kill()
+    for d in daemons:
+        d.stop()
+
+
 def tagged(tag, command):
     """A guest shell fragment whose stdout and stderr lines carry `[tag] `."""
     # A shell loop, not sed: busybox sed buffers its output when it is a pipe.
@@ -555,9 +563,7 @@ def case_vms(bins, tmp):
         for g in guests:
             g.expect_ok(timeout=120)
     finally:
-        for g in guests:
-            g.kill()
-        d.stop()
+        stop_all(guests, d)
 
 
 def case_nohints(bins, tmp):
@@ -969,14 +975,12 @@ def case_gpus(bins, tmp):
         check(v.get("kernels") == str(bench_kernels) and "runtime_ms" in v,
               f"bench completed {v.get('kernels')} of {bench_kernels} kernels: {v}")
         check(not errors, f"vm2 printed errors: {errors}")
-        check(d.alive() and not d.internal_errors(), f"pvgpud: {d.internal_errors()}")
+        d.check_healthy()
         for g in (vm1, vm3):
             g.kill()
         result("vm.gpus.case_s", f"{time.monotonic() - t_start:.1f}")
     finally:
-        for g in guests:
-            g.kill()
-        d.stop()
+        stop_all(guests, d)
 
 
 def case_devices(bins, tmp):
@@ -1029,12 +1033,10 @@ def case_devices(bins, tmp):
         check(abs(sc - 1 / 3) <= SHARE_TOL, f"vm2 got {sc:.3f} of gpu1, target 0.333")
         for g in guests:
             g.expect_ok(timeout=120)
-        check(d.alive() and not d.internal_errors(), f"pvgpud: {d.internal_errors()}")
+        d.check_healthy()
         result("vm.devices.case_s", f"{time.monotonic() - t_start:.1f}")
     finally:
-        for g in guests:
-            g.kill()
-        d.stop()
+        stop_all(guests, d)
 
 
 def case_weights(bins, tmp):
@@ -1072,7 +1074,7 @@ def case_weights(bins, tmp):
         g.expect_ok(timeout=120)
         check(any("without CAP_SYS_NICE: no weight above the default" in l for _, l in g.out_lines),
               "pvgpu-guest-check unpriv did not report")
-        check(d.alive() and not d.internal_errors(), f"pvgpud: {d.internal_errors()}")
+        d.check_healthy()
         result("vm.weights.case_s", f"{time.monotonic() - t0:.1f}")
     finally:
         d.stop()
@@ -1289,11 +1291,7 @@ def case_migrate_shares(bins, tmp):
     finally:
         if qmp:
             qmp.close()
-        for g in guests:
-            if g.proc.poll() is None:
-                g.kill()
-        for d in (da, db):
-            d.stop()
+        stop_all(guests, da, db)
 
 
 CASES = {
