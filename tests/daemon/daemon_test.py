@@ -560,6 +560,18 @@ def case_fairness_notrace(bins, tmp):
             d.stop()
 
 
+def closed_loop_busy_bound(kernels_us, turnaround_us, others):
+    """The GPU's busy fraction under a fair schedule, on a non-preemptive GPU,
+    of greedy clients that each keep one kernel in flight: during a client's
+    turn the GPU idles for its turnaround after each of its kernels, which
+    is what fairness costs (another client's kernel in that gap would run
+    past the turn).  `others`: the busy fraction of the rest (a client
+    that gets its demand).  The clients split the rest of the time equally
+    in GPU time."""
+    each = (1 - others) / sum(1 + turnaround_us / k for k in kernels_us)
+    return others + each * len(kernels_us)
+
+
 def case_closed_loop(bins, tmp):
     """(a2) Clients with one kernel in flight: a 6 ms one does not starve a 250 us one.
 
@@ -574,6 +586,19 @@ def case_closed_loop(bins, tmp):
     d = Daemon(bins, tmp)
     d.start()
     try:
+        # The clients' turnaround, completion to the next doorbell: the short
+        # client alone, one kernel in flight, keeps the GPU busy k / (k + it).
+        alone = throttle(bins, d, "alone", 250, batch=1, depth=1, duration=10)
+        try:
+            _, busy_alone = measure_window([alone], [250], warmup=0.5, window=2.0)
+        finally:
+            alone.finish(sig=signal.SIGTERM)
+        turnaround = 250 * (1 / busy_alone - 1)
+        result("closed_loop.turnaround_us", f"{turnaround:.0f}")
+        monitor_demand = 150 / (150 + 850 + turnaround)
+        bound = closed_loop_busy_bound([6000, 250], turnaround, monitor_demand)
+        result("closed_loop.monitor_demand", f"{monitor_demand:.3f}")
+        result("closed_loop.hfq.gpu_utilisation_bound", f"{bound:.3f}")
         kernels = [6000, 250, 150]
         loads = [throttle(bins, d, "long", 6000, batch=1, depth=1),
                  throttle(bins, d, "short", 250, batch=1, depth=1),
@@ -602,6 +627,8 @@ def case_closed_loop(bins, tmp):
                 suffix = "" if attempt == 1 else ".second_window"
                 result(f"closed_loop.hfq.long_part{suffix}", f"{split:.3f}")
                 result(f"closed_loop.hfq.monitor_share{suffix}", f"{shares[2]:.3f}")
+                # Its GPU time per second, to hold against its demand.
+                result(f"closed_loop.hfq.monitor_busy{suffix}", f"{shares[2] * util:.3f}")
                 result(f"closed_loop.hfq.gpu_utilisation{suffix}", f"{util:.3f}")
                 if abs(split - 0.5) <= 0.08:
                     break
