@@ -1,0 +1,203 @@
+// Work conservation: if the engine stays idle for a short grace period while
+// shadowed channels hold work, the least-ahead of them gets one entry released
+// from its shadow page (a partial release: no remap, it stays blocked).  A
+// less-ahead blocked leaf whose kernel just completed first gets its learned
+// turnaround to submit again (resubmit_wait): a client with one kernel in
+// flight has nothing held at that moment.
+#include "core/policies/hfq/hfq.hpp"
+
+namespace pvgpu::hfq {
+
+void HfqPolicy::learn_latency(ChannelId ch) {
+    const std::optional<Time> done = ctx_->gpu().left_engine_at(ch);
+    if (!done) return;
+    latencies_[latency_next_++ % latencies_.size()] = std::max<Duration>(0, ctx_->now() - *done);
+    irq_latency_ = *std::min_element(latencies_.begin(), latencies_.end());
+}
+
+void HfqPolicy::cover(ChannelId ch, EntityId runner) {
+    if (irq_latency_ < p_.grace || shadowed_leaves_.empty()) return;
+    for (const auto& [c, leaf] : chans_)
+        if (leaf != runner && nodes_[leaf].active && !nodes_[leaf].shadowed && nodes_[leaf].idle_since < 0)
+            return;  // its work may follow: the engine will not idle
+    if (cover_pending()) return;
+    const EntityId best = feed_candidate();
+    if (best == kNoEntity || lead_of(best) > static_cast<double>(p_.feed_lead)) return;
+    if (ctx_->gpu_put(ch) != ctx_->gpu().read_ib_get(ch)) return;  // its own work follows
+    for (ChannelId c : ctx_->channels_of(best)) {
+        if (ctx_->release(c, 1) != 0) {
+            ++covers_;
+            cover_ch_ = c;
+            cover_put_ = ctx_->gpu_put(c);
+            return;
+        }
+    }
+}
+
+bool HfqPolicy::cover_pending() {
+    if (cover_ch_ == 0 || !live(cover_ch_)) return false;
+    if (static_cast<std::int32_t>(ctx_->gpu().read_ib_get(cover_ch_) - cover_put_) >= 0) {
+        cover_ch_ = 0;
+        return false;
+    }
+    return true;
+}
+
+void HfqPolicy::release_by(Time at) {
+    if (grace_timer_.armed() && grace_at_ <= at) return;
+    grace_at_ = at;
+    grace_timer_.arm(at, [this] { release_if_idle(); });
+}
+
+Duration HfqPolicy::feed_estimate() {
+    EntityId leaf = feed_candidate();
+    if (leaf == kNoEntity) return 0;
+    return feed_estimate(leaf);
+}
+
+Duration HfqPolicy::feed_estimate(EntityId leaf, bool pessimistic) const {
+    Duration est = std::numeric_limits<Duration>::max();
+    for (ChannelId ch : ctx_->channels_of(leaf))
+        if (Duration k = ctx_->kernel_estimate(ch); k > 0 && ctx_->held(ch) > 0)
+            est = std::min(est, pessimistic ? k + 2 * ctx_->kernel_spread(ch) : k);
+    return est;
+}
+
+void HfqPolicy::release_if_idle() {
+    // A probe of an unknown think time that ran out: the leaf thinks
+    // longer than anticipation could pay for.
+    if (p_.anticipate > 0)
+        for (EntityId leaf : idle_candidates_) {
+            Node& n = nodes_[leaf];
+            if (n.think < 0 && n.idle_since >= 0 && ctx_->now() - n.idle_since >= p_.anticipate)
+                n.think = p_.anticipate;
+        }
+    if (shadowed_leaves_.empty()) return;
+    if (ctx_->engine_status()) return;
+    // The engine idles with work held back because these unblocked
+    // leaves are between bursts: watch for their returns from now on.
+    for (EntityId leaf : idle_candidates_)
+        if (!nodes_[leaf].shadowed) set_bursty(leaf, true);
+    bool beyond_cap = false;
+    EntityId best = feed_candidate(&beyond_cap);
+    if (best == kNoEntity) return;
+    if (const Time until = resubmit_wait(best); until > ctx_->now()) {
+        release_by(until);
+        return;
+    }
+    // Hand the GPU one held entry straight from the shadow page: no remap,
+    // the leaf stays blocked, and the engine is busy again at once.
+    for (ChannelId ch : ctx_->channels_of(best)) {
+        if (ctx_->release(ch, 1) != 0) {
+            ++wc_releases_;
+            feeding_ = true;
+            fed_ch_ = ch;
+            fed_at_ = ctx_->now();
+            fed_done_ = ctx_->gpu().left_engine_at(ch);
+            fed_beyond_cap_ = beyond_cap;
+            break;
+        }
+    }
+}
+
+Time HfqPolicy::resubmit_wait(EntityId best) const {
+    const Time now = ctx_->now();
+    const double best_lead = lead_of(best);
+    Time until = -1;
+    auto consider = [&](EntityId leaf) {
+        const Node& n = nodes_[leaf];
+        if (!n.shadowed || !n.active) return;
+        const Duration burst = std::max<Duration>(0, n.burst);
+        if (n.turnaround > burst || lead_of(leaf) >= best_lead) return;
+        const Duration window = std::max(p_.grace, std::min(2 * n.turnaround, burst));
+        if (const std::optional<Time> done = last_completion(leaf); done && now - *done < window)
+            until = std::max(until, *done + window);
+    };
+    // Leaves seen without work, and the one whose channel has just left
+    // the engine (its completion may not have been handled yet).
+    for (EntityId leaf : idle_candidates_) consider(leaf);
+    if (auto it = chans_.find(last_left_); last_left_ != 0 && it != chans_.end()) consider(it->second);
+    if (until > now && feed_estimate(best) <= until - now) return -1;
+    return until;
+}
+
+void HfqPolicy::forget_kernel(ChannelId ch) {
+    if (fed_ch_ == ch) fed_ch_ = 0;
+    if (cut_ch_ == ch) cut_ch_ = 0;
+}
+
+EntityId HfqPolicy::feed_candidate(bool* beyond_cap) const {
+    EntityId best = kNoEntity;
+    double best_lead = INFINITY;
+    for (EntityId leaf : shadowed_leaves_) {
+        bool held = false;
+        for (ChannelId ch : ctx_->channels_of(leaf)) held = held || ctx_->held(ch) > 0;
+        if (!held) continue;
+        const double lead = lead_of(leaf);
+        if (lead < best_lead) {
+            best_lead = lead;
+            best = leaf;
+        }
+    }
+    // Fed further, it would run away from a sibling that is only between
+    // bursts: that one is owed the GPU when it returns, unless the fed
+    // kernel is likely over by then.  Feeding another leaf instead
+    // would starve the least-ahead one: hold the engine.
+    // Fed past the cap, the kernel is the returning leaf's to take back
+    // on a preemptive engine (preempt_for).
+    if (best != kNoEntity && best_lead > static_cast<double>(p_.feed_lead)) {
+        if (delays_return(best, feed_estimate(best), feed_estimate(best, true))) return kNoEntity;
+        if (beyond_cap) *beyond_cap = true;
+    }
+    return best;
+}
+
+bool HfqPolicy::delays_return(EntityId fed, Duration est, Duration longest) const {
+    Time now = ctx_->now();
+    std::optional<double> fed_shortfall;  // the same for every thinking leaf: once
+    for (EntityId leaf : idle_candidates_) {
+        const Node& n = nodes_[leaf];
+        if (n.idle_since < 0 || (n.shadowed && n.think < 0)) continue;
+        if (n.think < 0) return true;
+        Duration until_back = std::max<Duration>(0, n.idle_since + n.think - now);
+        // On a non-preemptive engine a kernel that may outlast the
+        // leaf's return makes it wait.  Fed at the start of the leaf's
+        // next think instead, it would make it wait only what it is
+        // longer than that think.  Max-min between the two: while the
+        // returning leaf is further below its max-min share than the
+        // fed one, any wait added is its loss and the idle the fed
+        // leaf's, so hold, however long the think.  Otherwise, in the
+        // last kHoldBursts of the leaf's bursts before its return, feed
+        // it now only if the wait it adds is less than the engine would
+        // idle until the return (in a longer think the idle costs the
+        // others more than the leaf gains).  A leaf blocked behind a
+        // sibling (one returning with credit) is held for only on the
+        // first count: it may still be further below its max-min share
+        // than the fed leaf, but it is not owed the engine's idle.
+        if (!can_preempt_) {
+            const Duration added = std::max<Duration>(0, longest - until_back) -
+                                   std::max<Duration>(0, longest - n.think);
+            if (added > 0) {
+                if (!fed_shortfall) fed_shortfall = shortfall(fed);
+                if (shortfall(leaf) > *fed_shortfall) return true;
+            }
+            if (!n.shadowed && until_back <= kHoldBursts * n.burst && added > until_back) return true;
+        }
+        if (n.shadowed) continue;
+        // Demand (burst / (burst + think)) below its fair share: max-min
+        // fairness owes it its demand, not a GPU held at everyone's cost.
+        if (demand(leaf) < fair_share(leaf)) continue;
+        // Idling longer than the burst it would protect costs the others
+        // more GPU time than the returning leaf gets back.
+        if (until_back > n.burst) continue;
+        // On a preemptive engine a leaf that thinks longer than a
+        // preemption takes the engine back when it returns: it waits
+        // the preemption's dead time, not the rest of the kernel.
+        Duration wait = est - until_back;
+        if (can_preempt_ && n.think >= preempt_cost_) wait = std::min(wait, preempt_cost_);
+        if (wait > until_back) return true;
+    }
+    return false;
+}
+
+}  // namespace pvgpu::hfq
