@@ -1,11 +1,4 @@
-// Fairness (CFS group scheduling): every inner entity has a run queue of its
-// backlogged children ordered by per-level virtual time; a child's vtime
-// advances by gpu_time * 100 / weight.  A child more than `threshold` ahead of
-// the least-served backlogged sibling is blocked: every channel below it is
-// shadowed, so its guest keeps writing but the GPU sees nothing.  It is
-// unblocked once it falls back within `unblock`.  A leaf's share is therefore
-// the product of w / sum(w) over its ancestors, enforced level by level, which
-// is why a VM that sends no (or lying) pid hints only hurts itself.
+// hfq's fair queuing: per-level virtual time; see fair_queue.hpp.
 #include "core/policies/hfq/hfq.hpp"
 
 namespace pvgpu::hfq {
@@ -156,12 +149,12 @@ void HfqPolicy::deactivate(EntityId id) {
     if (ctx_->tree().is_leaf(id)) {
         --active_leaves_;
         idle_candidates_.erase(id);
-        set_metered(id, false);
+        queue_cap_.set_metered(id, false);
         // Alone on the GPU, a leaf has nobody to run ahead of.  One that
         // has not started keeps its meter until it does.
         if (active_leaves_ == 1)
-            for (EntityId m : std::set<EntityId>(metered_))
-                if (nodes_[m].active) set_metered(m, false);
+            for (EntityId m : std::set<EntityId>(queue_cap_.metered_))
+                if (nodes_[m].active) queue_cap_.set_metered(m, false);
         if (active_leaves_ == 0) arm_idle_check(ctx_->now() + p_.idle);
     }
     if (n.blocked) {
@@ -253,7 +246,7 @@ void HfqPolicy::refresh(EntityId id) {
         shadowed_leaves_.erase(id);
     apply_modes(id);
     // Unblocked but metered: its held work goes out as the GPU drains it.
-    if (!shadow) meter(id);
+    if (!shadow) queue_cap_.meter(id);
 }
 
 double HfqPolicy::lead_of(EntityId leaf) const {

@@ -1,139 +1,134 @@
-// Work conservation: if the engine stays idle for a short grace period while
-// shadowed channels hold work, the least-ahead of them gets one entry released
-// from its shadow page (a partial release: no remap, it stays blocked).  A
-// less-ahead blocked leaf whose kernel just completed first gets its learned
-// turnaround to submit again (resubmit_wait): a client with one kernel in
-// flight has nothing held at that moment.
+// hfq's work conservation: see Feeder in feeder.hpp.
 #include "core/policies/hfq/hfq.hpp"
 
 namespace pvgpu::hfq {
 
-void HfqPolicy::learn_latency(ChannelId ch) {
-    const std::optional<Time> done = ctx_->gpu().left_engine_at(ch);
+void Feeder::learn_latency(ChannelId ch) {
+    const std::optional<Time> done = hfq_.ctx_->gpu().left_engine_at(ch);
     if (!done) return;
-    latencies_[latency_next_++ % latencies_.size()] = std::max<Duration>(0, ctx_->now() - *done);
+    latencies_[latency_next_++ % latencies_.size()] = std::max<Duration>(0, hfq_.ctx_->now() - *done);
     irq_latency_ = *std::min_element(latencies_.begin(), latencies_.end());
 }
 
-void HfqPolicy::cover(ChannelId ch, EntityId runner) {
-    if (irq_latency_ < p_.grace || shadowed_leaves_.empty()) return;
-    for (const auto& [c, leaf] : chans_)
-        if (leaf != runner && nodes_[leaf].active && !nodes_[leaf].shadowed && nodes_[leaf].idle_since < 0)
+void Feeder::cover(ChannelId ch, EntityId runner) {
+    if (irq_latency_ < hfq_.p_.grace || hfq_.shadowed_leaves_.empty()) return;
+    for (const auto& [c, leaf] : hfq_.chans_)
+        if (leaf != runner && hfq_.nodes_[leaf].active && !hfq_.nodes_[leaf].shadowed && hfq_.nodes_[leaf].idle_since < 0)
             return;  // its work may follow: the engine will not idle
     if (cover_pending()) return;
     const EntityId best = feed_candidate();
-    if (best == kNoEntity || lead_of(best) > static_cast<double>(p_.feed_lead)) return;
-    if (ctx_->gpu_put(ch) != ctx_->gpu().read_ib_get(ch)) return;  // its own work follows
-    for (ChannelId c : ctx_->channels_of(best)) {
-        if (ctx_->release(c, 1) != 0) {
+    if (best == kNoEntity || hfq_.lead_of(best) > static_cast<double>(hfq_.p_.feed_lead)) return;
+    if (hfq_.ctx_->gpu_put(ch) != hfq_.ctx_->gpu().read_ib_get(ch)) return;  // its own work follows
+    for (ChannelId c : hfq_.ctx_->channels_of(best)) {
+        if (hfq_.ctx_->release(c, 1) != 0) {
             ++covers_;
             cover_ch_ = c;
-            cover_put_ = ctx_->gpu_put(c);
+            cover_put_ = hfq_.ctx_->gpu_put(c);
             return;
         }
     }
 }
 
-bool HfqPolicy::cover_pending() {
-    if (cover_ch_ == 0 || !live(cover_ch_)) return false;
-    if (static_cast<std::int32_t>(ctx_->gpu().read_ib_get(cover_ch_) - cover_put_) >= 0) {
+bool Feeder::cover_pending() {
+    if (cover_ch_ == 0 || !hfq_.live(cover_ch_)) return false;
+    if (static_cast<std::int32_t>(hfq_.ctx_->gpu().read_ib_get(cover_ch_) - cover_put_) >= 0) {
         cover_ch_ = 0;
         return false;
     }
     return true;
 }
 
-void HfqPolicy::release_by(Time at) {
+void Feeder::release_by(Time at) {
     if (grace_timer_.armed() && grace_at_ <= at) return;
     grace_at_ = at;
     grace_timer_.arm(at, [this] { release_if_idle(); });
 }
 
-Duration HfqPolicy::feed_estimate() {
+Duration Feeder::feed_estimate() {
     EntityId leaf = feed_candidate();
     if (leaf == kNoEntity) return 0;
     return feed_estimate(leaf);
 }
 
-Duration HfqPolicy::feed_estimate(EntityId leaf, bool pessimistic) const {
+Duration Feeder::feed_estimate(EntityId leaf, bool pessimistic) const {
     Duration est = std::numeric_limits<Duration>::max();
-    for (ChannelId ch : ctx_->channels_of(leaf))
-        if (Duration k = ctx_->kernel_estimate(ch); k > 0 && ctx_->held(ch) > 0)
-            est = std::min(est, pessimistic ? k + 2 * ctx_->kernel_spread(ch) : k);
+    for (ChannelId ch : hfq_.ctx_->channels_of(leaf))
+        if (Duration k = hfq_.ctx_->kernel_estimate(ch); k > 0 && hfq_.ctx_->held(ch) > 0)
+            est = std::min(est, pessimistic ? k + 2 * hfq_.ctx_->kernel_spread(ch) : k);
     return est;
 }
 
-void HfqPolicy::release_if_idle() {
+void Feeder::release_if_idle() {
     // A probe of an unknown think time that ran out: the leaf thinks
     // longer than anticipation could pay for.
-    if (p_.anticipate > 0)
-        for (EntityId leaf : idle_candidates_) {
-            Node& n = nodes_[leaf];
-            if (n.think < 0 && n.idle_since >= 0 && ctx_->now() - n.idle_since >= p_.anticipate)
-                n.think = p_.anticipate;
+    if (hfq_.p_.anticipate > 0)
+        for (EntityId leaf : hfq_.idle_candidates_) {
+            Node& n = hfq_.nodes_[leaf];
+            if (n.think < 0 && n.idle_since >= 0 && hfq_.ctx_->now() - n.idle_since >= hfq_.p_.anticipate)
+                n.think = hfq_.p_.anticipate;
         }
-    if (shadowed_leaves_.empty()) return;
-    if (ctx_->engine_status()) return;
+    if (hfq_.shadowed_leaves_.empty()) return;
+    if (hfq_.ctx_->engine_status()) return;
     // The engine idles with work held back because these unblocked
     // leaves are between bursts: watch for their returns from now on.
-    for (EntityId leaf : idle_candidates_)
-        if (!nodes_[leaf].shadowed) set_bursty(leaf, true);
+    for (EntityId leaf : hfq_.idle_candidates_)
+        if (!hfq_.nodes_[leaf].shadowed) hfq_.set_bursty(leaf, true);
     bool beyond_cap = false;
     EntityId best = feed_candidate(&beyond_cap);
     if (best == kNoEntity) return;
-    if (const Time until = resubmit_wait(best); until > ctx_->now()) {
+    if (const Time until = resubmit_wait(best); until > hfq_.ctx_->now()) {
         release_by(until);
         return;
     }
     // Hand the GPU one held entry straight from the shadow page: no remap,
     // the leaf stays blocked, and the engine is busy again at once.
-    for (ChannelId ch : ctx_->channels_of(best)) {
-        if (ctx_->release(ch, 1) != 0) {
+    for (ChannelId ch : hfq_.ctx_->channels_of(best)) {
+        if (hfq_.ctx_->release(ch, 1) != 0) {
             ++wc_releases_;
             feeding_ = true;
             fed_ch_ = ch;
-            fed_at_ = ctx_->now();
-            fed_done_ = ctx_->gpu().left_engine_at(ch);
+            fed_at_ = hfq_.ctx_->now();
+            fed_done_ = hfq_.ctx_->gpu().left_engine_at(ch);
             fed_beyond_cap_ = beyond_cap;
             break;
         }
     }
 }
 
-Time HfqPolicy::resubmit_wait(EntityId best) const {
-    const Time now = ctx_->now();
-    const double best_lead = lead_of(best);
+Time Feeder::resubmit_wait(EntityId best) const {
+    const Time now = hfq_.ctx_->now();
+    const double best_lead = hfq_.lead_of(best);
     Time until = -1;
     auto consider = [&](EntityId leaf) {
-        const Node& n = nodes_[leaf];
+        const Node& n = hfq_.nodes_[leaf];
         if (!n.shadowed || !n.active) return;
         const Duration burst = std::max<Duration>(0, n.burst);
-        if (n.turnaround > burst || lead_of(leaf) >= best_lead) return;
-        const Duration window = std::max(p_.grace, std::min(2 * n.turnaround, burst));
-        if (const std::optional<Time> done = last_completion(leaf); done && now - *done < window)
+        if (n.turnaround > burst || hfq_.lead_of(leaf) >= best_lead) return;
+        const Duration window = std::max(hfq_.p_.grace, std::min(2 * n.turnaround, burst));
+        if (const std::optional<Time> done = hfq_.last_completion(leaf); done && now - *done < window)
             until = std::max(until, *done + window);
     };
     // Leaves seen without work, and the one whose channel has just left
     // the engine (its completion may not have been handled yet).
-    for (EntityId leaf : idle_candidates_) consider(leaf);
-    if (auto it = chans_.find(last_left_); last_left_ != 0 && it != chans_.end()) consider(it->second);
+    for (EntityId leaf : hfq_.idle_candidates_) consider(leaf);
+    if (auto it = hfq_.chans_.find(hfq_.last_left_); hfq_.last_left_ != 0 && it != hfq_.chans_.end()) consider(it->second);
     if (until > now && feed_estimate(best) <= until - now) return -1;
     return until;
 }
 
 void HfqPolicy::forget_kernel(ChannelId ch) {
-    if (fed_ch_ == ch) fed_ch_ = 0;
-    if (cut_ch_ == ch) cut_ch_ = 0;
+    if (feeder_.fed_ch_ == ch) feeder_.fed_ch_ = 0;
+    if (preemption_.cut_ch_ == ch) preemption_.cut_ch_ = 0;
 }
 
-EntityId HfqPolicy::feed_candidate(bool* beyond_cap) const {
+EntityId Feeder::feed_candidate(bool* beyond_cap) const {
     EntityId best = kNoEntity;
     double best_lead = INFINITY;
-    for (EntityId leaf : shadowed_leaves_) {
+    for (EntityId leaf : hfq_.shadowed_leaves_) {
         bool held = false;
-        for (ChannelId ch : ctx_->channels_of(leaf)) held = held || ctx_->held(ch) > 0;
+        for (ChannelId ch : hfq_.ctx_->channels_of(leaf)) held = held || hfq_.ctx_->held(ch) > 0;
         if (!held) continue;
-        const double lead = lead_of(leaf);
+        const double lead = hfq_.lead_of(leaf);
         if (lead < best_lead) {
             best_lead = lead;
             best = leaf;
@@ -145,18 +140,18 @@ EntityId HfqPolicy::feed_candidate(bool* beyond_cap) const {
     // would starve the least-ahead one: hold the engine.
     // Fed past the cap, the kernel is the returning leaf's to take back
     // on a preemptive engine (preempt_for).
-    if (best != kNoEntity && best_lead > static_cast<double>(p_.feed_lead)) {
+    if (best != kNoEntity && best_lead > static_cast<double>(hfq_.p_.feed_lead)) {
         if (delays_return(best, feed_estimate(best), feed_estimate(best, true))) return kNoEntity;
         if (beyond_cap) *beyond_cap = true;
     }
     return best;
 }
 
-bool HfqPolicy::delays_return(EntityId fed, Duration est, Duration longest) const {
-    Time now = ctx_->now();
+bool Feeder::delays_return(EntityId fed, Duration est, Duration longest) const {
+    Time now = hfq_.ctx_->now();
     std::optional<double> fed_shortfall;  // the same for every thinking leaf: once
-    for (EntityId leaf : idle_candidates_) {
-        const Node& n = nodes_[leaf];
+    for (EntityId leaf : hfq_.idle_candidates_) {
+        const Node& n = hfq_.nodes_[leaf];
         if (n.idle_since < 0 || (n.shadowed && n.think < 0)) continue;
         if (n.think < 0) return true;
         Duration until_back = std::max<Duration>(0, n.idle_since + n.think - now);
@@ -174,19 +169,19 @@ bool HfqPolicy::delays_return(EntityId fed, Duration est, Duration longest) cons
         // sibling (one returning with credit) is held for only on the
         // first count: it may still be further below its max-min share
         // than the fed leaf, but it is not owed the engine's idle.
-        if (!can_preempt_) {
+        if (!hfq_.preemption_.can_preempt_) {
             const Duration added = std::max<Duration>(0, longest - until_back) -
                                    std::max<Duration>(0, longest - n.think);
             if (added > 0) {
-                if (!fed_shortfall) fed_shortfall = shortfall(fed);
-                if (shortfall(leaf) > *fed_shortfall) return true;
+                if (!fed_shortfall) fed_shortfall = hfq_.shortfall(fed);
+                if (hfq_.shortfall(leaf) > *fed_shortfall) return true;
             }
             if (!n.shadowed && until_back <= kHoldBursts * n.burst && added > until_back) return true;
         }
         if (n.shadowed) continue;
         // Demand (burst / (burst + think)) below its fair share: max-min
         // fairness owes it its demand, not a GPU held at everyone's cost.
-        if (demand(leaf) < fair_share(leaf)) continue;
+        if (hfq_.demand(leaf) < hfq_.fair_share(leaf)) continue;
         // Idling longer than the burst it would protect costs the others
         // more GPU time than the returning leaf gets back.
         if (until_back > n.burst) continue;
@@ -194,7 +189,7 @@ bool HfqPolicy::delays_return(EntityId fed, Duration est, Duration longest) cons
         // preemption takes the engine back when it returns: it waits
         // the preemption's dead time, not the rest of the kernel.
         Duration wait = est - until_back;
-        if (can_preempt_ && n.think >= preempt_cost_) wait = std::min(wait, preempt_cost_);
+        if (hfq_.preemption_.can_preempt_ && n.think >= hfq_.preemption_.preempt_cost_) wait = std::min(wait, hfq_.preemption_.preempt_cost_);
         if (wait > until_back) return true;
     }
     return false;

@@ -1,28 +1,16 @@
+// hfq's view of each leaf: when it has work, when it thinks, and the
+// channel modes that follow (see HfqPolicy in hfq.hpp).
+//
 // A shadowed leaf's new work is seen from the device's report of its
 // doorbell (work_held), a direct leaf's from its completions and the
 // accounting's reads.  When nothing has had work for `idle_us`, every
 // channel traps its next doorbell, so a returning host is seen at once.
 //
-// Bursty leaves (BFQ's idling, EEVDF's lag): an unblocked leaf whose absence
-// left the engine idle with held work is thinking between bursts.  Its
-// doorbells are trapped from then on, so its think time is learned exactly.
-// Feeding stops once the least-ahead blocked leaf is `feed_lead` ahead,
-// if its learned kernel would delay the thinking leaf's learned return and
-// either the thinking leaf is further below its max-min share (demands
-// water-filled by weight, GPU rates over the last second) than the fed
-// one, or, within a few of its bursts of the return, the delay is longer
-// than the engine would idle until then.  The fed leaf cannot run away
-// from a leaf that is owed the GPU when it comes back, and the engine
-// idles only while the leaf it idles for is the worse off.  A returning leaf
-// keeps up to `lag` of credit, more than `threshold`, so its siblings stay
-// blocked while it bursts.  On a preemptive engine a returning bursty leaf
-// below its fair share takes the engine from a blocked leaf's kernel (host
-// preemption, a modeled dead time), unless that kernel is learned to end
-// sooner than the preemption would take.  A kernel fed past the feed cap is
-// the returning leaf's to take whatever its share (and again when it
-// resumes, while its leaf is still past the cap): there, feeding it costs
-// the returning leaf a preemption's dead time instead of the rest of the
-// kernel, which is what lets hfq feed rather than idle.
+// Bursty leaves (BFQ's idling, EEVDF's lag): an unblocked leaf whose
+// absence left the engine idle with held work is thinking between bursts.
+// Its doorbells are trapped from then on, so its think time is learned
+// exactly.  A returning leaf keeps up to `lag` of credit, more than
+// `threshold`, so its siblings stay blocked while it bursts.
 #include "core/policies/hfq/hfq.hpp"
 
 namespace pvgpu::hfq {
@@ -95,7 +83,7 @@ void HfqPolicy::mark_busy(EntityId leaf, bool exact) {
         // settle reads); seen while a fed kernel ran, it is only an upper
         // bound and may only lower the estimate.
         Duration t = ctx_->now() - n.went_idle;
-        if (exact || ctx_->now() <= held_until_ + kReturnSeenWithin)
+        if (exact || ctx_->now() <= anticipation_.held_until_ + kReturnSeenWithin)
             n.think = n.think < 0 ? t : n.think + (t - n.think) / 4;
         else if (n.think >= 0)
             n.think = std::min(n.think, t);
@@ -168,7 +156,7 @@ void HfqPolicy::wake_from_idle() {
     idle_armed_ = false;
     for (auto& [ch, leaf] : chans_) ctx_->set_mode(ch, mode_of(ch, leaf));
     // Held while every channel trapped: metered leaves are fed now.
-    for (EntityId leaf : std::set<EntityId>(metered_)) meter(leaf);
+    for (EntityId leaf : std::set<EntityId>(queue_cap_.metered_)) queue_cap_.meter(leaf);
 }
 
 }  // namespace pvgpu::hfq

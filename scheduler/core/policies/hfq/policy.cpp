@@ -1,10 +1,5 @@
-// `hfq`: hierarchical fair queuing with continuous, event-based accounting.
-//
-// Accounting: the scheduler's own (scheduler/core/accounting.*, the same under
-// every policy) charges GPU time from completion interrupts and engine-status
-// reads at those moments; hfq advances its virtual time by those charges.  It
-// never polls the engine: no exclusive sampling phase, no traps while busy, no
-// wake-ups while the GPU runs.
+// hfq's events, wired to its fair queuing and mechanisms (hfq.hpp), and its
+// parameters.
 #include "core/policies/hfq/hfq.hpp"
 
 namespace pvgpu::hfq {
@@ -12,19 +7,19 @@ namespace pvgpu::hfq {
 void HfqPolicy::start(PolicyContext& ctx) {
     ctx_ = &ctx;
     idle_timer_.bind(ctx.timers());
-    grace_timer_.bind(ctx.timers());
-    preempt_timer_.bind(ctx.timers());
+    feeder_.grace_timer_.bind(ctx.timers());
+    preemption_.preempt_timer_.bind(ctx.timers());
     const EngineArbitration engine = ctx.gpu().arbitration();
     // A preemption as slow as a slice buys nothing over its end.
-    can_preempt_ = engine.preemptive && engine.preempt < engine.timeslice;
-    preempt_cost_ = engine.preempt;
+    preemption_.can_preempt_ = engine.preemptive && engine.preempt < engine.timeslice;
+    preemption_.preempt_cost_ = engine.preempt;
     arm_idle_check(ctx.now() + p_.idle);
 }
 
 void HfqPolicy::stop() {
     idle_timer_.cancel();
-    grace_timer_.cancel();
-    preempt_timer_.cancel();
+    feeder_.grace_timer_.cancel();
+    preemption_.preempt_timer_.cancel();
     for (auto& [ch, leaf] : chans_) ctx_->set_mode(ch, ChannelMode::Direct);
     idle_trapped_.clear();
 }
@@ -42,7 +37,7 @@ void HfqPolicy::channel_added(ChannelId ch, EntityId leaf) {
     Node& n = nodes_[leaf];
     if (p_.queue > 0 && !n.metered && !n.active && active_leaves_ > 0) {
         n.provisional = true;
-        set_metered(leaf, true);
+        queue_cap_.set_metered(leaf, true);
     }
     if (idle_armed_) idle_trapped_.insert(ch);
     ctx_->set_mode(ch, idle_armed_ ? ChannelMode::Trapped : mode_of(leaf));
@@ -71,7 +66,7 @@ void HfqPolicy::tree_changed(EntityTree::Change c, EntityId id) {
         if (id < nodes_.size() && nodes_[id].active) deactivate(id);
         if (id < nodes_.size()) nodes_[id] = Node{};
         shadowed_leaves_.erase(id);
-        metered_.erase(id);
+        queue_cap_.metered_.erase(id);
         idle_candidates_.erase(id);
     } else if (c == EntityTree::Change::Weight) {
         // New weights apply to future charges; re-check the sibling level now.
@@ -91,8 +86,8 @@ void HfqPolicy::doorbell_trapped(ChannelId ch, std::uint32_t) {
     mark_busy(it->second, true);
     // A bursty leaf is back: over-served work on the engine gives way to
     // it once the write has reached the GPU.
-    if (can_preempt_ && nodes_[it->second].bursty && !nodes_[it->second].shadowed)
-        preempt_timer_.arm(ctx_->now(), [this, ch] { preempt_for(ch); });
+    if (preemption_.can_preempt_ && nodes_[it->second].bursty && !nodes_[it->second].shadowed)
+        preemption_.preempt_timer_.arm(ctx_->now(), [this, ch] { preemption_.preempt_for(ch); });
 }
 
 void HfqPolicy::work_held(ChannelId ch, std::uint32_t) {
@@ -102,12 +97,12 @@ void HfqPolicy::work_held(ChannelId ch, std::uint32_t) {
         const EntityId leaf = it->second;
         learn_turnaround(leaf, ch);
         mark_busy(leaf, nodes_[leaf].metered && !nodes_[leaf].shadowed);
-        meter(leaf);
+        queue_cap_.meter(leaf);
         // A metered bursty leaf returns through here, not through a
         // trapped doorbell: it may preempt as doorbell_trapped() lets it.
         const Node& n = nodes_[leaf];
-        if (can_preempt_ && n.bursty && n.metered && !n.shadowed)
-            preempt_timer_.arm(ctx_->now(), [this, ch] { preempt_for(ch); });
+        if (preemption_.can_preempt_ && n.bursty && n.metered && !n.shadowed)
+            preemption_.preempt_timer_.arm(ctx_->now(), [this, ch] { preemption_.preempt_for(ch); });
     }
     // New held work while the engine idles: work conservation may feed it.
     after_event();
@@ -115,11 +110,11 @@ void HfqPolicy::work_held(ChannelId ch, std::uint32_t) {
 
 void HfqPolicy::fence(ChannelId ch, std::uint32_t) {
     forget_kernel(ch);
-    learn_latency(ch);
+    feeder_.learn_latency(ch);
     touch(ch);
     // A channel that stays on the engine shows no engine change: its
     // leaf is fed (or found past the cap) here.
-    if (auto it = chans_.find(ch); it != chans_.end()) meter(it->second);
+    if (auto it = chans_.find(ch); it != chans_.end()) queue_cap_.meter(it->second);
     after_event();
 }
 
@@ -134,10 +129,10 @@ void HfqPolicy::engine_changed(std::optional<ChannelId> running) {
     // asked for no interrupt: feed it now if metered, or see whether
     // its queue is past the cap (a leaf without interrupts has no
     // completions to look at it otherwise).
-    if (auto it = chans_.find(left_engine_); left_engine_ != 0 && it != chans_.end()) meter(it->second);
+    if (auto it = chans_.find(left_engine_); left_engine_ != 0 && it != chans_.end()) queue_cap_.meter(it->second);
     if (left_engine_ != 0 && left_engine_ != running.value_or(0)) last_left_ = left_engine_;
     left_engine_ = running.value_or(0);
-    if (running && *running == cut_ch_) cut_back_at_ = ctx_->now();
+    if (running && *running == preemption_.cut_ch_) preemption_.cut_back_at_ = ctx_->now();
     // On the engine, it has work: no register read to ask.
     if (running)
         if (auto it = chans_.find(*running); it != chans_.end()) mark_busy(it->second);
@@ -152,45 +147,45 @@ std::optional<Duration> HfqPolicy::accounted(EntityId leaf) const {
 std::map<std::string, double> HfqPolicy::counters() const {
     return {{"blocks", static_cast<double>(blocks_)},
             {"unblocks", static_cast<double>(unblocks_)},
-            {"work_conserving_releases", static_cast<double>(wc_releases_)},
-            {"covers", static_cast<double>(covers_)},
+            {"work_conserving_releases", static_cast<double>(feeder_.wc_releases_)},
+            {"covers", static_cast<double>(feeder_.covers_)},
             {"idle_arms", static_cast<double>(idle_arms_)},
-            {"anticipations", static_cast<double>(anticipations_)},
-            {"preemptions", static_cast<double>(preemptions_)},
-            {"meters", static_cast<double>(meters_)},
-            {"metered_releases", static_cast<double>(metered_releases_)}};
+            {"anticipations", static_cast<double>(anticipation_.anticipations_)},
+            {"preemptions", static_cast<double>(preemption_.preemptions_)},
+            {"meters", static_cast<double>(queue_cap_.meters_)},
+            {"metered_releases", static_cast<double>(queue_cap_.metered_releases_)}};
 }
 
 void HfqPolicy::after_event() {
-    feed_unheard();
+    queue_cap_.feed_unheard();
     if (const std::optional<ChannelId> running = ctx_->running_seen()) {
         // Unblocked work is running again: work conservation can rest.
         auto it = chans_.find(*running);
         if (it == chans_.end() || !nodes_[it->second].shadowed) {
-            feeding_ = false;
-            if (it != chans_.end()) cover(*running, it->second);
+            feeder_.feeding_ = false;
+            if (it != chans_.end()) feeder_.cover(*running, it->second);
         }
         return;
     }
     Time now = ctx_->now();
-    if (Time hold = anticipation_until(now); hold > now) {
+    if (Time hold = anticipation_.anticipation_until(now); hold > now) {
         // A returning leaf is expected before a fed kernel would end.
-        if (!grace_timer_.armed() || grace_at_ < hold) {
-            ++anticipations_;
-            grace_at_ = hold;
-            held_until_ = hold;
-            grace_timer_.arm(hold, [this] { release_if_idle(); });
+        if (!feeder_.grace_timer_.armed() || feeder_.grace_at_ < hold) {
+            ++anticipation_.anticipations_;
+            feeder_.grace_at_ = hold;
+            anticipation_.held_until_ = hold;
+            feeder_.grace_timer_.arm(hold, [this] { feeder_.release_if_idle(); });
         }
         return;
     }
-    if (feeding_) {
+    if (feeder_.feeding_) {
         // Already feeding the GPU from shadow pages and the unblocked
         // entities still have nothing: next entry now, no grace.
-        release_if_idle();
+        feeder_.release_if_idle();
     } else {
         // New work during a longer wait (resubmit_wait's) is looked at
         // within `grace`, not at the wait's end.
-        if (!shadowed_leaves_.empty()) release_by(now + p_.grace);
+        if (!shadowed_leaves_.empty()) feeder_.release_by(now + p_.grace);
     }
 }
 
