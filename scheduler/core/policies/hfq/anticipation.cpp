@@ -3,14 +3,20 @@
 
 namespace pvgpu::hfq {
 
-Time Anticipation::anticipation_until(Time now) {
-    if (hfq_.preemption_.can_preempt_) {
+void Anticipation::hold(Time until) {
+    if (!hfq_.feeder_.hold_until(until)) return;
+    ++anticipations_;
+    held_until_ = until;
+}
+
+Time Anticipation::until(Time now) {
+    if (hfq_.preemption_.possible()) {
         // A bursty leaf back sooner than a preemption would take: keep
         // the engine for it rather than feed and preempt.
         Time until = now;
         for (EntityId leaf : hfq_.idle_candidates_) {
             Node& n = hfq_.nodes_[leaf];
-            if (!n.bursty || n.shadowed || n.think < 0 || n.think >= hfq_.preemption_.preempt_cost_) continue;
+            if (!n.bursty || n.shadowed || n.think < 0 || n.think >= hfq_.preemption_.cost()) continue;
             if (!hfq_.behind(leaf)) continue;
             until = std::max(until, n.idle_since + 2 * n.think);
         }

@@ -23,16 +23,16 @@ class Anticipation {
 public:
     explicit Anticipation(HfqPolicy& hfq) : hfq_(hfq) {}
 
-private:
-    friend class HfqPolicy;
-    friend class Feeder;
-    friend class QueueCap;
-    friend class Preemption;
-
     // Until when to keep the engine idle for an unblocked leaf between
     // bursts; `now` or earlier when no leaf is worth waiting for.
-    Time anticipation_until(Time now);
+    Time until(Time now);
+    // Hold the engine idle until `until` (from until()).
+    void hold(Time until);
+    // The end of the last hold.
+    Time held_until() const { return held_until_; }
+    std::uint64_t holds() const { return anticipations_; }
 
+private:
     HfqPolicy& hfq_;
     Time held_until_ = -1;  // end of the last anticipation hold
     std::uint64_t anticipations_ = 0;

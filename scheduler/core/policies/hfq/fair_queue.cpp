@@ -153,7 +153,7 @@ void HfqPolicy::deactivate(EntityId id) {
         // Alone on the GPU, a leaf has nobody to run ahead of.  One that
         // has not started keeps its meter until it does.
         if (active_leaves_ == 1)
-            for (EntityId m : std::set<EntityId>(queue_cap_.metered_))
+            for (EntityId m : std::set<EntityId>(queue_cap_.metered()))
                 if (nodes_[m].active) queue_cap_.set_metered(m, false);
         if (active_leaves_ == 0) arm_idle_check(ctx_->now() + p_.idle);
     }

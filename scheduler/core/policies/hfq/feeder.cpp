@@ -38,6 +38,17 @@ bool Feeder::cover_pending() {
     return true;
 }
 
+bool Feeder::hold_until(Time at) {
+    if (grace_timer_.armed() && grace_at_ >= at) return false;
+    grace_at_ = at;
+    grace_timer_.arm(at, [this] { release_if_idle(); });
+    return true;
+}
+
+void Feeder::forget_ended() {
+    if (fed_ch_ != 0 && hfq_.ctx_->gpu().left_engine_at(fed_ch_) != fed_done_) fed_ch_ = 0;
+}
+
 void Feeder::release_by(Time at) {
     if (grace_timer_.armed() && grace_at_ <= at) return;
     grace_at_ = at;
@@ -117,8 +128,8 @@ Time Feeder::resubmit_wait(EntityId best) const {
 }
 
 void HfqPolicy::forget_kernel(ChannelId ch) {
-    if (feeder_.fed_ch_ == ch) feeder_.fed_ch_ = 0;
-    if (preemption_.cut_ch_ == ch) preemption_.cut_ch_ = 0;
+    feeder_.forget_kernel(ch);
+    preemption_.forget_kernel(ch);
 }
 
 EntityId Feeder::feed_candidate(bool* beyond_cap) const {
@@ -169,7 +180,7 @@ bool Feeder::delays_return(EntityId fed, Duration est, Duration longest) const {
         // sibling (one returning with credit) is held for only on the
         // first count: it may still be further below its max-min share
         // than the fed leaf, but it is not owed the engine's idle.
-        if (!hfq_.preemption_.can_preempt_) {
+        if (!hfq_.preemption_.possible()) {
             const Duration added = std::max<Duration>(0, longest - until_back) -
                                    std::max<Duration>(0, longest - n.think);
             if (added > 0) {
@@ -189,7 +200,8 @@ bool Feeder::delays_return(EntityId fed, Duration est, Duration longest) const {
         // preemption takes the engine back when it returns: it waits
         // the preemption's dead time, not the rest of the kernel.
         Duration wait = est - until_back;
-        if (hfq_.preemption_.can_preempt_ && n.think >= hfq_.preemption_.preempt_cost_) wait = std::min(wait, hfq_.preemption_.preempt_cost_);
+        const Preemption& preemption = hfq_.preemption_;
+        if (preemption.possible() && n.think >= preemption.cost()) wait = std::min(wait, preemption.cost());
         if (wait > until_back) return true;
     }
     return false;

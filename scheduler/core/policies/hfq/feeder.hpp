@@ -28,16 +28,19 @@ class Feeder {
 public:
     explicit Feeder(HfqPolicy& hfq) : hfq_(hfq) {}
 
-private:
-    friend class HfqPolicy;
-    friend class QueueCap;
-    friend class Anticipation;
-    friend class Preemption;
-
-    // How late every interrupt reaches the host: the handler's time against
-    // the completion timestamp the GPU wrote with the fence, the least of
-    // the last few.  A stalled host makes some late, not all.
-    void learn_latency(ChannelId ch);
+    void start(Timers& timers) { grace_timer_.bind(timers); }
+    void stop() { grace_timer_.cancel(); }
+    // The engine stayed idle although shadowed channels hold work: feed it
+    // from the least-ahead blocked leaf that has some.
+    void release_if_idle();
+    // Look at the idle engine again (release_if_idle) no later than `at`.
+    void release_by(Time at);
+    // Keep the engine idle until `at` (anticipation), unless a look is due
+    // later already: whether the look moved.
+    bool hold_until(Time at);
+    // Whether held entries are being handed out; unblocked work runs again.
+    bool feeding() const { return feeding_; }
+    void rest() { feeding_ = false; }
     // A leaf that waits on each fence hears of its kernel's end an
     // interrupt's latency late, and the engine idles until it stores the
     // next one.  When it runs alone (every other leaf with work blocked)
@@ -50,19 +53,41 @@ private:
     // one another is the least idle a fair schedule has.  A latency
     // shorter than `grace` is not worth it.
     void cover(ChannelId ch, EntityId runner);
-    // The last cover entry has not started yet.
-    bool cover_pending();
-    // Look at the idle engine again (release_if_idle) no later than `at`.
-    void release_by(Time at);
+    // How late every interrupt reaches the host: the handler's time against
+    // the completion timestamp the GPU wrote with the fence, the least of
+    // the last few.  A stalled host makes some late, not all.
+    void learn_latency(ChannelId ch);
     // The learned kernel length of what release_if_idle() would feed next;
     // unknown counts as long (the worst case for a returning leaf).
     Duration feed_estimate();
+
+    // The fed kernel, for a returning leaf that may take the engine back:
+    // when `running` was fed (nullopt: it is not the fed kernel), whether
+    // past the feed cap; preempted(): taken off the engine.
+    std::optional<Time> fed_at(ChannelId running) const {
+        return fed_ch_ == running ? std::optional<Time>(fed_at_) : std::nullopt;
+    }
+    bool fed_beyond_cap(ChannelId running) const { return fed_beyond_cap_ && fed_ch_ == running; }
+    void preempted() {
+        fed_ch_ = 0;
+        feeding_ = false;
+    }
+    // The fed kernel may have ended without an interrupt: its channel's
+    // completion timestamp moved since (memory, not a register).
+    void forget_ended();
+    // `ch`'s kernel ended (or the channel did): it is no longer the fed one.
+    void forget_kernel(ChannelId ch) {
+        if (fed_ch_ == ch) fed_ch_ = 0;
+    }
+    std::uint64_t releases() const { return wc_releases_; }
+    std::uint64_t covers() const { return covers_; }
+
+private:
+    // The last cover entry has not started yet.
+    bool cover_pending();
     // `pessimistic`: the learned length plus twice its spread, which few
     // of the leaf's kernels outlast (a mean alone is outlasted by half).
     Duration feed_estimate(EntityId leaf, bool pessimistic = false) const;
-    // The engine stayed idle although shadowed channels hold work: feed it
-    // from the least-ahead blocked leaf that has some.
-    void release_if_idle();
     // A client with one kernel in flight submits the next only after the
     // last completed: at that completion its shadow page is empty, while a
     // leaf further ahead has work held.  Fed at once, the further one would

@@ -83,7 +83,7 @@ void HfqPolicy::mark_busy(EntityId leaf, bool exact) {
         // settle reads); seen while a fed kernel ran, it is only an upper
         // bound and may only lower the estimate.
         Duration t = ctx_->now() - n.went_idle;
-        if (exact || ctx_->now() <= anticipation_.held_until_ + kReturnSeenWithin)
+        if (exact || ctx_->now() <= anticipation_.held_until() + kReturnSeenWithin)
             n.think = n.think < 0 ? t : n.think + (t - n.think) / 4;
         else if (n.think >= 0)
             n.think = std::min(n.think, t);
@@ -156,7 +156,7 @@ void HfqPolicy::wake_from_idle() {
     idle_armed_ = false;
     for (auto& [ch, leaf] : chans_) ctx_->set_mode(ch, mode_of(ch, leaf));
     // Held while every channel trapped: metered leaves are fed now.
-    for (EntityId leaf : std::set<EntityId>(queue_cap_.metered_)) queue_cap_.meter(leaf);
+    for (EntityId leaf : std::set<EntityId>(queue_cap_.metered())) queue_cap_.meter(leaf);
 }
 
 }  // namespace pvgpu::hfq

@@ -7,19 +7,15 @@ namespace pvgpu::hfq {
 void HfqPolicy::start(PolicyContext& ctx) {
     ctx_ = &ctx;
     idle_timer_.bind(ctx.timers());
-    feeder_.grace_timer_.bind(ctx.timers());
-    preemption_.preempt_timer_.bind(ctx.timers());
-    const EngineArbitration engine = ctx.gpu().arbitration();
-    // A preemption as slow as a slice buys nothing over its end.
-    preemption_.can_preempt_ = engine.preemptive && engine.preempt < engine.timeslice;
-    preemption_.preempt_cost_ = engine.preempt;
+    feeder_.start(ctx.timers());
+    preemption_.start(ctx.timers(), ctx.gpu().arbitration());
     arm_idle_check(ctx.now() + p_.idle);
 }
 
 void HfqPolicy::stop() {
     idle_timer_.cancel();
-    feeder_.grace_timer_.cancel();
-    preemption_.preempt_timer_.cancel();
+    feeder_.stop();
+    preemption_.stop();
     for (auto& [ch, leaf] : chans_) ctx_->set_mode(ch, ChannelMode::Direct);
     idle_trapped_.clear();
 }
@@ -66,7 +62,7 @@ void HfqPolicy::tree_changed(EntityTree::Change c, EntityId id) {
         if (id < nodes_.size() && nodes_[id].active) deactivate(id);
         if (id < nodes_.size()) nodes_[id] = Node{};
         shadowed_leaves_.erase(id);
-        queue_cap_.metered_.erase(id);
+        queue_cap_.forget(id);
         idle_candidates_.erase(id);
     } else if (c == EntityTree::Change::Weight) {
         // New weights apply to future charges; re-check the sibling level now.
@@ -86,8 +82,7 @@ void HfqPolicy::doorbell_trapped(ChannelId ch, std::uint32_t) {
     mark_busy(it->second, true);
     // A bursty leaf is back: over-served work on the engine gives way to
     // it once the write has reached the GPU.
-    if (preemption_.can_preempt_ && nodes_[it->second].bursty && !nodes_[it->second].shadowed)
-        preemption_.preempt_timer_.arm(ctx_->now(), [this, ch] { preemption_.preempt_for(ch); });
+    if (nodes_[it->second].bursty && !nodes_[it->second].shadowed) preemption_.returned(ch, ctx_->now());
 }
 
 void HfqPolicy::work_held(ChannelId ch, std::uint32_t) {
@@ -101,8 +96,7 @@ void HfqPolicy::work_held(ChannelId ch, std::uint32_t) {
         // A metered bursty leaf returns through here, not through a
         // trapped doorbell: it may preempt as doorbell_trapped() lets it.
         const Node& n = nodes_[leaf];
-        if (preemption_.can_preempt_ && n.bursty && n.metered && !n.shadowed)
-            preemption_.preempt_timer_.arm(ctx_->now(), [this, ch] { preemption_.preempt_for(ch); });
+        if (n.bursty && n.metered && !n.shadowed) preemption_.returned(ch, ctx_->now());
     }
     // New held work while the engine idles: work conservation may feed it.
     after_event();
@@ -132,7 +126,7 @@ void HfqPolicy::engine_changed(std::optional<ChannelId> running) {
     if (auto it = chans_.find(left_engine_); left_engine_ != 0 && it != chans_.end()) queue_cap_.meter(it->second);
     if (left_engine_ != 0 && left_engine_ != running.value_or(0)) last_left_ = left_engine_;
     left_engine_ = running.value_or(0);
-    if (running && *running == preemption_.cut_ch_) preemption_.cut_back_at_ = ctx_->now();
+    if (running) preemption_.seen_running(*running, ctx_->now());
     // On the engine, it has work: no register read to ask.
     if (running)
         if (auto it = chans_.find(*running); it != chans_.end()) mark_busy(it->second);
@@ -147,13 +141,13 @@ std::optional<Duration> HfqPolicy::accounted(EntityId leaf) const {
 std::map<std::string, double> HfqPolicy::counters() const {
     return {{"blocks", static_cast<double>(blocks_)},
             {"unblocks", static_cast<double>(unblocks_)},
-            {"work_conserving_releases", static_cast<double>(feeder_.wc_releases_)},
-            {"covers", static_cast<double>(feeder_.covers_)},
+            {"work_conserving_releases", static_cast<double>(feeder_.releases())},
+            {"covers", static_cast<double>(feeder_.covers())},
             {"idle_arms", static_cast<double>(idle_arms_)},
-            {"anticipations", static_cast<double>(anticipation_.anticipations_)},
-            {"preemptions", static_cast<double>(preemption_.preemptions_)},
-            {"meters", static_cast<double>(queue_cap_.meters_)},
-            {"metered_releases", static_cast<double>(queue_cap_.metered_releases_)}};
+            {"anticipations", static_cast<double>(anticipation_.holds())},
+            {"preemptions", static_cast<double>(preemption_.preemptions())},
+            {"meters", static_cast<double>(queue_cap_.meters())},
+            {"metered_releases", static_cast<double>(queue_cap_.releases())}};
 }
 
 void HfqPolicy::after_event() {
@@ -162,23 +156,18 @@ void HfqPolicy::after_event() {
         // Unblocked work is running again: work conservation can rest.
         auto it = chans_.find(*running);
         if (it == chans_.end() || !nodes_[it->second].shadowed) {
-            feeder_.feeding_ = false;
+            feeder_.rest();
             if (it != chans_.end()) feeder_.cover(*running, it->second);
         }
         return;
     }
     Time now = ctx_->now();
-    if (Time hold = anticipation_.anticipation_until(now); hold > now) {
+    if (Time hold = anticipation_.until(now); hold > now) {
         // A returning leaf is expected before a fed kernel would end.
-        if (!feeder_.grace_timer_.armed() || feeder_.grace_at_ < hold) {
-            ++anticipation_.anticipations_;
-            feeder_.grace_at_ = hold;
-            anticipation_.held_until_ = hold;
-            feeder_.grace_timer_.arm(hold, [this] { feeder_.release_if_idle(); });
-        }
+        anticipation_.hold(hold);
         return;
     }
-    if (feeder_.feeding_) {
+    if (feeder_.feeding()) {
         // Already feeding the GPU from shadow pages and the unblocked
         // entities still have nothing: next entry now, no grace.
         feeder_.release_if_idle();

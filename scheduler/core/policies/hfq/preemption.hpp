@@ -21,12 +21,25 @@ class Preemption {
 public:
     explicit Preemption(HfqPolicy& hfq) : hfq_(hfq) {}
 
-private:
-    friend class HfqPolicy;
-    friend class Feeder;
-    friend class QueueCap;
-    friend class Anticipation;
+    // Learns whether the engine can preempt, and at what cost.
+    void start(Timers& timers, const EngineArbitration& engine);
+    void stop() { preempt_timer_.cancel(); }
+    bool possible() const { return can_preempt_; }
+    Duration cost() const { return preempt_cost_; }
+    // `ch` of an unblocked bursty leaf rang: once its write has reached the
+    // GPU, over-served work on the engine gives way to it.
+    void returned(ChannelId ch, Time now);
+    // `ch` is on the engine: a cut kernel is seen back.
+    void seen_running(ChannelId ch, Time now) {
+        if (ch == cut_ch_) cut_back_at_ = now;
+    }
+    // `ch`'s kernel ended (or the channel did): it is no longer the cut one.
+    void forget_kernel(ChannelId ch) {
+        if (cut_ch_ == ch) cut_ch_ = 0;
+    }
+    std::uint64_t preemptions() const { return preemptions_; }
 
+private:
     // `ch` of an unblocked bursty leaf has new work: if the engine runs
     // work of a blocked leaf (fed from its shadow page, or still running
     // from before the block), take it off.  It resumes later where it was.

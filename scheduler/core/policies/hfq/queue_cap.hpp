@@ -26,12 +26,24 @@ class QueueCap {
 public:
     explicit QueueCap(HfqPolicy& hfq) : hfq_(hfq) {}
 
-private:
-    friend class HfqPolicy;
-    friend class Feeder;
-    friend class Anticipation;
-    friend class Preemption;
+    // Meter a leaf whose queue has grown past `queue` while it shares the
+    // GPU; feed a metered, unblocked one up to `queue`.
+    void meter(EntityId leaf);
+    void set_metered(EntityId leaf, bool metered);
+    // A metered leaf is fed at its own completions and when its channel is
+    // seen leaving the engine.  An entry that asked for no interrupt and ran
+    // unseen between two reads ends unheard: such a leaf (held work, nothing
+    // left on the GPU) is looked for whenever the engine is seen idle, and
+    // otherwise at most once per `queue` of events, so a scan over the
+    // metered leaves is not paid per kernel.
+    void feed_unheard();
+    const std::set<EntityId>& metered() const { return metered_; }
+    // The leaf is gone.
+    void forget(EntityId leaf) { metered_.erase(leaf); }
+    std::uint64_t meters() const { return meters_; }
+    std::uint64_t releases() const { return metered_releases_; }
 
+private:
     Duration queue_cap() const;
     // Learned work of the leaf's entries the GPU has but has not started
     // (its own IB_PUT - IB_GET): what would still run if it were blocked now.
@@ -58,14 +70,6 @@ private:
     Duration kernel_length(ChannelId ch, std::optional<std::uint32_t> get = std::nullopt) const;
     // Every live channel of the leaf that has work has a kernel length.
     bool learned(EntityId leaf) const;
-    void set_metered(EntityId leaf, bool metered);
-    // A metered leaf is fed at its own completions and when its channel is
-    // seen leaving the engine.  An entry that asked for no interrupt and ran
-    // unseen between two reads ends unheard: such a leaf (held work, nothing
-    // left on the GPU) is looked for whenever the engine is seen idle, and
-    // otherwise at most once per `queue` of events, so a scan over the
-    // metered leaves is not paid per kernel.
-    void feed_unheard();
     // Whether the GPU still has work of `ch`, known without a register read.
     // Work stops pending only when its last entry completes, and every
     // completion moves the channel's completion timestamp (written with the
@@ -73,9 +77,6 @@ private:
     // nothing since still is.
     bool known_pending(ChannelId ch) const;
     bool read_pending(ChannelId ch);
-    // Meter a leaf whose queue has grown past `queue` while it shares the
-    // GPU; feed a metered, unblocked one up to `queue`.
-    void meter(EntityId leaf);
 
     HfqPolicy& hfq_;
     std::set<EntityId> metered_;
