@@ -193,9 +193,12 @@ PolicyInfo hfq_info() {
                  "credit an entity keeps across idle periods; above threshold_ms, so a returning "
                  "leaf holds its siblings back while it bursts"},
                 {"idle_us", 2000.0, "an entity without work this long leaves the run queue"},
-                // Accepted so that older configurations still load.
-                {"poll_us", 500.0, "no effect: hfq no longer polls the engine (the scheduler's accounting charges it)"},
-                {"settle_us", 5.0, "no effect: the scheduler's accounting reads an idle engine itself"},
+                // Accepted so that older configurations still load (`ignored` below).
+                {"poll_us", 500.0,
+                 "deprecated, ignored with a warning: hfq no longer polls the engine (the scheduler's accounting "
+                 "charges it)"},
+                {"settle_us", 5.0, "deprecated, ignored with a warning: the scheduler's accounting reads an idle "
+                                   "engine itself"},
                 {"grace_us", 5.0, "GPU idle this long with held work releases one entry of it"},
                 {"anticipate_us", 0.0,
                  "hold the GPU idle for an unblocked leaf between bursts for twice its learned think "
@@ -210,7 +213,8 @@ PolicyInfo hfq_info() {
                 {"fair_window", 32.0,
                  "with more backlogged siblings than this, threshold_ms and unblock_ms shrink by this over their "
                  "number, and queue_ms by this over the number of active leaves, down to 0.25 ms (0: never)"},
-            }};
+            },
+            {"poll_us", "settle_us"}};
 }
 
 std::unique_ptr<Policy> make_hfq(const PolicyParams& p) {
