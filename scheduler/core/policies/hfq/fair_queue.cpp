@@ -1,4 +1,8 @@
-// hfq's fair queuing: per-level virtual time; see fair_queue.hpp.
+// hfq's fair queuing (fair_queue.hpp has the worked example).  First the
+// per-level virtual time: charge() advances a leaf and its ancestors,
+// activate()/deactivate() enter and leave run queues, rebalance() blocks and
+// unblocks siblings, refresh() turns that into channel modes.  Then what is
+// read off it: leads, fair and max-min shares.
 #include "core/policies/hfq/hfq.hpp"
 
 namespace pvgpu::hfq {
@@ -6,25 +10,6 @@ namespace pvgpu::hfq {
 Node& HfqPolicy::node(EntityId id) {
     if (nodes_.size() <= id) nodes_.resize(std::max<std::size_t>(id + 1, ctx_->tree().id_bound()));
     return nodes_[id];
-}
-
-bool HfqPolicy::has_work(ChannelId ch) const {
-    return ctx_->held(ch) > 0 || ctx_->gpu().pending(ch);
-}
-
-bool HfqPolicy::leaf_has_work(EntityId leaf) const {
-    for (ChannelId c : ctx_->channels_of(leaf))
-        if (has_work(c)) return true;
-    return false;
-}
-
-bool HfqPolicy::has_work_at_fence(ChannelId ch, EntityId leaf) const {
-    const std::optional<ChannelId> running = ctx_->running_seen();
-    if (running == ch) return true;
-    if (running) return leaf_has_work(leaf);
-    for (ChannelId c : ctx_->channels_of(leaf))
-        if (ctx_->held(c) > 0) return true;
-    return false;
 }
 
 void HfqPolicy::charge(ChannelId ch, Duration d) {
@@ -50,6 +35,141 @@ void HfqPolicy::charge(ChannelId ch, Duration d) {
         rebalance(id);
         if (id == kRootEntity) break;
     }
+}
+
+void HfqPolicy::activate(EntityId id) {
+    if (id == kRootEntity || nodes_[id].active) return;
+    EntityId parent = parent_of(id);
+    Node& n = nodes_[id];
+    RunQueue& rq = nodes_[parent].rq;
+    if (!rq.empty()) rq.floor = std::max(rq.floor, rq.min_vtime());
+    // No banked credit: a returning child starts at most `lag` behind.
+    n.vtime = std::max(n.vtime, rq.floor - static_cast<double>(p_.lag));
+    n.active = true;
+    n.blocked = false;
+    if (ctx_->tree().is_leaf(id)) ++active_leaves_;
+    rq.open.insert({n.vtime, id});
+    activate(parent);
+    rebalance(parent);
+}
+
+void HfqPolicy::deactivate(EntityId id) {
+    Node& n = nodes_[id];
+    if (!n.active) return;
+    EntityId parent = parent_of(id);
+    RunQueue& rq = nodes_[parent].rq;
+    rq.floor = std::max(rq.floor, rq.min_vtime());
+    (n.blocked ? rq.blocked : rq.open).erase({n.vtime, id});
+    n.active = false;
+    n.idle_since = -1;
+    if (ctx_->tree().is_leaf(id)) {
+        --active_leaves_;
+        idle_candidates_.erase(id);
+        queue_cap_.set_metered(id, false);
+        // Alone on the GPU, a leaf has nobody to run ahead of.  One that
+        // has not started keeps its meter until it does.
+        if (active_leaves_ == 1)
+            for (EntityId m : std::set<EntityId>(queue_cap_.metered()))
+                if (nodes_[m].active) queue_cap_.set_metered(m, false);
+        if (active_leaves_ == 0) arm_idle_check(ctx_->now() + p_.idle);
+    }
+    if (n.blocked) {
+        n.blocked = false;
+        refresh(id);
+    }
+    if (rq.empty()) {
+        if (parent != kRootEntity) deactivate(parent);
+    } else {
+        rebalance(parent);
+    }
+}
+
+void HfqPolicy::rebalance(EntityId parent) {
+    RunQueue& rq = nodes_[parent].rq;
+    if (rq.empty()) return;
+    lift_thinking(rq);
+    double m = rq.min_vtime();
+    rq.floor = std::max(rq.floor, m);
+    // One factor for both bounds, so unblock stays within threshold.
+    const double scale = crowd_scale(rq.open.size() + rq.blocked.size(), p_.threshold);
+    while (!rq.open.empty() && rq.open.rbegin()->vtime - m > scale * static_cast<double>(p_.threshold)) {
+        Key k = *rq.open.rbegin();
+        rq.open.erase(k);
+        rq.blocked.insert(k);
+        nodes_[k.id].blocked = true;
+        ++blocks_;
+        refresh(k.id);
+    }
+    while (!rq.blocked.empty() && rq.blocked.begin()->vtime - m <= scale * static_cast<double>(p_.unblock)) {
+        unblock(rq, *rq.blocked.begin());
+    }
+}
+
+void HfqPolicy::unblock(RunQueue& rq, Key k) {
+    rq.blocked.erase(k);
+    rq.open.insert(k);
+    nodes_[k.id].blocked = false;
+    ++unblocks_;
+    refresh(k.id);
+}
+
+void HfqPolicy::refresh(EntityId id) {
+    const Entity& e = ctx_->tree().get(id);
+    if (!e.children.empty()) {
+        for (EntityId c : e.children) refresh(c);
+        return;
+    }
+    bool shadow = false;
+    for (EntityId a = id; a != kRootEntity; a = parent_of(a)) shadow = shadow || nodes_[a].blocked;
+    Node& n = nodes_[id];
+    if (n.shadowed == shadow) return;
+    n.shadowed = shadow;
+    if (shadow)
+        shadowed_leaves_.insert(id);
+    else
+        shadowed_leaves_.erase(id);
+    apply_modes(id);
+    // Unblocked but metered: its held work goes out as the GPU drains it.
+    if (!shadow) queue_cap_.meter(id);
+}
+
+double HfqPolicy::crowd_scale(std::size_t n, Duration bound) const {
+    if (p_.fair_window <= 0 || n <= static_cast<std::size_t>(p_.fair_window) || bound <= 0) return 1.0;
+    const double scale = static_cast<double>(p_.fair_window) / static_cast<double>(n);
+    const double floor = std::min(1.0, static_cast<double>(kCrowdFloor) / static_cast<double>(bound));
+    return std::max(scale, floor);
+}
+
+void HfqPolicy::lift_thinking(RunQueue& rq) {
+    double busy_min = INFINITY;
+    for (const auto* set : {&rq.open, &rq.blocked})
+        for (const Key& k : *set)
+            if (nodes_[k.id].idle_since < 0 || !ctx_->tree().is_leaf(k.id)) {
+                busy_min = std::min(busy_min, k.vtime);
+                break;
+            }
+    if (!std::isfinite(busy_min)) return;
+    const double low = busy_min - static_cast<double>(p_.lag);
+    lifted_.clear();
+    for (const auto* set : {&rq.open, &rq.blocked})
+        for (const Key& k : *set) {
+            if (k.vtime >= low) break;
+            if (nodes_[k.id].idle_since >= 0 && ctx_->tree().is_leaf(k.id) && demand(k.id) < fair_share(k.id))
+                lifted_.push_back(k);
+        }
+    for (const Key& k : lifted_) {
+        auto& set = nodes_[k.id].blocked ? rq.blocked : rq.open;
+        set.erase(k);
+        nodes_[k.id].vtime = low;
+        set.insert({low, k.id});
+    }
+}
+
+double HfqPolicy::lead_of(EntityId leaf) const {
+    double lead = 0;
+    for (EntityId a = leaf; a != kRootEntity; a = parent_of(a))
+        if (nodes_[a].blocked) lead += nodes_[a].vtime - nodes_[parent_of(a)].rq.min_vtime();
+    return lead;
 }
 
 double HfqPolicy::fair_share(EntityId leaf) const {
@@ -110,150 +230,6 @@ double HfqPolicy::maxmin_share(EntityId leaf) const {
 double HfqPolicy::shortfall(EntityId leaf) const {
     const Node& n = nodes_[leaf];
     return maxmin_share(leaf) - n.sustained.read(n.accounted, ctx_->now(), kBalanceWindow);
-}
-
-std::optional<Time> HfqPolicy::last_completion(EntityId leaf) const {
-    std::optional<Time> done;
-    for (ChannelId ch : ctx_->channels_of(leaf))
-        if (const std::optional<Time> t = ctx_->gpu().left_engine_at(ch); live(ch) && t && (!done || *t > *done))
-            done = t;
-    if (done) done = std::min(*done, ctx_->now());
-    return done;
-}
-
-void HfqPolicy::activate(EntityId id) {
-    if (id == kRootEntity || nodes_[id].active) return;
-    EntityId parent = parent_of(id);
-    Node& n = nodes_[id];
-    RunQueue& rq = nodes_[parent].rq;
-    if (!rq.empty()) rq.floor = std::max(rq.floor, rq.min_vtime());
-    // No banked credit: a returning child starts at most `lag` behind.
-    n.vtime = std::max(n.vtime, rq.floor - static_cast<double>(p_.lag));
-    n.active = true;
-    n.blocked = false;
-    if (ctx_->tree().is_leaf(id)) ++active_leaves_;
-    rq.open.insert({n.vtime, id});
-    activate(parent);
-    rebalance(parent);
-}
-
-void HfqPolicy::deactivate(EntityId id) {
-    Node& n = nodes_[id];
-    if (!n.active) return;
-    EntityId parent = parent_of(id);
-    RunQueue& rq = nodes_[parent].rq;
-    rq.floor = std::max(rq.floor, rq.min_vtime());
-    (n.blocked ? rq.blocked : rq.open).erase({n.vtime, id});
-    n.active = false;
-    n.idle_since = -1;
-    if (ctx_->tree().is_leaf(id)) {
-        --active_leaves_;
-        idle_candidates_.erase(id);
-        queue_cap_.set_metered(id, false);
-        // Alone on the GPU, a leaf has nobody to run ahead of.  One that
-        // has not started keeps its meter until it does.
-        if (active_leaves_ == 1)
-            for (EntityId m : std::set<EntityId>(queue_cap_.metered()))
-                if (nodes_[m].active) queue_cap_.set_metered(m, false);
-        if (active_leaves_ == 0) arm_idle_check(ctx_->now() + p_.idle);
-    }
-    if (n.blocked) {
-        n.blocked = false;
-        refresh(id);
-    }
-    if (rq.empty()) {
-        if (parent != kRootEntity) deactivate(parent);
-    } else {
-        rebalance(parent);
-    }
-}
-
-double HfqPolicy::crowd_scale(std::size_t n, Duration bound) const {
-    if (p_.fair_window <= 0 || n <= static_cast<std::size_t>(p_.fair_window) || bound <= 0) return 1.0;
-    const double scale = static_cast<double>(p_.fair_window) / static_cast<double>(n);
-    const double floor = std::min(1.0, static_cast<double>(kCrowdFloor) / static_cast<double>(bound));
-    return std::max(scale, floor);
-}
-
-void HfqPolicy::rebalance(EntityId parent) {
-    RunQueue& rq = nodes_[parent].rq;
-    if (rq.empty()) return;
-    lift_thinking(rq);
-    double m = rq.min_vtime();
-    rq.floor = std::max(rq.floor, m);
-    // One factor for both bounds, so unblock stays within threshold.
-    const double scale = crowd_scale(rq.open.size() + rq.blocked.size(), p_.threshold);
-    while (!rq.open.empty() && rq.open.rbegin()->vtime - m > scale * static_cast<double>(p_.threshold)) {
-        Key k = *rq.open.rbegin();
-        rq.open.erase(k);
-        rq.blocked.insert(k);
-        nodes_[k.id].blocked = true;
-        ++blocks_;
-        refresh(k.id);
-    }
-    while (!rq.blocked.empty() && rq.blocked.begin()->vtime - m <= scale * static_cast<double>(p_.unblock)) {
-        unblock(rq, *rq.blocked.begin());
-    }
-}
-
-void HfqPolicy::lift_thinking(RunQueue& rq) {
-    double busy_min = INFINITY;
-    for (const auto* set : {&rq.open, &rq.blocked})
-        for (const Key& k : *set)
-            if (nodes_[k.id].idle_since < 0 || !ctx_->tree().is_leaf(k.id)) {
-                busy_min = std::min(busy_min, k.vtime);
-                break;
-            }
-    if (!std::isfinite(busy_min)) return;
-    const double low = busy_min - static_cast<double>(p_.lag);
-    lifted_.clear();
-    for (const auto* set : {&rq.open, &rq.blocked})
-        for (const Key& k : *set) {
-            if (k.vtime >= low) break;
-            if (nodes_[k.id].idle_since >= 0 && ctx_->tree().is_leaf(k.id) && demand(k.id) < fair_share(k.id))
-                lifted_.push_back(k);
-        }
-    for (const Key& k : lifted_) {
-        auto& set = nodes_[k.id].blocked ? rq.blocked : rq.open;
-        set.erase(k);
-        nodes_[k.id].vtime = low;
-        set.insert({low, k.id});
-    }
-}
-
-void HfqPolicy::unblock(RunQueue& rq, Key k) {
-    rq.blocked.erase(k);
-    rq.open.insert(k);
-    nodes_[k.id].blocked = false;
-    ++unblocks_;
-    refresh(k.id);
-}
-
-void HfqPolicy::refresh(EntityId id) {
-    const Entity& e = ctx_->tree().get(id);
-    if (!e.children.empty()) {
-        for (EntityId c : e.children) refresh(c);
-        return;
-    }
-    bool shadow = false;
-    for (EntityId a = id; a != kRootEntity; a = parent_of(a)) shadow = shadow || nodes_[a].blocked;
-    Node& n = nodes_[id];
-    if (n.shadowed == shadow) return;
-    n.shadowed = shadow;
-    if (shadow)
-        shadowed_leaves_.insert(id);
-    else
-        shadowed_leaves_.erase(id);
-    apply_modes(id);
-    // Unblocked but metered: its held work goes out as the GPU drains it.
-    if (!shadow) queue_cap_.meter(id);
-}
-
-double HfqPolicy::lead_of(EntityId leaf) const {
-    double lead = 0;
-    for (EntityId a = leaf; a != kRootEntity; a = parent_of(a))
-        if (nodes_[a].blocked) lead += nodes_[a].vtime - nodes_[parent_of(a)].rq.min_vtime();
-    return lead;
 }
 
 }  // namespace pvgpu::hfq

@@ -12,8 +12,9 @@ void Feeder::learn_latency(ChannelId ch) {
 
 void Feeder::cover(ChannelId ch, EntityId runner) {
     if (irq_latency_ < hfq_.p_.grace || hfq_.shadowed_leaves_.empty()) return;
+    const std::vector<Node>& nodes = hfq_.nodes_;
     for (const auto& [c, leaf] : hfq_.chans_)
-        if (leaf != runner && hfq_.nodes_[leaf].active && !hfq_.nodes_[leaf].shadowed && hfq_.nodes_[leaf].idle_since < 0)
+        if (leaf != runner && nodes[leaf].active && !nodes[leaf].shadowed && nodes[leaf].idle_since < 0)
             return;  // its work may follow: the engine will not idle
     if (cover_pending()) return;
     const EntityId best = feed_candidate();
@@ -122,14 +123,10 @@ Time Feeder::resubmit_wait(EntityId best) const {
     // Leaves seen without work, and the one whose channel has just left
     // the engine (its completion may not have been handled yet).
     for (EntityId leaf : hfq_.idle_candidates_) consider(leaf);
-    if (auto it = hfq_.chans_.find(hfq_.last_left_); hfq_.last_left_ != 0 && it != hfq_.chans_.end()) consider(it->second);
+    const ChannelId left = hfq_.last_left_;
+    if (auto it = hfq_.chans_.find(left); left != 0 && it != hfq_.chans_.end()) consider(it->second);
     if (until > now && feed_estimate(best) <= until - now) return -1;
     return until;
-}
-
-void HfqPolicy::forget_kernel(ChannelId ch) {
-    feeder_.forget_kernel(ch);
-    preemption_.forget_kernel(ch);
 }
 
 EntityId Feeder::feed_candidate(bool* beyond_cap) const {

@@ -45,34 +45,43 @@ public:
     std::map<std::string, double> counters() const override;
 
 private:
-    Node& node(EntityId id);
+    // ---- fair queuing: per-level virtual time, block and unblock (fair_queue.cpp) ----
 
+    Node& node(EntityId id);
     EntityId parent_of(EntityId id) const { return ctx_->tree().get(id).parent; }
     std::uint32_t weight_of(EntityId id) const { return ctx_->tree().get(id).weight; }
 
-    // The shadow page is the host's own memory; pending() is a register read.
-    bool has_work(ChannelId ch) const;
-    bool leaf_has_work(EntityId leaf) const;
-    // At an interrupt the accounting has just read the engine.  The channel
-    // on it has work, and an idle engine has nothing pending anywhere (the
-    // GPU serves any channel with work): only held entries can be left.
-    // Saves a register read per kernel of a leaf that waits on each fence.
-    bool has_work_at_fence(ChannelId ch, EntityId leaf) const;
-
-    // ---- accounting ----
-
     void charge(ChannelId ch, Duration d);
+    void activate(EntityId id);
+    void deactivate(EntityId id);
+    // Among n backlogged siblings each is owed 1/n of any window, so a lead
+    // of `threshold` weighs n/fair_window times more than among fair_window:
+    // above that many, the bounds shrink with n and keep their weight.  Not
+    // below kCrowdFloor (or the configured bound, if smaller): blocks and
+    // unblocks churn once the threshold is shorter than a kernel (the
+    // simulator's 128-client U rises again below 0.2 ms).
+    static constexpr Duration kCrowdFloor = 250 * kMicrosecond;
+    double crowd_scale(std::size_t n, Duration bound) const;
 
-    // ---- run queues ----
+    // Block children too far ahead of the least-served; unblock those back in range.
+    void rebalance(EntityId parent);
 
-    // A channel showed work: its leaf (and ancestors) are backlogged.
-    void touch(ChannelId ch);
+    // A leaf thinking between bursts stays in the run queue, where its vtime
+    // banks credit.  One that asks for less than its fair share would bank
+    // it without bound and pin every sibling to its own pace (a sibling
+    // asking more than it, but less than its share, was held to it: 0.139
+    // of 0.25 on the timeslice GPU).  Max-min owes it its demand, not a
+    // pace: it is kept at most `lag` behind the least-served sibling with
+    // work, as it would be on returning to the queue.
+    void lift_thinking(RunQueue& rq);
 
-    // Bursty: an unblocked leaf whose absence let the GPU be fed held work.
-    // Its next return must be seen at once to be served at once, so its
-    // doorbells trap (a couple of microseconds each) until a think longer
-    // than any stay in the run queue shows no burst pattern worth that.
-    void set_bursty(EntityId leaf, bool bursty);
+    void unblock(RunQueue& rq, Key k);
+    // Re-derive the channel modes of every leaf below `id`.
+    void refresh(EntityId id);
+
+    // How far a leaf is ahead of its least-ahead siblings, summed over the
+    // levels where it is blocked.
+    double lead_of(EntityId leaf) const;
 
     // The leaf's fair share now: w / sum(w) of the backlogged at every level.
     double fair_share(EntityId leaf) const;
@@ -97,71 +106,49 @@ private:
     // served over a short one).  Max-min serves the larger first.
     double shortfall(EntityId leaf) const;
 
-    ChannelMode mode_of(EntityId leaf) const;
-    // A channel still trapped since the GPU last idled stays trapped, unless
-    // its leaf's mode is stronger, until its own doorbell.
-    ChannelMode mode_of(ChannelId ch, EntityId leaf) const;
+    // ---- a leaf's work, thinks and channel modes; idleness (leaves.cpp) ----
 
+    // The shadow page is the host's own memory; pending() is a register read.
+    bool has_work(ChannelId ch) const;
+
+    bool leaf_has_work(EntityId leaf) const;
+    // At an interrupt the accounting has just read the engine.  The channel
+    // on it has work, and an idle engine has nothing pending anywhere (the
+    // GPU serves any channel with work): only held entries can be left.
+    // Saves a register read per kernel of a leaf that waits on each fence.
+    bool has_work_at_fence(ChannelId ch, EntityId leaf) const;
+
+    // The GPU reports every channel it stops (channel_error): no register read.
+    bool live(ChannelId ch) const;
+
+    // The latest completion timestamp of the leaf's live channels (their
+    // own memory), at most now; none if nothing completed.
+    std::optional<Time> last_completion(EntityId leaf) const;
+
+    // A channel showed work: its leaf (and ancestors) are backlogged.
+    void touch(ChannelId ch);
+
+    // `exact`: seen by its trapped doorbell, at the moment it happened.
+    void mark_busy(EntityId leaf, bool exact = false);
+
+    // Bursty: an unblocked leaf whose absence let the GPU be fed held work.
+    // Its next return must be seen at once to be served at once, so its
+    // doorbells trap (a couple of microseconds each) until a think longer
+    // than any stay in the run queue shows no burst pattern worth that.
+    void set_bursty(EntityId leaf, bool bursty);
 
     // A shadowed leaf seen without work since its last completion has
     // stored its next entry: how long its client takes to submit again
     // (resubmit_wait).  A gap of `idle` or more is a think, not a turnaround.
     void learn_turnaround(EntityId leaf, ChannelId ch);
 
-    // The latest completion timestamp of the leaf's live channels (their
-    // own memory), at most now; none if nothing completed.
-    std::optional<Time> last_completion(EntityId leaf) const;
-
-    // `exact`: seen by its trapped doorbell, at the moment it happened.
-    void mark_busy(EntityId leaf, bool exact = false);
-
-    void activate(EntityId id);
-
-    void deactivate(EntityId id);
-
-    // Among n backlogged siblings each is owed 1/n of any window, so a lead
-    // of `threshold` weighs n/fair_window times more than among fair_window:
-    // above that many, the bounds shrink with n and keep their weight.  Not
-    // below kCrowdFloor (or the configured bound, if smaller): blocks and
-    // unblocks churn once the threshold is shorter than a kernel (the
-    // simulator's 128-client U rises again below 0.2 ms).
-    static constexpr Duration kCrowdFloor = 250 * kMicrosecond;
-    double crowd_scale(std::size_t n, Duration bound) const;
-
-    // Block children too far ahead of the least-served; unblock those back in range.
-    void rebalance(EntityId parent);
-
-    // A leaf thinking between bursts stays in the run queue, where its vtime
-    // banks credit.  One that asks for less than its fair share would bank
-    // it without bound and pin every sibling to its own pace (a sibling
-    // asking more than it, but less than its share, was held to it: 0.139
-    // of 0.25 on the timeslice GPU).  Max-min owes it its demand, not a
-    // pace: it is kept at most `lag` behind the least-served sibling with
-    // work, as it would be on returning to the queue.
-    void lift_thinking(RunQueue& rq);
-
-    void unblock(RunQueue& rq, Key k);
-
-    // Re-derive the channel modes of every leaf below `id`.
-    void refresh(EntityId id);
-
-    // ---- queue cap ----
-
-
-    // The GPU reports every channel it stops (channel_error): no register read.
-    bool live(ChannelId ch) const;
-
-
-
-
-
+    ChannelMode mode_of(EntityId leaf) const;
+    // A channel still trapped since the GPU last idled stays trapped, unless
+    // its leaf's mode is stronger, until its own doorbell.
+    ChannelMode mode_of(ChannelId ch, EntityId leaf) const;
 
     void apply_modes(EntityId leaf);
-
-    // ---- idleness, work conservation ----
-
     void arm_idle_check(Time at);
-
     // How long a leaf without work stays in the run queue: `idle`, or for a
     // bursty leaf a little over its learned think time (CFQ's slice_idle),
     // so that it is still owed its share, and protected, when it returns.
@@ -184,24 +171,14 @@ private:
 
     void wake_from_idle();
 
+    // ---- events, wired to the mechanisms (policy.cpp) ----
+
     void after_event();
-
-
-
-
-
-
-
-
     // `ch`'s kernel ended (or the channel did): it is no longer the fed or
     // the cut one.
     void forget_kernel(ChannelId ch);
 
-    // How far a leaf is ahead of its least-ahead siblings, summed over the
-    // levels where it is blocked.
-    double lead_of(EntityId leaf) const;
-
-
+    // ---- state ----
 
     Params p_;
     PolicyContext* ctx_ = nullptr;
@@ -230,6 +207,10 @@ private:
     std::uint64_t blocks_ = 0;
     std::uint64_t unblocks_ = 0;
     std::uint64_t idle_arms_ = 0;
+
+    // The mechanisms, each with its own state (see their headers).  They
+    // read the tree, the nodes and the channels above through their
+    // back-reference; the policy calls them through their public members.
     friend class Preemption;
     Preemption preemption_{*this};
     friend class Anticipation;

@@ -159,4 +159,37 @@ void HfqPolicy::wake_from_idle() {
     for (EntityId leaf : std::set<EntityId>(queue_cap_.metered())) queue_cap_.meter(leaf);
 }
 
+bool HfqPolicy::has_work(ChannelId ch) const {
+    return ctx_->held(ch) > 0 || ctx_->gpu().pending(ch);
+}
+
+bool HfqPolicy::leaf_has_work(EntityId leaf) const {
+    for (ChannelId c : ctx_->channels_of(leaf))
+        if (has_work(c)) return true;
+    return false;
+}
+
+bool HfqPolicy::has_work_at_fence(ChannelId ch, EntityId leaf) const {
+    const std::optional<ChannelId> running = ctx_->running_seen();
+    if (running == ch) return true;
+    if (running) return leaf_has_work(leaf);
+    for (ChannelId c : ctx_->channels_of(leaf))
+        if (ctx_->held(c) > 0) return true;
+    return false;
+}
+
+std::optional<Time> HfqPolicy::last_completion(EntityId leaf) const {
+    std::optional<Time> done;
+    for (ChannelId ch : ctx_->channels_of(leaf))
+        if (const std::optional<Time> t = ctx_->gpu().left_engine_at(ch); live(ch) && t && (!done || *t > *done))
+            done = t;
+    if (done) done = std::min(*done, ctx_->now());
+    return done;
+}
+
+bool HfqPolicy::live(ChannelId ch) const {
+    auto r = runs_.find(ch);
+    return r != runs_.end() && !r->second.dead;
+}
+
 }  // namespace pvgpu::hfq

@@ -178,6 +178,11 @@ void HfqPolicy::after_event() {
     }
 }
 
+void HfqPolicy::forget_kernel(ChannelId ch) {
+    feeder_.forget_kernel(ch);
+    preemption_.forget_kernel(ch);
+}
+
 }  // namespace pvgpu::hfq
 
 namespace pvgpu {

@@ -4,7 +4,8 @@
 namespace pvgpu::hfq {
 
 Duration QueueCap::queue_cap() const {
-    return static_cast<Duration>(hfq_.crowd_scale(hfq_.active_leaves_, hfq_.p_.queue) * static_cast<double>(hfq_.p_.queue));
+    const Duration queue = hfq_.p_.queue;
+    return static_cast<Duration>(hfq_.crowd_scale(hfq_.active_leaves_, queue) * static_cast<double>(queue));
 }
 
 Duration QueueCap::queued(EntityId leaf, bool held) const {
@@ -32,11 +33,6 @@ Duration QueueCap::kernel_length(ChannelId ch, std::optional<std::uint32_t> get)
     if (r == hfq_.runs_.end()) return 0;
     const std::uint32_t started = get.value_or(hfq_.ctx_->gpu().read_ib_get(ch)) - r->second.get_at_open;
     return started >= 2 ? r->second.charged / started : 0;
-}
-
-bool HfqPolicy::live(ChannelId ch) const {
-    auto r = runs_.find(ch);
-    return r != runs_.end() && !r->second.dead;
 }
 
 bool QueueCap::learned(EntityId leaf) const {
