@@ -62,17 +62,7 @@ void HfqPolicy::deactivate(EntityId id) {
     (n.blocked ? rq.blocked : rq.open).erase({n.vtime, id});
     n.active = false;
     n.idle_since = -1;
-    if (ctx_->tree().is_leaf(id)) {
-        --active_leaves_;
-        idle_candidates_.erase(id);
-        queue_cap_.set_metered(id, false);
-        // Alone on the GPU, a leaf has nobody to run ahead of.  One that
-        // has not started keeps its meter until it does.
-        if (active_leaves_ == 1)
-            for (EntityId m : std::set<EntityId>(queue_cap_.metered()))
-                if (nodes_[m].active) queue_cap_.set_metered(m, false);
-        if (active_leaves_ == 0) arm_idle_check(ctx_->now() + p_.idle);
-    }
+    if (ctx_->tree().is_leaf(id)) leaf_left(id);
     if (n.blocked) {
         n.blocked = false;
         refresh(id);

@@ -130,6 +130,9 @@ private:
 
     // `exact`: seen by its trapped doorbell, at the moment it happened.
     void mark_busy(EntityId leaf, bool exact = false);
+    // The leaf has left its run queue (deactivate): it is no longer metered
+    // or a candidate for idleness; a leaf left alone is unmetered too.
+    void leaf_left(EntityId leaf);
 
     // Bursty: an unblocked leaf whose absence let the GPU be fed held work.
     // Its next return must be seen at once to be served at once, so its

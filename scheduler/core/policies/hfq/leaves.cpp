@@ -192,4 +192,16 @@ bool HfqPolicy::live(ChannelId ch) const {
     return r != runs_.end() && !r->second.dead;
 }
 
+void HfqPolicy::leaf_left(EntityId leaf) {
+    --active_leaves_;
+    idle_candidates_.erase(leaf);
+    queue_cap_.set_metered(leaf, false);
+    // Alone on the GPU, a leaf has nobody to run ahead of.  One that
+    // has not started keeps its meter until it does.
+    if (active_leaves_ == 1)
+        for (EntityId m : std::set<EntityId>(queue_cap_.metered()))
+            if (nodes_[m].active) queue_cap_.set_metered(m, false);
+    if (active_leaves_ == 0) arm_idle_check(ctx_->now() + p_.idle);
+}
+
 }  // namespace pvgpu::hfq
