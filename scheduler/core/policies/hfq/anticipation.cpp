@@ -15,9 +15,9 @@ Time Anticipation::until(Time now) {
         // the engine for it rather than feed and preempt.
         Time until = now;
         for (EntityId leaf : hfq_.idle_candidates_) {
-            Node& n = hfq_.nodes_[leaf];
+            Node& n = hfq_.fq_.nodes_[leaf];
             if (!n.bursty || n.shadowed || n.think < 0 || n.think >= hfq_.preemption_.cost()) continue;
-            if (!hfq_.behind(leaf)) continue;
+            if (!hfq_.fq_.behind(leaf)) continue;
             until = std::max(until, n.idle_since + 2 * n.think);
         }
         if (until > now) return until;
@@ -26,7 +26,7 @@ Time Anticipation::until(Time now) {
     Duration fed = hfq_.feeder_.feed_estimate();
     Time until = now;
     for (EntityId leaf : hfq_.idle_candidates_) {
-        const Node& n = hfq_.nodes_[leaf];
+        const Node& n = hfq_.fq_.nodes_[leaf];
         if (n.shadowed || n.idle_since < 0) continue;
         // A long think is not worth an idle GPU: holding it would cost
         // more GPU time than the returning leaf gets back.  An unknown

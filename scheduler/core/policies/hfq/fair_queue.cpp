@@ -1,23 +1,20 @@
-// hfq's fair queuing (fair_queue.hpp has the worked example).  First the
-// per-level virtual time: charge() advances a leaf and its ancestors,
-// activate()/deactivate() enter and leave run queues, rebalance() blocks and
-// unblocks siblings, refresh() turns that into channel modes.  Then what is
-// read off it: leads, fair and max-min shares.
+// FairQueue, hfq's fair queuing (fair_queue.hpp has the worked example).
+// First the per-level virtual time: charge() advances a leaf and its
+// ancestors, activate()/deactivate() enter and leave run queues,
+// rebalance() blocks and unblocks siblings, refresh() tells the policy
+// which leaves are shadowed.  Then what is read off it: leads, fair and
+// max-min shares.
 #include "core/policies/hfq/hfq.hpp"
 
 namespace pvgpu::hfq {
 
-Node& HfqPolicy::node(EntityId id) {
+Node& FairQueue::node(EntityId id) {
     if (nodes_.size() <= id) nodes_.resize(std::max<std::size_t>(id + 1, ctx_->tree().id_bound()));
     return nodes_[id];
 }
 
-void HfqPolicy::charge(ChannelId ch, Duration d) {
-    auto it = chans_.find(ch);
-    if (it == chans_.end()) return;
-    EntityId leaf = it->second;
+void FairQueue::charge(EntityId leaf, Duration d) {
     nodes_[leaf].accounted += d;
-    if (auto r = runs_.find(ch); r != runs_.end()) r->second.charged += d;
     for (EntityId id = leaf; id != kRootEntity; id = parent_of(id)) {
         Node& n = nodes_[id];
         double inc = static_cast<double>(d) * kUnitWeight / weight_of(id);
@@ -37,7 +34,7 @@ void HfqPolicy::charge(ChannelId ch, Duration d) {
     }
 }
 
-void HfqPolicy::activate(EntityId id) {
+void FairQueue::activate(EntityId id) {
     if (id == kRootEntity || nodes_[id].active) return;
     EntityId parent = parent_of(id);
     Node& n = nodes_[id];
@@ -53,7 +50,7 @@ void HfqPolicy::activate(EntityId id) {
     rebalance(parent);
 }
 
-void HfqPolicy::deactivate(EntityId id) {
+void FairQueue::deactivate(EntityId id) {
     Node& n = nodes_[id];
     if (!n.active) return;
     EntityId parent = parent_of(id);
@@ -62,7 +59,10 @@ void HfqPolicy::deactivate(EntityId id) {
     (n.blocked ? rq.blocked : rq.open).erase({n.vtime, id});
     n.active = false;
     n.idle_since = -1;
-    if (ctx_->tree().is_leaf(id)) leaf_left(id);
+    if (ctx_->tree().is_leaf(id)) {
+        --active_leaves_;
+        listener_.leaf_left(id);
+    }
     if (n.blocked) {
         n.blocked = false;
         refresh(id);
@@ -74,7 +74,7 @@ void HfqPolicy::deactivate(EntityId id) {
     }
 }
 
-void HfqPolicy::rebalance(EntityId parent) {
+void FairQueue::rebalance(EntityId parent) {
     RunQueue& rq = nodes_[parent].rq;
     if (rq.empty()) return;
     lift_thinking(rq);
@@ -95,7 +95,7 @@ void HfqPolicy::rebalance(EntityId parent) {
     }
 }
 
-void HfqPolicy::unblock(RunQueue& rq, Key k) {
+void FairQueue::unblock(RunQueue& rq, Key k) {
     rq.blocked.erase(k);
     rq.open.insert(k);
     nodes_[k.id].blocked = false;
@@ -103,7 +103,7 @@ void HfqPolicy::unblock(RunQueue& rq, Key k) {
     refresh(k.id);
 }
 
-void HfqPolicy::refresh(EntityId id) {
+void FairQueue::refresh(EntityId id) {
     const Entity& e = ctx_->tree().get(id);
     if (!e.children.empty()) {
         for (EntityId c : e.children) refresh(c);
@@ -118,19 +118,17 @@ void HfqPolicy::refresh(EntityId id) {
         shadowed_leaves_.insert(id);
     else
         shadowed_leaves_.erase(id);
-    apply_modes(id);
-    // Unblocked but metered: its held work goes out as the GPU drains it.
-    if (!shadow) queue_cap_.meter(id);
+    listener_.shadow_changed(id, shadow);
 }
 
-double HfqPolicy::crowd_scale(std::size_t n, Duration bound) const {
+double FairQueue::crowd_scale(std::size_t n, Duration bound) const {
     if (p_.fair_window <= 0 || n <= static_cast<std::size_t>(p_.fair_window) || bound <= 0) return 1.0;
     const double scale = static_cast<double>(p_.fair_window) / static_cast<double>(n);
     const double floor = std::min(1.0, static_cast<double>(kCrowdFloor) / static_cast<double>(bound));
     return std::max(scale, floor);
 }
 
-void HfqPolicy::lift_thinking(RunQueue& rq) {
+void FairQueue::lift_thinking(RunQueue& rq) {
     double busy_min = INFINITY;
     for (const auto* set : {&rq.open, &rq.blocked})
         for (const Key& k : *set)
@@ -155,14 +153,14 @@ void HfqPolicy::lift_thinking(RunQueue& rq) {
     }
 }
 
-double HfqPolicy::lead_of(EntityId leaf) const {
+double FairQueue::lead_of(EntityId leaf) const {
     double lead = 0;
     for (EntityId a = leaf; a != kRootEntity; a = parent_of(a))
         if (nodes_[a].blocked) lead += nodes_[a].vtime - nodes_[parent_of(a)].rq.min_vtime();
     return lead;
 }
 
-double HfqPolicy::fair_share(EntityId leaf) const {
+double FairQueue::fair_share(EntityId leaf) const {
     double share = 1;
     for (EntityId id = leaf; id != kRootEntity; id = parent_of(id)) {
         const RunQueue& rq = nodes_[parent_of(id)].rq;
@@ -174,20 +172,20 @@ double HfqPolicy::fair_share(EntityId leaf) const {
     return share;
 }
 
-bool HfqPolicy::behind(EntityId leaf) {
+bool FairQueue::behind(EntityId leaf) {
     const Node& n = nodes_[leaf];
     const bool first = n.recent.at < 0;
     const double rate = n.recent.read(n.accounted, ctx_->now(), kRateWindow);
     return first || rate < kBehind * fair_share(leaf);
 }
 
-double HfqPolicy::demand(EntityId id) const {
+double FairQueue::demand(EntityId id) const {
     const Node& n = nodes_[id];
     if (!ctx_->tree().is_leaf(id) || n.think < 0 || n.burst <= 0) return INFINITY;
     return static_cast<double>(n.burst) / static_cast<double>(n.burst + n.think);
 }
 
-double HfqPolicy::maxmin_share(EntityId leaf) const {
+double FairQueue::maxmin_share(EntityId leaf) const {
     ancestors_.clear();
     for (EntityId a = leaf; a != kRootEntity; a = parent_of(a)) ancestors_.push_back(a);
     double share = 1;
@@ -217,7 +215,7 @@ double HfqPolicy::maxmin_share(EntityId leaf) const {
     return share;
 }
 
-double HfqPolicy::shortfall(EntityId leaf) const {
+double FairQueue::shortfall(EntityId leaf) const {
     const Node& n = nodes_[leaf];
     return maxmin_share(leaf) - n.sustained.read(n.accounted, ctx_->now(), kBalanceWindow);
 }

@@ -147,4 +147,94 @@ struct Params {
 // idle engine a few times over about a millisecond.
 constexpr Duration kReturnSeenWithin = 1 * kMillisecond;
 
+
+// The run queues of the tree and their per-level virtual time (the worked
+// example above).  HfqPolicy charges it GPU time and tells it when leaves
+// have work (activate) and none (deactivate); it blocks and unblocks, and
+// tells the Listener which leaves are shadowed and which left.
+class FairQueue {
+public:
+    struct Listener {
+        // The leaf is shadowed now (a level above it was blocked), or not.
+        virtual void shadow_changed(EntityId leaf, bool shadowed) = 0;
+        // The leaf left its run queue (active_leaves_ counts it no more).
+        virtual void leaf_left(EntityId leaf) = 0;
+
+    protected:
+        ~Listener() = default;
+    };
+
+    FairQueue(const Params& p, Listener& listener) : p_(p), listener_(listener) {}
+    void start(PolicyContext& ctx) { ctx_ = &ctx; }
+
+    EntityId parent_of(EntityId id) const { return ctx_->tree().get(id).parent; }
+    std::uint32_t weight_of(EntityId id) const { return ctx_->tree().get(id).weight; }
+
+    // Among n backlogged siblings each is owed 1/n of any window, so a lead
+    // of `threshold` weighs n/fair_window times more than among fair_window:
+    // above that many, the bounds shrink with n and keep their weight.  Not
+    // below kCrowdFloor (or the configured bound, if smaller): blocks and
+    // unblocks churn once the threshold is shorter than a kernel (the
+    // simulator's 128-client U rises again below 0.2 ms).
+    static constexpr Duration kCrowdFloor = 250 * kMicrosecond;
+    Node& node(EntityId id);
+    void charge(EntityId leaf, Duration d);
+    void activate(EntityId id);
+    void deactivate(EntityId id);
+    double crowd_scale(std::size_t n, Duration bound) const;
+    // Block children too far ahead of the least-served; unblock those back in range.
+    void rebalance(EntityId parent);
+    // A leaf thinking between bursts stays in the run queue, where its vtime
+    // banks credit.  One that asks for less than its fair share would bank
+    // it without bound and pin every sibling to its own pace (a sibling
+    // asking more than it, but less than its share, was held to it: 0.139
+    // of 0.25 on the timeslice GPU).  Max-min owes it its demand, not a
+    // pace: it is kept at most `lag` behind the least-served sibling with
+    // work, as it would be on returning to the queue.
+    void lift_thinking(RunQueue& rq);
+    void unblock(RunQueue& rq, Key k);
+    // Re-derive the channel modes of every leaf below `id`.
+    void refresh(EntityId id);
+    // How far a leaf is ahead of its least-ahead siblings, summed over the
+    // levels where it is blocked.
+    double lead_of(EntityId leaf) const;
+    // The leaf's fair share now: w / sum(w) of the backlogged at every level.
+    double fair_share(EntityId leaf) const;
+    // Is the leaf's recent GPU rate below its fair share?  A leaf that gets
+    // its share anyway is not worth an idle or preempted engine.
+    bool behind(EntityId leaf);
+    // What a leaf asks for: burst / (burst + think) of the GPU once both
+    // are learned, else all of it.
+    double demand(EntityId id) const;
+    // The leaf's max-min fair share: at every level the parent's share is
+    // water-filled over the backlogged children by weight, a child that
+    // asks for less than its part getting what it asks for and the rest
+    // going to the others (an inner entity counts as asking for all).
+    // fair_share() is the same without demands.
+    double maxmin_share(EntityId leaf) const;
+    // How far the leaf is below its max-min share, over a window long
+    // against its kernels and thinks (a leaf just fed always looks well
+    // served over a short one).  Max-min serves the larger first.
+    double shortfall(EntityId leaf) const;
+
+private:
+    friend class HfqPolicy;
+    friend class Feeder;
+    friend class QueueCap;
+    friend class Anticipation;
+    friend class Preemption;
+
+    const Params& p_;
+    Listener& listener_;
+    PolicyContext* ctx_ = nullptr;
+    std::vector<Node> nodes_;
+    std::set<EntityId> shadowed_leaves_;
+    mutable std::vector<EntityId> ancestors_;               // maxmin_share's scratch
+    mutable std::vector<std::pair<double, double>> fill_;   // ... and its water-filling
+    std::vector<Key> lifted_;                                // lift_thinking's scratch
+    std::size_t active_leaves_ = 0;
+    std::uint64_t blocks_ = 0;
+    std::uint64_t unblocks_ = 0;
+};
+
 }  // namespace pvgpu::hfq

@@ -11,14 +11,14 @@ void Feeder::learn_latency(ChannelId ch) {
 }
 
 void Feeder::cover(ChannelId ch, EntityId runner) {
-    if (irq_latency_ < hfq_.p_.grace || hfq_.shadowed_leaves_.empty()) return;
-    const std::vector<Node>& nodes = hfq_.nodes_;
+    if (irq_latency_ < hfq_.p_.grace || hfq_.fq_.shadowed_leaves_.empty()) return;
+    const std::vector<Node>& nodes = hfq_.fq_.nodes_;
     for (const auto& [c, leaf] : hfq_.chans_)
         if (leaf != runner && nodes[leaf].active && !nodes[leaf].shadowed && nodes[leaf].idle_since < 0)
             return;  // its work may follow: the engine will not idle
     if (cover_pending()) return;
     const EntityId best = feed_candidate();
-    if (best == kNoEntity || hfq_.lead_of(best) > static_cast<double>(hfq_.p_.feed_lead)) return;
+    if (best == kNoEntity || hfq_.fq_.lead_of(best) > static_cast<double>(hfq_.p_.feed_lead)) return;
     if (hfq_.ctx_->gpu_put(ch) != hfq_.ctx_->gpu().read_ib_get(ch)) return;  // its own work follows
     for (ChannelId c : hfq_.ctx_->channels_of(best)) {
         if (hfq_.ctx_->release(c, 1) != 0) {
@@ -75,16 +75,16 @@ void Feeder::release_if_idle() {
     // longer than anticipation could pay for.
     if (hfq_.p_.anticipate > 0)
         for (EntityId leaf : hfq_.idle_candidates_) {
-            Node& n = hfq_.nodes_[leaf];
+            Node& n = hfq_.fq_.nodes_[leaf];
             if (n.think < 0 && n.idle_since >= 0 && hfq_.ctx_->now() - n.idle_since >= hfq_.p_.anticipate)
                 n.think = hfq_.p_.anticipate;
         }
-    if (hfq_.shadowed_leaves_.empty()) return;
+    if (hfq_.fq_.shadowed_leaves_.empty()) return;
     if (hfq_.ctx_->engine_status()) return;
     // The engine idles with work held back because these unblocked
     // leaves are between bursts: watch for their returns from now on.
     for (EntityId leaf : hfq_.idle_candidates_)
-        if (!hfq_.nodes_[leaf].shadowed) hfq_.set_bursty(leaf, true);
+        if (!hfq_.fq_.nodes_[leaf].shadowed) hfq_.set_bursty(leaf, true);
     bool beyond_cap = false;
     EntityId best = feed_candidate(&beyond_cap);
     if (best == kNoEntity) return;
@@ -109,13 +109,13 @@ void Feeder::release_if_idle() {
 
 Time Feeder::resubmit_wait(EntityId best) const {
     const Time now = hfq_.ctx_->now();
-    const double best_lead = hfq_.lead_of(best);
+    const double best_lead = hfq_.fq_.lead_of(best);
     Time until = -1;
     auto consider = [&](EntityId leaf) {
-        const Node& n = hfq_.nodes_[leaf];
+        const Node& n = hfq_.fq_.nodes_[leaf];
         if (!n.shadowed || !n.active) return;
         const Duration burst = std::max<Duration>(0, n.burst);
-        if (n.turnaround > burst || hfq_.lead_of(leaf) >= best_lead) return;
+        if (n.turnaround > burst || hfq_.fq_.lead_of(leaf) >= best_lead) return;
         const Duration window = std::max(hfq_.p_.grace, std::min(2 * n.turnaround, burst));
         if (const std::optional<Time> done = hfq_.last_completion(leaf); done && now - *done < window)
             until = std::max(until, *done + window);
@@ -132,11 +132,11 @@ Time Feeder::resubmit_wait(EntityId best) const {
 EntityId Feeder::feed_candidate(bool* beyond_cap) const {
     EntityId best = kNoEntity;
     double best_lead = INFINITY;
-    for (EntityId leaf : hfq_.shadowed_leaves_) {
+    for (EntityId leaf : hfq_.fq_.shadowed_leaves_) {
         bool held = false;
         for (ChannelId ch : hfq_.ctx_->channels_of(leaf)) held = held || hfq_.ctx_->held(ch) > 0;
         if (!held) continue;
-        const double lead = hfq_.lead_of(leaf);
+        const double lead = hfq_.fq_.lead_of(leaf);
         if (lead < best_lead) {
             best_lead = lead;
             best = leaf;
@@ -159,7 +159,7 @@ bool Feeder::delays_return(EntityId fed, Duration est, Duration longest) const {
     Time now = hfq_.ctx_->now();
     std::optional<double> fed_shortfall;  // the same for every thinking leaf: once
     for (EntityId leaf : hfq_.idle_candidates_) {
-        const Node& n = hfq_.nodes_[leaf];
+        const Node& n = hfq_.fq_.nodes_[leaf];
         if (n.idle_since < 0 || (n.shadowed && n.think < 0)) continue;
         if (n.think < 0) return true;
         Duration until_back = std::max<Duration>(0, n.idle_since + n.think - now);
@@ -181,15 +181,15 @@ bool Feeder::delays_return(EntityId fed, Duration est, Duration longest) const {
             const Duration added = std::max<Duration>(0, longest - until_back) -
                                    std::max<Duration>(0, longest - n.think);
             if (added > 0) {
-                if (!fed_shortfall) fed_shortfall = hfq_.shortfall(fed);
-                if (hfq_.shortfall(leaf) > *fed_shortfall) return true;
+                if (!fed_shortfall) fed_shortfall = hfq_.fq_.shortfall(fed);
+                if (hfq_.fq_.shortfall(leaf) > *fed_shortfall) return true;
             }
             if (!n.shadowed && until_back <= kHoldBursts * n.burst && added > until_back) return true;
         }
         if (n.shadowed) continue;
         // Demand (burst / (burst + think)) below its fair share: max-min
         // fairness owes it its demand, not a GPU held at everyone's cost.
-        if (hfq_.demand(leaf) < hfq_.fair_share(leaf)) continue;
+        if (hfq_.fq_.demand(leaf) < hfq_.fq_.fair_share(leaf)) continue;
         // Idling longer than the burst it would protect costs the others
         // more GPU time than the returning leaf gets back.
         if (until_back > n.burst) continue;

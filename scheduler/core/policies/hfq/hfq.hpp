@@ -7,14 +7,17 @@
 // wake-ups while the GPU runs.
 //
 // The pieces, each with its own state and its explanation:
-//   fair_queue.hpp    per-level virtual time, block and unblock (a worked example);
-//   feeder.hpp        work conservation: feeding held work to an idle engine;
-//   queue_cap.hpp     the queue cap: metering a leaf with too much queued;
-//   anticipation.hpp  holding the engine for a thinking leaf;
-//   preemption.hpp    taking the engine back for a returning bursty leaf.
-// HfqPolicy (below; leaves.cpp, fair_queue.cpp, policy.cpp) holds the tree
-// of nodes and the channels, learns each leaf's think and burst times, sets
-// channel modes, and wires the scheduler's events to the mechanisms.
+//   fair_queue.hpp    FairQueue: per-level virtual time, block and unblock
+//                     (a worked example);
+//   feeder.hpp        Feeder: work conservation, feeding held work to an idle
+//                     engine;
+//   queue_cap.hpp     QueueCap: metering a leaf with too much queued;
+//   anticipation.hpp  Anticipation: holding the engine for a thinking leaf;
+//   preemption.hpp    Preemption: taking the engine back for a returning
+//                     bursty leaf.
+// HfqPolicy (below; leaves.cpp, policy.cpp) holds the channels, learns each
+// leaf's think and burst times, sets channel modes, and wires the
+// scheduler's events to the fair queue and the mechanisms.
 #pragma once
 #include "core/policies/hfq/fair_queue.hpp"
 #include "core/policies/hfq/queue_cap.hpp"
@@ -24,7 +27,7 @@
 
 namespace pvgpu::hfq {
 
-class HfqPolicy final : public Policy {
+class HfqPolicy final : public Policy, private FairQueue::Listener {
 public:
     explicit HfqPolicy(Params p) : p_(p) {}
 
@@ -39,73 +42,12 @@ public:
     void fence(ChannelId ch, std::uint32_t) override;
     void channel_error(ChannelId ch, std::uint32_t) override;
 
-    void charged(ChannelId ch, Duration d) override { charge(ch, d); }
+    void charged(ChannelId ch, Duration d) override;
     void engine_changed(std::optional<ChannelId> running) override;
     std::optional<Duration> accounted(EntityId leaf) const override;
     std::map<std::string, double> counters() const override;
 
 private:
-    // ---- fair queuing: per-level virtual time, block and unblock (fair_queue.cpp) ----
-
-    Node& node(EntityId id);
-    EntityId parent_of(EntityId id) const { return ctx_->tree().get(id).parent; }
-    std::uint32_t weight_of(EntityId id) const { return ctx_->tree().get(id).weight; }
-
-    void charge(ChannelId ch, Duration d);
-    void activate(EntityId id);
-    void deactivate(EntityId id);
-    // Among n backlogged siblings each is owed 1/n of any window, so a lead
-    // of `threshold` weighs n/fair_window times more than among fair_window:
-    // above that many, the bounds shrink with n and keep their weight.  Not
-    // below kCrowdFloor (or the configured bound, if smaller): blocks and
-    // unblocks churn once the threshold is shorter than a kernel (the
-    // simulator's 128-client U rises again below 0.2 ms).
-    static constexpr Duration kCrowdFloor = 250 * kMicrosecond;
-    double crowd_scale(std::size_t n, Duration bound) const;
-
-    // Block children too far ahead of the least-served; unblock those back in range.
-    void rebalance(EntityId parent);
-
-    // A leaf thinking between bursts stays in the run queue, where its vtime
-    // banks credit.  One that asks for less than its fair share would bank
-    // it without bound and pin every sibling to its own pace (a sibling
-    // asking more than it, but less than its share, was held to it: 0.139
-    // of 0.25 on the timeslice GPU).  Max-min owes it its demand, not a
-    // pace: it is kept at most `lag` behind the least-served sibling with
-    // work, as it would be on returning to the queue.
-    void lift_thinking(RunQueue& rq);
-
-    void unblock(RunQueue& rq, Key k);
-    // Re-derive the channel modes of every leaf below `id`.
-    void refresh(EntityId id);
-
-    // How far a leaf is ahead of its least-ahead siblings, summed over the
-    // levels where it is blocked.
-    double lead_of(EntityId leaf) const;
-
-    // The leaf's fair share now: w / sum(w) of the backlogged at every level.
-    double fair_share(EntityId leaf) const;
-
-    // Is the leaf's recent GPU rate below its fair share?  A leaf that gets
-    // its share anyway is not worth an idle or preempted engine.
-    bool behind(EntityId leaf);
-
-    // What a leaf asks for: burst / (burst + think) of the GPU once both
-    // are learned, else all of it.
-    double demand(EntityId id) const;
-
-    // The leaf's max-min fair share: at every level the parent's share is
-    // water-filled over the backlogged children by weight, a child that
-    // asks for less than its part getting what it asks for and the rest
-    // going to the others (an inner entity counts as asking for all).
-    // fair_share() is the same without demands.
-    double maxmin_share(EntityId leaf) const;
-
-    // How far the leaf is below its max-min share, over a window long
-    // against its kernels and thinks (a leaf just fed always looks well
-    // served over a short one).  Max-min serves the larger first.
-    double shortfall(EntityId leaf) const;
-
     // ---- a leaf's work, thinks and channel modes; idleness (leaves.cpp) ----
 
     // The shadow page is the host's own memory; pending() is a register read.
@@ -132,7 +74,9 @@ private:
     void mark_busy(EntityId leaf, bool exact = false);
     // The leaf has left its run queue (deactivate): it is no longer metered
     // or a candidate for idleness; a leaf left alone is unmetered too.
-    void leaf_left(EntityId leaf);
+    void leaf_left(EntityId leaf) override;
+    // Re-derive the leaf's channel modes; an unshadowed metered leaf is fed.
+    void shadow_changed(EntityId leaf, bool shadowed) override;
 
     // Bursty: an unblocked leaf whose absence let the GPU be fed held work.
     // Its next return must be seen at once to be served at once, so its
@@ -185,7 +129,6 @@ private:
 
     Params p_;
     PolicyContext* ctx_ = nullptr;
-    std::vector<Node> nodes_;
     std::unordered_map<ChannelId, EntityId> chans_;
     // Per channel: GPU time charged and IB_GET when it was added.
     struct ChannelRuns {
@@ -195,21 +138,17 @@ private:
         std::optional<Time> pending_as_of;    // read pending at this completion timestamp
     };
     std::unordered_map<ChannelId, ChannelRuns> runs_;
-    std::set<EntityId> shadowed_leaves_;
     std::set<EntityId> idle_candidates_;  // active leaves seen without work
-    mutable std::vector<EntityId> ancestors_;               // maxmin_share's scratch
-    mutable std::vector<std::pair<double, double>> fill_;   // ... and its water-filling
-    std::vector<Key> lifted_;                                // lift_thinking's scratch
     ChannelId left_engine_ = 0; // the channel last seen on the engine (0: idle)
     ChannelId last_left_ = 0;   // the channel last seen leaving it
-    std::size_t active_leaves_ = 0;
     Timer idle_timer_;
     Time idle_check_at_ = 0;
     bool idle_armed_ = false;
     std::unordered_set<ChannelId> idle_trapped_;  // trapped at the idle arming, not rung since
-    std::uint64_t blocks_ = 0;
-    std::uint64_t unblocks_ = 0;
     std::uint64_t idle_arms_ = 0;
+
+    // The run queues: per-level virtual time, blocks and unblocks.
+    FairQueue fq_{p_, *this};
 
     // The mechanisms, each with its own state (see their headers).  They
     // read the tree, the nodes and the channels above through their

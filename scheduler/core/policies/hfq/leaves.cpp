@@ -21,8 +21,8 @@ void HfqPolicy::touch(ChannelId ch) {
     EntityId leaf = it->second;
     if (has_work_at_fence(ch, leaf)) {
         mark_busy(leaf);
-    } else if (nodes_[leaf].idle_since < 0) {
-        Node& n = nodes_[leaf];
+    } else if (fq_.nodes_[leaf].idle_since < 0) {
+        Node& n = fq_.nodes_[leaf];
         n.idle_since = ctx_->now();
         n.went_idle = n.idle_since;
         idle_candidates_.insert(leaf);
@@ -37,21 +37,21 @@ void HfqPolicy::touch(ChannelId ch) {
         // (a direct doorbell) and thinks again.  Its stay in the run queue
         // starts over, or a task whose every think is short would leave
         // it whenever the idle check lands in one.
-        Node& n = nodes_[leaf];
+        Node& n = fq_.nodes_[leaf];
         n.idle_since = ctx_->now();
         n.went_idle = n.idle_since;
     }
 }
 
 void HfqPolicy::set_bursty(EntityId leaf, bool bursty) {
-    Node& n = nodes_[leaf];
+    Node& n = fq_.nodes_[leaf];
     if (n.bursty == bursty) return;
     n.bursty = bursty;
     apply_modes(leaf);
 }
 
 ChannelMode HfqPolicy::mode_of(EntityId leaf) const {
-    const Node& n = nodes_[leaf];
+    const Node& n = fq_.nodes_[leaf];
     if (n.shadowed || n.metered) return ChannelMode::Shadowed;
     return n.bursty ? ChannelMode::Trapped : ChannelMode::Direct;
 }
@@ -62,7 +62,7 @@ ChannelMode HfqPolicy::mode_of(ChannelId ch, EntityId leaf) const {
 }
 
 void HfqPolicy::learn_turnaround(EntityId leaf, ChannelId ch) {
-    Node& n = nodes_[leaf];
+    Node& n = fq_.nodes_[leaf];
     if (!n.shadowed || n.idle_since < 0 || ctx_->held(ch) != 1) return;
     const std::optional<Time> done = last_completion(leaf);
     if (!done) return;
@@ -75,7 +75,7 @@ void HfqPolicy::learn_turnaround(EntityId leaf, ChannelId ch) {
 }
 
 void HfqPolicy::mark_busy(EntityId leaf, bool exact) {
-    Node& n = nodes_[leaf];
+    Node& n = fq_.nodes_[leaf];
     if (n.went_idle >= 0) {
         // Back from a think (perhaps one longer than `idle`, which took
         // it out of the run queue).  Seen by a trapped doorbell or while
@@ -93,7 +93,7 @@ void HfqPolicy::mark_busy(EntityId leaf, bool exact) {
     n.went_idle = -1;
     n.burst_from = n.accounted;
     idle_candidates_.erase(leaf);
-    activate(leaf);
+    fq_.activate(leaf);
 }
 
 void HfqPolicy::apply_modes(EntityId leaf) {
@@ -117,7 +117,7 @@ void HfqPolicy::idle_check() {
     std::vector<EntityId> quiet;
     Time next = -1;
     for (EntityId leaf : idle_candidates_) {
-        const Time due = nodes_[leaf].idle_since + stay_of(nodes_[leaf]);
+        const Time due = fq_.nodes_[leaf].idle_since + stay_of(fq_.nodes_[leaf]);
         if (now >= due)
             quiet.push_back(leaf);
         else if (next < 0 || due < next)
@@ -127,10 +127,10 @@ void HfqPolicy::idle_check() {
         if (leaf_has_work(leaf))
             mark_busy(leaf);
         else
-            deactivate(leaf);
+            fq_.deactivate(leaf);
     }
     if (next >= 0) arm_idle_check(next);
-    if (active_leaves_ == 0 && !idle_armed_ && !ctx_->running_seen() && !chans_.empty()) arm_idle();
+    if (fq_.active_leaves_ == 0 && !idle_armed_ && !ctx_->running_seen() && !chans_.empty()) arm_idle();
     after_event();
 }
 
@@ -192,16 +192,21 @@ bool HfqPolicy::live(ChannelId ch) const {
     return r != runs_.end() && !r->second.dead;
 }
 
+void HfqPolicy::shadow_changed(EntityId leaf, bool shadowed) {
+    apply_modes(leaf);
+    // Unblocked but metered: its held work goes out as the GPU drains it.
+    if (!shadowed) queue_cap_.meter(leaf);
+}
+
 void HfqPolicy::leaf_left(EntityId leaf) {
-    --active_leaves_;
     idle_candidates_.erase(leaf);
     queue_cap_.set_metered(leaf, false);
     // Alone on the GPU, a leaf has nobody to run ahead of.  One that
     // has not started keeps its meter until it does.
-    if (active_leaves_ == 1)
+    if (fq_.active_leaves_ == 1)
         for (EntityId m : std::set<EntityId>(queue_cap_.metered()))
-            if (nodes_[m].active) queue_cap_.set_metered(m, false);
-    if (active_leaves_ == 0) arm_idle_check(ctx_->now() + p_.idle);
+            if (fq_.nodes_[m].active) queue_cap_.set_metered(m, false);
+    if (fq_.active_leaves_ == 0) arm_idle_check(ctx_->now() + p_.idle);
 }
 
 }  // namespace pvgpu::hfq

@@ -6,10 +6,18 @@ namespace pvgpu::hfq {
 
 void HfqPolicy::start(PolicyContext& ctx) {
     ctx_ = &ctx;
+    fq_.start(ctx);
     idle_timer_.bind(ctx.timers());
     feeder_.start(ctx.timers());
     preemption_.start(ctx.timers(), ctx.gpu().arbitration());
     arm_idle_check(ctx.now() + p_.idle);
+}
+
+void HfqPolicy::charged(ChannelId ch, Duration d) {
+    auto it = chans_.find(ch);
+    if (it == chans_.end()) return;
+    if (auto r = runs_.find(ch); r != runs_.end()) r->second.charged += d;
+    fq_.charge(it->second, d);
 }
 
 void HfqPolicy::stop() {
@@ -21,7 +29,7 @@ void HfqPolicy::stop() {
 }
 
 void HfqPolicy::channel_added(ChannelId ch, EntityId leaf) {
-    node(leaf);
+    fq_.node(leaf);
     chans_[ch] = leaf;
     runs_[ch] = ChannelRuns{0, ctx_->gpu().read_ib_get(ch), ctx_->gpu().read_status(ch) != PVGPU_CHAN_STATUS_OK, std::nullopt};
     // A channel that joins a busy GPU has no kernel length learned, so
@@ -30,8 +38,8 @@ void HfqPolicy::channel_added(ChannelId ch, EntityId leaf) {
     // metered from its first entry until a length is learned.  (A leaf
     // already running keeps its mode: metering it would remap its
     // running channels for the sake of one that may not queue deep.)
-    Node& n = nodes_[leaf];
-    if (p_.queue > 0 && !n.metered && !n.active && active_leaves_ > 0) {
+    Node& n = fq_.nodes_[leaf];
+    if (p_.queue > 0 && !n.metered && !n.active && fq_.active_leaves_ > 0) {
         n.provisional = true;
         queue_cap_.set_metered(leaf, true);
     }
@@ -39,7 +47,7 @@ void HfqPolicy::channel_added(ChannelId ch, EntityId leaf) {
     ctx_->set_mode(ch, idle_armed_ ? ChannelMode::Trapped : mode_of(leaf));
     // The idle check found no channel to trap (none had opened): look
     // again for this one, or its first work on an idle GPU goes unheard.
-    if (!idle_armed_ && active_leaves_ == 0) arm_idle_check(ctx_->now() + p_.idle);
+    if (!idle_armed_ && fq_.active_leaves_ == 0) arm_idle_check(ctx_->now() + p_.idle);
 }
 
 void HfqPolicy::channel_removed(ChannelId ch, EntityId leaf) {
@@ -52,16 +60,16 @@ void HfqPolicy::channel_removed(ChannelId ch, EntityId leaf) {
     // The scheduler drops the channel after this call.
     bool others = false;
     for (ChannelId c : ctx_->channels_of(leaf)) others = others || (c != ch && has_work(c));
-    if (!others && leaf < nodes_.size() && nodes_[leaf].active) deactivate(leaf);
+    if (!others && leaf < fq_.nodes_.size() && fq_.nodes_[leaf].active) fq_.deactivate(leaf);
 }
 
 void HfqPolicy::tree_changed(EntityTree::Change c, EntityId id) {
     if (c == EntityTree::Change::Added) {
-        node(id) = Node{};
+        fq_.node(id) = Node{};
     } else if (c == EntityTree::Change::Removed) {
-        if (id < nodes_.size() && nodes_[id].active) deactivate(id);
-        if (id < nodes_.size()) nodes_[id] = Node{};
-        shadowed_leaves_.erase(id);
+        if (id < fq_.nodes_.size() && fq_.nodes_[id].active) fq_.deactivate(id);
+        if (id < fq_.nodes_.size()) fq_.nodes_[id] = Node{};
+        fq_.shadowed_leaves_.erase(id);
         queue_cap_.forget(id);
         idle_candidates_.erase(id);
     } else if (c == EntityTree::Change::Weight) {
@@ -69,7 +77,7 @@ void HfqPolicy::tree_changed(EntityTree::Change c, EntityId id) {
         // A policy set at run time learns entities from their channels: a
         // parent it has no node for has no run queue to re-check.
         EntityId parent = ctx_->tree().get(id).parent;
-        if (parent < nodes_.size()) rebalance(parent);
+        if (parent < fq_.nodes_.size()) fq_.rebalance(parent);
     }
 }
 
@@ -82,7 +90,7 @@ void HfqPolicy::doorbell_trapped(ChannelId ch, std::uint32_t) {
     mark_busy(it->second, true);
     // A bursty leaf is back: over-served work on the engine gives way to
     // it once the write has reached the GPU.
-    if (nodes_[it->second].bursty && !nodes_[it->second].shadowed) preemption_.returned(ch, ctx_->now());
+    if (fq_.nodes_[it->second].bursty && !fq_.nodes_[it->second].shadowed) preemption_.returned(ch, ctx_->now());
 }
 
 void HfqPolicy::work_held(ChannelId ch, std::uint32_t) {
@@ -91,11 +99,11 @@ void HfqPolicy::work_held(ChannelId ch, std::uint32_t) {
         // A metered leaf's store is reported as it happens, like a trap.
         const EntityId leaf = it->second;
         learn_turnaround(leaf, ch);
-        mark_busy(leaf, nodes_[leaf].metered && !nodes_[leaf].shadowed);
+        mark_busy(leaf, fq_.nodes_[leaf].metered && !fq_.nodes_[leaf].shadowed);
         queue_cap_.meter(leaf);
         // A metered bursty leaf returns through here, not through a
         // trapped doorbell: it may preempt as doorbell_trapped() lets it.
-        const Node& n = nodes_[leaf];
+        const Node& n = fq_.nodes_[leaf];
         if (n.bursty && n.metered && !n.shadowed) preemption_.returned(ch, ctx_->now());
     }
     // New held work while the engine idles: work conservation may feed it.
@@ -134,13 +142,13 @@ void HfqPolicy::engine_changed(std::optional<ChannelId> running) {
 }
 
 std::optional<Duration> HfqPolicy::accounted(EntityId leaf) const {
-    if (leaf >= nodes_.size()) return Duration{0};
-    return nodes_[leaf].accounted;
+    if (leaf >= fq_.nodes_.size()) return Duration{0};
+    return fq_.nodes_[leaf].accounted;
 }
 
 std::map<std::string, double> HfqPolicy::counters() const {
-    return {{"blocks", static_cast<double>(blocks_)},
-            {"unblocks", static_cast<double>(unblocks_)},
+    return {{"blocks", static_cast<double>(fq_.blocks_)},
+            {"unblocks", static_cast<double>(fq_.unblocks_)},
             {"work_conserving_releases", static_cast<double>(feeder_.releases())},
             {"covers", static_cast<double>(feeder_.covers())},
             {"idle_arms", static_cast<double>(idle_arms_)},
@@ -155,7 +163,7 @@ void HfqPolicy::after_event() {
     if (const std::optional<ChannelId> running = ctx_->running_seen()) {
         // Unblocked work is running again: work conservation can rest.
         auto it = chans_.find(*running);
-        if (it == chans_.end() || !nodes_[it->second].shadowed) {
+        if (it == chans_.end() || !fq_.nodes_[it->second].shadowed) {
             feeder_.rest();
             if (it != chans_.end()) feeder_.cover(*running, it->second);
         }
@@ -174,7 +182,7 @@ void HfqPolicy::after_event() {
     } else {
         // New work during a longer wait (resubmit_wait's) is looked at
         // within `grace`, not at the wait's end.
-        if (!shadowed_leaves_.empty()) feeder_.release_by(now + p_.grace);
+        if (!fq_.shadowed_leaves_.empty()) feeder_.release_by(now + p_.grace);
     }
 }
 

@@ -16,14 +16,14 @@ void Preemption::returned(ChannelId ch, Time now) {
 
 void Preemption::preempt_for(ChannelId ch) {
     auto it = hfq_.chans_.find(ch);
-    if (it == hfq_.chans_.end() || hfq_.nodes_[it->second].shadowed || !hfq_.ctx_->gpu().pending(ch)) return;
+    if (it == hfq_.chans_.end() || hfq_.fq_.nodes_[it->second].shadowed || !hfq_.ctx_->gpu().pending(ch)) return;
     // A leaf that thinks for less than a preemption takes would pay one
     // per return: the engine is held for it instead (anticipation_until).
-    if (hfq_.nodes_[it->second].think >= 0 && hfq_.nodes_[it->second].think < preempt_cost_) return;
+    if (hfq_.fq_.nodes_[it->second].think >= 0 && hfq_.fq_.nodes_[it->second].think < preempt_cost_) return;
     const std::optional<ChannelId> running = hfq_.ctx_->engine_status();
     if (!running || *running == ch) return;
     auto run = hfq_.chans_.find(*running);
-    if (run == hfq_.chans_.end() || !hfq_.nodes_[run->second].shadowed) return;
+    if (run == hfq_.chans_.end() || !hfq_.fq_.nodes_[run->second].shadowed) return;
     // The fed or cut kernel may have ended without an interrupt: its
     // channel's completion timestamp moved since (memory, not a register).
     Feeder& feeder = hfq_.feeder_;
@@ -32,8 +32,8 @@ void Preemption::preempt_for(ChannelId ch) {
     // Fed past the cap (or resuming after such a kernel was cut, its
     // leaf still past it), the kernel is the returning leaf's to take.
     const bool owed = feeder.fed_beyond_cap(*running) ||
-                      (cut_ch_ == *running && hfq_.lead_of(run->second) > static_cast<double>(hfq_.p_.feed_lead));
-    if (!owed && !hfq_.behind(it->second)) return;
+                      (cut_ch_ == *running && hfq_.fq_.lead_of(run->second) > static_cast<double>(hfq_.p_.feed_lead));
+    if (!owed && !hfq_.fq_.behind(it->second)) return;
     // A fed kernel about to end costs the returning leaf less than a
     // preemption would cost the engine.
     const Time now = hfq_.ctx_->now();

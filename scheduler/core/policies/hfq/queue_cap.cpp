@@ -5,7 +5,7 @@ namespace pvgpu::hfq {
 
 Duration QueueCap::queue_cap() const {
     const Duration queue = hfq_.p_.queue;
-    return static_cast<Duration>(hfq_.crowd_scale(hfq_.active_leaves_, queue) * static_cast<double>(queue));
+    return static_cast<Duration>(hfq_.fq_.crowd_scale(hfq_.fq_.active_leaves_, queue) * static_cast<double>(queue));
 }
 
 Duration QueueCap::queued(EntityId leaf, bool held) const {
@@ -42,7 +42,7 @@ bool QueueCap::learned(EntityId leaf) const {
 }
 
 void QueueCap::set_metered(EntityId leaf, bool metered) {
-    Node& n = hfq_.nodes_[leaf];
+    Node& n = hfq_.fq_.nodes_[leaf];
     if (n.metered == metered) return;
     n.metered = metered;
     if (!metered) n.provisional = false;
@@ -76,7 +76,7 @@ void QueueCap::feed_unheard() {
     } done{scanning_};
     scan_.assign(metered_.begin(), metered_.end());
     for (EntityId leaf : scan_) {
-        if (hfq_.nodes_[leaf].shadowed || hfq_.idle_armed_) continue;  // meter() would not feed it
+        if (hfq_.fq_.nodes_[leaf].shadowed || hfq_.idle_armed_) continue;  // meter() would not feed it
         const auto& chs = hfq_.ctx_->channels_of(leaf);
         const bool held = std::any_of(chs.begin(), chs.end(), [&](ChannelId ch) { return hfq_.ctx_->held(ch) > 0; });
         if (!held || std::any_of(chs.begin(), chs.end(), [&](ChannelId ch) { return known_pending(ch); }))
@@ -99,14 +99,14 @@ bool QueueCap::read_pending(ChannelId ch) {
 }
 
 void QueueCap::meter(EntityId leaf) {
-    if (hfq_.p_.queue <= 0 || leaf >= hfq_.nodes_.size()) return;
-    Node& n = hfq_.nodes_[leaf];
+    if (hfq_.p_.queue <= 0 || leaf >= hfq_.fq_.nodes_.size()) return;
+    Node& n = hfq_.fq_.nodes_[leaf];
     if (!n.metered) {
-        if (!n.active || hfq_.active_leaves_ < 2 || queued(leaf) <= queue_cap()) return;
+        if (!n.active || hfq_.fq_.active_leaves_ < 2 || queued(leaf) <= queue_cap()) return;
         // Its channels may already be shadowed (blocked) with work
         // held: fed below if it is not blocked.
         set_metered(leaf, true);
-    } else if (n.active && hfq_.active_leaves_ < 2) {
+    } else if (n.active && hfq_.fq_.active_leaves_ < 2) {
         set_metered(leaf, false);  // alone on the GPU: nobody to run ahead of
         return;
     } else if (n.provisional && learned(leaf)) {
