@@ -73,6 +73,16 @@ double param_or_default(const PolicyParams& p, const PolicyInfo& info, const std
     throw std::logic_error("policy " + info.name + " has no parameter " + name);
 }
 
+std::vector<std::string> policy_warnings(std::string_view name, const PolicyParams& params) {
+    std::vector<std::string> w;
+    for (const auto& e : entries())
+        if (e.info.name == name)
+            for (const std::string& p : e.info.ignored)
+                if (params.count(p))
+                    w.push_back("policy " + e.info.name + ": parameter '" + p + "' is deprecated and ignored");
+    return w;
+}
+
 std::unique_ptr<Policy> make_policy(std::string_view name, const PolicyParams& params) {
     std::string known;
     for (const auto& e : entries()) {

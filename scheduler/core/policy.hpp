@@ -124,11 +124,18 @@ struct PolicyInfo {
     std::string summary;
     // Parameters with their defaults and a line of documentation.
     std::vector<std::tuple<std::string, double, std::string>> params;
+    // Parameters that no longer do anything, accepted so that older
+    // configurations still load (they are among `params`): setting one
+    // draws a warning from policy_warnings().
+    std::vector<std::string> ignored = {};
 };
 
 // Known policies: none, timeslice, dfq, hfq.
 const std::vector<PolicyInfo>& policy_catalog();
 // Throws std::invalid_argument naming the unknown policy or parameter.
 std::unique_ptr<Policy> make_policy(std::string_view name, const PolicyParams& params);
+// One line per parameter in `params` that the policy accepts but ignores
+// (PolicyInfo::ignored), for the caller to show once as a warning.
+std::vector<std::string> policy_warnings(std::string_view name, const PolicyParams& params);
 
 }  // namespace pvgpu

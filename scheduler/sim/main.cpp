@@ -193,6 +193,8 @@ Scenario load_with_overrides(const Args& a, const std::string& policy) {
     } catch (const std::invalid_argument& e) {
         throw UsageError(e.what());
     }
+    for (const std::string& w : policy_warnings(sc.policy, sc.params))
+        std::fprintf(stderr, "pvgpu-sim: warning: %s\n", w.c_str());
     return sc;
 }
 

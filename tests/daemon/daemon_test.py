@@ -581,7 +581,8 @@ def case_closed_loop(bins, tmp):
     the last one completed, so at every completion only the other has work
     held: fed at once, they alternated kernel for kernel and the 6 ms one got
     0.96 of the two's GPU time, as under none.  hfq now gives the less-ahead
-    one its learned turnaround to submit (resubmit_wait in hfq.cpp).
+    one its learned turnaround to submit (Feeder::resubmit_wait,
+    scheduler/core/policies/hfq/feeder.cpp).
     """
     d = Daemon(bins, tmp)
     d.start()

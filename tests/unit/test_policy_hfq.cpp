@@ -317,8 +317,15 @@ TEST_CASE("a channel closed on the engine is charged what it ran under every pol
 TEST_CASE("hfq rejects bad parameters", "[hfq]") {
     CHECK_THROWS_WITH(make_policy("hfq", {{"idle_us", 0}}), Catch::Contains("idle_us"));
     CHECK_THROWS_WITH(make_policy("hfq", {{"anticipate_us", -1}}), Catch::Contains("anticipate_us"));
-    // Older configurations still load: the poll parameters have no effect now.
+    // Older configurations still load: the poll parameters have no effect
+    // now, and setting one draws a warning naming it.
     CHECK_NOTHROW(make_policy("hfq", {{"poll_us", 0}, {"settle_us", 0}}));
+    const std::vector<std::string> warnings = policy_warnings("hfq", {{"poll_us", 0}, {"settle_us", 0}});
+    REQUIRE(warnings.size() == 2);
+    CHECK_THAT(warnings[0], Catch::Contains("'poll_us' is deprecated and ignored"));
+    CHECK_THAT(warnings[1], Catch::Contains("'settle_us' is deprecated and ignored"));
+    CHECK(policy_warnings("hfq", {{"threshold_ms", 2}}).empty());
+    CHECK(policy_warnings("dfq", {{"settle_us", 100}}).empty());
     CHECK_THROWS_WITH(make_policy("hfq", {{"unblock_ms", 5}, {"threshold_ms", 1}}),
                       Catch::Contains("unblock_ms"));
     CHECK_THROWS_WITH(make_policy("hfq", {{"bogus", 1}}), Catch::Contains("bogus"));
