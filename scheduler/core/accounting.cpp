@@ -19,7 +19,7 @@ constexpr Duration kSliceReadDelay = 1 * kMicrosecond;
 constexpr Duration kSettleGaps[] = {0, 1 * kMicrosecond, 10 * kMicrosecond, 40 * kMicrosecond,
                                     150 * kMicrosecond, 800 * kMicrosecond};
 // A start seen between two reads this close is taken as exactly known.
-constexpr Duration kExactStart = 2 * kMicrosecond;
+constexpr Duration kExactStart = KernelModel::kExactStart;
 // A busy non-preemptive engine is read once if nothing was seen for this
 // long (and twice its channel's usual kernel): a tenant may submit without
 // asking for completion interrupts, and its time must still be charged as
@@ -30,10 +30,6 @@ constexpr Duration kBusyWatch = 1 * kMillisecond;
 // time jitters by more than kProbeNarrow never lets a window close.
 constexpr Duration kProbeWindow = 10 * kMillisecond;
 constexpr int kMaxProbes = 24;
-// A length is learned from bounds (learn_bounds) once this many kernels in a
-// row agreed and they narrowed to a 64th of it: kernels of varied lengths
-// whose wide windows happen to overlap for a while teach nothing.
-constexpr int kBoundKernels = 16;
 // A channel whose window never closes (its think time jitters, or it
 // changed) gets one look back per this many of its interrupts: a window
 // the tenant moved after the probes were spent is found again.
@@ -351,7 +347,7 @@ void Accounting::fence(ChannelId ch) {
     // A channel whose interrupts, handled in time, come one per kernel has
     // its kernels counted exactly by GET after a stall.
     if (!late && !clamped) {
-        if (c.kernel_estimate == 0 && c.probes > 0 && ++c.refill >= kProbeRefill) {
+        if (c.kernel.estimate == 0 && c.probes > 0 && ++c.refill >= kProbeRefill) {
             --c.probes;
             c.refill = 0;
         }
@@ -412,12 +408,12 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
         // teach it (learn_bounds).
         const bool windowed = c.kernel_start < 0 && seen_hi_ > seen_lo_ && c.fresh && !c.preempted && fetched_ &&
                               c.uncharged(completed, 1);
-        if (windowed && c.kernel_estimate > 0 &&
-            t - seen_hi_ > c.kernel_estimate + std::min(4 * c.kernel_spread, c.kernel_estimate / 4) + kExactStart)
+        if (windowed && c.kernel.estimate > 0 &&
+            t - seen_hi_ > c.kernel.estimate + std::min(4 * c.kernel.spread, c.kernel.estimate / 4) + kExactStart)
             relearn(c);
         c.started_unseen = false;
         const bool bounded = windowed && c.fence_get_known && completed - c.fence_done == 1;
-        if (bounded) learn_bounds(c, t - seen_hi_, t - seen_lo_);
+        if (bounded) c.kernel.learn_bounds(t - seen_hi_, t - seen_lo_);
         Duration mine = one_kernel_guess(c, d);
         const bool corrected = c.fresh && audit_slack_ > 0 && fetched_ && !clamped;
         if (start_slack_ > 0 && audit_mean_guessed(c, t, corrected))
@@ -431,16 +427,16 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
         // reads: their middle is closer, and the looks' noise grows with
         // the guess's error (lone tenants of varied lengths: 3 of 720
         // beyond 1% instead of 2).
-        if (corrected && engine_.preemptive && c.kernel_estimate == 0 &&
+        if (corrected && engine_.preemptive && c.kernel.estimate == 0 &&
             (c.uncharged(completed, 1) || (!c.charged_known && completed == 1)) && seen_hi_ > since_ &&
             audit_applies(c, t))
             mine = std::clamp<Duration>(t - seen_hi_, 0, mine);
         const Duration slack = c.kernel_slack + start_slack_;
-        if (c.preempted && slack > 0 && c.kernel_estimate > 0 && fetched_ && c.uncharged(completed, 1)) {
+        if (c.preempted && slack > 0 && c.kernel.estimate > 0 && fetched_ && c.uncharged(completed, 1)) {
             // The end of one kernel preempted before, whose stints began at
             // moments known only within `slack`: as one_kernel_guess does
             // for a kernel run whole.
-            mine = whole_kernel(c.kernel_estimate, c.kernel_charged, d, slack);
+            mine = whole_kernel(c.kernel.estimate, c.kernel_charged, d, slack);
         }
         if (corrected) mine = audited(ch, c, t, mine, c.uncharged(completed, 1));
         charge(ch, mine);
@@ -486,14 +482,14 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
         // looks narrow it until one sees the start (arm_probe).  A channel
         // that restarts after the settle reads stop is never seen otherwise.
         if (!current_ && !clamped && !c.preempted && c.fence_ts >= 0 && one_since_fence)
-            learn_think(c, c.fence_ts, from, t);
+            c.kernel.learn_think(c.fence_ts, from, t);
         // It started after the last look: one kernel of it that ran no
         // longer than that, short of its learned length by four spreads (at
         // most a quarter), proves that length stale (its kernels shrank).
         // Its length unknown: an upper bound for learn_bounds.
-        if (!current_ && c.kernel_estimate > 0 && n == 1 && fetched_ &&
+        if (!current_ && c.kernel.estimate > 0 && n == 1 && fetched_ &&
             c.uncharged(completed, 1) &&
-            gap + std::min(4 * c.kernel_spread, c.kernel_estimate / 4) + kExactStart < c.kernel_estimate)
+            gap + std::min(4 * c.kernel.spread, c.kernel.estimate / 4) + kExactStart < c.kernel.estimate)
             relearn(c);
         c.started_unseen = !current_;
         c.ever_unseen = c.ever_unseen || c.started_unseen || (current_ && ended);
@@ -519,7 +515,7 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
         if (current_ && ended && *ended > since_ && t - *ended > kReorder)
             if (auto cur = channels_.find(*current_); cur != channels_.end()) cur->second.ends_unheard = true;
         const bool bounded = !current_ && n == 1 && !clamped && !c.preempted && one_since_fence;
-        if (bounded) learn_bounds(c, 0, gap);
+        if (bounded) c.kernel.learn_bounds(0, gap);
         // Corrected by the audit looks where what ran before it is known to
         // have ended (idle, or its completion timestamp), or where the same
         // looks correct the channel believed on the engine up to this guess
@@ -536,7 +532,7 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
         // guess they take back from a channel with little else charged is
         // a debt it never pays: an honest 0.1 ms kernel cut into another's
         // unseen one was charged 6 to 10 times its length).
-        Duration mine = c.kernel_estimate > 0 ? std::min(gap, n * c.kernel_estimate)
+        Duration mine = c.kernel.estimate > 0 ? std::min(gap, n * c.kernel.estimate)
                         : both_corrected ? 0
                                          : gap / 2;
         if (n == 1 && audit_mean_guessed(c, t, corrected)) mine = std::min(gap, c.audit_mean);
@@ -752,8 +748,8 @@ std::optional<Time> Accounting::replay(std::optional<ChannelId> fenced, std::opt
             // it was late to release): at most the kernels GET counts since
             // its last interrupt, of its usual length.  The rest is nobody's.
             // One that interrupts on every kernel: GET counts them exactly.
-            const Duration cap = c.every_kernel && c.charged_known ? kernels_in(d, running) * c.kernel_estimate
-                                 : after_idle                     ? c.kernel_estimate * 5 / 4
+            const Duration cap = c.every_kernel && c.charged_known ? kernels_in(d, running) * c.kernel.estimate
+                                 : after_idle                     ? c.kernel.estimate * 5 / 4
                                                                   : fetched_cap(c, d.get);
             // A look at an idle engine charged it up to there already.
             prev = std::max(prev, c.look_charged);
@@ -784,7 +780,7 @@ std::optional<Time> Accounting::replay(std::optional<ChannelId> fenced, std::opt
 }
 
 Duration Accounting::one_kernel_guess(const Channel& c, Duration d) const {
-    if (start_slack_ > 0 && c.kernel_estimate > 0 && c.fresh) return whole_kernel(c.kernel_estimate, 0, d, start_slack_);
+    if (start_slack_ > 0 && c.kernel.estimate > 0 && c.fresh) return whole_kernel(c.kernel.estimate, 0, d, start_slack_);
     return d;
 }
 
@@ -826,7 +822,7 @@ void Accounting::learn_stint(Channel& c, Time end, std::uint32_t completed) {
     // the tenant chose which kernels interrupt, and the last one alone may
     // be its short one.
     const bool whole_period = !fetched_ || !c.fence_get_known || static_cast<std::int32_t>(completed - c.fence_done) == n;
-    if (n > 0 && whole_period) c.learn_length((end - c.kernel_start) / n);
+    if (n > 0 && whole_period) c.kernel.learn_length((end - c.kernel_start) / n);
 }
 
 void Accounting::settle_count(ChannelId ch, std::optional<ChannelId> running) {
@@ -852,7 +848,7 @@ void Accounting::learn_gaps(const std::vector<Completed>& done, std::optional<Ch
         if (done[i].id == fenced) continue;
         const Duration whole = done[i].ts - done[i - 1].ts;
         if (whole <= 0) return;
-        c.learn_length(whole);
+        c.kernel.learn_length(whole);
     }
 }
 
@@ -863,8 +859,8 @@ bool Accounting::replay_shares(const std::vector<Completed>& done, std::optional
     bool has_current = false;
     for (std::size_t i = 0; i < done.size(); ++i) {
         const Channel& c = channels_.at(done[i].id);
-        if (c.kernel_estimate == 0) return false;
-        work[i] = static_cast<double>(kernels_in(done[i], running)) * static_cast<double>(c.kernel_estimate);
+        if (c.kernel.estimate == 0) return false;
+        work[i] = static_cast<double>(kernels_in(done[i], running)) * static_cast<double>(c.kernel.estimate);
         total += work[i];
         has_current |= done[i].id == *current_;
     }
@@ -884,7 +880,7 @@ bool Accounting::replay_shares(const std::vector<Completed>& done, std::optional
 
 Duration Accounting::fetched_cap(const Channel& c, std::uint32_t get) const {
     if (!c.fence_get_known) return 0;
-    return (std::int64_t{static_cast<std::int32_t>(get - c.fence_get)} + 1) * c.kernel_estimate * 5 / 4;
+    return (std::int64_t{static_cast<std::int32_t>(get - c.fence_get)} + 1) * c.kernel.estimate * 5 / 4;
 }
 
 std::optional<Time> Accounting::replay_look(std::optional<ChannelId> running, Time t) {
@@ -918,18 +914,18 @@ bool Accounting::replay_counted(const std::vector<Completed>& done, std::optiona
     double uncounted_work = 0;
     for (const Completed& done_by : done) {
         const Channel& c = channels_.at(done_by.id);
-        if (c.kernel_estimate == 0) return false;
+        if (c.kernel.estimate == 0) return false;
         const Duration span = done_by.ts - since_;
         const std::int32_t n =
             static_cast<std::int32_t>(completed_kernels(done_by.get, done_by.id, running) - c.fence_done);
         if (c.every_kernel && n >= 1) {
-            const Duration d = std::min(span, n * c.kernel_estimate);
+            const Duration d = std::min(span, n * c.kernel.estimate);
             parts.push_back({done_by.id, d, true, 0, 0, done_by.ts, n == 1});
             counted_sum += d;
         } else {
             const Duration cap = fetched_cap(c, done_by.get);
             const double work =
-                static_cast<double>(kernels_in(done_by, running)) * static_cast<double>(c.kernel_estimate);
+                static_cast<double>(kernels_in(done_by, running)) * static_cast<double>(c.kernel.estimate);
             parts.push_back({done_by.id, 0, false, cap > 0 ? std::min(span, cap) : span, work, done_by.ts, false});
             uncounted_work += work;
         }
@@ -1031,14 +1027,15 @@ void Accounting::now_running(std::optional<ChannelId> running, Time lo, Time hi)
         if (auto it = channels_.find(*running); it != channels_.end() && left_engine_) {
             Channel& c = it->second;
             const Time done = left_engine_(*running).value_or(-1);
-            learn_think(c, done, lo, hi);
+            c.kernel.learn_think(done, lo, hi);
             // While its length is unknown, a start seen in a wide window is
             // dated by its think window, where it started before (the
             // middle of a look that saw the engine idle and a late one
             // charged its first kernels up to 3.3 times their length).
             // Neither exact nor a bound: the slack stays the window's.
             if (probed(c) && done >= 0) {
-                const Time think_lo = std::max(lo, done + c.think_lo), think_hi = std::min(hi, done + c.think_hi);
+                const Time think_lo = std::max(lo, done + c.kernel.think_lo);
+                const Time think_hi = std::min(hi, done + c.kernel.think_hi);
                 if (think_lo <= think_hi) at = think_lo + (think_hi - think_lo) / 2;
             }
         }
@@ -1119,7 +1116,7 @@ void Accounting::ran_between_looks(std::optional<ChannelId> running, Time t) {
         // unseen start charges (charge_fence): left uncharged, a tenant
         // could hide its kernels between the host's looks.
         const Duration room = ts - from - charged;
-        const Duration d = c.kernel_estimate > 0 ? std::min<Duration>(n * c.kernel_estimate, room) : room / 2;
+        const Duration d = c.kernel.estimate > 0 ? std::min<Duration>(n * c.kernel.estimate, room) : room / 2;
         // A guess, as at an interrupt after an unseen start: corrected alike.
         charge(id, audited(id, c, ts, d, n == 1));
         charged += d;
@@ -1164,9 +1161,9 @@ void Accounting::host_kicked(ChannelId ch, std::uint32_t first) {
         // kick started it now.
         const std::optional<Time> ended = stint_end(t);
         auto it = channels_.find(ch);
-        if (!ended || it == channels_.end() || it->second.kernel_estimate == 0) return;
+        if (!ended || it == channels_.end() || it->second.kernel.estimate == 0) return;
         const std::optional<Time> ch_done = left_engine_(ch);
-        if (t - *ended <= it->second.kernel_estimate * 3 / 2 || (ch_done && *ch_done > *ended)) return;
+        if (t - *ended <= it->second.kernel.estimate * 3 / 2 || (ch_done && *ch_done > *ended)) return;
         const std::optional<ChannelId> running = read();
         if (running == ch) {
             // Other channels may have completed kernels in the believed
@@ -1263,12 +1260,12 @@ void Accounting::doorbell_forwarded(ChannelId ch, std::uint32_t given) {
 
 Duration Accounting::kernel_estimate(ChannelId ch) const {
     auto it = channels_.find(ch);
-    return it == channels_.end() ? 0 : it->second.kernel_estimate;
+    return it == channels_.end() ? 0 : it->second.kernel.estimate;
 }
 
 Duration Accounting::kernel_spread(ChannelId ch) const {
     auto it = channels_.find(ch);
-    return it == channels_.end() ? 0 : it->second.kernel_spread;
+    return it == channels_.end() ? 0 : it->second.kernel.spread;
 }
 
 void Accounting::arm_read() {
@@ -1277,7 +1274,7 @@ void Accounting::arm_read() {
             read_timer_.arm(std::max(slice_end_, clock_.now()) + kSliceReadDelay, [this] { slice_read(); });
         } else {
             auto it = channels_.find(*current_);
-            const Duration usual = it == channels_.end() ? 0 : 2 * it->second.kernel_estimate;
+            const Duration usual = it == channels_.end() ? 0 : 2 * it->second.kernel.estimate;
             read_timer_.arm(clock_.now() + std::max(kBusyWatch, usual), [this] { busy_read(); });
         }
     } else if (!settle_reads_done()) {
@@ -1316,22 +1313,6 @@ void Accounting::settle_read() {
         open_audit(t, idle_after_fence_, true);
 }
 
-void Accounting::learn_think(Channel& c, Time done, Time lo, Time hi) {
-    // Its previous completion: the kernel that started in [lo, hi] had not
-    // ended before it.
-    if (c.kernel_estimate > 0 || done < 0 || done > lo) return;
-    Duration think_lo = lo - done, think_hi = hi - done;
-    // The same think time seen again: keep what both windows allow.
-    // Windows that only touch are not the same: a start seen at the look
-    // that ended one window and began the next would pin it to a point.
-    if (c.think_hi >= 0 && think_lo < c.think_hi && think_hi > c.think_lo) {
-        think_lo = std::max(think_lo, c.think_lo);
-        think_hi = std::min(think_hi, c.think_hi);
-    }
-    c.think_lo = think_lo;
-    c.think_hi = think_hi;
-}
-
 bool Accounting::checked(const Channel& c) {
     // Its length unknown too: a look that sees it running narrows the
     // window its kernel is charged by, and the bounds it proves.
@@ -1343,44 +1324,20 @@ void Accounting::arm_check(Channel& c, Time done) {
     // From the end of the settle reads to where its next completion would
     // come at its last pace (at least two kernels on).
     const Time lo = clock_.now() + kSettleSpan + kProbeNarrow;
-    const Time hi = std::max(done + (done - c.prev_fence_ts), lo + 2 * c.kernel_estimate);
+    const Time hi = std::max(done + (done - c.prev_fence_ts), lo + 2 * c.kernel.estimate);
     c.check_at = lo + std::uniform_int_distribution<Duration>(0, hi - lo)(check_rng_);
     arm_probe();
 }
 
-void Accounting::learn_bounds(Channel& c, Duration lo, Duration hi) {
-    if (c.kernel_estimate > 0 || hi < 0) return;
-    lo = std::max<Duration>(0, lo);
-    // Bounds of the same length seen again: keep what both allow.  Apart:
-    // its kernels changed, start over from these.
-    if (c.len_hi >= 0 && lo <= c.len_hi && hi >= c.len_lo) {
-        lo = std::max(lo, c.len_lo);
-        hi = std::min(hi, c.len_hi);
-        ++c.len_kernels;
-    } else {
-        c.len_kernels = 1;
-    }
-    c.len_lo = lo;
-    c.len_hi = hi;
-    // Narrow enough to charge by (a 64th of the length at most): learned.
-    if (hi > 0 && hi - lo <= std::max(kExactStart, hi / 64) && c.len_kernels >= kBoundKernels) {
-        c.learn_length(lo + (hi - lo) / 2);
-        c.kernel_spread = (hi - lo) / 2;  // every kernel seen fits
-    }
-}
-
 void Accounting::relearn(Channel& c) {
-    c.kernel_estimate = c.kernel_spread = 0;
-    c.think_lo = 0;
-    c.think_hi = -1;
-    c.len_lo = 0;
-    c.len_hi = -1;
+    c.kernel.relearn();
     c.probes = 0;
     c.check_at = -1;
 }
 
 bool Accounting::probed(const Channel& c) {
-    return c.kernel_estimate == 0 && c.one_per_kernel_seen && !c.batches && c.think_hi >= 0 && c.probes < kMaxProbes;
+    return c.kernel.estimate == 0 && c.one_per_kernel_seen && !c.batches && c.kernel.think_hi >= 0 &&
+           c.probes < kMaxProbes;
 }
 
 void Accounting::arm_probe() {
@@ -1390,16 +1347,16 @@ void Accounting::arm_probe() {
     std::optional<Time> next;
     for (auto& [id, c] : channels_) {
         if (c.check_at > now && (!next || c.check_at < *next)) next = c.check_at;
-        if (!probed(c) || c.think_hi - c.think_lo > kProbeWindow)
+        if (!probed(c) || c.kernel.think_hi - c.kernel.think_lo > kProbeWindow)
             continue;
         const std::optional<Time> done = left_engine_(id);
         if (!done) continue;
         // Wide: the middle.  Narrow: just outside its two ends, in turn (a
         // look at the very moment of a start may come before or after it).
-        const bool wide = c.think_hi - c.think_lo > kProbeNarrow;
-        const Time looks[] = {wide ? *done + c.think_lo + (c.think_hi - c.think_lo) / 2
-                                   : *done + c.think_lo - kProbeNarrow / 2,
-                              *done + c.think_hi + kProbeNarrow / 2};
+        const bool wide = c.kernel.think_hi - c.kernel.think_lo > kProbeNarrow;
+        const Time looks[] = {wide ? *done + c.kernel.think_lo + (c.kernel.think_hi - c.kernel.think_lo) / 2
+                                   : *done + c.kernel.think_lo - kProbeNarrow / 2,
+                              *done + c.kernel.think_hi + kProbeNarrow / 2};
         for (std::size_t i = 0; i < (wide ? 1U : 2U); ++i)
             if (looks[i] > now && (!next || looks[i] < *next)) next = looks[i];
     }
@@ -1444,7 +1401,7 @@ void Accounting::probe_read() {
         if (auto it = channels_.find(id); it != channels_.end() && checked(it->second) && it->second.checks < kChecks) {
             Channel& c = it->second;
             ++c.checks;
-            const Duration pace = std::max(c.fence_ts - c.prev_fence_ts, 2 * c.kernel_estimate);
+            const Duration pace = std::max(c.fence_ts - c.prev_fence_ts, 2 * c.kernel.estimate);
             c.check_at = t + 1 + std::uniform_int_distribution<Duration>(0, pace)(check_rng_);
         }
     arm_probe();
@@ -1471,7 +1428,7 @@ bool Accounting::audit_mean_guessed(const Channel& c, Time t, bool corrected) co
     // (a tenant keeping its audited kernels short would pass its long ones'
     // time to that channel).
     if (!corrected || c.audit_kernels < kAuditTrusted || !audit_covers(t)) return false;
-    return c.kernel_estimate == 0 || std::abs(c.audit_mean - c.kernel_estimate) > c.kernel_estimate / kAuditMeanOff;
+    return c.kernel.estimate == 0 || std::abs(c.audit_mean - c.kernel.estimate) > c.kernel.estimate / kAuditMeanOff;
 }
 
 bool Accounting::sets_audit_pace(const Channel& c, bool settled) {

@@ -48,6 +48,7 @@
 
 #include "entity_tree.hpp"
 #include "gpu_device.hpp"
+#include "kernel_model.hpp"
 #include "time.hpp"
 
 namespace pvgpu {
@@ -169,8 +170,7 @@ public:
 private:
     struct Channel {
         EntityId leaf = kNoEntity;
-        Duration kernel_estimate = 0;  // learned from whole kernels seen start to end; 0: none yet
-        Duration kernel_spread = 0;    // mean deviation of those from the estimate
+        KernelModel kernel{};          // its kernels' length and think time, as learned
         Time kernel_start = -1;        // exact start of its current kernel, if seen
         std::uint32_t start_get = 0;   // GET then (that kernel's entry fetched)
         std::uint32_t fence_get = 0;   // GET at its last completion interrupt
@@ -198,18 +198,6 @@ private:
         // found every entry the GPU had of it charged, and the GPU's pending
         // register said none was left.
         Time no_work_before = 0;
-        // While its length is unknown: how long after its own completion
-        // its next kernel started on an idle engine, as far as the looks
-        // placed it ([think_lo, think_hi]; think_hi < 0: not yet).
-        Duration think_lo = 0, think_hi = -1;
-        // While its length is unknown: what the looks proved of it, kernel by
-        // kernel ([len_lo, len_hi]; len_hi < 0: nothing yet).  A kernel seen
-        // on the engine in a window is bounded both ways, one that started
-        // after the last look from above.  Kernels of one length narrow this
-        // to it even when no look sees a start exactly (the think time
-        // jitters); bounds that contradict say the length changed.
-        Duration len_lo = 0, len_hi = -1;
-        int len_kernels = 0;  // kernels whose bounds agreed on [len_lo, len_hi]
         // Its kernels up to this completion timestamp were charged by a look
         // at an idle engine (ran_between_looks): replays leave them out.
         Time look_charged = -1;
@@ -266,18 +254,6 @@ private:
         // when that is not known).
         std::int32_t kernels_since_charged(std::uint32_t completed) const {
             return charged_known ? std::max<std::int32_t>(1, static_cast<std::int32_t>(completed - charged_done)) : 1;
-        }
-        // One more sample of its kernel length, whole kernels only.  The
-        // first sample's spread is half of it, as TCP starts RTTVAR.
-        void learn_length(Duration whole) {
-            if (kernel_estimate == 0) {
-                kernel_estimate = whole;
-                kernel_spread = whole / 2;
-                return;
-            }
-            const Duration dev = whole > kernel_estimate ? whole - kernel_estimate : kernel_estimate - whole;
-            kernel_spread += (dev - kernel_spread) / 4;
-            kernel_estimate += (whole - kernel_estimate) / 8;
         }
     };
     struct Totals {
@@ -483,9 +459,6 @@ private:
     // its length unknown, its interrupts seen to come one per kernel, a
     // think window open, looks left.
     static bool probed(const Channel& c);
-    // `c`, whose previous kernel completed at `done`, started on an idle
-    // engine in [lo, hi]: narrows its think window.
-    void learn_think(Channel& c, Time done, Time lo, Time hi);
     // A channel whose length is known and whose kernels start unseen on an
     // idle engine is charged that length per kernel: a tenant whose kernels
     // grow (or one that showed short kernels first) would be charged the
@@ -505,9 +478,8 @@ private:
     // whole with long ones it does not.
     static bool checked(const Channel& c);
     void arm_check(Channel& c, Time done);
-    // One kernel of `c` ran at least lo and at most hi (len_lo, len_hi).
-    static void learn_bounds(Channel& c, Duration lo, Duration hi);
-    // `c`'s learned length is proven wrong: learn it again.
+    // `c`'s learned length is proven wrong: learn it again (its model, and
+    // a fresh budget of probe looks).
     static void relearn(Channel& c);
     std::minstd_rand check_rng_{0x5eed};
     // Audit looks.  Every deterministic guess above (a learned length, half
