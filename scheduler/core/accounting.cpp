@@ -297,24 +297,10 @@ void Accounting::fence(ChannelId ch) {
         if (auto it = channels_.find(ch); it != channels_.end()) ++totals_[it->second.leaf].kernels;
         return;
     }
-    // The kernel ended at the GPU's timestamp if it writes one (the interrupt
-    // may run late on a busy host), never before what was already seen.  A
-    // kernel seen on the engine ends no earlier than it started, but may end
-    // before that sighting: a host that ran late reads the engine, then
-    // handles completions the GPU timestamped earlier.  Bounding those by
-    // the sighting would charge the first of them the whole delay.
-    //
-    // A kernel of another channel started after the one seen ran from
-    // since_; an idle engine seen at last_seen_ started nothing before it.
     const Time now = clock_.now();
-    Time t = now;
-    bool clamped = false;  // the GPU's timestamp lay before what was believed: learn nothing from it
-    if (left_engine_)
-        if (const std::optional<Time> done = left_engine_(ch)) {
-            const Time earliest = std::min(unseen_start(*done), now);
-            t = std::clamp(*done, earliest, now);
-            clamped = *done < earliest;
-        }
+    const FenceTime when = fence_time(ch, now);
+    const Time t = when.t;
+    const bool clamped = when.clamped;  // the GPU's timestamp lay before what was believed: learn nothing from it
     // The interrupt arrives after the engine moved on: the register names
     // the channel that started when this kernel ended.
     const std::optional<ChannelId> running = read();
@@ -346,30 +332,57 @@ void Accounting::fence(ChannelId ch) {
     }
     // A channel whose interrupts, handled in time, come one per kernel has
     // its kernels counted exactly by GET after a stall.
-    if (!late && !clamped) {
-        if (c.kernel.estimate == 0 && c.probes > 0 && ++c.refill >= kProbeRefill) {
-            --c.probes;
-            c.refill = 0;
+    if (!late && !clamped) learn_interrupts(c, completed);
+    note_fence(ch, c, t, clamped, late, get, completed, now);
+}
+
+Accounting::FenceTime Accounting::fence_time(ChannelId ch, Time now) const {
+    // The kernel ended at the GPU's timestamp if it writes one (the interrupt
+    // may run late on a busy host), never before what was already seen.  A
+    // kernel seen on the engine ends no earlier than it started, but may end
+    // before that sighting: a host that ran late reads the engine, then
+    // handles completions the GPU timestamped earlier.  Bounding those by
+    // the sighting would charge the first of them the whole delay.
+    //
+    // A kernel of another channel started after the one seen ran from
+    // since_; an idle engine seen at last_seen_ started nothing before it.
+    FenceTime when{now, false};
+    if (left_engine_)
+        if (const std::optional<Time> done = left_engine_(ch)) {
+            const Time earliest = std::min(unseen_start(*done), now);
+            when.t = std::clamp(*done, earliest, now);
+            when.clamped = *done < earliest;
         }
-        const bool every_before = c.every_kernel;
-        c.every_kernel = c.fence_get_known && completed - c.fence_done == 1;
-        // Two in a row, as for `batches` below: a channel that batches may
-        // see one kernel at an interrupt now and then.
-        if (c.every_kernel && every_before && !c.one_per_kernel_seen) {
-            c.one_per_kernel_seen = true;
-            count_batching(c);
-        }
-        // Several kernels at two interrupts in a row: one a little late
-        // sees the next kernel done too, but the next interrupt then sees
-        // none.  Once seen, for good: under hfq's metering the same channel
-        // may also complete one kernel per interrupt at times.
-        const bool several = c.fence_get_known && static_cast<std::int32_t>(completed - c.fence_done) > 1;
-        if (several && c.several_before && !c.batches) {
-            c.batches = true;
-            count_batching(c);
-        }
-        c.several_before = several;
+    return when;
+}
+
+void Accounting::learn_interrupts(Channel& c, std::uint32_t completed) {
+    if (c.kernel.estimate == 0 && c.probes > 0 && ++c.refill >= kProbeRefill) {
+        --c.probes;
+        c.refill = 0;
     }
+    const bool every_before = c.every_kernel;
+    c.every_kernel = c.fence_get_known && completed - c.fence_done == 1;
+    // Two in a row, as for `batches` below: a channel that batches may
+    // see one kernel at an interrupt now and then.
+    if (c.every_kernel && every_before && !c.one_per_kernel_seen) {
+        c.one_per_kernel_seen = true;
+        count_batching(c);
+    }
+    // Several kernels at two interrupts in a row: one a little late
+    // sees the next kernel done too, but the next interrupt then sees
+    // none.  Once seen, for good: under hfq's metering the same channel
+    // may also complete one kernel per interrupt at times.
+    const bool several = c.fence_get_known && static_cast<std::int32_t>(completed - c.fence_done) > 1;
+    if (several && c.several_before && !c.batches) {
+        c.batches = true;
+        count_batching(c);
+    }
+    c.several_before = several;
+}
+
+void Accounting::note_fence(ChannelId ch, Channel& c, Time t, bool clamped, bool late, std::uint32_t get,
+                            std::uint32_t completed, Time now) {
     // Kernels since its previous interrupt (1 when GET does not say): its
     // pace per kernel sets the audit's strata.
     c.fence_kernels = c.fence_get_known && fetched_
@@ -398,50 +411,7 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
                               std::uint32_t completed) {
     const Time now = clock_.now();
     if (current_ == ch) {
-        const Duration d = t - since_;
-        // One kernel, begun fresh in a window: a look saw it on the engine
-        // at seen_hi_ at the latest (a watch read since changes nothing), so
-        // it ran at least from there to now, and at most from seen_lo_.  Longer
-        // than its learned length allows (four spreads, at most a quarter,
-        // beyond it): that length is stale (check_at's looks), and this
-        // kernel is charged by its window.  Its length unknown: the bounds
-        // teach it (learn_bounds).
-        const bool windowed = c.kernel_start < 0 && seen_hi_ > seen_lo_ && c.fresh && !c.preempted && fetched_ &&
-                              c.uncharged(completed, 1);
-        if (windowed && c.kernel.estimate > 0 &&
-            t - seen_hi_ > c.kernel.estimate + std::min(4 * c.kernel.spread, c.kernel.estimate / 4) + kExactStart)
-            relearn(c);
-        c.started_unseen = false;
-        const bool bounded = windowed && c.fence_get_known && completed - c.fence_done == 1;
-        if (bounded) c.kernel.learn_bounds(t - seen_hi_, t - seen_lo_);
-        Duration mine = one_kernel_guess(c, d);
-        const bool corrected = c.fresh && audit_slack_ > 0 && fetched_ && !clamped;
-        if (start_slack_ > 0 && audit_mean_guessed(c, t, corrected))
-            mine = whole_kernel(c.audit_mean, 0, d, start_slack_);
-        // Its length unknown and its start in a slice end's window (up to a
-        // slice wide) the looks will correct: from the window's end.  The
-        // looks put it right on average either way, but a guess they take
-        // back from a channel with little else charged is a debt it never
-        // pays (an honest 0.1 ms kernel seen starting at a slice end was
-        // charged 6 times that).  Not in the narrow windows of the settle
-        // reads: their middle is closer, and the looks' noise grows with
-        // the guess's error (lone tenants of varied lengths: 3 of 720
-        // beyond 1% instead of 2).
-        if (corrected && engine_.preemptive && c.kernel.estimate == 0 &&
-            (c.uncharged(completed, 1) || (!c.charged_known && completed == 1)) && seen_hi_ > since_ &&
-            audit_applies(c, t))
-            mine = std::clamp<Duration>(t - seen_hi_, 0, mine);
-        const Duration slack = c.kernel_slack + start_slack_;
-        if (c.preempted && slack > 0 && c.kernel.estimate > 0 && fetched_ && c.uncharged(completed, 1)) {
-            // The end of one kernel preempted before, whose stints began at
-            // moments known only within `slack`: as one_kernel_guess does
-            // for a kernel run whole.
-            mine = whole_kernel(c.kernel.estimate, c.kernel_charged, d, slack);
-        }
-        if (corrected) mine = audited(ch, c, t, mine, c.uncharged(completed, 1));
-        charge(ch, mine);
-        c.kernel_charged = c.kernel_slack = 0;
-        if (!clamped) learn_stint(c, t, fetched_ ? completed : 0);
+        charge_seen_fence(ch, c, t, clamped, completed);
     } else if (fetched_ && c.uncharged(completed, 0)) {
         // Every kernel GET counts was charged already: a look at the engine
         // (a slice end's read) closed its stint at this completion before
@@ -453,105 +423,7 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
         observed(running);
         return;
     } else {
-        // It started unseen after the last observation: from an idle engine
-        // (a direct doorbell), or after a kernel whose completion raised no
-        // interrupt.  It ran about its usual length, at most the whole gap.
-        // A sighting later than its completion was the host reading late
-        // (the GPU's timestamp is the truth): the gap is then the stint.
-        // The channel believed on the engine may be known to have ended
-        // earlier (stint_end; on a preemptive engine, when GET says its
-        // one kernel was all it had): this one started after that.
-        std::optional<Time> ended = stint_end(t);
-        if (engine_.preemptive && current_ && left_engine_)
-            if (const std::optional<Time> done = left_engine_(*current_);
-                done && *done > since_ && *done <= t && ran_out_at(*current_, *done))
-                ended = done;
-        // On a preemptive engine, preempted kernels resumed where it ran
-        // out; those that completed ran before this one.
-        Time after = std::min(unseen_start(t), now);
-        if (ended) after = engine_.preemptive ? resumed_unseen(ch, *ended, t, running) : *ended;
-        const Time from = std::max(after, std::min(c.no_work_before, t));
-        // GET counts its kernels since last charged: with another channel
-        // between its interrupts, the two took turns on the engine.
-        const Duration gap = std::max<Duration>(0, t - from);
-        const std::int32_t n = c.kernels_since_charged(completed);
-        // One kernel since its previous interrupt, whose GET that read saw.
-        const bool one_since_fence = fetched_ && c.fence_get_known && completed - c.fence_done == 1;
-        // On an idle engine it started in [from, t], one kernel after its
-        // previous interrupt: that bounds its think time, and the probe
-        // looks narrow it until one sees the start (arm_probe).  A channel
-        // that restarts after the settle reads stop is never seen otherwise.
-        if (!current_ && !clamped && !c.preempted && c.fence_ts >= 0 && one_since_fence)
-            c.kernel.learn_think(c.fence_ts, from, t);
-        // It started after the last look: one kernel of it that ran no
-        // longer than that, short of its learned length by four spreads (at
-        // most a quarter), proves that length stale (its kernels shrank).
-        // Its length unknown: an upper bound for learn_bounds.
-        if (!current_ && c.kernel.estimate > 0 && n == 1 && fetched_ &&
-            c.uncharged(completed, 1) &&
-            gap + std::min(4 * c.kernel.spread, c.kernel.estimate / 4) + kExactStart < c.kernel.estimate)
-            relearn(c);
-        c.started_unseen = !current_;
-        c.ever_unseen = c.ever_unseen || c.started_unseen || (current_ && ended);
-        // Started after the settle reads stopped, or after a kernel that
-        // ended unheard: its next starts are read at its trapped doorbells.
-        // (Not one between two settle reads: a tenant that thinks less than
-        // a millisecond would pay a trap per kernel for a start the reads
-        // date within their window.)
-        if (!clamped && (current_ ? ended.has_value() : settle_reads_done()))
-            trap_channel(ch, c, true);
-        // The channel believed on the engine ran out unheard: had it asked
-        // for an interrupt there, that one, raised before this one (by more
-        // than kReorder), would have come first.  It asks for none (or the
-        // host handled interrupts out of order); for good, so a tenant
-        // cannot shed the mark by asking again for a while.  Measuring this
-        // from `now` instead (1 ms) let kernels under 1 ms after a silent
-        // one go unmarked, charged 87..98% short.  Not where
-        // its last completion is the one its stint was dated from: it ended
-        // nothing since, and the belief was a late handler's (the engine
-        // read names who runs now, after another channel's short kernel;
-        // pvgpud marked honest tenants that way in 6 of 8 runs, and
-        // audited them for good: 0.5 more wakeups per interrupt).
-        if (current_ && ended && *ended > since_ && t - *ended > kReorder)
-            if (auto cur = channels_.find(*current_); cur != channels_.end()) cur->second.ends_unheard = true;
-        const bool bounded = !current_ && n == 1 && !clamped && !c.preempted && one_since_fence;
-        if (bounded) c.kernel.learn_bounds(0, gap);
-        // Corrected by the audit looks where what ran before it is known to
-        // have ended (idle, or its completion timestamp), or where the same
-        // looks correct the channel believed on the engine up to this guess
-        // (both sides of it are corrected, so it may be off).  Else that
-        // channel's charge up to the guess stands, and so must this one's.
-        // (On the timeslice GPU a neighbour's kernel cuts into a long one
-        // begun unseen, whose start the looks saw and no read dated.)
-        const auto cur = current_ ? channels_.find(*current_) : channels_.end();
-        const bool cur_audited = cur != channels_.end() && !ended && audit_applies(cur->second, t);
-        const bool corrected = (!current_ || ended || cur_audited) && !clamped;
-        const bool both_corrected = corrected && cur_audited;
-        // Its length unknown: half the gap, or nothing where the looks
-        // correct both it and the channel believed on the engine (a large
-        // guess they take back from a channel with little else charged is
-        // a debt it never pays: an honest 0.1 ms kernel cut into another's
-        // unseen one was charged 6 to 10 times its length).
-        Duration mine = c.kernel.estimate > 0 ? std::min(gap, n * c.kernel.estimate)
-                        : both_corrected ? 0
-                                         : gap / 2;
-        if (n == 1 && audit_mean_guessed(c, t, corrected)) mine = std::min(gap, c.audit_mean);
-        if (current_ && ended && *ended <= t - mine) {
-            // It ran out at its completion: a stint closed there, with its
-            // usual length when it held one kernel begun in a window.
-            charge_stint(*current_, *ended, running);
-        } else if (current_) {
-            // On a preemptive engine this channel's context was switched in
-            // before its kernel ran: the dead time is nobody's.
-            const Time end = std::min(ended.value_or(t), t - mine - (engine_.preemptive ? engine_.ctxsw : 0));
-            if (both_corrected)
-                charge_guess(*current_, end, t);
-            else
-                charge(*current_, end - since_);
-            settle_count(*current_, running);
-        }
-        if (corrected) mine = audited(ch, c, t, mine, n == 1);
-        charge(ch, mine);
+        charge_unseen_fence(ch, c, t, clamped, running, completed, now);
     }
     c.kernel_start = -1;
     set_preempted(ch, c, false);
@@ -562,6 +434,170 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
     const Time next = engine_.preemptive && running != ch && t < now ? resumed_unseen(ch, t, now, running) : t;
     now_running(running, next, next);
     last_seen_ = now;  // the read above
+}
+
+void Accounting::charge_seen_fence(ChannelId ch, Channel& c, Time t, bool clamped, std::uint32_t completed) {
+    const Duration d = t - since_;
+    // One kernel, begun fresh in a window: a look saw it on the engine
+    // at seen_hi_ at the latest (a watch read since changes nothing), so
+    // it ran at least from there to now, and at most from seen_lo_.  Longer
+    // than its learned length allows (four spreads, at most a quarter,
+    // beyond it): that length is stale (check_at's looks), and this
+    // kernel is charged by its window.  Its length unknown: the bounds
+    // teach it (learn_bounds).
+    const bool windowed = c.kernel_start < 0 && seen_hi_ > seen_lo_ && c.fresh && !c.preempted && fetched_ &&
+                          c.uncharged(completed, 1);
+    if (windowed && c.kernel.estimate > 0 &&
+        t - seen_hi_ > c.kernel.estimate + std::min(4 * c.kernel.spread, c.kernel.estimate / 4) + kExactStart)
+        relearn(c);
+    c.started_unseen = false;
+    const bool bounded = windowed && c.fence_get_known && completed - c.fence_done == 1;
+    if (bounded) c.kernel.learn_bounds(t - seen_hi_, t - seen_lo_);
+    Duration mine = one_kernel_guess(c, d);
+    const bool corrected = c.fresh && audit_slack_ > 0 && fetched_ && !clamped;
+    if (start_slack_ > 0 && audit_mean_guessed(c, t, corrected))
+        mine = whole_kernel(c.audit_mean, 0, d, start_slack_);
+    // Its length unknown and its start in a slice end's window (up to a
+    // slice wide) the looks will correct: from the window's end.  The
+    // looks put it right on average either way, but a guess they take
+    // back from a channel with little else charged is a debt it never
+    // pays (an honest 0.1 ms kernel seen starting at a slice end was
+    // charged 6 times that).  Not in the narrow windows of the settle
+    // reads: their middle is closer, and the looks' noise grows with
+    // the guess's error (lone tenants of varied lengths: 3 of 720
+    // beyond 1% instead of 2).
+    if (corrected && engine_.preemptive && c.kernel.estimate == 0 &&
+        (c.uncharged(completed, 1) || (!c.charged_known && completed == 1)) && seen_hi_ > since_ &&
+        audit_applies(c, t))
+        mine = std::clamp<Duration>(t - seen_hi_, 0, mine);
+    const Duration slack = c.kernel_slack + start_slack_;
+    if (c.preempted && slack > 0 && c.kernel.estimate > 0 && fetched_ && c.uncharged(completed, 1)) {
+        // The end of one kernel preempted before, whose stints began at
+        // moments known only within `slack`: as one_kernel_guess does
+        // for a kernel run whole.
+        mine = whole_kernel(c.kernel.estimate, c.kernel_charged, d, slack);
+    }
+    if (corrected) mine = audited(ch, c, t, mine, c.uncharged(completed, 1));
+    charge(ch, mine);
+    c.kernel_charged = c.kernel_slack = 0;
+    if (!clamped) learn_stint(c, t, fetched_ ? completed : 0);
+}
+
+void Accounting::charge_unseen_fence(ChannelId ch, Channel& c, Time t, bool clamped,
+                                     std::optional<ChannelId> running, std::uint32_t completed, Time now) {
+    // It started unseen after the last observation: from an idle engine
+    // (a direct doorbell), or after a kernel whose completion raised no
+    // interrupt.  It ran about its usual length, at most the whole gap.
+    // A sighting later than its completion was the host reading late
+    // (the GPU's timestamp is the truth): the gap is then the stint.
+    const std::optional<Time> ended = current_ran_out(t);
+    // On a preemptive engine, preempted kernels resumed where it ran
+    // out; those that completed ran before this one.
+    Time after = std::min(unseen_start(t), now);
+    if (ended) after = engine_.preemptive ? resumed_unseen(ch, *ended, t, running) : *ended;
+    const Time from = std::max(after, std::min(c.no_work_before, t));
+    UnseenKernel k{t, from, 0, 0, completed, clamped, false, ended};
+    // GET counts its kernels since last charged: with another channel
+    // between its interrupts, the two took turns on the engine.
+    k.gap = std::max<Duration>(0, t - from);
+    k.n = c.kernels_since_charged(completed);
+    // One kernel since its previous interrupt, whose GET that read saw.
+    k.one_since_fence = fetched_ && c.fence_get_known && completed - c.fence_done == 1;
+    learn_unseen(ch, c, k);
+    charge_unseen(ch, c, k, running);
+}
+
+std::optional<Time> Accounting::current_ran_out(Time t) const {
+    // The channel believed on the engine may be known to have ended
+    // earlier (stint_end; on a preemptive engine, when GET says its
+    // one kernel was all it had): what completed at t started after that.
+    std::optional<Time> ended = stint_end(t);
+    if (engine_.preemptive && current_ && left_engine_)
+        if (const std::optional<Time> done = left_engine_(*current_);
+            done && *done > since_ && *done <= t && ran_out_at(*current_, *done))
+            ended = done;
+    return ended;
+}
+
+void Accounting::learn_unseen(ChannelId ch, Channel& c, const UnseenKernel& k) {
+    // On an idle engine it started in [from, t], one kernel after its
+    // previous interrupt: that bounds its think time, and the probe
+    // looks narrow it until one sees the start (arm_probe).  A channel
+    // that restarts after the settle reads stop is never seen otherwise.
+    if (!current_ && !k.clamped && !c.preempted && c.fence_ts >= 0 && k.one_since_fence)
+        c.kernel.learn_think(c.fence_ts, k.from, k.t);
+    // It started after the last look: one kernel of it that ran no
+    // longer than that, short of its learned length by four spreads (at
+    // most a quarter), proves that length stale (its kernels shrank).
+    // Its length unknown: an upper bound for learn_bounds.
+    if (!current_ && c.kernel.estimate > 0 && k.n == 1 && fetched_ &&
+        c.uncharged(k.completed, 1) &&
+        k.gap + std::min(4 * c.kernel.spread, c.kernel.estimate / 4) + kExactStart < c.kernel.estimate)
+        relearn(c);
+    c.started_unseen = !current_;
+    c.ever_unseen = c.ever_unseen || c.started_unseen || (current_ && k.ended);
+    // Started after the settle reads stopped, or after a kernel that
+    // ended unheard: its next starts are read at its trapped doorbells.
+    // (Not one between two settle reads: a tenant that thinks less than
+    // a millisecond would pay a trap per kernel for a start the reads
+    // date within their window.)
+    if (!k.clamped && (current_ ? k.ended.has_value() : settle_reads_done()))
+        trap_channel(ch, c, true);
+    // The channel believed on the engine ran out unheard: had it asked
+    // for an interrupt there, that one, raised before this one (by more
+    // than kReorder), would have come first.  It asks for none (or the
+    // host handled interrupts out of order); for good, so a tenant
+    // cannot shed the mark by asking again for a while.  Measuring this
+    // from `now` instead (1 ms) let kernels under 1 ms after a silent
+    // one go unmarked, charged 87..98% short.  Not where
+    // its last completion is the one its stint was dated from: it ended
+    // nothing since, and the belief was a late handler's (the engine
+    // read names who runs now, after another channel's short kernel;
+    // pvgpud marked honest tenants that way in 6 of 8 runs, and
+    // audited them for good: 0.5 more wakeups per interrupt).
+    if (current_ && k.ended && *k.ended > since_ && k.t - *k.ended > kReorder)
+        if (auto cur = channels_.find(*current_); cur != channels_.end()) cur->second.ends_unheard = true;
+    const bool bounded = !current_ && k.n == 1 && !k.clamped && !c.preempted && k.one_since_fence;
+    if (bounded) c.kernel.learn_bounds(0, k.gap);
+}
+
+void Accounting::charge_unseen(ChannelId ch, Channel& c, const UnseenKernel& k, std::optional<ChannelId> running) {
+    // Corrected by the audit looks where what ran before it is known to
+    // have ended (idle, or its completion timestamp), or where the same
+    // looks correct the channel believed on the engine up to this guess
+    // (both sides of it are corrected, so it may be off).  Else that
+    // channel's charge up to the guess stands, and so must this one's.
+    // (On the timeslice GPU a neighbour's kernel cuts into a long one
+    // begun unseen, whose start the looks saw and no read dated.)
+    const auto cur = current_ ? channels_.find(*current_) : channels_.end();
+    const bool cur_audited = cur != channels_.end() && !k.ended && audit_applies(cur->second, k.t);
+    const bool corrected = (!current_ || k.ended || cur_audited) && !k.clamped;
+    const bool both_corrected = corrected && cur_audited;
+    // Its length unknown: half the gap, or nothing where the looks
+    // correct both it and the channel believed on the engine (a large
+    // guess they take back from a channel with little else charged is
+    // a debt it never pays: an honest 0.1 ms kernel cut into another's
+    // unseen one was charged 6 to 10 times its length).
+    Duration mine = c.kernel.estimate > 0 ? std::min(k.gap, k.n * c.kernel.estimate)
+                    : both_corrected ? 0
+                                     : k.gap / 2;
+    if (k.n == 1 && audit_mean_guessed(c, k.t, corrected)) mine = std::min(k.gap, c.audit_mean);
+    if (current_ && k.ended && *k.ended <= k.t - mine) {
+        // It ran out at its completion: a stint closed there, with its
+        // usual length when it held one kernel begun in a window.
+        charge_stint(*current_, *k.ended, running);
+    } else if (current_) {
+        // On a preemptive engine this channel's context was switched in
+        // before its kernel ran: the dead time is nobody's.
+        const Time end = std::min(k.ended.value_or(k.t), k.t - mine - (engine_.preemptive ? engine_.ctxsw : 0));
+        if (both_corrected)
+            charge_guess(*current_, end, k.t);
+        else
+            charge(*current_, end - since_);
+        settle_count(*current_, running);
+    }
+    if (corrected) mine = audited(ch, c, k.t, mine, k.n == 1);
+    charge(ch, mine);
 }
 
 Time Accounting::unseen_start(Time done) const {

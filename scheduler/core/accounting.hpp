@@ -370,10 +370,53 @@ private:
     // The kernels GET counts since `c`'s last interrupt, of its usual
     // length, with a quarter's margin; 0 when not known.
     Duration fetched_cap(const Channel& c, std::uint32_t get) const;
+    // When a completion interrupt's kernel ended, as far as the host can
+    // tell at `now`; `clamped`: the GPU's timestamp lay before what was
+    // believed (learn nothing from it).
+    struct FenceTime {
+        Time t;
+        bool clamped;
+    };
+    FenceTime fence_time(ChannelId ch, Time now) const;
+    // An interrupt handled in time, `completed` kernels done by GET: whether
+    // `c` interrupts on every kernel or batches, and its probe budget.
+    void learn_interrupts(Channel& c, std::uint32_t completed);
+    // What a fence leaves for the next: its GET and timestamp, a check
+    // look, the audit spell that starts here and the idle trap.
+    void note_fence(ChannelId ch, Channel& c, Time t, bool clamped, bool late, std::uint32_t get,
+                    std::uint32_t completed, Time now);
     // A completion handled in time: `ch`'s kernel ended at t, and GET
     // counts `completed` kernels done (meaningful only with fetched_).
     void charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, std::optional<ChannelId> running,
                       std::uint32_t completed);
+    // charge_fence of the channel believed on the engine (its stint since
+    // since_, one kernel begun in a window bounded and guessed as such).
+    void charge_seen_fence(ChannelId ch, Channel& c, Time t, bool clamped, std::uint32_t completed);
+    // charge_fence of a kernel that started unseen after the last
+    // observation; the channel believed on the engine is charged up to it.
+    void charge_unseen_fence(ChannelId ch, Channel& c, Time t, bool clamped, std::optional<ChannelId> running,
+                             std::uint32_t completed, Time now);
+    // Where the channel believed on the engine ran out before a completion
+    // at t (stint_end, or GET on a preemptive engine); nullopt if unknown.
+    std::optional<Time> current_ran_out(Time t) const;
+    // A kernel begun unseen that completed at t: it started in [from, t]
+    // (gap wide), `n` kernels of it uncharged, `ended` as current_ran_out.
+    struct UnseenKernel {
+        Time t;
+        Time from;
+        Duration gap;
+        std::int32_t n;
+        std::uint32_t completed;
+        bool clamped;
+        bool one_since_fence;  // one kernel since its previous interrupt, whose GET that read saw
+        std::optional<Time> ended;
+    };
+    // What such a kernel teaches: its think time and bounds, a stale
+    // length, its trap, and whether the channel before it ends unheard.
+    void learn_unseen(ChannelId ch, Channel& c, const UnseenKernel& k);
+    // Its charge (audited where the looks cover it), and the charge of the
+    // channel believed on the engine up to where it began.
+    void charge_unseen(ChannelId ch, Channel& c, const UnseenKernel& k, std::optional<ChannelId> running);
     void slice_read();
     // Off a preemptive engine, `ch` (believed on it) ran out of work at its
     // completion timestamp `done`: GET says the one kernel it fetched since
