@@ -45,24 +45,9 @@ constexpr Duration kSettleSpan = [] {
     for (Duration g : kSettleGaps) sum += g;
     return sum;
 }();
-// Audit looks (Accounting::audited): strata a kAuditPerPace'th of a
-// channel's pace wide (between completions, per kernel GET counted between
-// them: a batching channel's kernels, not its batches), at least kAuditMinWidth and at
-// most kAuditMaxWidth; the first kAuditEven of them even (two paces), then
-// each twice the one before, kAuditStrata in all (some 2^15 paces): an idle
-// channel costs a bounded number of looks, and any kernel that is not
-// idle for ten thousand of its paces is covered (a tenant that makes the width narrow buys only
-// wider strata, noise, not a kernel left uncorrected).  A look per quarter
-// pace: more looks per pace narrow the correction's spread and cost reads;
-// four is where the two were weighed against each other.
-constexpr Duration kAuditPerPace = 4;
-constexpr Duration kAuditMinWidth = 200 * kMicrosecond;
-constexpr Duration kAuditMaxWidth = 20 * kMillisecond;
-constexpr int kAuditEven = 2 * kAuditPerPace;
-// Strata per spell: 2 paces even, then 16 doublings, some 2^15 paces.
-constexpr int kAuditStrata = kAuditEven + 16;
-// The mean of the audited charges is a channel's guess once this many
-// kernels were audited, and averages over this many at most.
+// Audit looks (Accounting::audited; their strata are AuditSampler's): the
+// mean of the audited charges is a channel's guess once this many kernels
+// were audited, and averages over this many at most.
 constexpr int kAuditTrusted = 16;
 constexpr int kAuditMean = 256;
 // ... and beats a learned length more than a kAuditMeanOff'th off it.
@@ -92,7 +77,7 @@ constexpr int kTrapUnneeded = 16;
 // delay (set_remap_delay: twice it, a switch may be in flight before).
 constexpr Duration kTrapLanded = 1 * kMillisecond;
 // The widest audit stratum on an idle engine before its doorbells are all
-// trapped (Accounting::plan_audit_look): eight or so looks over those 50 ms.
+// trapped (AuditSampler::plan_look): eight or so looks over those 50 ms.
 constexpr Duration kAuditIdleWidth = kIdleTrap / 8;
 
 // A kernel already charged `before`, whose current stint of `d` began at a
@@ -112,7 +97,8 @@ std::uint32_t completed_kernels(std::uint32_t get, ChannelId ch, std::optional<C
 
 Accounting::Accounting(const Clock& clock, Timers& timers, StatusRead read, EngineArbitration engine)
     : clock_(clock), read_(std::move(read)), engine_(engine), read_timer_(timers), kick_timer_(timers),
-      probe_timer_(timers), audit_timer_(timers), idle_trap_timer_(timers), trace_timer_(timers) {
+      probe_timer_(timers), audit_(timers, [this](Duration w) { audit_read(w); }), idle_trap_timer_(timers),
+      trace_timer_(timers) {
     set_remap_delay(0);
     since_ = last_seen_ = idle_seen_ = clock_.now();
     arm_idle_trap(idle_seen_);
@@ -146,7 +132,10 @@ void Accounting::trap_channel(ChannelId id, Channel& c, bool on) {
     set_traps(id, c, c.idle_trapped, on);
 }
 
-void Accounting::set_remap_delay(Duration d) { trap_lands_ = kTrapLanded + 2 * std::max<Duration>(0, d); }
+void Accounting::set_remap_delay(Duration d) {
+    trap_lands_ = kTrapLanded + 2 * std::max<Duration>(0, d);
+    audit_.set_idle_cap(kAuditIdleWidth, kIdleTrap + trap_lands_);
+}
 
 bool Accounting::wants_trap(ChannelId ch) const {
     auto it = channels_.find(ch);
@@ -217,7 +206,7 @@ void Accounting::channel_added(ChannelId ch, EntityId leaf) {
     if (!current_) {
         settle_step_ = 0;
         arm_read();
-        if (audit_from_ < 0) open_audit(clock_.now(), std::nullopt);
+        if (!audit_.is_open()) open_audit(clock_.now(), std::nullopt);
     }
 }
 
@@ -400,7 +389,7 @@ void Accounting::note_fence(ChannelId ch, Channel& c, Time t, bool clamped, bool
     if (fetched_) c.charged_to(completed);
     // The looks so far were for this completion; the engine seen idle now
     // starts a new spell.
-    close_audit();
+    audit_.close();
     if (!current_ || busy_spell()) open_audit(now, ch);
     // Idle from here (a kernel no look saw on the engine ended).
     if (!current_) arm_idle_trap(now);
@@ -673,7 +662,7 @@ void Accounting::observed(std::optional<ChannelId> running) {
         bool idle;
         Time t;
         ~IdleSeen() {
-            if (idle && !a.current_ && a.audit_from_ < 0) a.open_audit(t, std::nullopt);
+            if (idle && !a.current_ && !a.audit_.is_open()) a.open_audit(t, std::nullopt);
         }
     } idle_seen{*this, !running, t};
     ran_between_looks(running, t);
@@ -1345,7 +1334,7 @@ void Accounting::settle_read() {
     last_seen_ = t;
     // The last settle read saw the engine idle: any start from here on is
     // unseen, whoever it is.
-    if (!running && settle_reads_done() && audit_from_ < 0)
+    if (!running && settle_reads_done() && !audit_.is_open())
         open_audit(t, idle_after_fence_, true);
 }
 
@@ -1447,7 +1436,7 @@ void Accounting::seed_looks(std::uint64_t seed) {
     const auto lo = static_cast<std::uint32_t>(seed), hi = static_cast<std::uint32_t>(seed >> 32);
     std::seed_seq check{lo, hi, 1u}, audit{lo, hi, 2u};
     check_rng_.seed(check);
-    audit_rng_.seed(audit);
+    audit_.seed(audit);
 }
 
 bool Accounting::audit_mean_guessed(const Channel& c, Time t, bool corrected) const {
@@ -1463,7 +1452,7 @@ bool Accounting::audit_mean_guessed(const Channel& c, Time t, bool corrected) co
     // the mean, unlike a learned length, is never proven stale by a look
     // (a tenant keeping its audited kernels short would pass its long ones'
     // time to that channel).
-    if (!corrected || c.audit_kernels < kAuditTrusted || !audit_covers(t)) return false;
+    if (!corrected || c.audit_kernels < kAuditTrusted || !audit_.covers(t)) return false;
     return c.kernel.estimate == 0 || std::abs(c.audit_mean - c.kernel.estimate) > c.kernel.estimate / kAuditMeanOff;
 }
 
@@ -1495,7 +1484,7 @@ bool Accounting::busy_spell() const {
 }
 
 void Accounting::open_audit(Time from, std::optional<ChannelId> opener, bool settled) {
-    close_audit();
+    audit_.close();
     // While busy only when what starts next may start unseen.  On a
     // preemptive engine only once the settle reads saw it idle to the last:
     // its status names a context being switched in before it runs, and a
@@ -1514,55 +1503,19 @@ void Accounting::open_audit(Time from, std::optional<ChannelId> opener, bool set
         if (pace > 0) width = width == 0 ? pace : std::min(width, pace);
     }
     if (width == 0) return;
-    audit_from_ = audit_end_ = from;
-    audit_opener_ = opener;
-    audit_running_ = current_;
-    audit_width_ = std::clamp(width / kAuditPerPace, kAuditMinWidth, kAuditMaxWidth);
-    plan_audit_look();
-}
-
-void Accounting::close_audit() {
-    audit_timer_.cancel();
-    audit_from_ = -1;
-    audit_opener_.reset();
-    audit_running_.reset();
-    audit_strata_ = 0;
-    audit_looks_.clear();
-}
-
-void Accounting::plan_audit_look() {
-    if (audit_strata_ >= kAuditStrata) return;  // a spell must end: an idle GPU goes quiet
-    // (The doubling stops at 2^30 widths, years of idle time.)
-    const int doublings = std::clamp(audit_strata_ - kAuditEven + 1, 0, 30);
-    Duration w = audit_width_ << doublings;
-    // On an idle engine, until every doorbell is trapped (a later start is
-    // read exactly), no stratum is wider than kAuditIdleWidth: a start in
-    // there is corrected by one look that stands for at most that much (one
-    // in a 25.6 ms stratum moved a 20 ms kernel's charge by 25.6 ms or
-    // nothing).  These few do not count towards kAuditStrata, so the
-    // doubling after them still covers some 2^15 paces.
-    const bool capped = !audit_running_ && w > std::max(audit_width_, kAuditIdleWidth) &&
-                        audit_end_ < audit_from_ + kIdleTrap + trap_lands_;
-    if (capped)
-        w = std::max(audit_width_, kAuditIdleWidth);
-    else
-        ++audit_strata_;
-    const Time lo = audit_end_;
-    audit_end_ += w;
-    const Time at = lo + std::uniform_int_distribution<Duration>(0, w - 1)(audit_rng_);
-    audit_timer_.arm(at, [this, w] { audit_read(w); });
+    audit_.open(from, opener, current_, width);
 }
 
 void Accounting::audit_read(Duration weight) {
     Entry entry(*this);
     const Time t = clock_.now();
     const std::optional<ChannelId> running = read();
-    audit_looks_.push_back({t, weight, running});
+    audit_.record({t, weight, running});
     if (!running && !current_ && spell_done(t)) {
-        close_audit();
+        audit_.close();
         return;
     }
-    plan_audit_look();
+    audit_.plan_look();
 }
 
 bool Accounting::spell_done(Time t) const {
@@ -1592,8 +1545,8 @@ Duration Accounting::audited(ChannelId ch, Channel& c, Time t, Duration mine, bo
     // otherwise the earlier ones may have run before the spell, and what the
     // guess charged there stands.  Not the kernel on the engine when a spell
     // began while busy: it started before.
-    const bool on_at_start = audit_running_ == ch && c.charged_through < audit_from_;
-    const bool all_within = (one || audit_opener_ == ch) && !on_at_start;
+    const bool on_at_start = audit_.running_at_start() == ch && c.charged_through < audit_.from();
+    const bool all_within = (one || audit_.opener() == ch) && !on_at_start;
     through = std::max(through, t);
     const std::optional<Duration> fix = audit_correction(ch, c, t, mine, all_within, through);
     c.charged_through = std::max(c.charged_through, through);
@@ -1612,8 +1565,6 @@ Duration Accounting::after_debt(const Channel& c, Duration owed) {
     debt = std::min<Duration>(0, owed);
     return std::max<Duration>(0, owed);
 }
-
-bool Accounting::audit_covers(Time t) const { return audit_from_ >= 0 && t > audit_from_ && t <= audit_end_; }
 
 void Accounting::charge_sighted(ChannelId x, Time t) {
     auto it = channels_.find(x);
@@ -1635,7 +1586,7 @@ void Accounting::charge_sighted(ChannelId x, Time t) {
 }
 
 bool Accounting::audit_applies(const Channel& c, Time t) const {
-    return !c.preempted && audit_covers(t) && t > std::max(audit_from_, c.charged_through);
+    return !c.preempted && audit_.covers(t) && t > std::max(audit_.from(), c.charged_through);
 }
 
 std::optional<Duration> Accounting::audit_correction(ChannelId ch, const Channel& c, Time t, Duration mine,
@@ -1644,16 +1595,13 @@ std::optional<Duration> Accounting::audit_correction(ChannelId ch, const Channel
     // to if later (its stint closed by a look, say): before that the looks
     // that saw it were charged already.
     if (!audit_applies(c, t)) return std::nullopt;
-    const Time from = std::max(audit_from_, c.charged_through);
+    const Time from = std::max(audit_.from(), c.charged_through);
     const Time charged_from = t - mine;
     // What this guess charged before charged_through was charged already;
     // before the spell's start too when every kernel charged ran after it
     // (the engine was seen idle there).
-    Duration fix = -std::max<Duration>(0, (all_within ? from : c.charged_through) - charged_from);
-    for (const AuditLook& l : audit_looks_)
-        if (l.at >= from && l.at < through)
-            fix += l.weight * ((l.saw == ch ? 1 : 0) - (l.at >= charged_from && l.at < t ? 1 : 0));
-    return fix;
+    const Duration fix = -std::max<Duration>(0, (all_within ? from : c.charged_through) - charged_from);
+    return fix + audit_.correction(ch, from, through, charged_from, t);
 }
 
 void Accounting::kick_read() {

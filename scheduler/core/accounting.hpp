@@ -1,40 +1,33 @@
-// GPU time per channel and per leaf entity, kept by the scheduler itself under
-// every policy (`none` included), from what a host can read from the GPU
-// (docs/design.md, "The simulated GPU").  Never the work's own durations,
-// never the tenant-writable control page, never a timestamp the tenant's
-// own work asks the GPU to write.
+// The accounting: GPU time per channel and per leaf entity, kept by the
+// scheduler itself under every policy (`none` included), from what a host
+// can read from the GPU (docs/design.md, "The accounting").  Never the
+// work's own durations, never the tenant-writable control page, never a
+// timestamp the tenant's own work asks the GPU to write.
 //
-// A GPU with a context-switch trace (set_trace, accounting_trace.cpp) has
-// every stint dated for the host: each is charged exactly, and nothing
-// below is needed.  What follows is the accounting of a GPU without one,
-// from completion interrupts and the engine status register naming the
-// channel on the engine; where it says "completion timestamp" it means when
-// the trace-less host last knew the channel to leave the engine (none).
+// The pieces:
+//  - Accounting (this file): the ledger.  Who is believed on the engine
+//    and since when (current_, since_), what each channel and leaf is
+//    charged (Totals), the engine reads that date starts, the doorbell
+//    traps it asks of the host, and the listener that hears every charge.
+//  - KernelModel (kernel_model.hpp), one per channel, a value: its
+//    kernels' learned length and spread, and while that is unknown the
+//    bounds and think time the looks proved.
+//  - AuditSampler (audit_sampler.hpp): the audit looks at random moments
+//    that correct a guessed charge on average, and their correction.
+//  - Trace mode (set_trace, accounting_trace.cpp): a GPU that keeps a
+//    context-switch trace has every stint dated and charged exactly; none
+//    of the guessing is used.
 //
-// On a non-preemptive GPU a completion plus one engine-status read at that
-// moment says who runs next and since when, so no periodic poll is needed.
-// Only a start on an idle engine is unseen (a direct doorbell, or held work
-// a policy released): after the engine is seen idle it is read a few more
-// times at growing intervals (0 .. 1 ms, six reads at most, stopping at
-// the first start seen), which catches a client that resubmits on its
-// completion.  A start later than that is charged the kernel length learned
-// from kernels seen whole, bounded by the time since the engine was seen
-// idle.  A start the host causes itself (it released held work or forwarded
-// a trapped doorbell) is read at once, so it is exact: where no read would
-// date a start, the accounting asks the host to trap the doorbell that
-// causes it (set_trap_listener).  On a preemptive GPU
-// the host knows the time slice it programmed, so the engine status is read
-// once per slice end while busy.  Engine-status reads a policy makes anyway
-// are free observations.  A host that handles interrupts late (a stalled
-// loop) reads the engine as it is now, after other channels may have run:
-// the GPU's completion timestamps order what ran meanwhile, and GET counts
-// the kernels of a channel that interrupts on every one.  Channels that ask
-// for one interrupt per batch take turns on the engine unseen: GET counts
-// each one's kernels between looks, and the timestamps of the last turns
-// teach their lengths.  A listener
-// hears every charge and every change of the channel seen on the engine:
-// policies charge their virtual time from here instead of polling the
-// engine themselves.
+// How an event flows without a trace: a completion interrupt (fence) is
+// dated (fence_time) and the engine read names who runs now.  The kernel
+// is charged to its channel: charge_seen_fence when it was believed on the
+// engine, else charge_unseen_fence, whose guess (learned length, half a
+// window) the audit spell corrects (audited).  What the kernel teaches goes
+// to its KernelModel; the next stint is dated (now_running).  A look at
+// the engine (observed, or a read of the accounting's own: settle, busy,
+// slice, probe, check, audit) closes the believed stint at its best known
+// end the same way.  Charges reach the listener once the entry point is
+// done (Entry).
 #pragma once
 
 #include <algorithm>
@@ -46,6 +39,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "audit_sampler.hpp"
 #include "entity_tree.hpp"
 #include "gpu_device.hpp"
 #include "kernel_model.hpp"
@@ -168,6 +162,36 @@ public:
     std::uint64_t reads() const { return reads_; }
 
 private:
+    // The trace-less accounting in detail (a GPU with a context-switch trace
+    // needs none of it): from completion interrupts and the engine status
+    // register naming the channel on the engine; where it says "completion
+    // timestamp" it means when the trace-less host last knew the channel to
+    // leave the engine (none).
+    //
+    // On a non-preemptive GPU a completion plus one engine-status read at that
+    // moment says who runs next and since when, so no periodic poll is needed.
+    // Only a start on an idle engine is unseen (a direct doorbell, or held work
+    // a policy released): after the engine is seen idle it is read a few more
+    // times at growing intervals (0 .. 1 ms, six reads at most, stopping at
+    // the first start seen), which catches a client that resubmits on its
+    // completion.  A start later than that is charged the kernel length learned
+    // from kernels seen whole, bounded by the time since the engine was seen
+    // idle.  A start the host causes itself (it released held work or forwarded
+    // a trapped doorbell) is read at once, so it is exact: where no read would
+    // date a start, the accounting asks the host to trap the doorbell that
+    // causes it (set_trap_listener).  On a preemptive GPU
+    // the host knows the time slice it programmed, so the engine status is read
+    // once per slice end while busy.  Engine-status reads a policy makes anyway
+    // are free observations.  A host that handles interrupts late (a stalled
+    // loop) reads the engine as it is now, after other channels may have run:
+    // the GPU's completion timestamps order what ran meanwhile, and GET counts
+    // the kernels of a channel that interrupts on every one.  Channels that ask
+    // for one interrupt per batch take turns on the engine unseen: GET counts
+    // each one's kernels between looks, and the timestamps of the last turns
+    // teach their lengths.  A listener
+    // hears every charge and every change of the channel seen on the engine:
+    // policies charge their virtual time from here instead of polling the
+    // engine themselves.
     struct Channel {
         EntityId leaf = kNoEntity;
         KernelModel kernel{};          // its kernels' length and think time, as learned
@@ -529,17 +553,12 @@ private:
     // a window) is one a tenant can steer: it chooses which kernels the
     // looks see whole, and how its lengths and think times vary.  An unseen
     // start is therefore also corrected by looks at random moments whose
-    // odds the host fixed in advance (Horvitz-Thompson sampling): once the
-    // settle reads saw the engine idle at A (audit_from_), the time after A
-    // is cut into strata, one look at a uniform moment in each (widths: a
-    // channel's pace, the first kAuditEven strata, then doubling until the
-    // next completion; on an idle engine none wider than kAuditIdleWidth
-    // until every doorbell is trapped).  A look at u in a stratum of width w stands for the
-    // whole stratum: when the kernel that completed at t is charged `mine`,
-    // taken as [t - mine, t], each look before t adds w times (ran at u) -
-    // (charged at u), which is right on average whatever the tenant does,
-    // and zero where the guess was right.  The looks' results feed nothing
-    // else (a guess that used them would be biased by them).  Sampling goes
+    // odds the host fixed in advance (AuditSampler: once the settle reads
+    // saw the engine idle at A, the time after A is cut into strata, one
+    // look at a uniform moment in each; widths: a channel's pace, then
+    // doubling until the next completion; on an idle engine none wider than
+    // kAuditIdleWidth until every doorbell is trapped).  The looks' results
+    // feed nothing else (a guess that used them would be biased by them).  Sampling goes
     // on after a look sees a channel: stopping there (that channel runs to
     // its completion) was cheaper, but a sighting of another channel, or of
     // an earlier kernel of the same one, then left a kernel uncorrected or
@@ -555,11 +574,6 @@ private:
     // 50 ms of idle time the idle trap dates the next
     // start exactly (set_trap_listener): none comes past the last stratum
     // unseen.
-    struct AuditLook {
-        Time at;
-        Duration weight;                // its stratum's width
-        std::optional<ChannelId> saw;
-    };
     // Its pace sets the strata's width: it started unseen once (or, once
     // the settle reads are spent on an idle engine, any start of it would
     // be unseen), and its last two completions are known.
@@ -579,9 +593,7 @@ private:
     // guests interrupt on every kernel: for them only while a channel is
     // new.
     bool busy_spell() const;
-    void close_audit();
-    void plan_audit_look();
-    void audit_read(Duration weight);  // a look for a stratum this wide
+    void audit_read(Duration weight);  // a look for a stratum this wide (AuditSampler's)
     // An idle look at t that ends the spell (no later look could correct
     // anything).
     bool spell_done(Time t) const;
@@ -592,10 +604,9 @@ private:
     // all_within: every kernel charged ran after the spell's start.
     std::optional<Duration> audit_correction(ChannelId ch, const Channel& c, Time t, Duration mine,
                                              bool all_within, Time through) const;
-    // The open spell's strata reach a completion at t.
-    bool audit_covers(Time t) const;
-    // ... and audited() would correct a charge of `c` up to t (a preempted
-    // kernel's rest is not: charged as guessed).
+    // The open spell's strata reach a completion at t, and audited() would
+    // correct a charge of `c` up to t (a preempted kernel's rest is not:
+    // charged as guessed).
     bool audit_applies(const Channel& c, Time t) const;
     // Preemptive engine: `x`, not believed on the engine, is seen there at
     // a completion at t; it ran before it as far as the looks saw (charged
@@ -610,21 +621,11 @@ private:
     // guess ending at t (a stint cut where another channel's guess began).
     Duration audited(ChannelId ch, Channel& c, Time t, Duration mine, bool one, bool* corrected = nullptr,
                      Time through = -1);
-    Timer audit_timer_;
-    std::minstd_rand audit_rng_{0xa0d17};
-    Time audit_from_ = -1;            // the spell's start (-1: none open)
-    std::optional<ChannelId> audit_opener_;  // whose completion began it
+    AuditSampler audit_;
     // The engine has been idle since this channel's completion (nothing
     // seen on it, nothing else completed since): a spell opened later in
     // that idle time began at its completion too.
     std::optional<ChannelId> idle_after_fence_;
-    // Believed on the engine when it began (a spell while busy): the kernel
-    // it ran then may have started before the spell.
-    std::optional<ChannelId> audit_running_;
-    Time audit_end_ = 0;              // end of the last stratum planned
-    Duration audit_width_ = 0;
-    int audit_strata_ = 0;
-    std::vector<AuditLook> audit_looks_;
     // current_ completed a kernel at this timestamp, after it was believed
     // on the engine (on either engine; stint_end() only where a completion
     // ends the stint), and no other channel completed one since.
