@@ -694,6 +694,10 @@ void Accounting::observed(std::optional<ChannelId> running) {
         last_seen_ = t;
         return;
     }
+    switched_unseen(running, t);
+}
+
+void Accounting::switched_unseen(std::optional<ChannelId> running, Time t) {
     Time lo = last_seen_, hi = t;
     std::optional<Time> done;
     if (engine_.preemptive && current_ && left_engine_) done = left_engine_(*current_);
@@ -1073,31 +1077,37 @@ void Accounting::now_running(std::optional<ChannelId> running, Time lo, Time hi)
     stint_start_ = at;
     start_slack_ = audit_slack_ = std::max(at - lo, hi - at);
     last_seen_ = std::max(last_seen_, at);
-    if (running) {
-        if (engine_.preemptive) {
-            // As the engine does: a new context costs a switch and gets a
-            // fresh slice; the same one keeps its slice while it lasts.
-            if (running != loaded_) {
-                since_ = stint_start_ = at + engine_.ctxsw;
-                slice_end_ = since_ + engine_.timeslice;
-                slice_slack_ = start_slack_;
-            } else if (at >= slice_end_) {
-                slice_end_ = at + engine_.timeslice;
-                slice_slack_ = start_slack_;
-            }
-        }
-        loaded_ = running;
-        if (auto it = channels_.find(*running); it != channels_.end()) {
-            Channel& c = it->second;
-            c.ran = true;
-            c.fresh = !c.preempted;  // else it resumes a kernel begun earlier
-            c.kernel_start = c.fresh && lo == hi ? since_ : -1;
-            if (c.kernel_start >= 0 && fetched_) {
-                c.start_get = fetched_(*running);
-                c.charged_to(c.start_get - 1);  // GET counts the one that starts now
-            }
+    if (running) start_stint(running, at, lo, hi);
+    engine_changed(running, before);
+}
+
+void Accounting::start_stint(std::optional<ChannelId> running, Time at, Time lo, Time hi) {
+    if (engine_.preemptive) {
+        // As the engine does: a new context costs a switch and gets a
+        // fresh slice; the same one keeps its slice while it lasts.
+        if (running != loaded_) {
+            since_ = stint_start_ = at + engine_.ctxsw;
+            slice_end_ = since_ + engine_.timeslice;
+            slice_slack_ = start_slack_;
+        } else if (at >= slice_end_) {
+            slice_end_ = at + engine_.timeslice;
+            slice_slack_ = start_slack_;
         }
     }
+    loaded_ = running;
+    if (auto it = channels_.find(*running); it != channels_.end()) {
+        Channel& c = it->second;
+        c.ran = true;
+        c.fresh = !c.preempted;  // else it resumes a kernel begun earlier
+        c.kernel_start = c.fresh && lo == hi ? since_ : -1;
+        if (c.kernel_start >= 0 && fetched_) {
+            c.start_get = fetched_(*running);
+            c.charged_to(c.start_get - 1);  // GET counts the one that starts now
+        }
+    }
+}
+
+void Accounting::engine_changed(std::optional<ChannelId> running, std::optional<ChannelId> before) {
     if (!running && before) {
         settle_step_ = 0;  // just went idle: watch for the next start
         idle_seen_ = clock_.now();

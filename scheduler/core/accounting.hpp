@@ -300,6 +300,14 @@ private:
     void charge(ChannelId ch, Duration d);
     // `running` is on the engine from some moment in [lo, hi].
     void now_running(std::optional<ChannelId> running, Time lo, Time hi);
+    // now_running's steps: `running` (not idle) dated at `at` (seen in
+    // [lo, hi]): its context's slice and its kernel's start; then what
+    // changes when the engine went idle or busy, and the listener's event.
+    void start_stint(std::optional<ChannelId> running, Time at, Time lo, Time hi);
+    void engine_changed(std::optional<ChannelId> running, std::optional<ChannelId> before);
+    // observed's last step: the engine switched somewhere in (last_seen_, t]
+    // with no completion of the channel believed on it to date it.
+    void switched_unseen(std::optional<ChannelId> running, Time t);
     void arm_read();
     // A look at `t` at an engine believed idle since last_seen_: channels whose
     // completion timestamp lies in between and whose GET counts kernels not
