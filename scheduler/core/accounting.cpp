@@ -19,7 +19,7 @@ constexpr Duration kSliceReadDelay = 1 * kMicrosecond;
 constexpr Duration kSettleGaps[] = {0, 1 * kMicrosecond, 10 * kMicrosecond, 40 * kMicrosecond,
                                     150 * kMicrosecond, 800 * kMicrosecond};
 // A start seen between two reads this close is taken as exactly known.
-constexpr Duration kExactStart = 2 * kMicrosecond;
+constexpr Duration kExactStart = KernelModel::kExactStart;
 // A busy non-preemptive engine is read once if nothing was seen for this
 // long (and twice its channel's usual kernel): a tenant may submit without
 // asking for completion interrupts, and its time must still be charged as
@@ -30,10 +30,6 @@ constexpr Duration kBusyWatch = 1 * kMillisecond;
 // time jitters by more than kProbeNarrow never lets a window close.
 constexpr Duration kProbeWindow = 10 * kMillisecond;
 constexpr int kMaxProbes = 24;
-// A length is learned from bounds (learn_bounds) once this many kernels in a
-// row agreed and they narrowed to a 64th of it: kernels of varied lengths
-// whose wide windows happen to overlap for a while teach nothing.
-constexpr int kBoundKernels = 16;
 // A channel whose window never closes (its think time jitters, or it
 // changed) gets one look back per this many of its interrupts: a window
 // the tenant moved after the probes were spent is found again.
@@ -49,24 +45,9 @@ constexpr Duration kSettleSpan = [] {
     for (Duration g : kSettleGaps) sum += g;
     return sum;
 }();
-// Audit looks (Accounting::audited): strata a kAuditPerPace'th of a
-// channel's pace wide (between completions, per kernel GET counted between
-// them: a batching channel's kernels, not its batches), at least kAuditMinWidth and at
-// most kAuditMaxWidth; the first kAuditEven of them even (two paces), then
-// each twice the one before, kAuditStrata in all (some 2^15 paces): an idle
-// channel costs a bounded number of looks, and any kernel that is not
-// idle for ten thousand of its paces is covered (a tenant that makes the width narrow buys only
-// wider strata, noise, not a kernel left uncorrected).  A look per quarter
-// pace: more looks per pace narrow the correction's spread and cost reads;
-// four is where the two were weighed against each other.
-constexpr Duration kAuditPerPace = 4;
-constexpr Duration kAuditMinWidth = 200 * kMicrosecond;
-constexpr Duration kAuditMaxWidth = 20 * kMillisecond;
-constexpr int kAuditEven = 2 * kAuditPerPace;
-// Strata per spell: 2 paces even, then 16 doublings, some 2^15 paces.
-constexpr int kAuditStrata = kAuditEven + 16;
-// The mean of the audited charges is a channel's guess once this many
-// kernels were audited, and averages over this many at most.
+// Audit looks (Accounting::audited; their strata are AuditSampler's): the
+// mean of the audited charges is a channel's guess once this many kernels
+// were audited, and averages over this many at most.
 constexpr int kAuditTrusted = 16;
 constexpr int kAuditMean = 256;
 // ... and beats a learned length more than a kAuditMeanOff'th off it.
@@ -96,7 +77,7 @@ constexpr int kTrapUnneeded = 16;
 // delay (set_remap_delay: twice it, a switch may be in flight before).
 constexpr Duration kTrapLanded = 1 * kMillisecond;
 // The widest audit stratum on an idle engine before its doorbells are all
-// trapped (Accounting::plan_audit_look): eight or so looks over those 50 ms.
+// trapped (AuditSampler::plan_look): eight or so looks over those 50 ms.
 constexpr Duration kAuditIdleWidth = kIdleTrap / 8;
 
 // A kernel already charged `before`, whose current stint of `d` began at a
@@ -116,7 +97,8 @@ std::uint32_t completed_kernels(std::uint32_t get, ChannelId ch, std::optional<C
 
 Accounting::Accounting(const Clock& clock, Timers& timers, StatusRead read, EngineArbitration engine)
     : clock_(clock), read_(std::move(read)), engine_(engine), read_timer_(timers), kick_timer_(timers),
-      probe_timer_(timers), audit_timer_(timers), idle_trap_timer_(timers), trace_timer_(timers) {
+      probe_timer_(timers), audit_(timers, [this](Duration w) { audit_read(w); }), idle_trap_timer_(timers),
+      trace_timer_(timers) {
     set_remap_delay(0);
     since_ = last_seen_ = idle_seen_ = clock_.now();
     arm_idle_trap(idle_seen_);
@@ -150,7 +132,10 @@ void Accounting::trap_channel(ChannelId id, Channel& c, bool on) {
     set_traps(id, c, c.idle_trapped, on);
 }
 
-void Accounting::set_remap_delay(Duration d) { trap_lands_ = kTrapLanded + 2 * std::max<Duration>(0, d); }
+void Accounting::set_remap_delay(Duration d) {
+    trap_lands_ = kTrapLanded + 2 * std::max<Duration>(0, d);
+    audit_.set_idle_cap(kAuditIdleWidth, kIdleTrap + trap_lands_);
+}
 
 bool Accounting::wants_trap(ChannelId ch) const {
     auto it = channels_.find(ch);
@@ -221,7 +206,7 @@ void Accounting::channel_added(ChannelId ch, EntityId leaf) {
     if (!current_) {
         settle_step_ = 0;
         arm_read();
-        if (audit_from_ < 0) open_audit(clock_.now(), std::nullopt);
+        if (!audit_.is_open()) open_audit(clock_.now(), std::nullopt);
     }
 }
 
@@ -301,24 +286,10 @@ void Accounting::fence(ChannelId ch) {
         if (auto it = channels_.find(ch); it != channels_.end()) ++totals_[it->second.leaf].kernels;
         return;
     }
-    // The kernel ended at the GPU's timestamp if it writes one (the interrupt
-    // may run late on a busy host), never before what was already seen.  A
-    // kernel seen on the engine ends no earlier than it started, but may end
-    // before that sighting: a host that ran late reads the engine, then
-    // handles completions the GPU timestamped earlier.  Bounding those by
-    // the sighting would charge the first of them the whole delay.
-    //
-    // A kernel of another channel started after the one seen ran from
-    // since_; an idle engine seen at last_seen_ started nothing before it.
     const Time now = clock_.now();
-    Time t = now;
-    bool clamped = false;  // the GPU's timestamp lay before what was believed: learn nothing from it
-    if (left_engine_)
-        if (const std::optional<Time> done = left_engine_(ch)) {
-            const Time earliest = std::min(unseen_start(*done), now);
-            t = std::clamp(*done, earliest, now);
-            clamped = *done < earliest;
-        }
+    const FenceTime when = fence_time(ch, now);
+    const Time t = when.t;
+    const bool clamped = when.clamped;  // the GPU's timestamp lay before what was believed: learn nothing from it
     // The interrupt arrives after the engine moved on: the register names
     // the channel that started when this kernel ended.
     const std::optional<ChannelId> running = read();
@@ -350,30 +321,57 @@ void Accounting::fence(ChannelId ch) {
     }
     // A channel whose interrupts, handled in time, come one per kernel has
     // its kernels counted exactly by GET after a stall.
-    if (!late && !clamped) {
-        if (c.kernel_estimate == 0 && c.probes > 0 && ++c.refill >= kProbeRefill) {
-            --c.probes;
-            c.refill = 0;
+    if (!late && !clamped) learn_interrupts(c, completed);
+    note_fence(ch, c, t, clamped, late, get, completed, now);
+}
+
+Accounting::FenceTime Accounting::fence_time(ChannelId ch, Time now) const {
+    // The kernel ended at the GPU's timestamp if it writes one (the interrupt
+    // may run late on a busy host), never before what was already seen.  A
+    // kernel seen on the engine ends no earlier than it started, but may end
+    // before that sighting: a host that ran late reads the engine, then
+    // handles completions the GPU timestamped earlier.  Bounding those by
+    // the sighting would charge the first of them the whole delay.
+    //
+    // A kernel of another channel started after the one seen ran from
+    // since_; an idle engine seen at last_seen_ started nothing before it.
+    FenceTime when{now, false};
+    if (left_engine_)
+        if (const std::optional<Time> done = left_engine_(ch)) {
+            const Time earliest = std::min(unseen_start(*done), now);
+            when.t = std::clamp(*done, earliest, now);
+            when.clamped = *done < earliest;
         }
-        const bool every_before = c.every_kernel;
-        c.every_kernel = c.fence_get_known && completed - c.fence_done == 1;
-        // Two in a row, as for `batches` below: a channel that batches may
-        // see one kernel at an interrupt now and then.
-        if (c.every_kernel && every_before && !c.one_per_kernel_seen) {
-            c.one_per_kernel_seen = true;
-            count_batching(c);
-        }
-        // Several kernels at two interrupts in a row: one a little late
-        // sees the next kernel done too, but the next interrupt then sees
-        // none.  Once seen, for good: under hfq's metering the same channel
-        // may also complete one kernel per interrupt at times.
-        const bool several = c.fence_get_known && static_cast<std::int32_t>(completed - c.fence_done) > 1;
-        if (several && c.several_before && !c.batches) {
-            c.batches = true;
-            count_batching(c);
-        }
-        c.several_before = several;
+    return when;
+}
+
+void Accounting::learn_interrupts(Channel& c, std::uint32_t completed) {
+    if (c.kernel.estimate == 0 && c.probes > 0 && ++c.refill >= kProbeRefill) {
+        --c.probes;
+        c.refill = 0;
     }
+    const bool every_before = c.every_kernel;
+    c.every_kernel = c.fence_get_known && completed - c.fence_done == 1;
+    // Two in a row, as for `batches` below: a channel that batches may
+    // see one kernel at an interrupt now and then.
+    if (c.every_kernel && every_before && !c.one_per_kernel_seen) {
+        c.one_per_kernel_seen = true;
+        count_batching(c);
+    }
+    // Several kernels at two interrupts in a row: one a little late
+    // sees the next kernel done too, but the next interrupt then sees
+    // none.  Once seen, for good: under hfq's metering the same channel
+    // may also complete one kernel per interrupt at times.
+    const bool several = c.fence_get_known && static_cast<std::int32_t>(completed - c.fence_done) > 1;
+    if (several && c.several_before && !c.batches) {
+        c.batches = true;
+        count_batching(c);
+    }
+    c.several_before = several;
+}
+
+void Accounting::note_fence(ChannelId ch, Channel& c, Time t, bool clamped, bool late, std::uint32_t get,
+                            std::uint32_t completed, Time now) {
     // Kernels since its previous interrupt (1 when GET does not say): its
     // pace per kernel sets the audit's strata.
     c.fence_kernels = c.fence_get_known && fetched_
@@ -391,7 +389,7 @@ void Accounting::fence(ChannelId ch) {
     if (fetched_) c.charged_to(completed);
     // The looks so far were for this completion; the engine seen idle now
     // starts a new spell.
-    close_audit();
+    audit_.close();
     if (!current_ || busy_spell()) open_audit(now, ch);
     // Idle from here (a kernel no look saw on the engine ended).
     if (!current_) arm_idle_trap(now);
@@ -402,50 +400,7 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
                               std::uint32_t completed) {
     const Time now = clock_.now();
     if (current_ == ch) {
-        const Duration d = t - since_;
-        // One kernel, begun fresh in a window: a look saw it on the engine
-        // at seen_hi_ at the latest (a watch read since changes nothing), so
-        // it ran at least from there to now, and at most from seen_lo_.  Longer
-        // than its learned length allows (four spreads, at most a quarter,
-        // beyond it): that length is stale (check_at's looks), and this
-        // kernel is charged by its window.  Its length unknown: the bounds
-        // teach it (learn_bounds).
-        const bool windowed = c.kernel_start < 0 && seen_hi_ > seen_lo_ && c.fresh && !c.preempted && fetched_ &&
-                              c.uncharged(completed, 1);
-        if (windowed && c.kernel_estimate > 0 &&
-            t - seen_hi_ > c.kernel_estimate + std::min(4 * c.kernel_spread, c.kernel_estimate / 4) + kExactStart)
-            relearn(c);
-        c.started_unseen = false;
-        const bool bounded = windowed && c.fence_get_known && completed - c.fence_done == 1;
-        if (bounded) learn_bounds(c, t - seen_hi_, t - seen_lo_);
-        Duration mine = one_kernel_guess(c, d);
-        const bool corrected = c.fresh && audit_slack_ > 0 && fetched_ && !clamped;
-        if (start_slack_ > 0 && audit_mean_guessed(c, t, corrected))
-            mine = whole_kernel(c.audit_mean, 0, d, start_slack_);
-        // Its length unknown and its start in a slice end's window (up to a
-        // slice wide) the looks will correct: from the window's end.  The
-        // looks put it right on average either way, but a guess they take
-        // back from a channel with little else charged is a debt it never
-        // pays (an honest 0.1 ms kernel seen starting at a slice end was
-        // charged 6 times that).  Not in the narrow windows of the settle
-        // reads: their middle is closer, and the looks' noise grows with
-        // the guess's error (lone tenants of varied lengths: 3 of 720
-        // beyond 1% instead of 2).
-        if (corrected && engine_.preemptive && c.kernel_estimate == 0 &&
-            (c.uncharged(completed, 1) || (!c.charged_known && completed == 1)) && seen_hi_ > since_ &&
-            audit_applies(c, t))
-            mine = std::clamp<Duration>(t - seen_hi_, 0, mine);
-        const Duration slack = c.kernel_slack + start_slack_;
-        if (c.preempted && slack > 0 && c.kernel_estimate > 0 && fetched_ && c.uncharged(completed, 1)) {
-            // The end of one kernel preempted before, whose stints began at
-            // moments known only within `slack`: as one_kernel_guess does
-            // for a kernel run whole.
-            mine = whole_kernel(c.kernel_estimate, c.kernel_charged, d, slack);
-        }
-        if (corrected) mine = audited(ch, c, t, mine, c.uncharged(completed, 1));
-        charge(ch, mine);
-        c.kernel_charged = c.kernel_slack = 0;
-        if (!clamped) learn_stint(c, t, fetched_ ? completed : 0);
+        charge_seen_fence(ch, c, t, clamped, completed);
     } else if (fetched_ && c.uncharged(completed, 0)) {
         // Every kernel GET counts was charged already: a look at the engine
         // (a slice end's read) closed its stint at this completion before
@@ -457,105 +412,7 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
         observed(running);
         return;
     } else {
-        // It started unseen after the last observation: from an idle engine
-        // (a direct doorbell), or after a kernel whose completion raised no
-        // interrupt.  It ran about its usual length, at most the whole gap.
-        // A sighting later than its completion was the host reading late
-        // (the GPU's timestamp is the truth): the gap is then the stint.
-        // The channel believed on the engine may be known to have ended
-        // earlier (stint_end; on a preemptive engine, when GET says its
-        // one kernel was all it had): this one started after that.
-        std::optional<Time> ended = stint_end(t);
-        if (engine_.preemptive && current_ && left_engine_)
-            if (const std::optional<Time> done = left_engine_(*current_);
-                done && *done > since_ && *done <= t && ran_out_at(*current_, *done))
-                ended = done;
-        // On a preemptive engine, preempted kernels resumed where it ran
-        // out; those that completed ran before this one.
-        Time after = std::min(unseen_start(t), now);
-        if (ended) after = engine_.preemptive ? resumed_unseen(ch, *ended, t, running) : *ended;
-        const Time from = std::max(after, std::min(c.no_work_before, t));
-        // GET counts its kernels since last charged: with another channel
-        // between its interrupts, the two took turns on the engine.
-        const Duration gap = std::max<Duration>(0, t - from);
-        const std::int32_t n = c.kernels_since_charged(completed);
-        // One kernel since its previous interrupt, whose GET that read saw.
-        const bool one_since_fence = fetched_ && c.fence_get_known && completed - c.fence_done == 1;
-        // On an idle engine it started in [from, t], one kernel after its
-        // previous interrupt: that bounds its think time, and the probe
-        // looks narrow it until one sees the start (arm_probe).  A channel
-        // that restarts after the settle reads stop is never seen otherwise.
-        if (!current_ && !clamped && !c.preempted && c.fence_ts >= 0 && one_since_fence)
-            learn_think(c, c.fence_ts, from, t);
-        // It started after the last look: one kernel of it that ran no
-        // longer than that, short of its learned length by four spreads (at
-        // most a quarter), proves that length stale (its kernels shrank).
-        // Its length unknown: an upper bound for learn_bounds.
-        if (!current_ && c.kernel_estimate > 0 && n == 1 && fetched_ &&
-            c.uncharged(completed, 1) &&
-            gap + std::min(4 * c.kernel_spread, c.kernel_estimate / 4) + kExactStart < c.kernel_estimate)
-            relearn(c);
-        c.started_unseen = !current_;
-        c.ever_unseen = c.ever_unseen || c.started_unseen || (current_ && ended);
-        // Started after the settle reads stopped, or after a kernel that
-        // ended unheard: its next starts are read at its trapped doorbells.
-        // (Not one between two settle reads: a tenant that thinks less than
-        // a millisecond would pay a trap per kernel for a start the reads
-        // date within their window.)
-        if (!clamped && (current_ ? ended.has_value() : settle_reads_done()))
-            trap_channel(ch, c, true);
-        // The channel believed on the engine ran out unheard: had it asked
-        // for an interrupt there, that one, raised before this one (by more
-        // than kReorder), would have come first.  It asks for none (or the
-        // host handled interrupts out of order); for good, so a tenant
-        // cannot shed the mark by asking again for a while.  Measuring this
-        // from `now` instead (1 ms) let kernels under 1 ms after a silent
-        // one go unmarked, charged 87..98% short.  Not where
-        // its last completion is the one its stint was dated from: it ended
-        // nothing since, and the belief was a late handler's (the engine
-        // read names who runs now, after another channel's short kernel;
-        // pvgpud marked honest tenants that way in 6 of 8 runs, and
-        // audited them for good: 0.5 more wakeups per interrupt).
-        if (current_ && ended && *ended > since_ && t - *ended > kReorder)
-            if (auto cur = channels_.find(*current_); cur != channels_.end()) cur->second.ends_unheard = true;
-        const bool bounded = !current_ && n == 1 && !clamped && !c.preempted && one_since_fence;
-        if (bounded) learn_bounds(c, 0, gap);
-        // Corrected by the audit looks where what ran before it is known to
-        // have ended (idle, or its completion timestamp), or where the same
-        // looks correct the channel believed on the engine up to this guess
-        // (both sides of it are corrected, so it may be off).  Else that
-        // channel's charge up to the guess stands, and so must this one's.
-        // (On the timeslice GPU a neighbour's kernel cuts into a long one
-        // begun unseen, whose start the looks saw and no read dated.)
-        const auto cur = current_ ? channels_.find(*current_) : channels_.end();
-        const bool cur_audited = cur != channels_.end() && !ended && audit_applies(cur->second, t);
-        const bool corrected = (!current_ || ended || cur_audited) && !clamped;
-        const bool both_corrected = corrected && cur_audited;
-        // Its length unknown: half the gap, or nothing where the looks
-        // correct both it and the channel believed on the engine (a large
-        // guess they take back from a channel with little else charged is
-        // a debt it never pays: an honest 0.1 ms kernel cut into another's
-        // unseen one was charged 6 to 10 times its length).
-        Duration mine = c.kernel_estimate > 0 ? std::min(gap, n * c.kernel_estimate)
-                        : both_corrected ? 0
-                                         : gap / 2;
-        if (n == 1 && audit_mean_guessed(c, t, corrected)) mine = std::min(gap, c.audit_mean);
-        if (current_ && ended && *ended <= t - mine) {
-            // It ran out at its completion: a stint closed there, with its
-            // usual length when it held one kernel begun in a window.
-            charge_stint(*current_, *ended, running);
-        } else if (current_) {
-            // On a preemptive engine this channel's context was switched in
-            // before its kernel ran: the dead time is nobody's.
-            const Time end = std::min(ended.value_or(t), t - mine - (engine_.preemptive ? engine_.ctxsw : 0));
-            if (both_corrected)
-                charge_guess(*current_, end, t);
-            else
-                charge(*current_, end - since_);
-            settle_count(*current_, running);
-        }
-        if (corrected) mine = audited(ch, c, t, mine, n == 1);
-        charge(ch, mine);
+        charge_unseen_fence(ch, c, t, clamped, running, completed, now);
     }
     c.kernel_start = -1;
     set_preempted(ch, c, false);
@@ -566,6 +423,170 @@ void Accounting::charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, st
     const Time next = engine_.preemptive && running != ch && t < now ? resumed_unseen(ch, t, now, running) : t;
     now_running(running, next, next);
     last_seen_ = now;  // the read above
+}
+
+void Accounting::charge_seen_fence(ChannelId ch, Channel& c, Time t, bool clamped, std::uint32_t completed) {
+    const Duration d = t - since_;
+    // One kernel, begun fresh in a window: a look saw it on the engine
+    // at seen_hi_ at the latest (a watch read since changes nothing), so
+    // it ran at least from there to now, and at most from seen_lo_.  Longer
+    // than its learned length allows (four spreads, at most a quarter,
+    // beyond it): that length is stale (check_at's looks), and this
+    // kernel is charged by its window.  Its length unknown: the bounds
+    // teach it (learn_bounds).
+    const bool windowed = c.kernel_start < 0 && seen_hi_ > seen_lo_ && c.fresh && !c.preempted && fetched_ &&
+                          c.uncharged(completed, 1);
+    if (windowed && c.kernel.estimate > 0 &&
+        t - seen_hi_ > c.kernel.estimate + std::min(4 * c.kernel.spread, c.kernel.estimate / 4) + kExactStart)
+        relearn(c);
+    c.started_unseen = false;
+    const bool bounded = windowed && c.fence_get_known && completed - c.fence_done == 1;
+    if (bounded) c.kernel.learn_bounds(t - seen_hi_, t - seen_lo_);
+    Duration mine = one_kernel_guess(c, d);
+    const bool corrected = c.fresh && audit_slack_ > 0 && fetched_ && !clamped;
+    if (start_slack_ > 0 && audit_mean_guessed(c, t, corrected))
+        mine = whole_kernel(c.audit_mean, 0, d, start_slack_);
+    // Its length unknown and its start in a slice end's window (up to a
+    // slice wide) the looks will correct: from the window's end.  The
+    // looks put it right on average either way, but a guess they take
+    // back from a channel with little else charged is a debt it never
+    // pays (an honest 0.1 ms kernel seen starting at a slice end was
+    // charged 6 times that).  Not in the narrow windows of the settle
+    // reads: their middle is closer, and the looks' noise grows with
+    // the guess's error (lone tenants of varied lengths: 3 of 720
+    // beyond 1% instead of 2).
+    if (corrected && engine_.preemptive && c.kernel.estimate == 0 &&
+        (c.uncharged(completed, 1) || (!c.charged_known && completed == 1)) && seen_hi_ > since_ &&
+        audit_applies(c, t))
+        mine = std::clamp<Duration>(t - seen_hi_, 0, mine);
+    const Duration slack = c.kernel_slack + start_slack_;
+    if (c.preempted && slack > 0 && c.kernel.estimate > 0 && fetched_ && c.uncharged(completed, 1)) {
+        // The end of one kernel preempted before, whose stints began at
+        // moments known only within `slack`: as one_kernel_guess does
+        // for a kernel run whole.
+        mine = whole_kernel(c.kernel.estimate, c.kernel_charged, d, slack);
+    }
+    if (corrected) mine = audited(ch, c, t, mine, c.uncharged(completed, 1));
+    charge(ch, mine);
+    c.kernel_charged = c.kernel_slack = 0;
+    if (!clamped) learn_stint(c, t, fetched_ ? completed : 0);
+}
+
+void Accounting::charge_unseen_fence(ChannelId ch, Channel& c, Time t, bool clamped,
+                                     std::optional<ChannelId> running, std::uint32_t completed, Time now) {
+    // It started unseen after the last observation: from an idle engine
+    // (a direct doorbell), or after a kernel whose completion raised no
+    // interrupt.  It ran about its usual length, at most the whole gap.
+    // A sighting later than its completion was the host reading late
+    // (the GPU's timestamp is the truth): the gap is then the stint.
+    const std::optional<Time> ended = current_ran_out(t);
+    // On a preemptive engine, preempted kernels resumed where it ran
+    // out; those that completed ran before this one.
+    Time after = std::min(unseen_start(t), now);
+    if (ended) after = engine_.preemptive ? resumed_unseen(ch, *ended, t, running) : *ended;
+    const Time from = std::max(after, std::min(c.no_work_before, t));
+    UnseenKernel k{t, from, 0, 0, completed, clamped, false, ended};
+    // GET counts its kernels since last charged: with another channel
+    // between its interrupts, the two took turns on the engine.
+    k.gap = std::max<Duration>(0, t - from);
+    k.n = c.kernels_since_charged(completed);
+    // One kernel since its previous interrupt, whose GET that read saw.
+    k.one_since_fence = fetched_ && c.fence_get_known && completed - c.fence_done == 1;
+    learn_unseen(ch, c, k);
+    charge_unseen(ch, c, k, running);
+}
+
+std::optional<Time> Accounting::current_ran_out(Time t) const {
+    // The channel believed on the engine may be known to have ended
+    // earlier (stint_end; on a preemptive engine, when GET says its
+    // one kernel was all it had): what completed at t started after that.
+    std::optional<Time> ended = stint_end(t);
+    if (engine_.preemptive && current_ && left_engine_)
+        if (const std::optional<Time> done = left_engine_(*current_);
+            done && *done > since_ && *done <= t && ran_out_at(*current_, *done))
+            ended = done;
+    return ended;
+}
+
+void Accounting::learn_unseen(ChannelId ch, Channel& c, const UnseenKernel& k) {
+    // On an idle engine it started in [from, t], one kernel after its
+    // previous interrupt: that bounds its think time, and the probe
+    // looks narrow it until one sees the start (arm_probe).  A channel
+    // that restarts after the settle reads stop is never seen otherwise.
+    if (!current_ && !k.clamped && !c.preempted && c.fence_ts >= 0 && k.one_since_fence)
+        c.kernel.learn_think(c.fence_ts, k.from, k.t);
+    // It started after the last look: one kernel of it that ran no
+    // longer than that, short of its learned length by four spreads (at
+    // most a quarter), proves that length stale (its kernels shrank).
+    // Its length unknown: an upper bound for learn_bounds.
+    if (!current_ && c.kernel.estimate > 0 && k.n == 1 && fetched_ &&
+        c.uncharged(k.completed, 1) &&
+        k.gap + std::min(4 * c.kernel.spread, c.kernel.estimate / 4) + kExactStart < c.kernel.estimate)
+        relearn(c);
+    c.started_unseen = !current_;
+    c.ever_unseen = c.ever_unseen || c.started_unseen || (current_ && k.ended);
+    // Started after the settle reads stopped, or after a kernel that
+    // ended unheard: its next starts are read at its trapped doorbells.
+    // (Not one between two settle reads: a tenant that thinks less than
+    // a millisecond would pay a trap per kernel for a start the reads
+    // date within their window.)
+    if (!k.clamped && (current_ ? k.ended.has_value() : settle_reads_done()))
+        trap_channel(ch, c, true);
+    // The channel believed on the engine ran out unheard: had it asked
+    // for an interrupt there, that one, raised before this one (by more
+    // than kReorder), would have come first.  It asks for none (or the
+    // host handled interrupts out of order); for good, so a tenant
+    // cannot shed the mark by asking again for a while.  Measuring this
+    // from `now` instead (1 ms) let kernels under 1 ms after a silent
+    // one go unmarked, charged 87..98% short.  Not where
+    // its last completion is the one its stint was dated from: it ended
+    // nothing since, and the belief was a late handler's (the engine
+    // read names who runs now, after another channel's short kernel;
+    // pvgpud marked honest tenants that way in 6 of 8 runs, and
+    // audited them for good: 0.5 more wakeups per interrupt).
+    if (current_ && k.ended && *k.ended > since_ && k.t - *k.ended > kReorder)
+        if (auto cur = channels_.find(*current_); cur != channels_.end()) cur->second.ends_unheard = true;
+    const bool bounded = !current_ && k.n == 1 && !k.clamped && !c.preempted && k.one_since_fence;
+    if (bounded) c.kernel.learn_bounds(0, k.gap);
+}
+
+void Accounting::charge_unseen(ChannelId ch, Channel& c, const UnseenKernel& k, std::optional<ChannelId> running) {
+    // Corrected by the audit looks where what ran before it is known to
+    // have ended (idle, or its completion timestamp), or where the same
+    // looks correct the channel believed on the engine up to this guess
+    // (both sides of it are corrected, so it may be off).  Else that
+    // channel's charge up to the guess stands, and so must this one's.
+    // (On the timeslice GPU a neighbour's kernel cuts into a long one
+    // begun unseen, whose start the looks saw and no read dated.)
+    const auto cur = current_ ? channels_.find(*current_) : channels_.end();
+    const bool cur_audited = cur != channels_.end() && !k.ended && audit_applies(cur->second, k.t);
+    const bool corrected = (!current_ || k.ended || cur_audited) && !k.clamped;
+    const bool both_corrected = corrected && cur_audited;
+    // Its length unknown: half the gap, or nothing where the looks
+    // correct both it and the channel believed on the engine (a large
+    // guess they take back from a channel with little else charged is
+    // a debt it never pays: an honest 0.1 ms kernel cut into another's
+    // unseen one was charged 6 to 10 times its length).
+    Duration mine = c.kernel.estimate > 0 ? std::min(k.gap, k.n * c.kernel.estimate)
+                    : both_corrected ? 0
+                                     : k.gap / 2;
+    if (k.n == 1 && audit_mean_guessed(c, k.t, corrected)) mine = std::min(k.gap, c.audit_mean);
+    if (current_ && k.ended && *k.ended <= k.t - mine) {
+        // It ran out at its completion: a stint closed there, with its
+        // usual length when it held one kernel begun in a window.
+        charge_stint(*current_, *k.ended, running);
+    } else if (current_) {
+        // On a preemptive engine this channel's context was switched in
+        // before its kernel ran: the dead time is nobody's.
+        const Time end = std::min(k.ended.value_or(k.t), k.t - mine - (engine_.preemptive ? engine_.ctxsw : 0));
+        if (both_corrected)
+            charge_guess(*current_, end, k.t);
+        else
+            charge(*current_, end - since_);
+        settle_count(*current_, running);
+    }
+    if (corrected) mine = audited(ch, c, k.t, mine, k.n == 1);
+    charge(ch, mine);
 }
 
 Time Accounting::unseen_start(Time done) const {
@@ -641,7 +662,7 @@ void Accounting::observed(std::optional<ChannelId> running) {
         bool idle;
         Time t;
         ~IdleSeen() {
-            if (idle && !a.current_ && a.audit_from_ < 0) a.open_audit(t, std::nullopt);
+            if (idle && !a.current_ && !a.audit_.is_open()) a.open_audit(t, std::nullopt);
         }
     } idle_seen{*this, !running, t};
     ran_between_looks(running, t);
@@ -673,6 +694,10 @@ void Accounting::observed(std::optional<ChannelId> running) {
         last_seen_ = t;
         return;
     }
+    switched_unseen(running, t);
+}
+
+void Accounting::switched_unseen(std::optional<ChannelId> running, Time t) {
     Time lo = last_seen_, hi = t;
     std::optional<Time> done;
     if (engine_.preemptive && current_ && left_engine_) done = left_engine_(*current_);
@@ -752,8 +777,8 @@ std::optional<Time> Accounting::replay(std::optional<ChannelId> fenced, std::opt
             // it was late to release): at most the kernels GET counts since
             // its last interrupt, of its usual length.  The rest is nobody's.
             // One that interrupts on every kernel: GET counts them exactly.
-            const Duration cap = c.every_kernel && c.charged_known ? kernels_in(d, running) * c.kernel_estimate
-                                 : after_idle                     ? c.kernel_estimate * 5 / 4
+            const Duration cap = c.every_kernel && c.charged_known ? kernels_in(d, running) * c.kernel.estimate
+                                 : after_idle                     ? c.kernel.estimate * 5 / 4
                                                                   : fetched_cap(c, d.get);
             // A look at an idle engine charged it up to there already.
             prev = std::max(prev, c.look_charged);
@@ -784,7 +809,7 @@ std::optional<Time> Accounting::replay(std::optional<ChannelId> fenced, std::opt
 }
 
 Duration Accounting::one_kernel_guess(const Channel& c, Duration d) const {
-    if (start_slack_ > 0 && c.kernel_estimate > 0 && c.fresh) return whole_kernel(c.kernel_estimate, 0, d, start_slack_);
+    if (start_slack_ > 0 && c.kernel.estimate > 0 && c.fresh) return whole_kernel(c.kernel.estimate, 0, d, start_slack_);
     return d;
 }
 
@@ -826,7 +851,7 @@ void Accounting::learn_stint(Channel& c, Time end, std::uint32_t completed) {
     // the tenant chose which kernels interrupt, and the last one alone may
     // be its short one.
     const bool whole_period = !fetched_ || !c.fence_get_known || static_cast<std::int32_t>(completed - c.fence_done) == n;
-    if (n > 0 && whole_period) c.learn_length((end - c.kernel_start) / n);
+    if (n > 0 && whole_period) c.kernel.learn_length((end - c.kernel_start) / n);
 }
 
 void Accounting::settle_count(ChannelId ch, std::optional<ChannelId> running) {
@@ -852,7 +877,7 @@ void Accounting::learn_gaps(const std::vector<Completed>& done, std::optional<Ch
         if (done[i].id == fenced) continue;
         const Duration whole = done[i].ts - done[i - 1].ts;
         if (whole <= 0) return;
-        c.learn_length(whole);
+        c.kernel.learn_length(whole);
     }
 }
 
@@ -863,8 +888,8 @@ bool Accounting::replay_shares(const std::vector<Completed>& done, std::optional
     bool has_current = false;
     for (std::size_t i = 0; i < done.size(); ++i) {
         const Channel& c = channels_.at(done[i].id);
-        if (c.kernel_estimate == 0) return false;
-        work[i] = static_cast<double>(kernels_in(done[i], running)) * static_cast<double>(c.kernel_estimate);
+        if (c.kernel.estimate == 0) return false;
+        work[i] = static_cast<double>(kernels_in(done[i], running)) * static_cast<double>(c.kernel.estimate);
         total += work[i];
         has_current |= done[i].id == *current_;
     }
@@ -884,7 +909,7 @@ bool Accounting::replay_shares(const std::vector<Completed>& done, std::optional
 
 Duration Accounting::fetched_cap(const Channel& c, std::uint32_t get) const {
     if (!c.fence_get_known) return 0;
-    return (std::int64_t{static_cast<std::int32_t>(get - c.fence_get)} + 1) * c.kernel_estimate * 5 / 4;
+    return (std::int64_t{static_cast<std::int32_t>(get - c.fence_get)} + 1) * c.kernel.estimate * 5 / 4;
 }
 
 std::optional<Time> Accounting::replay_look(std::optional<ChannelId> running, Time t) {
@@ -918,18 +943,18 @@ bool Accounting::replay_counted(const std::vector<Completed>& done, std::optiona
     double uncounted_work = 0;
     for (const Completed& done_by : done) {
         const Channel& c = channels_.at(done_by.id);
-        if (c.kernel_estimate == 0) return false;
+        if (c.kernel.estimate == 0) return false;
         const Duration span = done_by.ts - since_;
         const std::int32_t n =
             static_cast<std::int32_t>(completed_kernels(done_by.get, done_by.id, running) - c.fence_done);
         if (c.every_kernel && n >= 1) {
-            const Duration d = std::min(span, n * c.kernel_estimate);
+            const Duration d = std::min(span, n * c.kernel.estimate);
             parts.push_back({done_by.id, d, true, 0, 0, done_by.ts, n == 1});
             counted_sum += d;
         } else {
             const Duration cap = fetched_cap(c, done_by.get);
             const double work =
-                static_cast<double>(kernels_in(done_by, running)) * static_cast<double>(c.kernel_estimate);
+                static_cast<double>(kernels_in(done_by, running)) * static_cast<double>(c.kernel.estimate);
             parts.push_back({done_by.id, 0, false, cap > 0 ? std::min(span, cap) : span, work, done_by.ts, false});
             uncounted_work += work;
         }
@@ -1031,14 +1056,15 @@ void Accounting::now_running(std::optional<ChannelId> running, Time lo, Time hi)
         if (auto it = channels_.find(*running); it != channels_.end() && left_engine_) {
             Channel& c = it->second;
             const Time done = left_engine_(*running).value_or(-1);
-            learn_think(c, done, lo, hi);
+            c.kernel.learn_think(done, lo, hi);
             // While its length is unknown, a start seen in a wide window is
             // dated by its think window, where it started before (the
             // middle of a look that saw the engine idle and a late one
             // charged its first kernels up to 3.3 times their length).
             // Neither exact nor a bound: the slack stays the window's.
             if (probed(c) && done >= 0) {
-                const Time think_lo = std::max(lo, done + c.think_lo), think_hi = std::min(hi, done + c.think_hi);
+                const Time think_lo = std::max(lo, done + c.kernel.think_lo);
+                const Time think_hi = std::min(hi, done + c.kernel.think_hi);
                 if (think_lo <= think_hi) at = think_lo + (think_hi - think_lo) / 2;
             }
         }
@@ -1051,31 +1077,37 @@ void Accounting::now_running(std::optional<ChannelId> running, Time lo, Time hi)
     stint_start_ = at;
     start_slack_ = audit_slack_ = std::max(at - lo, hi - at);
     last_seen_ = std::max(last_seen_, at);
-    if (running) {
-        if (engine_.preemptive) {
-            // As the engine does: a new context costs a switch and gets a
-            // fresh slice; the same one keeps its slice while it lasts.
-            if (running != loaded_) {
-                since_ = stint_start_ = at + engine_.ctxsw;
-                slice_end_ = since_ + engine_.timeslice;
-                slice_slack_ = start_slack_;
-            } else if (at >= slice_end_) {
-                slice_end_ = at + engine_.timeslice;
-                slice_slack_ = start_slack_;
-            }
-        }
-        loaded_ = running;
-        if (auto it = channels_.find(*running); it != channels_.end()) {
-            Channel& c = it->second;
-            c.ran = true;
-            c.fresh = !c.preempted;  // else it resumes a kernel begun earlier
-            c.kernel_start = c.fresh && lo == hi ? since_ : -1;
-            if (c.kernel_start >= 0 && fetched_) {
-                c.start_get = fetched_(*running);
-                c.charged_to(c.start_get - 1);  // GET counts the one that starts now
-            }
+    if (running) start_stint(running, at, lo, hi);
+    engine_changed(running, before);
+}
+
+void Accounting::start_stint(std::optional<ChannelId> running, Time at, Time lo, Time hi) {
+    if (engine_.preemptive) {
+        // As the engine does: a new context costs a switch and gets a
+        // fresh slice; the same one keeps its slice while it lasts.
+        if (running != loaded_) {
+            since_ = stint_start_ = at + engine_.ctxsw;
+            slice_end_ = since_ + engine_.timeslice;
+            slice_slack_ = start_slack_;
+        } else if (at >= slice_end_) {
+            slice_end_ = at + engine_.timeslice;
+            slice_slack_ = start_slack_;
         }
     }
+    loaded_ = running;
+    if (auto it = channels_.find(*running); it != channels_.end()) {
+        Channel& c = it->second;
+        c.ran = true;
+        c.fresh = !c.preempted;  // else it resumes a kernel begun earlier
+        c.kernel_start = c.fresh && lo == hi ? since_ : -1;
+        if (c.kernel_start >= 0 && fetched_) {
+            c.start_get = fetched_(*running);
+            c.charged_to(c.start_get - 1);  // GET counts the one that starts now
+        }
+    }
+}
+
+void Accounting::engine_changed(std::optional<ChannelId> running, std::optional<ChannelId> before) {
     if (!running && before) {
         settle_step_ = 0;  // just went idle: watch for the next start
         idle_seen_ = clock_.now();
@@ -1119,7 +1151,7 @@ void Accounting::ran_between_looks(std::optional<ChannelId> running, Time t) {
         // unseen start charges (charge_fence): left uncharged, a tenant
         // could hide its kernels between the host's looks.
         const Duration room = ts - from - charged;
-        const Duration d = c.kernel_estimate > 0 ? std::min<Duration>(n * c.kernel_estimate, room) : room / 2;
+        const Duration d = c.kernel.estimate > 0 ? std::min<Duration>(n * c.kernel.estimate, room) : room / 2;
         // A guess, as at an interrupt after an unseen start: corrected alike.
         charge(id, audited(id, c, ts, d, n == 1));
         charged += d;
@@ -1164,9 +1196,9 @@ void Accounting::host_kicked(ChannelId ch, std::uint32_t first) {
         // kick started it now.
         const std::optional<Time> ended = stint_end(t);
         auto it = channels_.find(ch);
-        if (!ended || it == channels_.end() || it->second.kernel_estimate == 0) return;
+        if (!ended || it == channels_.end() || it->second.kernel.estimate == 0) return;
         const std::optional<Time> ch_done = left_engine_(ch);
-        if (t - *ended <= it->second.kernel_estimate * 3 / 2 || (ch_done && *ch_done > *ended)) return;
+        if (t - *ended <= it->second.kernel.estimate * 3 / 2 || (ch_done && *ch_done > *ended)) return;
         const std::optional<ChannelId> running = read();
         if (running == ch) {
             // Other channels may have completed kernels in the believed
@@ -1263,12 +1295,12 @@ void Accounting::doorbell_forwarded(ChannelId ch, std::uint32_t given) {
 
 Duration Accounting::kernel_estimate(ChannelId ch) const {
     auto it = channels_.find(ch);
-    return it == channels_.end() ? 0 : it->second.kernel_estimate;
+    return it == channels_.end() ? 0 : it->second.kernel.estimate;
 }
 
 Duration Accounting::kernel_spread(ChannelId ch) const {
     auto it = channels_.find(ch);
-    return it == channels_.end() ? 0 : it->second.kernel_spread;
+    return it == channels_.end() ? 0 : it->second.kernel.spread;
 }
 
 void Accounting::arm_read() {
@@ -1277,7 +1309,7 @@ void Accounting::arm_read() {
             read_timer_.arm(std::max(slice_end_, clock_.now()) + kSliceReadDelay, [this] { slice_read(); });
         } else {
             auto it = channels_.find(*current_);
-            const Duration usual = it == channels_.end() ? 0 : 2 * it->second.kernel_estimate;
+            const Duration usual = it == channels_.end() ? 0 : 2 * it->second.kernel.estimate;
             read_timer_.arm(clock_.now() + std::max(kBusyWatch, usual), [this] { busy_read(); });
         }
     } else if (!settle_reads_done()) {
@@ -1312,24 +1344,8 @@ void Accounting::settle_read() {
     last_seen_ = t;
     // The last settle read saw the engine idle: any start from here on is
     // unseen, whoever it is.
-    if (!running && settle_reads_done() && audit_from_ < 0)
+    if (!running && settle_reads_done() && !audit_.is_open())
         open_audit(t, idle_after_fence_, true);
-}
-
-void Accounting::learn_think(Channel& c, Time done, Time lo, Time hi) {
-    // Its previous completion: the kernel that started in [lo, hi] had not
-    // ended before it.
-    if (c.kernel_estimate > 0 || done < 0 || done > lo) return;
-    Duration think_lo = lo - done, think_hi = hi - done;
-    // The same think time seen again: keep what both windows allow.
-    // Windows that only touch are not the same: a start seen at the look
-    // that ended one window and began the next would pin it to a point.
-    if (c.think_hi >= 0 && think_lo < c.think_hi && think_hi > c.think_lo) {
-        think_lo = std::max(think_lo, c.think_lo);
-        think_hi = std::min(think_hi, c.think_hi);
-    }
-    c.think_lo = think_lo;
-    c.think_hi = think_hi;
 }
 
 bool Accounting::checked(const Channel& c) {
@@ -1343,44 +1359,20 @@ void Accounting::arm_check(Channel& c, Time done) {
     // From the end of the settle reads to where its next completion would
     // come at its last pace (at least two kernels on).
     const Time lo = clock_.now() + kSettleSpan + kProbeNarrow;
-    const Time hi = std::max(done + (done - c.prev_fence_ts), lo + 2 * c.kernel_estimate);
+    const Time hi = std::max(done + (done - c.prev_fence_ts), lo + 2 * c.kernel.estimate);
     c.check_at = lo + std::uniform_int_distribution<Duration>(0, hi - lo)(check_rng_);
     arm_probe();
 }
 
-void Accounting::learn_bounds(Channel& c, Duration lo, Duration hi) {
-    if (c.kernel_estimate > 0 || hi < 0) return;
-    lo = std::max<Duration>(0, lo);
-    // Bounds of the same length seen again: keep what both allow.  Apart:
-    // its kernels changed, start over from these.
-    if (c.len_hi >= 0 && lo <= c.len_hi && hi >= c.len_lo) {
-        lo = std::max(lo, c.len_lo);
-        hi = std::min(hi, c.len_hi);
-        ++c.len_kernels;
-    } else {
-        c.len_kernels = 1;
-    }
-    c.len_lo = lo;
-    c.len_hi = hi;
-    // Narrow enough to charge by (a 64th of the length at most): learned.
-    if (hi > 0 && hi - lo <= std::max(kExactStart, hi / 64) && c.len_kernels >= kBoundKernels) {
-        c.learn_length(lo + (hi - lo) / 2);
-        c.kernel_spread = (hi - lo) / 2;  // every kernel seen fits
-    }
-}
-
 void Accounting::relearn(Channel& c) {
-    c.kernel_estimate = c.kernel_spread = 0;
-    c.think_lo = 0;
-    c.think_hi = -1;
-    c.len_lo = 0;
-    c.len_hi = -1;
+    c.kernel.relearn();
     c.probes = 0;
     c.check_at = -1;
 }
 
 bool Accounting::probed(const Channel& c) {
-    return c.kernel_estimate == 0 && c.one_per_kernel_seen && !c.batches && c.think_hi >= 0 && c.probes < kMaxProbes;
+    return c.kernel.estimate == 0 && c.one_per_kernel_seen && !c.batches && c.kernel.think_hi >= 0 &&
+           c.probes < kMaxProbes;
 }
 
 void Accounting::arm_probe() {
@@ -1390,16 +1382,16 @@ void Accounting::arm_probe() {
     std::optional<Time> next;
     for (auto& [id, c] : channels_) {
         if (c.check_at > now && (!next || c.check_at < *next)) next = c.check_at;
-        if (!probed(c) || c.think_hi - c.think_lo > kProbeWindow)
+        if (!probed(c) || c.kernel.think_hi - c.kernel.think_lo > kProbeWindow)
             continue;
         const std::optional<Time> done = left_engine_(id);
         if (!done) continue;
         // Wide: the middle.  Narrow: just outside its two ends, in turn (a
         // look at the very moment of a start may come before or after it).
-        const bool wide = c.think_hi - c.think_lo > kProbeNarrow;
-        const Time looks[] = {wide ? *done + c.think_lo + (c.think_hi - c.think_lo) / 2
-                                   : *done + c.think_lo - kProbeNarrow / 2,
-                              *done + c.think_hi + kProbeNarrow / 2};
+        const bool wide = c.kernel.think_hi - c.kernel.think_lo > kProbeNarrow;
+        const Time looks[] = {wide ? *done + c.kernel.think_lo + (c.kernel.think_hi - c.kernel.think_lo) / 2
+                                   : *done + c.kernel.think_lo - kProbeNarrow / 2,
+                              *done + c.kernel.think_hi + kProbeNarrow / 2};
         for (std::size_t i = 0; i < (wide ? 1U : 2U); ++i)
             if (looks[i] > now && (!next || looks[i] < *next)) next = looks[i];
     }
@@ -1444,7 +1436,7 @@ void Accounting::probe_read() {
         if (auto it = channels_.find(id); it != channels_.end() && checked(it->second) && it->second.checks < kChecks) {
             Channel& c = it->second;
             ++c.checks;
-            const Duration pace = std::max(c.fence_ts - c.prev_fence_ts, 2 * c.kernel_estimate);
+            const Duration pace = std::max(c.fence_ts - c.prev_fence_ts, 2 * c.kernel.estimate);
             c.check_at = t + 1 + std::uniform_int_distribution<Duration>(0, pace)(check_rng_);
         }
     arm_probe();
@@ -1454,7 +1446,7 @@ void Accounting::seed_looks(std::uint64_t seed) {
     const auto lo = static_cast<std::uint32_t>(seed), hi = static_cast<std::uint32_t>(seed >> 32);
     std::seed_seq check{lo, hi, 1u}, audit{lo, hi, 2u};
     check_rng_.seed(check);
-    audit_rng_.seed(audit);
+    audit_.seed(audit);
 }
 
 bool Accounting::audit_mean_guessed(const Channel& c, Time t, bool corrected) const {
@@ -1470,8 +1462,8 @@ bool Accounting::audit_mean_guessed(const Channel& c, Time t, bool corrected) co
     // the mean, unlike a learned length, is never proven stale by a look
     // (a tenant keeping its audited kernels short would pass its long ones'
     // time to that channel).
-    if (!corrected || c.audit_kernels < kAuditTrusted || !audit_covers(t)) return false;
-    return c.kernel_estimate == 0 || std::abs(c.audit_mean - c.kernel_estimate) > c.kernel_estimate / kAuditMeanOff;
+    if (!corrected || c.audit_kernels < kAuditTrusted || !audit_.covers(t)) return false;
+    return c.kernel.estimate == 0 || std::abs(c.audit_mean - c.kernel.estimate) > c.kernel.estimate / kAuditMeanOff;
 }
 
 bool Accounting::sets_audit_pace(const Channel& c, bool settled) {
@@ -1502,7 +1494,7 @@ bool Accounting::busy_spell() const {
 }
 
 void Accounting::open_audit(Time from, std::optional<ChannelId> opener, bool settled) {
-    close_audit();
+    audit_.close();
     // While busy only when what starts next may start unseen.  On a
     // preemptive engine only once the settle reads saw it idle to the last:
     // its status names a context being switched in before it runs, and a
@@ -1521,55 +1513,19 @@ void Accounting::open_audit(Time from, std::optional<ChannelId> opener, bool set
         if (pace > 0) width = width == 0 ? pace : std::min(width, pace);
     }
     if (width == 0) return;
-    audit_from_ = audit_end_ = from;
-    audit_opener_ = opener;
-    audit_running_ = current_;
-    audit_width_ = std::clamp(width / kAuditPerPace, kAuditMinWidth, kAuditMaxWidth);
-    plan_audit_look();
-}
-
-void Accounting::close_audit() {
-    audit_timer_.cancel();
-    audit_from_ = -1;
-    audit_opener_.reset();
-    audit_running_.reset();
-    audit_strata_ = 0;
-    audit_looks_.clear();
-}
-
-void Accounting::plan_audit_look() {
-    if (audit_strata_ >= kAuditStrata) return;  // a spell must end: an idle GPU goes quiet
-    // (The doubling stops at 2^30 widths, years of idle time.)
-    const int doublings = std::clamp(audit_strata_ - kAuditEven + 1, 0, 30);
-    Duration w = audit_width_ << doublings;
-    // On an idle engine, until every doorbell is trapped (a later start is
-    // read exactly), no stratum is wider than kAuditIdleWidth: a start in
-    // there is corrected by one look that stands for at most that much (one
-    // in a 25.6 ms stratum moved a 20 ms kernel's charge by 25.6 ms or
-    // nothing).  These few do not count towards kAuditStrata, so the
-    // doubling after them still covers some 2^15 paces.
-    const bool capped = !audit_running_ && w > std::max(audit_width_, kAuditIdleWidth) &&
-                        audit_end_ < audit_from_ + kIdleTrap + trap_lands_;
-    if (capped)
-        w = std::max(audit_width_, kAuditIdleWidth);
-    else
-        ++audit_strata_;
-    const Time lo = audit_end_;
-    audit_end_ += w;
-    const Time at = lo + std::uniform_int_distribution<Duration>(0, w - 1)(audit_rng_);
-    audit_timer_.arm(at, [this, w] { audit_read(w); });
+    audit_.open(from, opener, current_, width);
 }
 
 void Accounting::audit_read(Duration weight) {
     Entry entry(*this);
     const Time t = clock_.now();
     const std::optional<ChannelId> running = read();
-    audit_looks_.push_back({t, weight, running});
+    audit_.record({t, weight, running});
     if (!running && !current_ && spell_done(t)) {
-        close_audit();
+        audit_.close();
         return;
     }
-    plan_audit_look();
+    audit_.plan_look();
 }
 
 bool Accounting::spell_done(Time t) const {
@@ -1599,8 +1555,8 @@ Duration Accounting::audited(ChannelId ch, Channel& c, Time t, Duration mine, bo
     // otherwise the earlier ones may have run before the spell, and what the
     // guess charged there stands.  Not the kernel on the engine when a spell
     // began while busy: it started before.
-    const bool on_at_start = audit_running_ == ch && c.charged_through < audit_from_;
-    const bool all_within = (one || audit_opener_ == ch) && !on_at_start;
+    const bool on_at_start = audit_.running_at_start() == ch && c.charged_through < audit_.from();
+    const bool all_within = (one || audit_.opener() == ch) && !on_at_start;
     through = std::max(through, t);
     const std::optional<Duration> fix = audit_correction(ch, c, t, mine, all_within, through);
     c.charged_through = std::max(c.charged_through, through);
@@ -1619,8 +1575,6 @@ Duration Accounting::after_debt(const Channel& c, Duration owed) {
     debt = std::min<Duration>(0, owed);
     return std::max<Duration>(0, owed);
 }
-
-bool Accounting::audit_covers(Time t) const { return audit_from_ >= 0 && t > audit_from_ && t <= audit_end_; }
 
 void Accounting::charge_sighted(ChannelId x, Time t) {
     auto it = channels_.find(x);
@@ -1642,7 +1596,7 @@ void Accounting::charge_sighted(ChannelId x, Time t) {
 }
 
 bool Accounting::audit_applies(const Channel& c, Time t) const {
-    return !c.preempted && audit_covers(t) && t > std::max(audit_from_, c.charged_through);
+    return !c.preempted && audit_.covers(t) && t > std::max(audit_.from(), c.charged_through);
 }
 
 std::optional<Duration> Accounting::audit_correction(ChannelId ch, const Channel& c, Time t, Duration mine,
@@ -1651,16 +1605,13 @@ std::optional<Duration> Accounting::audit_correction(ChannelId ch, const Channel
     // to if later (its stint closed by a look, say): before that the looks
     // that saw it were charged already.
     if (!audit_applies(c, t)) return std::nullopt;
-    const Time from = std::max(audit_from_, c.charged_through);
+    const Time from = std::max(audit_.from(), c.charged_through);
     const Time charged_from = t - mine;
     // What this guess charged before charged_through was charged already;
     // before the spell's start too when every kernel charged ran after it
     // (the engine was seen idle there).
-    Duration fix = -std::max<Duration>(0, (all_within ? from : c.charged_through) - charged_from);
-    for (const AuditLook& l : audit_looks_)
-        if (l.at >= from && l.at < through)
-            fix += l.weight * ((l.saw == ch ? 1 : 0) - (l.at >= charged_from && l.at < t ? 1 : 0));
-    return fix;
+    const Duration fix = -std::max<Duration>(0, (all_within ? from : c.charged_through) - charged_from);
+    return fix + audit_.correction(ch, from, through, charged_from, t);
 }
 
 void Accounting::kick_read() {

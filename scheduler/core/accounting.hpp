@@ -1,40 +1,33 @@
-// GPU time per channel and per leaf entity, kept by the scheduler itself under
-// every policy (`none` included), from what a host can read from the GPU
-// (docs/design.md, "The simulated GPU").  Never the work's own durations,
-// never the tenant-writable control page, never a timestamp the tenant's
-// own work asks the GPU to write.
+// The accounting: GPU time per channel and per leaf entity, kept by the
+// scheduler itself under every policy (`none` included), from what a host
+// can read from the GPU (docs/design.md, "The accounting").  Never the
+// work's own durations, never the tenant-writable control page, never a
+// timestamp the tenant's own work asks the GPU to write.
 //
-// A GPU with a context-switch trace (set_trace, accounting_trace.cpp) has
-// every stint dated for the host: each is charged exactly, and nothing
-// below is needed.  What follows is the accounting of a GPU without one,
-// from completion interrupts and the engine status register naming the
-// channel on the engine; where it says "completion timestamp" it means when
-// the trace-less host last knew the channel to leave the engine (none).
+// The pieces:
+//  - Accounting (this file): the ledger.  Who is believed on the engine
+//    and since when (current_, since_), what each channel and leaf is
+//    charged (Totals), the engine reads that date starts, the doorbell
+//    traps it asks of the host, and the listener that hears every charge.
+//  - KernelModel (kernel_model.hpp), one per channel, a value: its
+//    kernels' learned length and spread, and while that is unknown the
+//    bounds and think time the looks proved.
+//  - AuditSampler (audit_sampler.hpp): the audit looks at random moments
+//    that correct a guessed charge on average, and their correction.
+//  - Trace mode (set_trace, accounting_trace.cpp): a GPU that keeps a
+//    context-switch trace has every stint dated and charged exactly; none
+//    of the guessing is used.
 //
-// On a non-preemptive GPU a completion plus one engine-status read at that
-// moment says who runs next and since when, so no periodic poll is needed.
-// Only a start on an idle engine is unseen (a direct doorbell, or held work
-// a policy released): after the engine is seen idle it is read a few more
-// times at growing intervals (0 .. 1 ms, six reads at most, stopping at
-// the first start seen), which catches a client that resubmits on its
-// completion.  A start later than that is charged the kernel length learned
-// from kernels seen whole, bounded by the time since the engine was seen
-// idle.  A start the host causes itself (it released held work or forwarded
-// a trapped doorbell) is read at once, so it is exact: where no read would
-// date a start, the accounting asks the host to trap the doorbell that
-// causes it (set_trap_listener).  On a preemptive GPU
-// the host knows the time slice it programmed, so the engine status is read
-// once per slice end while busy.  Engine-status reads a policy makes anyway
-// are free observations.  A host that handles interrupts late (a stalled
-// loop) reads the engine as it is now, after other channels may have run:
-// the GPU's completion timestamps order what ran meanwhile, and GET counts
-// the kernels of a channel that interrupts on every one.  Channels that ask
-// for one interrupt per batch take turns on the engine unseen: GET counts
-// each one's kernels between looks, and the timestamps of the last turns
-// teach their lengths.  A listener
-// hears every charge and every change of the channel seen on the engine:
-// policies charge their virtual time from here instead of polling the
-// engine themselves.
+// How an event flows without a trace: a completion interrupt (fence) is
+// dated (fence_time) and the engine read names who runs now.  The kernel
+// is charged to its channel: charge_seen_fence when it was believed on the
+// engine, else charge_unseen_fence, whose guess (learned length, half a
+// window) the audit spell corrects (audited).  What the kernel teaches goes
+// to its KernelModel; the next stint is dated (now_running).  A look at
+// the engine (observed, or a read of the accounting's own: settle, busy,
+// slice, probe, check, audit) closes the believed stint at its best known
+// end the same way.  Charges reach the listener once the entry point is
+// done (Entry).
 #pragma once
 
 #include <algorithm>
@@ -46,8 +39,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include "audit_sampler.hpp"
 #include "entity_tree.hpp"
 #include "gpu_device.hpp"
+#include "kernel_model.hpp"
 #include "time.hpp"
 
 namespace pvgpu {
@@ -167,10 +162,39 @@ public:
     std::uint64_t reads() const { return reads_; }
 
 private:
+    // The trace-less accounting in detail (a GPU with a context-switch trace
+    // needs none of it): from completion interrupts and the engine status
+    // register naming the channel on the engine; where it says "completion
+    // timestamp" it means when the trace-less host last knew the channel to
+    // leave the engine (none).
+    //
+    // On a non-preemptive GPU a completion plus one engine-status read at that
+    // moment says who runs next and since when, so no periodic poll is needed.
+    // Only a start on an idle engine is unseen (a direct doorbell, or held work
+    // a policy released): after the engine is seen idle it is read a few more
+    // times at growing intervals (0 .. 1 ms, six reads at most, stopping at
+    // the first start seen), which catches a client that resubmits on its
+    // completion.  A start later than that is charged the kernel length learned
+    // from kernels seen whole, bounded by the time since the engine was seen
+    // idle.  A start the host causes itself (it released held work or forwarded
+    // a trapped doorbell) is read at once, so it is exact: where no read would
+    // date a start, the accounting asks the host to trap the doorbell that
+    // causes it (set_trap_listener).  On a preemptive GPU
+    // the host knows the time slice it programmed, so the engine status is read
+    // once per slice end while busy.  Engine-status reads a policy makes anyway
+    // are free observations.  A host that handles interrupts late (a stalled
+    // loop) reads the engine as it is now, after other channels may have run:
+    // the GPU's completion timestamps order what ran meanwhile, and GET counts
+    // the kernels of a channel that interrupts on every one.  Channels that ask
+    // for one interrupt per batch take turns on the engine unseen: GET counts
+    // each one's kernels between looks, and the timestamps of the last turns
+    // teach their lengths.  A listener
+    // hears every charge and every change of the channel seen on the engine:
+    // policies charge their virtual time from here instead of polling the
+    // engine themselves.
     struct Channel {
         EntityId leaf = kNoEntity;
-        Duration kernel_estimate = 0;  // learned from whole kernels seen start to end; 0: none yet
-        Duration kernel_spread = 0;    // mean deviation of those from the estimate
+        KernelModel kernel{};          // its kernels' length and think time, as learned
         Time kernel_start = -1;        // exact start of its current kernel, if seen
         std::uint32_t start_get = 0;   // GET then (that kernel's entry fetched)
         std::uint32_t fence_get = 0;   // GET at its last completion interrupt
@@ -198,18 +222,6 @@ private:
         // found every entry the GPU had of it charged, and the GPU's pending
         // register said none was left.
         Time no_work_before = 0;
-        // While its length is unknown: how long after its own completion
-        // its next kernel started on an idle engine, as far as the looks
-        // placed it ([think_lo, think_hi]; think_hi < 0: not yet).
-        Duration think_lo = 0, think_hi = -1;
-        // While its length is unknown: what the looks proved of it, kernel by
-        // kernel ([len_lo, len_hi]; len_hi < 0: nothing yet).  A kernel seen
-        // on the engine in a window is bounded both ways, one that started
-        // after the last look from above.  Kernels of one length narrow this
-        // to it even when no look sees a start exactly (the think time
-        // jitters); bounds that contradict say the length changed.
-        Duration len_lo = 0, len_hi = -1;
-        int len_kernels = 0;  // kernels whose bounds agreed on [len_lo, len_hi]
         // Its kernels up to this completion timestamp were charged by a look
         // at an idle engine (ran_between_looks): replays leave them out.
         Time look_charged = -1;
@@ -267,18 +279,6 @@ private:
         std::int32_t kernels_since_charged(std::uint32_t completed) const {
             return charged_known ? std::max<std::int32_t>(1, static_cast<std::int32_t>(completed - charged_done)) : 1;
         }
-        // One more sample of its kernel length, whole kernels only.  The
-        // first sample's spread is half of it, as TCP starts RTTVAR.
-        void learn_length(Duration whole) {
-            if (kernel_estimate == 0) {
-                kernel_estimate = whole;
-                kernel_spread = whole / 2;
-                return;
-            }
-            const Duration dev = whole > kernel_estimate ? whole - kernel_estimate : kernel_estimate - whole;
-            kernel_spread += (dev - kernel_spread) / 4;
-            kernel_estimate += (whole - kernel_estimate) / 8;
-        }
     };
     struct Totals {
         Duration gpu_time = 0;
@@ -300,6 +300,14 @@ private:
     void charge(ChannelId ch, Duration d);
     // `running` is on the engine from some moment in [lo, hi].
     void now_running(std::optional<ChannelId> running, Time lo, Time hi);
+    // now_running's steps: `running` (not idle) dated at `at` (seen in
+    // [lo, hi]): its context's slice and its kernel's start; then what
+    // changes when the engine went idle or busy, and the listener's event.
+    void start_stint(std::optional<ChannelId> running, Time at, Time lo, Time hi);
+    void engine_changed(std::optional<ChannelId> running, std::optional<ChannelId> before);
+    // observed's last step: the engine switched somewhere in (last_seen_, t]
+    // with no completion of the channel believed on it to date it.
+    void switched_unseen(std::optional<ChannelId> running, Time t);
     void arm_read();
     // A look at `t` at an engine believed idle since last_seen_: channels whose
     // completion timestamp lies in between and whose GET counts kernels not
@@ -394,10 +402,53 @@ private:
     // The kernels GET counts since `c`'s last interrupt, of its usual
     // length, with a quarter's margin; 0 when not known.
     Duration fetched_cap(const Channel& c, std::uint32_t get) const;
+    // When a completion interrupt's kernel ended, as far as the host can
+    // tell at `now`; `clamped`: the GPU's timestamp lay before what was
+    // believed (learn nothing from it).
+    struct FenceTime {
+        Time t;
+        bool clamped;
+    };
+    FenceTime fence_time(ChannelId ch, Time now) const;
+    // An interrupt handled in time, `completed` kernels done by GET: whether
+    // `c` interrupts on every kernel or batches, and its probe budget.
+    void learn_interrupts(Channel& c, std::uint32_t completed);
+    // What a fence leaves for the next: its GET and timestamp, a check
+    // look, the audit spell that starts here and the idle trap.
+    void note_fence(ChannelId ch, Channel& c, Time t, bool clamped, bool late, std::uint32_t get,
+                    std::uint32_t completed, Time now);
     // A completion handled in time: `ch`'s kernel ended at t, and GET
     // counts `completed` kernels done (meaningful only with fetched_).
     void charge_fence(ChannelId ch, Channel& c, Time t, bool clamped, std::optional<ChannelId> running,
                       std::uint32_t completed);
+    // charge_fence of the channel believed on the engine (its stint since
+    // since_, one kernel begun in a window bounded and guessed as such).
+    void charge_seen_fence(ChannelId ch, Channel& c, Time t, bool clamped, std::uint32_t completed);
+    // charge_fence of a kernel that started unseen after the last
+    // observation; the channel believed on the engine is charged up to it.
+    void charge_unseen_fence(ChannelId ch, Channel& c, Time t, bool clamped, std::optional<ChannelId> running,
+                             std::uint32_t completed, Time now);
+    // Where the channel believed on the engine ran out before a completion
+    // at t (stint_end, or GET on a preemptive engine); nullopt if unknown.
+    std::optional<Time> current_ran_out(Time t) const;
+    // A kernel begun unseen that completed at t: it started in [from, t]
+    // (gap wide), `n` kernels of it uncharged, `ended` as current_ran_out.
+    struct UnseenKernel {
+        Time t;
+        Time from;
+        Duration gap;
+        std::int32_t n;
+        std::uint32_t completed;
+        bool clamped;
+        bool one_since_fence;  // one kernel since its previous interrupt, whose GET that read saw
+        std::optional<Time> ended;
+    };
+    // What such a kernel teaches: its think time and bounds, a stale
+    // length, its trap, and whether the channel before it ends unheard.
+    void learn_unseen(ChannelId ch, Channel& c, const UnseenKernel& k);
+    // Its charge (audited where the looks cover it), and the charge of the
+    // channel believed on the engine up to where it began.
+    void charge_unseen(ChannelId ch, Channel& c, const UnseenKernel& k, std::optional<ChannelId> running);
     void slice_read();
     // Off a preemptive engine, `ch` (believed on it) ran out of work at its
     // completion timestamp `done`: GET says the one kernel it fetched since
@@ -483,9 +534,6 @@ private:
     // its length unknown, its interrupts seen to come one per kernel, a
     // think window open, looks left.
     static bool probed(const Channel& c);
-    // `c`, whose previous kernel completed at `done`, started on an idle
-    // engine in [lo, hi]: narrows its think window.
-    void learn_think(Channel& c, Time done, Time lo, Time hi);
     // A channel whose length is known and whose kernels start unseen on an
     // idle engine is charged that length per kernel: a tenant whose kernels
     // grow (or one that showed short kernels first) would be charged the
@@ -505,26 +553,20 @@ private:
     // whole with long ones it does not.
     static bool checked(const Channel& c);
     void arm_check(Channel& c, Time done);
-    // One kernel of `c` ran at least lo and at most hi (len_lo, len_hi).
-    static void learn_bounds(Channel& c, Duration lo, Duration hi);
-    // `c`'s learned length is proven wrong: learn it again.
+    // `c`'s learned length is proven wrong: learn it again (its model, and
+    // a fresh budget of probe looks).
     static void relearn(Channel& c);
     std::minstd_rand check_rng_{0x5eed};
     // Audit looks.  Every deterministic guess above (a learned length, half
     // a window) is one a tenant can steer: it chooses which kernels the
     // looks see whole, and how its lengths and think times vary.  An unseen
     // start is therefore also corrected by looks at random moments whose
-    // odds the host fixed in advance (Horvitz-Thompson sampling): once the
-    // settle reads saw the engine idle at A (audit_from_), the time after A
-    // is cut into strata, one look at a uniform moment in each (widths: a
-    // channel's pace, the first kAuditEven strata, then doubling until the
-    // next completion; on an idle engine none wider than kAuditIdleWidth
-    // until every doorbell is trapped).  A look at u in a stratum of width w stands for the
-    // whole stratum: when the kernel that completed at t is charged `mine`,
-    // taken as [t - mine, t], each look before t adds w times (ran at u) -
-    // (charged at u), which is right on average whatever the tenant does,
-    // and zero where the guess was right.  The looks' results feed nothing
-    // else (a guess that used them would be biased by them).  Sampling goes
+    // odds the host fixed in advance (AuditSampler: once the settle reads
+    // saw the engine idle at A, the time after A is cut into strata, one
+    // look at a uniform moment in each; widths: a channel's pace, then
+    // doubling until the next completion; on an idle engine none wider than
+    // kAuditIdleWidth until every doorbell is trapped).  The looks' results
+    // feed nothing else (a guess that used them would be biased by them).  Sampling goes
     // on after a look sees a channel: stopping there (that channel runs to
     // its completion) was cheaper, but a sighting of another channel, or of
     // an earlier kernel of the same one, then left a kernel uncorrected or
@@ -540,11 +582,6 @@ private:
     // 50 ms of idle time the idle trap dates the next
     // start exactly (set_trap_listener): none comes past the last stratum
     // unseen.
-    struct AuditLook {
-        Time at;
-        Duration weight;                // its stratum's width
-        std::optional<ChannelId> saw;
-    };
     // Its pace sets the strata's width: it started unseen once (or, once
     // the settle reads are spent on an idle engine, any start of it would
     // be unseen), and its last two completions are known.
@@ -564,9 +601,7 @@ private:
     // guests interrupt on every kernel: for them only while a channel is
     // new.
     bool busy_spell() const;
-    void close_audit();
-    void plan_audit_look();
-    void audit_read(Duration weight);  // a look for a stratum this wide
+    void audit_read(Duration weight);  // a look for a stratum this wide (AuditSampler's)
     // An idle look at t that ends the spell (no later look could correct
     // anything).
     bool spell_done(Time t) const;
@@ -577,10 +612,9 @@ private:
     // all_within: every kernel charged ran after the spell's start.
     std::optional<Duration> audit_correction(ChannelId ch, const Channel& c, Time t, Duration mine,
                                              bool all_within, Time through) const;
-    // The open spell's strata reach a completion at t.
-    bool audit_covers(Time t) const;
-    // ... and audited() would correct a charge of `c` up to t (a preempted
-    // kernel's rest is not: charged as guessed).
+    // The open spell's strata reach a completion at t, and audited() would
+    // correct a charge of `c` up to t (a preempted kernel's rest is not:
+    // charged as guessed).
     bool audit_applies(const Channel& c, Time t) const;
     // Preemptive engine: `x`, not believed on the engine, is seen there at
     // a completion at t; it ran before it as far as the looks saw (charged
@@ -595,21 +629,11 @@ private:
     // guess ending at t (a stint cut where another channel's guess began).
     Duration audited(ChannelId ch, Channel& c, Time t, Duration mine, bool one, bool* corrected = nullptr,
                      Time through = -1);
-    Timer audit_timer_;
-    std::minstd_rand audit_rng_{0xa0d17};
-    Time audit_from_ = -1;            // the spell's start (-1: none open)
-    std::optional<ChannelId> audit_opener_;  // whose completion began it
+    AuditSampler audit_;
     // The engine has been idle since this channel's completion (nothing
     // seen on it, nothing else completed since): a spell opened later in
     // that idle time began at its completion too.
     std::optional<ChannelId> idle_after_fence_;
-    // Believed on the engine when it began (a spell while busy): the kernel
-    // it ran then may have started before the spell.
-    std::optional<ChannelId> audit_running_;
-    Time audit_end_ = 0;              // end of the last stratum planned
-    Duration audit_width_ = 0;
-    int audit_strata_ = 0;
-    std::vector<AuditLook> audit_looks_;
     // current_ completed a kernel at this timestamp, after it was believed
     // on the engine (on either engine; stint_end() only where a completion
     // ends the stint), and no other channel completed one since.

@@ -99,15 +99,7 @@ void Accounting::traced_learn(ChannelId ch) {
     const Duration mean = c.learned_closed / n;
     c.learned_get = get;
     c.learned_closed = 0;
-    // TCP's SRTT and RTTVAR: a mean that follows a change within a few
-    // samples, and how far one sample strays from it.
-    if (c.kernel_estimate == 0) {
-        c.kernel_estimate = mean;
-        c.kernel_spread = mean / 2;
-    } else {
-        c.kernel_spread += (std::abs(mean - c.kernel_estimate) - c.kernel_spread) / 4;
-        c.kernel_estimate += (mean - c.kernel_estimate) / 8;
-    }
+    c.kernel.learn_length(mean);
 }
 
 void Accounting::arm_trace_timer() {
