@@ -73,6 +73,12 @@ double param_or_default(const PolicyParams& p, const PolicyInfo& info, const std
     throw std::logic_error("policy " + info.name + " has no parameter " + name);
 }
 
+double ParamReader::positive(const std::string& name) const {
+    const double v = (*this)(name);
+    if (v <= 0) throw std::invalid_argument(info.name + ": " + name + " must be > 0");
+    return v;
+}
+
 std::vector<std::string> policy_warnings(std::string_view name, const PolicyParams& params) {
     std::vector<std::string> w;
     for (const auto& e : entries())

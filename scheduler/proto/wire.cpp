@@ -47,8 +47,15 @@ std::string hex(std::uint32_t v) {
     return b;
 }
 
-bool status_known(std::uint32_t s) { return s <= PVGPU_E_INTERNAL; }
-bool mode_known(std::uint32_t m) { return m <= PVGPU_MODE_SHADOWED; }
+// What is wrong with a status or mode field; nullopt: nothing.
+std::optional<std::string> bad_status(std::uint32_t s) {
+    if (s <= PVGPU_E_INTERNAL) return std::nullopt;
+    return "status " + std::to_string(s) + " is unknown";
+}
+std::optional<std::string> bad_mode(std::uint32_t m) {
+    if (m <= PVGPU_MODE_SHADOWED) return std::nullopt;
+    return "mode " + std::to_string(m) + " is out of range";
+}
 
 // A fixed-size text field: NUL-terminated inside the field and printable
 // ASCII before the NUL (names end up in logs, paths and JSON).
@@ -100,7 +107,7 @@ std::optional<std::string> check_body(std::uint16_t type, std::span<const std::b
     }
     case PVGPU_MSG_MODE_ACK: {
         const auto b = read_body<pvgpu_mode_ack>(payload);
-        if (!mode_known(b.mode)) return "mode " + std::to_string(b.mode) + " is out of range";
+        if (auto e = bad_mode(b.mode)) return e;
         return std::nullopt;
     }
     case PVGPU_MSG_TASK_WEIGHT: {
@@ -123,14 +130,14 @@ std::optional<std::string> check_body(std::uint16_t type, std::span<const std::b
     }
     case PVGPU_MSG_CHAN_RESTORE: {
         const auto b = read_body<pvgpu_chan_restore>(payload);
-        if (!mode_known(b.mode)) return "mode " + std::to_string(b.mode) + " is out of range";
+        if (auto e = bad_mode(b.mode)) return e;
         if (nfds != 1) return "needs 1 fd (the saved channel memory), got " + std::to_string(nfds);
         return check_name(b.task_name, sizeof b.task_name, "task_name");
     }
     case PVGPU_MSG_QUIESCE_REPLY:
     case PVGPU_MSG_RESUME_REPLY: {
         const auto b = read_body<pvgpu_status_reply>(payload);
-        if (!status_known(b.status)) return "status " + std::to_string(b.status) + " is unknown";
+        if (auto e = bad_status(b.status)) return e;
         return std::nullopt;
     }
     case PVGPU_MSG_TRAP_REPORT:
@@ -139,14 +146,14 @@ std::optional<std::string> check_body(std::uint16_t type, std::span<const std::b
         return std::nullopt;
     case PVGPU_MSG_HELLO_REPLY: {
         const auto b = read_body<pvgpu_hello_reply>(payload);
-        if (!status_known(b.status)) return "status " + std::to_string(b.status) + " is unknown";
+        if (auto e = bad_status(b.status)) return e;
         if (b.status == PVGPU_OK && b.version < 1)
             return R("version 0 is invalid (versions start at 1)");
         return std::nullopt;
     }
     case PVGPU_MSG_CHAN_REPLY: {
         const auto b = read_body<pvgpu_chan_reply>(payload);
-        if (!status_known(b.status)) return "status " + std::to_string(b.status) + " is unknown";
+        if (auto e = bad_status(b.status)) return e;
         if (b.status != PVGPU_OK) {
             if (nfds != 0)
                 return "carries " + std::to_string(nfds) + " fds but status is not OK";
@@ -157,7 +164,7 @@ std::optional<std::string> check_body(std::uint16_t type, std::span<const std::b
         if (nfds != 2 && nfds != 3)
             return "status OK needs 2 fds (memfd, doorbell eventfd) or 3 (and a completion notifier), got " +
                    std::to_string(nfds);
-        if (!mode_known(b.mode)) return "mode " + std::to_string(b.mode) + " is out of range";
+        if (auto e = bad_mode(b.mode)) return e;
         if (b.mem_size != PVGPU_CHAN_MEM_SIZE)
             return "mem_size " + std::to_string(b.mem_size) + " is not PVGPU_CHAN_MEM_SIZE (" +
                    std::to_string(PVGPU_CHAN_MEM_SIZE) + ")";
@@ -165,18 +172,18 @@ std::optional<std::string> check_body(std::uint16_t type, std::span<const std::b
     }
     case PVGPU_MSG_FREE_REPLY: {
         const auto b = read_body<pvgpu_status_reply>(payload);
-        if (!status_known(b.status)) return "status " + std::to_string(b.status) + " is unknown";
+        if (auto e = bad_status(b.status)) return e;
         return std::nullopt;
     }
     case PVGPU_MSG_TASK_WEIGHT_REPLY: {
         const auto b = read_body<pvgpu_status_reply>(payload);
-        if (!status_known(b.status)) return "status " + std::to_string(b.status) + " is unknown";
+        if (auto e = bad_status(b.status)) return e;
         if (b.chan_id != 0) return R("chan_id is not zero");
         return std::nullopt;
     }
     case PVGPU_MSG_MODE: {
         const auto b = read_body<pvgpu_mode>(payload);
-        if (!mode_known(b.mode)) return "mode " + std::to_string(b.mode) + " is out of range";
+        if (auto e = bad_mode(b.mode)) return e;
         if (b.reserved != 0) return R("reserved field is not zero");
         return std::nullopt;
     }
@@ -188,7 +195,7 @@ std::optional<std::string> check_body(std::uint16_t type, std::span<const std::b
     }
     case PVGPU_MSG_ERROR: {
         const auto b = read_body<pvgpu_error>(payload);
-        if (!status_known(b.status)) return "status " + std::to_string(b.status) + " is unknown";
+        if (auto e = bad_status(b.status)) return e;
         if (b.reserved != 0) return R("reserved field is not zero");
         if (strnlen(b.message, sizeof b.message) == sizeof b.message)
             return R("message is not NUL-terminated within its 120 bytes");

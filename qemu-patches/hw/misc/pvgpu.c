@@ -122,6 +122,16 @@ OBJECT_DECLARE_SIMPLE_TYPE(PvgpuState, PVGPU)
 #define PVGPU_REPORT_MSG_SIZE   (sizeof(struct pvgpu_msg_hdr) + \
                                  sizeof(struct pvgpu_trap_report))
 
+/* Every BAR region takes every access size: the handlers count the ones a
+ * register does not take (BAD_ACCESS) instead of QEMU dropping them. */
+#define PVGPU_MMIO_OPS(rd, wr) {                                       \
+        .read = (rd),                                                  \
+        .write = (wr),                                                 \
+        .endianness = DEVICE_LITTLE_ENDIAN,                            \
+        .valid = { .min_access_size = 1, .max_access_size = 8 },       \
+        .impl = { .min_access_size = 1, .max_access_size = 8 },        \
+    }
+
 /* Slot registers, then wait registers, then TASK_NAME: no overlap. */
 QEMU_BUILD_BUG_ON(PVGPU_REG_SLOT_BASE + PVGPU_MAX_SLOTS * PVGPU_REG_SLOT_STRIDE >
                   PVGPU_REG_WAIT_BASE);
@@ -1709,13 +1719,8 @@ static void pvgpu_trap_write(void *opaque, hwaddr addr, uint64_t val,
     slot_forward_put(sl, (uint32_t)val, true);
 }
 
-static const MemoryRegionOps pvgpu_trap_ops = {
-    .read = pvgpu_trap_read,
-    .write = pvgpu_trap_write,
-    .endianness = DEVICE_LITTLE_ENDIAN,
-    .valid = { .min_access_size = 1, .max_access_size = 8 },
-    .impl = { .min_access_size = 1, .max_access_size = 8 },
-};
+static const MemoryRegionOps pvgpu_trap_ops =
+    PVGPU_MMIO_OPS(pvgpu_trap_read, pvgpu_trap_write);
 
 /* ------------------------------------------------------------------------ */
 /* Doorbell pages and unmapped BAR space                                    */
@@ -1747,13 +1752,8 @@ static void pvgpu_doorbell_write(void *opaque, hwaddr addr, uint64_t val,
     }
 }
 
-static const MemoryRegionOps pvgpu_doorbell_ops = {
-    .read = pvgpu_doorbell_read,
-    .write = pvgpu_doorbell_write,
-    .endianness = DEVICE_LITTLE_ENDIAN,
-    .valid = { .min_access_size = 1, .max_access_size = 8 },
-    .impl = { .min_access_size = 1, .max_access_size = 8 },
-};
+static const MemoryRegionOps pvgpu_doorbell_ops =
+    PVGPU_MMIO_OPS(pvgpu_doorbell_read, pvgpu_doorbell_write);
 
 static uint64_t pvgpu_bg_read(void *opaque, hwaddr addr, unsigned size)
 {
@@ -1768,13 +1768,8 @@ static void pvgpu_bg_write(void *opaque, hwaddr addr, uint64_t val,
     s->bad_access++;
 }
 
-static const MemoryRegionOps pvgpu_bg_ops = {
-    .read = pvgpu_bg_read,
-    .write = pvgpu_bg_write,
-    .endianness = DEVICE_LITTLE_ENDIAN,
-    .valid = { .min_access_size = 1, .max_access_size = 8 },
-    .impl = { .min_access_size = 1, .max_access_size = 8 },
-};
+static const MemoryRegionOps pvgpu_bg_ops =
+    PVGPU_MMIO_OPS(pvgpu_bg_read, pvgpu_bg_write);
 
 /* ------------------------------------------------------------------------ */
 /* Mailbox (BAR0)                                                           */
@@ -2119,14 +2114,8 @@ static void pvgpu_mmio_write(void *opaque, hwaddr addr, uint64_t val,
     }
 }
 
-static const MemoryRegionOps pvgpu_mmio_ops = {
-    .read = pvgpu_mmio_read,
-    .write = pvgpu_mmio_write,
-    .endianness = DEVICE_LITTLE_ENDIAN,
-    /* Every size reaches the handlers so bad ones can be counted. */
-    .valid = { .min_access_size = 1, .max_access_size = 8 },
-    .impl = { .min_access_size = 1, .max_access_size = 8 },
-};
+static const MemoryRegionOps pvgpu_mmio_ops =
+    PVGPU_MMIO_OPS(pvgpu_mmio_read, pvgpu_mmio_write);
 
 /* ------------------------------------------------------------------------ */
 /* Daemon protocol: receiving                                               */

@@ -601,18 +601,16 @@ PolicyInfo dfq_info() {
 
 std::unique_ptr<Policy> make_dfq(const PolicyParams& p) {
     const PolicyInfo info = dfq_info();
-    auto get = [&](const char* n) { return param_or_default(p, info, n); };
-    if (get("sample_ms") <= 0) throw std::invalid_argument("dfq: sample_ms must be > 0");
-    if (get("freerun_ms") <= 0) throw std::invalid_argument("dfq: freerun_ms must be > 0");
-    if (get("drain_poll_us") <= 0) throw std::invalid_argument("dfq: drain_poll_us must be > 0");
+    const ParamReader get{p, info};
+    // In this order, so the first bad one is named.
     Params params{
-        static_cast<Duration>(get("sample_ms") * kMillisecond),
+        static_cast<Duration>(get.positive("sample_ms") * kMillisecond),
         get("weighted_sample") != 0,
-        static_cast<Duration>(get("freerun_ms") * kMillisecond),
+        static_cast<Duration>(get.positive("freerun_ms") * kMillisecond),
         get("threshold_ms") * static_cast<double>(kMillisecond),
         static_cast<Duration>(get("idle_grace_us") * kMicrosecond),
         static_cast<Duration>(get("settle_us") * kMicrosecond),
-        static_cast<Duration>(get("drain_poll_us") * kMicrosecond),
+        static_cast<Duration>(get.positive("drain_poll_us") * kMicrosecond),
     };
     return std::make_unique<DfqPolicy>(params);
 }

@@ -29,6 +29,15 @@ std::vector<double> hierarchical_shares(const EntityTree& tree, const std::vecto
 // A parameter's value, or its catalog default.
 double param_or_default(const PolicyParams& p, const PolicyInfo& info, const std::string& name);
 
+// A policy factory's view of its parameters: `get("x")` as param_or_default,
+// `get.positive("x")` the same or std::invalid_argument ("POLICY: x must be > 0").
+struct ParamReader {
+    const PolicyParams& given;
+    const PolicyInfo& info;
+    double operator()(const std::string& name) const { return param_or_default(given, info, name); }
+    double positive(const std::string& name) const;
+};
+
 // ---- pieces the engine-watching policies (timeslice, dfq) share ----
 
 // A policy's state of `leaf` in `leaves` (indexed by entity id: ids are

@@ -392,14 +392,12 @@ PolicyInfo timeslice_info() {
 
 std::unique_ptr<Policy> make_timeslice(const PolicyParams& p) {
     const PolicyInfo info = timeslice_info();
-    auto get = [&](const char* n) { return param_or_default(p, info, n); };
-    if (get("period_ms") <= 0) throw std::invalid_argument("timeslice: period_ms must be > 0");
-    if (get("poll_us") <= 0) throw std::invalid_argument("timeslice: poll_us must be > 0");
+    const ParamReader get{p, info};
     Params params{
-        static_cast<Duration>(get("period_ms") * kMillisecond),
+        static_cast<Duration>(get.positive("period_ms") * kMillisecond),
         static_cast<Duration>(get("min_slice_ms") * kMillisecond),
         static_cast<Duration>(get("idle_grace_us") * kMicrosecond),
-        static_cast<Duration>(get("poll_us") * kMicrosecond),
+        static_cast<Duration>(get.positive("poll_us") * kMicrosecond),
     };
     return std::make_unique<TimeslicePolicy>(params);
 }

@@ -232,7 +232,7 @@ PolicyInfo hfq_info() {
 
 std::unique_ptr<Policy> make_hfq(const PolicyParams& p) {
     PolicyInfo info = hfq_info();
-    auto get = [&](const char* n) { return param_or_default(p, info, n); };
+    const ParamReader get{p, info};
     hfq::Params params{from_us(get("threshold_ms") * 1000), from_us(get("unblock_ms") * 1000),
                   from_us(get("lag_ms") * 1000),       from_us(get("idle_us")),
                   from_us(get("grace_us")),            from_us(get("anticipate_us")),
