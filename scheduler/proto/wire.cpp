@@ -105,11 +105,8 @@ std::optional<std::string> check_body(std::uint16_t type, std::span<const std::b
         if (b.reserved != 0) return R("reserved field is not zero");
         return std::nullopt;
     }
-    case PVGPU_MSG_MODE_ACK: {
-        const auto b = read_body<pvgpu_mode_ack>(payload);
-        if (auto e = bad_mode(b.mode)) return e;
-        return std::nullopt;
-    }
+    case PVGPU_MSG_MODE_ACK:
+        return bad_mode(read_body<pvgpu_mode_ack>(payload).mode);
     case PVGPU_MSG_TASK_WEIGHT: {
         // The weight's range is the daemon's to answer (E_INVALID in the
         // reply), not a reason to drop the connection.
@@ -135,11 +132,8 @@ std::optional<std::string> check_body(std::uint16_t type, std::span<const std::b
         return check_name(b.task_name, sizeof b.task_name, "task_name");
     }
     case PVGPU_MSG_QUIESCE_REPLY:
-    case PVGPU_MSG_RESUME_REPLY: {
-        const auto b = read_body<pvgpu_status_reply>(payload);
-        if (auto e = bad_status(b.status)) return e;
-        return std::nullopt;
-    }
+    case PVGPU_MSG_RESUME_REPLY:
+        return bad_status(read_body<pvgpu_status_reply>(payload).status);
     case PVGPU_MSG_TRAP_REPORT:
     case PVGPU_MSG_PING:
     case PVGPU_MSG_PONG:
@@ -170,11 +164,8 @@ std::optional<std::string> check_body(std::uint16_t type, std::span<const std::b
                    std::to_string(PVGPU_CHAN_MEM_SIZE) + ")";
         return std::nullopt;
     }
-    case PVGPU_MSG_FREE_REPLY: {
-        const auto b = read_body<pvgpu_status_reply>(payload);
-        if (auto e = bad_status(b.status)) return e;
-        return std::nullopt;
-    }
+    case PVGPU_MSG_FREE_REPLY:
+        return bad_status(read_body<pvgpu_status_reply>(payload).status);
     case PVGPU_MSG_TASK_WEIGHT_REPLY: {
         const auto b = read_body<pvgpu_status_reply>(payload);
         if (auto e = bad_status(b.status)) return e;
