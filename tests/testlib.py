@@ -57,6 +57,12 @@ def log(message):
     print(f"# {message}", flush=True)
 
 
+def monotonic_from_wall(wall):
+    """A wall-clock time (seconds since the epoch, as QEMU stamps its events)
+    on this host's monotonic clock, which the tests' measurements use."""
+    return wall - (time.time() - time.monotonic())
+
+
 def recv_lines(conn, stop=None):
     """The newline-ended lines a stream socket sends (bytes, without the
     newline) until it closes or `stop` (an Event) is set."""

@@ -1867,7 +1867,7 @@ json Daemon::effective_params(const Gpu& g) const {
 
 void Daemon::set_gpu_policy(Gpu& g, const std::string& name, const PolicyParams& params) {
     g.sched->set_policy(make_policy(name, params));
-    for (const std::string& w : policy_warnings(name, params)) log_warning(w);
+    for (const std::string& w : policy_warnings(name, params)) log_warning("GPU ", g.index, ": ", w);
     g.policy_name = name;
     g.policy_params = params;
     log_info("policy of GPU ", g.index, " ", g.name, " set to ", name);

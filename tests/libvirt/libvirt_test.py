@@ -37,8 +37,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "daemon"))
 sys.path.insert(0, os.path.join(HERE, "..", "vm"))
-from testlib import (Skip, TestFailure, check, evidence_dir, log, recv_lines, rerun, result,  # noqa: E402
-                     stop_process)
+from testlib import (Skip, TestFailure, check, evidence_dir, log, monotonic_from_wall, recv_lines,  # noqa: E402
+                     rerun, result, stop_process)
 from testlib import wait_for as testlib_wait_for  # noqa: E402
 from daemon_test import (DAEMONS, E_OK, MSG_HELLO, MSG_HELLO_REPLY, ROLE_VMM, Daemon,  # noqa: E402
                          RawClient, ctl_json, measure_between)
@@ -172,8 +172,9 @@ class Libvirt:
 
     def qemu_log(self, name):
         """libvirt's log of the domain's QEMU ('' if none yet)."""
+        path = os.path.join(self.root, "cache", "libvirt", "qemu", "log", f"{name}.log")
         try:
-            with open(os.path.join(self.root, "cache", "libvirt", "qemu", "log", f"{name}.log"), errors="replace") as f:
+            with open(path, errors="replace") as f:
                 return f.read()
         except OSError:
             return ""
@@ -308,11 +309,7 @@ class Guest(GuestReports):
         """The console, libvirt's QEMU log, QEMU's view and a core dump of the
         domain's QEMU (gcore), as pvgpu-vm keeps them (self.evidence)."""
         self.evidence = evidence_dir(f"libvirt-{self.name}")
-        qemu_log = []
-        for dirpath, _, files in os.walk(self.lv.root):
-            if f"{self.name}.log" in files and "qemu" in dirpath:
-                with open(os.path.join(dirpath, f"{self.name}.log"), errors="replace") as f:
-                    qemu_log.append(f.read())
+        qemu_log = [self.lv.qemu_log(self.name)]
         pid = None
         p = subprocess.run(["pgrep", "-f", f"qemu-system-x86_64 -name guest={self.name},"],
                            capture_output=True, text=True)
@@ -606,7 +603,6 @@ class Events:
 
     def __init__(self, lv):
         self.events = []
-        self.offset = time.time() - time.monotonic()
         self.proc = subprocess.Popen(["virsh", "-q", "-c", "qemu:///session", "qemu-monitor-event", "--loop"],
                                      env=lv.env, preexec_fn=lv._as_user(), stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, text=True)
@@ -617,8 +613,7 @@ class Events:
         for line in self.proc.stdout:
             m = rx.match(line.strip())
             if m:
-                wall = int(m.group(2)) + int(m.group(3)) / 1e6
-                self.events.append((wall - self.offset, m.group(1)))
+                self.events.append((monotonic_from_wall(int(m.group(2)) + int(m.group(3)) / 1e6), m.group(1)))
 
     def first(self, name):
         return next((t for t, e in self.events if e == name), None)
@@ -735,8 +730,8 @@ def case_migrate(paths, tmp):
             ev.stop()
         report_pause("libvirt.migrate", guest_pause_ends(g.conn_lines[0], g.conn_lines[2], "bench"),
                      ev_a.first("STOP"), ev_b.first("RESUME"))
-        check(da.alive() and db.alive() and not da.internal_errors() and not db.internal_errors(),
-              "a pvgpud died or logged an internal error")
+        da.check_healthy()
+        db.check_healthy()
     finally:
         lvb.cleanup()
         lva.cleanup()

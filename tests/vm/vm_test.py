@@ -38,7 +38,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "daemon"))
-from testlib import Qmp, Skip, TestFailure, check, evidence_dir, log, rerun, result, stop_process, wait_for  # noqa: E402
+from testlib import (Qmp, Skip, TestFailure, check, evidence_dir, log, monotonic_from_wall, rerun,  # noqa: E402
+                     result, stop_process, wait_for)
 from daemon_test import (Daemon, Load, ctl, ctl_json, good_client_throughput,  # noqa: E402
                          measure_between, throttle)
 
@@ -1120,9 +1121,9 @@ def report_pause(prefix, ends, stop_at, resume_at):
 
 
 def qmp_event_at(event):
-    """A QMP event's time (QEMU stamps it with the wall clock) on the host's monotonic clock."""
+    """A QMP event's time on the host's monotonic clock."""
     ts = event["timestamp"]
-    return ts["seconds"] + ts["microseconds"] / 1e6 - (time.time() - time.monotonic())
+    return monotonic_from_wall(ts["seconds"] + ts["microseconds"] / 1e6)
 
 
 def case_migrate(bins, tmp):
@@ -1188,11 +1189,10 @@ def case_migrate(bins, tmp):
         # The control for the part of the pause after a resume: the same
         # QEMU (its TCG code cache warm) resuming at A after the refusal.
         resumed_at = qmp_event_at(qmp.wait_event("RESUME", 10))
-        done = completion_reports(a.out_lines, "bench")
-        before_stop = [n for t, n in done if t < resumed_at]
-        after = next((t for t, n in done if t > resumed_at and before_stop and n > before_stop[-1]), None)
-        if after:
-            result("vm.migrate.refused_pause_after_resume_ms", f"{(after - resumed_at) * 1e3:.0f}")
+        ends = guest_pause_ends([x for x in a.out_lines if x[0] < resumed_at],
+                                [x for x in a.out_lines if x[0] >= resumed_at], "bench")
+        if ends:
+            result("vm.migrate.refused_pause_after_resume_ms", f"{(ends[1] - resumed_at) * 1e3:.0f}")
 
         b = Guest(bins, db, "mig", command, extra=("--qmp", qb, "--incoming", f"unix:{sock}"), uuid=uuid)
         qmp_b = Qmp(qb)
@@ -1231,8 +1231,8 @@ def case_migrate(bins, tmp):
               f"bench at B: {v}")
         result("vm.migrate.bench_runtime_ms", v.get("runtime_ms"))
         report_pause("vm.migrate", guest_pause_ends(a.out_lines, b.out_lines, "bench"), stop_at, resume_at)
-        check(da.alive() and db.alive() and not da.internal_errors() and not db.internal_errors(),
-              "a pvgpud died or logged an internal error")
+        da.check_healthy()
+        db.check_healthy()
     finally:
         if qmp:
             qmp.close()
@@ -1286,8 +1286,8 @@ def case_migrate_shares(bins, tmp):
                                        ("b", "sv3", after_b[1], 0.25)):
             result(f"vm.migrate_shares.after.{where}.{name}", f"{got:.3f}")
             check(abs(got - want) <= tol, f"after: {name} got {got:.3f} on {where.upper()}, target {want:.3f}")
-        check(da.alive() and db.alive() and not da.internal_errors() and not db.internal_errors(),
-              "a pvgpud died or logged an internal error")
+        da.check_healthy()
+        db.check_healthy()
     finally:
         if qmp:
             qmp.close()
