@@ -438,7 +438,11 @@ TEST_CASE("hfq holds for a long-think monitor and for clients that think between
     // 0.0415, B's, most of it the preemptions' dead time (idle 7.0%).
     SimResult lts = run(think, "hfq", Arbitration::Timeslice);
     INFO(describe(lts));
-    CHECK(lts.fairness.max_share_error <= 0.0415);  // today's 0.0415: a regression guard
+    // A regression guard: 0.04147 before catching up (CatchUp), 0.04151
+    // since: both clients catch up from their first learned returns, ten
+    // more preemptions in the first 10 ms, which move the phase of the
+    // measured window (the same figure on seeds 1-8: fixed kernel lengths).
+    CHECK(lts.fairness.max_share_error <= 0.04152);
 }
 
 TEST_CASE("hfq on every other bundled scenario: error <= 0.01, idle with work <= 1%", "[scenario][hfq]") {
@@ -513,6 +517,30 @@ TEST_CASE("hfq serves bursty and interactive tenants as a class", "[.targets][hf
                     "worst_others=%.4f worst_idle=%.4f\n",
                     f.missed, f.below_rr, f.below_ts, f.others, f.idle);
     CHECK(f.missed == 0);
+}
+
+// Catching up (hfq/catch_up.hpp) on the preemptive GPU: a light tenant
+// back from a think below its share takes the engine at its trapped doorbell
+// and the others are held while its batch drains, so it gets its demand
+// within the issue's 0.01, nested two levels down, in a VM beside a greedy
+// sibling, and beside four greedy tenants.  Before catching up these were
+// 0.0261, 0.0191, 0.0205 and 0.0579 off: its returns were not seen (no
+// trap once a think outlasted the run queue) and nothing preempted for it.
+TEST_CASE("hfq: a tenant back below its share catches up on the timeslice GPU", "[scenario][bursty]") {
+    auto [name, leaf] = GENERATE(table<std::string, std::string>({
+        {"batch-vm-3x300-nested", "vmA/inner/light"},
+        {"batch-vm-6x200", "vmA/light"},
+        {"interactive-2x150-long-think", "ui"},
+        {"batch-vm-4x100-deep", "vmA/svc/light"},
+    }));
+    SimResult r = run(load_scenario(std::string(PVGPU_BURSTY_DIR) + "/" + name + ".json"), "hfq",
+                      Arbitration::Timeslice);
+    INFO(describe(r));
+    const EntityResult& e = entity(r, leaf);
+    REQUIRE(e.target_share == Approx(e.demand));  // max-min owes it its demand: below its share
+    CHECK(std::abs(e.achieved_share - e.target_share) <= 0.01);
+    CHECK(r.policy_counters.at("catch_ups") > 0);
+    CHECK(r.stats.preemptions > 0);
 }
 
 TEST_CASE("the counts after the warm-up leave the warm-up out", "[scenario][warmup]") {

@@ -48,6 +48,7 @@ void FairQueue::activate(EntityId id) {
     rq.open.insert({n.vtime, id});
     activate(parent);
     rebalance(parent);
+    if (ctx_->tree().is_leaf(id)) refresh(id);  // a catch-up may hold it
 }
 
 void FairQueue::deactivate(EntityId id) {
@@ -66,6 +67,8 @@ void FairQueue::deactivate(EntityId id) {
     if (n.blocked) {
         n.blocked = false;
         refresh(id);
+    } else if (n.shadowed) {
+        refresh(id);  // held while in the run queue (CatchUp)
     }
     if (rq.empty()) {
         if (parent != kRootEntity) deactivate(parent);
@@ -109,8 +112,9 @@ void FairQueue::refresh(EntityId id) {
         for (EntityId c : e.children) refresh(c);
         return;
     }
-    bool shadow = false;
-    for (EntityId a = id; a != kRootEntity; a = parent_of(a)) shadow = shadow || nodes_[a].blocked;
+    bool blocked = false;
+    for (EntityId a = id; a != kRootEntity; a = parent_of(a)) blocked = blocked || nodes_[a].blocked;
+    const bool shadow = listener_.shadowed(id, blocked);
     Node& n = nodes_[id];
     if (n.shadowed == shadow) return;
     n.shadowed = shadow;
@@ -172,11 +176,11 @@ double FairQueue::fair_share(EntityId leaf) const {
     return share;
 }
 
-bool FairQueue::behind(EntityId leaf) {
+bool FairQueue::behind(EntityId leaf, double factor) {
     const Node& n = nodes_[leaf];
     const bool first = n.recent.at < 0;
     const double rate = n.recent.read(n.accounted, ctx_->now(), kRateWindow);
-    return first || rate < kBehind * fair_share(leaf);
+    return first || rate < factor * fair_share(leaf);
 }
 
 double FairQueue::demand(EntityId id) const {

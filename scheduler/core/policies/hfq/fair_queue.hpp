@@ -123,6 +123,7 @@ struct Node {
     bool blocked = false;
     bool shadowed = false;  // leaves: channels are asked to be Shadowed
     bool bursty = false;    // leaves: seen between bursts; trapped while unblocked
+    bool below_share = false;  // leaves: asked for less than the fair share at the last return; trapped
     bool metered = false;   // leaves: queue above `queue`: shadowed, fed as the GPU drains it
     bool provisional = false;  // leaves: metered on joining a busy GPU, until a kernel length is learned
     Duration accounted = 0;
@@ -159,6 +160,9 @@ public:
         virtual void shadow_changed(EntityId leaf, bool shadowed) = 0;
         // The leaf left its run queue (active_leaves_ counts it no more).
         virtual void leaf_left(EntityId leaf) = 0;
+        // Whether the leaf is to be shadowed, given whether a level above
+        // it is blocked: a mechanism may hold it, or let it through.
+        virtual bool shadowed(EntityId leaf, bool blocked_above) const = 0;
 
     protected:
         ~Listener() = default;
@@ -200,9 +204,10 @@ public:
     double lead_of(EntityId leaf) const;
     // The leaf's fair share now: w / sum(w) of the backlogged at every level.
     double fair_share(EntityId leaf) const;
-    // Is the leaf's recent GPU rate below its fair share?  A leaf that gets
-    // its share anyway is not worth an idle or preempted engine.
-    bool behind(EntityId leaf);
+    // Is the leaf's recent GPU rate below `factor` of its fair share?  A
+    // leaf that gets its share anyway is not worth an idle or preempted
+    // engine.
+    bool behind(EntityId leaf, double factor = kBehind);
     // What a leaf asks for: burst / (burst + think) of the GPU once both
     // are learned, else all of it.
     double demand(EntityId id) const;
@@ -223,6 +228,7 @@ private:
     friend class QueueCap;
     friend class Anticipation;
     friend class Preemption;
+    friend class CatchUp;
 
     const Params& p_;
     Listener& listener_;

@@ -12,6 +12,7 @@ void Feeder::learn_latency(ChannelId ch) {
 
 void Feeder::cover(ChannelId ch, EntityId runner) {
     if (irq_latency_ < hfq_.p_.grace || hfq_.fq_.shadowed_leaves_.empty()) return;
+    if (hfq_.catch_up_.any()) return;  // nothing goes behind a leaf catching up
     const std::vector<Node>& nodes = hfq_.fq_.nodes_;
     for (const auto& [c, leaf] : hfq_.chans_)
         if (leaf != runner && nodes[leaf].active && !nodes[leaf].shadowed && nodes[leaf].idle_since < 0)
@@ -129,19 +130,56 @@ Time Feeder::resubmit_wait(EntityId best) const {
     return until;
 }
 
+const Node* Feeder::next_return() const {
+    const Node* first = nullptr;
+    for (EntityId leaf : hfq_.idle_candidates_) {
+        const Node& n = hfq_.fq_.nodes_[leaf];
+        if (!n.below_share || n.shadowed || n.idle_since < 0 || n.think < 0) continue;
+        if (!first || n.idle_since + n.think < first->idle_since + first->think) first = &n;
+    }
+    return first;
+}
+
+EntityId Feeder::fit_to_return(EntityId best, double best_lead) const {
+    const Node* back = next_return();
+    if (!back) return best;
+    const Time now = hfq_.ctx_->now();
+    const Duration left = back->idle_since + back->think - now;
+    // Nothing fed since the leaf went idle: its whole think is ahead.
+    const bool think_starts = fed_at_ < back->idle_since;
+    EntityId fits = kNoEntity, overruns = kNoEntity;
+    double fits_lead = INFINITY, overruns_lead = INFINITY;
+    for (const auto& [lead, leaf] : candidates_) {
+        if (lead > best_lead + static_cast<double>(hfq_.p_.threshold)) continue;
+        const Duration est = feed_estimate(leaf);
+        if (est <= left && lead < fits_lead) {
+            fits = leaf;
+            fits_lead = lead;
+        } else if (est > left && lead < overruns_lead) {
+            overruns = leaf;
+            overruns_lead = lead;
+        }
+    }
+    if (overruns != kNoEntity && (think_starts || fits == kNoEntity)) return overruns;
+    return fits != kNoEntity ? fits : best;
+}
+
 EntityId Feeder::feed_candidate(bool* beyond_cap) const {
     EntityId best = kNoEntity;
     double best_lead = INFINITY;
+    candidates_.clear();
     for (EntityId leaf : hfq_.fq_.shadowed_leaves_) {
         bool held = false;
         for (ChannelId ch : hfq_.ctx_->channels_of(leaf)) held = held || hfq_.ctx_->held(ch) > 0;
         if (!held) continue;
         const double lead = hfq_.fq_.lead_of(leaf);
+        candidates_.push_back({lead, leaf});
         if (lead < best_lead) {
             best_lead = lead;
             best = leaf;
         }
     }
+    if (candidates_.size() > 1) best = fit_to_return(best, best_lead);
     // Fed further, it would run away from a sibling that is only between
     // bursts: that one is owed the GPU when it returns, unless the fed
     // kernel is likely over by then.  Feeding another leaf instead

@@ -105,6 +105,15 @@ private:
     Time resubmit_wait(EntityId best) const;
     // The least-ahead shadowed leaf that holds work, or kNoEntity.
     EntityId feed_candidate(bool* beyond_cap = nullptr) const;
+    // The thinking leaf below its share expected back first, or null.
+    const Node* next_return() const;
+    // A leaf below its share is thinking.  On a non-preemptive engine it
+    // waits on its return for the kernel it finds running, so of the leaves
+    // within `threshold` of the least-ahead `best` (a lead the fair queue
+    // tolerates anyway) feed one whose kernel ends before that return; a
+    // kernel that cannot end before it goes first in the think, where it
+    // overruns the least, not after the others.
+    EntityId fit_to_return(EntityId best, double best_lead) const;
     // Would a kernel of length `est` (`longest`: the length few of its
     // kernels outlast) fed now make an unblocked leaf between bursts wait
     // longer on its return than the engine would idle until then (an
@@ -124,6 +133,7 @@ private:
     Duration irq_latency_ = 0;   // the least of them
     ChannelId cover_ch_ = 0;     // the channel of the last cover entry
     std::uint32_t cover_put_ = 0;  // ... its IB_PUT after that release
+    mutable std::vector<std::pair<double, EntityId>> candidates_;  // feed_candidate's scratch: (lead, leaf)
     std::uint64_t wc_releases_ = 0;
     std::uint64_t covers_ = 0;
 };

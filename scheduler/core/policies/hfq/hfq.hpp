@@ -14,7 +14,9 @@
 //   queue_cap.hpp     QueueCap: metering a leaf with too much queued;
 //   anticipation.hpp  Anticipation: holding the engine for a thinking leaf;
 //   preemption.hpp    Preemption: taking the engine back for a returning
-//                     bursty leaf.
+//                     bursty leaf;
+//   catch_up.hpp      CatchUp: serving a leaf back below its share at once,
+//                     up to the credit it earned while thinking.
 // HfqPolicy (below; leaves.cpp, policy.cpp) holds the channels, learns each
 // leaf's think and burst times, sets channel modes, and wires the
 // scheduler's events to the fair queue and the mechanisms.
@@ -24,6 +26,7 @@
 #include "core/policies/hfq/feeder.hpp"
 #include "core/policies/hfq/anticipation.hpp"
 #include "core/policies/hfq/preemption.hpp"
+#include "core/policies/hfq/catch_up.hpp"
 
 namespace pvgpu::hfq {
 
@@ -77,12 +80,16 @@ private:
     void leaf_left(EntityId leaf) override;
     // Re-derive the leaf's channel modes; an unshadowed metered leaf is fed.
     void shadow_changed(EntityId leaf, bool shadowed) override;
+    bool shadowed(EntityId leaf, bool blocked_above) const override {
+        return catch_up_.shadowed(leaf, blocked_above);
+    }
 
     // Bursty: an unblocked leaf whose absence let the GPU be fed held work.
     // Its next return must be seen at once to be served at once, so its
     // doorbells trap (a couple of microseconds each) until a think longer
     // than any stay in the run queue shows no burst pattern worth that.
     void set_bursty(EntityId leaf, bool bursty);
+    void set_below_share(EntityId leaf, bool below);
 
     // A shadowed leaf seen without work since its last completion has
     // stored its next entry: how long its client takes to submit again
@@ -161,6 +168,8 @@ private:
     Feeder feeder_{*this};
     friend class QueueCap;
     QueueCap queue_cap_{*this};
+    friend class CatchUp;
+    CatchUp catch_up_{*this};
 };
 
 }  // namespace pvgpu::hfq

@@ -26,6 +26,7 @@ void HfqPolicy::touch(ChannelId ch) {
         n.idle_since = ctx_->now();
         n.went_idle = n.idle_since;
         idle_candidates_.insert(leaf);
+        catch_up_.ended(leaf);
         arm_idle_check(ctx_->now() + p_.idle);
         if (n.burst_from >= 0) {
             Duration b = n.accounted - n.burst_from;
@@ -53,7 +54,7 @@ void HfqPolicy::set_bursty(EntityId leaf, bool bursty) {
 ChannelMode HfqPolicy::mode_of(EntityId leaf) const {
     const Node& n = fq_.nodes_[leaf];
     if (n.shadowed || n.metered) return ChannelMode::Shadowed;
-    return n.bursty ? ChannelMode::Trapped : ChannelMode::Direct;
+    return n.bursty || n.below_share ? ChannelMode::Trapped : ChannelMode::Direct;
 }
 
 ChannelMode HfqPolicy::mode_of(ChannelId ch, EntityId leaf) const {
@@ -76,24 +77,44 @@ void HfqPolicy::learn_turnaround(EntityId leaf, ChannelId ch) {
 
 void HfqPolicy::mark_busy(EntityId leaf, bool exact) {
     Node& n = fq_.nodes_[leaf];
+    Duration think = -1;
     if (n.went_idle >= 0) {
         // Back from a think (perhaps one longer than `idle`, which took
         // it out of the run queue).  Seen by a trapped doorbell or while
         // the engine was held for it, the time is close (the accounting's
         // settle reads); seen while a fed kernel ran, it is only an upper
         // bound and may only lower the estimate.
-        Duration t = ctx_->now() - n.went_idle;
-        if (exact || ctx_->now() <= anticipation_.held_until() + kReturnSeenWithin)
-            n.think = n.think < 0 ? t : n.think + (t - n.think) / 4;
-        else if (n.think >= 0)
-            n.think = std::min(n.think, t);
-        if (t > kMaxStay * p_.idle) set_bursty(leaf, false);
+        // The first think is learned even as a bound: it may show a leaf
+        // below its share, whose doorbells then trap.
+        think = ctx_->now() - n.went_idle;
+        exact = exact || ctx_->now() <= anticipation_.held_until() + kReturnSeenWithin;
+        if (exact || n.think < 0)
+            n.think = n.think < 0 ? think : n.think + (think - n.think) / 4;
+        else
+            n.think = std::min(n.think, think);
     }
     n.idle_since = -1;
     n.went_idle = -1;
     n.burst_from = n.accounted;
     idle_candidates_.erase(leaf);
     fq_.activate(leaf);
+    if (think < 0) return;
+    if (think > kMaxStay * p_.idle) set_bursty(leaf, false);
+    // A leaf that asks for less than its share (not alone) is owed its
+    // returns at once: its doorbells trap, so that they are seen.
+    const double share = fq_.fair_share(leaf);
+    set_below_share(leaf, share < 1 && fq_.demand(leaf) < share);
+    // It catches up on a return seen as it happened: a think learned late
+    // is longer than it was, and the credit with it.
+    if (n.below_share && exact) catch_up_.returned(leaf, think);
+}
+
+void HfqPolicy::set_below_share(EntityId leaf, bool below) {
+    Node& n = fq_.nodes_[leaf];
+    if (n.below_share == below) return;
+    n.below_share = below;
+    if (catch_up_.any()) fq_.refresh(leaf);  // held or not (CatchUp::shadowed)
+    apply_modes(leaf);
 }
 
 void HfqPolicy::apply_modes(EntityId leaf) {
@@ -200,6 +221,7 @@ void HfqPolicy::shadow_changed(EntityId leaf, bool shadowed) {
 
 void HfqPolicy::leaf_left(EntityId leaf) {
     idle_candidates_.erase(leaf);
+    catch_up_.ended(leaf);
     queue_cap_.set_metered(leaf, false);
     // Alone on the GPU, a leaf has nobody to run ahead of.  One that
     // has not started keeps its meter until it does.

@@ -18,6 +18,7 @@ void HfqPolicy::charged(ChannelId ch, Duration d) {
     if (it == chans_.end()) return;
     if (auto r = runs_.find(ch); r != runs_.end()) r->second.charged += d;
     fq_.charge(it->second, d);
+    catch_up_.charged(it->second);
 }
 
 void HfqPolicy::stop() {
@@ -71,6 +72,7 @@ void HfqPolicy::tree_changed(EntityTree::Change c, EntityId id) {
         if (id < fq_.nodes_.size()) fq_.nodes_[id] = Node{};
         fq_.shadowed_leaves_.erase(id);
         queue_cap_.forget(id);
+        catch_up_.ended(id);
         idle_candidates_.erase(id);
     } else if (c == EntityTree::Change::Weight) {
         // New weights apply to future charges; re-check the sibling level now.
@@ -90,16 +92,17 @@ void HfqPolicy::doorbell_trapped(ChannelId ch, std::uint32_t) {
     mark_busy(it->second, true);
     // A bursty leaf is back: over-served work on the engine gives way to
     // it once the write has reached the GPU.
-    if (fq_.nodes_[it->second].bursty && !fq_.nodes_[it->second].shadowed) preemption_.returned(ch, ctx_->now());
+    const Node& n = fq_.nodes_[it->second];
+    if ((n.bursty || catch_up_.catching_up(it->second)) && !n.shadowed) preemption_.returned(ch, ctx_->now());
 }
 
 void HfqPolicy::work_held(ChannelId ch, std::uint32_t) {
     idle_trapped_.erase(ch);  // shadowed now: it rang, and is not trapped
     if (auto it = chans_.find(ch); it != chans_.end()) {
-        // A metered leaf's store is reported as it happens, like a trap.
+        // A store into a shadow page is reported as it happens, like a trap.
         const EntityId leaf = it->second;
         learn_turnaround(leaf, ch);
-        mark_busy(leaf, fq_.nodes_[leaf].metered && !fq_.nodes_[leaf].shadowed);
+        mark_busy(leaf, true);
         queue_cap_.meter(leaf);
         // A metered bursty leaf returns through here, not through a
         // trapped doorbell: it may preempt as doorbell_trapped() lets it.
@@ -154,6 +157,7 @@ std::map<std::string, double> HfqPolicy::counters() const {
             {"idle_arms", static_cast<double>(idle_arms_)},
             {"anticipations", static_cast<double>(anticipation_.holds())},
             {"preemptions", static_cast<double>(preemption_.preemptions())},
+            {"catch_ups", static_cast<double>(catch_up_.catch_ups())},
             {"meters", static_cast<double>(queue_cap_.meters())},
             {"metered_releases", static_cast<double>(queue_cap_.releases())}};
 }

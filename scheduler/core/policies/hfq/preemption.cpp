@@ -23,7 +23,13 @@ void Preemption::preempt_for(ChannelId ch) {
     const std::optional<ChannelId> running = hfq_.ctx_->engine_status();
     if (!running || *running == ch) return;
     auto run = hfq_.chans_.find(*running);
-    if (run == hfq_.chans_.end() || !hfq_.fq_.nodes_[run->second].shadowed) return;
+    if (run == hfq_.chans_.end()) return;
+    // A leaf below its share catching up takes the engine from any leaf
+    // that asks for its share or more; others only from a blocked one.
+    const EntityId self = it->second, other = run->second;
+    const bool owed_credit = hfq_.fq_.nodes_[self].below_share && hfq_.catch_up_.credit(self) > preempt_cost_ &&
+                             !hfq_.fq_.nodes_[other].below_share && !hfq_.catch_up_.catching_up(other);
+    if (!owed_credit && !hfq_.fq_.nodes_[other].shadowed) return;
     // The fed or cut kernel may have ended without an interrupt: its
     // channel's completion timestamp moved since (memory, not a register).
     Feeder& feeder = hfq_.feeder_;
@@ -33,7 +39,9 @@ void Preemption::preempt_for(ChannelId ch) {
     // leaf still past it), the kernel is the returning leaf's to take.
     const bool owed = feeder.fed_beyond_cap(*running) ||
                       (cut_ch_ == *running && hfq_.fq_.lead_of(run->second) > static_cast<double>(hfq_.p_.feed_lead));
-    if (!owed && !hfq_.fq_.behind(it->second)) return;
+    // Its credit outweighs the engine's dead time; otherwise only a leaf
+    // well behind its share preempts.
+    if (!owed && !owed_credit && !hfq_.fq_.behind(self)) return;
     // A fed kernel about to end costs the returning leaf less than a
     // preemption would cost the engine.
     const Time now = hfq_.ctx_->now();
