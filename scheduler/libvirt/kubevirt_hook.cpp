@@ -243,6 +243,10 @@ int run(const Args& a) {
     }
     const pvgpu::virt::GpuMetadata m = share_of(ann, al);
     const std::string socket = a.socket ? *a.socket : env("PVGPU_SOCKET").value_or(PVGPU_SOCKET_PATH);
+    // A ',' would split QEMU's chardev options; said here, where it came from.
+    if (socket.find(',') != std::string::npos)
+        throw Refused{std::string(a.socket ? "--socket" : "environment PVGPU_SOCKET") + ": " + quoted(socket) +
+                      " contains ',', which QEMU's -chardev cannot take"};
     std::string out;
     try {
         out = pvgpu::virt::attach_device(*a.domain, pvgpu::virt::DeviceWiring{socket, 0, "", m.device}, m);

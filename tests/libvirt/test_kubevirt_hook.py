@@ -235,6 +235,8 @@ def test_refusals():
         one_line(run("--vmi", vmi_with({key: "50"}, drop=["pvgpu.org/weight"]), "--domain", dom), 1, key)
     one_line(run("--vmi", vmi_with({"pvgpu.org/wieght": "300"}), "--domain", dom), 1, "pvgpu.org/wieght")
     one_line(run("--vmi", vmi_with({"pvgpu.org/weight": 300}), "--domain", dom), 1, "pvgpu.org/weight")
+    one_line(run("--vmi", fixture("vmi.json"), "--domain", dom, "--socket", "/a,b"), 1, "--socket", '"/a,b"')
+    one_line(run("--vmi", fixture("vmi.json"), "--domain", dom, env={"PVGPU_SOCKET": "/a,b"}), 1, "PVGPU_SOCKET")
     # Malformed input.
     for vmi in ("{", "", "[]", '{"metadata": []}', '{"metadata": {"annotations": ["pvgpu.org/weight"]}}'):
         one_line(run("--vmi", vmi, "--domain", dom), 1, "--vmi")
