@@ -11,8 +11,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <optional>
 #include <string>
@@ -44,6 +46,8 @@ constexpr const char* kMinKey = "pvgpu.org/min";
 // The hook API versions whose OnDefineDomain the sidecar-shim serves; all
 // pass the same --vmi/--domain arguments, so the hook works with each.
 const std::vector<std::string> kHookApiVersions = {"v1alpha1", "v1alpha2", "v1alpha3"};
+// PVGPU_GPU_SHARE's unit is 1% of a GPU (the device plugin's).
+constexpr std::uint32_t kShareUnitsPerGpu = 100;
 
 // Input the hook refuses (exit 1) and bad usage (exit 2): one line each.
 struct Refused {
@@ -194,8 +198,10 @@ Allocation read_allocation() {
                           std::to_string(PVGPU_MAX_GPUS - 1)};
     }
     if (const auto s = env("PVGPU_GPU_SHARE")) {
-        al.share = pvgpu::decimal_in(*s, 1, 100);
-        if (!al.share) throw Refused{"environment PVGPU_GPU_SHARE: " + quoted(*s) + " is not a whole number from 1 to 100"};
+        al.share = pvgpu::decimal_in(*s, 1, kShareUnitsPerGpu);
+        if (!al.share)
+            throw Refused{"environment PVGPU_GPU_SHARE: " + quoted(*s) + " is not a whole number from 1 to " +
+                          std::to_string(kShareUnitsPerGpu)};
         if (!al.gpu) throw Refused{"environment PVGPU_GPU_SHARE is set but PVGPU_GPU (the GPU it is on) is not"};
     }
     return al;
@@ -205,8 +211,9 @@ Allocation read_allocation() {
 pvgpu::virt::GpuMetadata share_of(const std::map<std::string, std::string>& ann, const Allocation& al) {
     for (const char* key : {kMaxKey, kMinKey})
         if (ann.count(key))
-            throw Refused{std::string("annotation ") + key + ": share caps and reservations (issue \"Share controls\")" +
-                          " are not in this pvgpu yet; remove the annotation"};
+            throw Refused{std::string("annotation ") + key +
+                          ": share caps and reservations (issue \"Share controls\") are not in this pvgpu yet;" +
+                          " remove the annotation"};
     pvgpu::virt::GpuMetadata m{PVGPU_WEIGHT_DEFAULT};
     if (const auto w = ann.find(kWeightKey); w != ann.end()) {
         const auto weight = pvgpu::parse_weight(w->second);
@@ -219,8 +226,8 @@ pvgpu::virt::GpuMetadata share_of(const std::map<std::string, std::string>& ann,
     if (const auto g = ann.find(kGpuKey); g != ann.end()) {
         const auto choice = pvgpu::parse_gpu_choice(g->second);
         if (!choice)
-            throw Refused{std::string("annotation ") + kGpuKey + ": " + quoted(g->second) + " is not a GPU index from 0 to " +
-                          std::to_string(PVGPU_MAX_GPUS - 1) + " or \"any\""};
+            throw Refused{std::string("annotation ") + kGpuKey + ": " + quoted(g->second) +
+                          " is not a GPU index from 0 to " + std::to_string(PVGPU_MAX_GPUS - 1) + " or \"any\""};
         if (al.gpu && choice->index && *choice->index != *al.gpu)
             throw Refused{std::string("annotation ") + kGpuKey + ": " + quoted(g->second) + " names GPU " +
                           std::to_string(*choice->index) + " but the device plugin reserved the VM's share on GPU " +
@@ -231,6 +238,13 @@ pvgpu::virt::GpuMetadata share_of(const std::map<std::string, std::string>& ann,
     return m;
 }
 
+// The domain XML to KubeVirt; a short write fails the hook rather than
+// handing back half a domain.
+void write_out(std::string_view xml) {
+    if (std::fwrite(xml.data(), 1, xml.size(), stdout) != xml.size() || std::fflush(stdout) != 0)
+        throw Refused{std::string("writing the domain XML to standard output: ") + std::strerror(errno)};
+}
+
 int run(const Args& a) {
     if (a.api_version) check_api_version(*a.api_version);
     if (!a.vmi || !a.domain) throw UsageError{"--vmi and --domain are both required (see --help)"};
@@ -238,8 +252,8 @@ int run(const Args& a) {
     const Allocation al = read_allocation();
     if (ann.empty() && !al.gpu) {
         // Not a pvgpu VM: KubeVirt gets back exactly what it sent.
-        std::fwrite(a.domain->data(), 1, a.domain->size(), stdout);
-        return std::fflush(stdout) == 0 ? kExitOk : kExitRefused;
+        write_out(*a.domain);
+        return kExitOk;
     }
     const pvgpu::virt::GpuMetadata m = share_of(ann, al);
     const std::string socket = a.socket ? *a.socket : env("PVGPU_SOCKET").value_or(PVGPU_SOCKET_PATH);
@@ -253,8 +267,7 @@ int run(const Args& a) {
     } catch (const pvgpu::virt::XmlError& e) {
         throw Refused{std::string("--domain: ") + e.what()};
     }
-    std::fwrite(out.data(), 1, out.size(), stdout);
-    if (std::fflush(stdout) != 0) return kExitRefused;
+    write_out(out);
     const std::string on = m.device ? "GPU " + std::to_string(*m.device) : "any GPU (pvgpud places it)";
     std::fprintf(stderr, "%s: pvgpu device added (socket %s), weight %u, %s\n", kProg, socket.c_str(), m.weight,
                  on.c_str());

@@ -171,7 +171,8 @@ TEST_CASE("attach with metadata writes <pvgpu:gpu> into the domain's <metadata>"
 </domain>)";
     std::string xml = attach_device(kubevirt, {"/s.sock", 0, "", 2}, GpuMetadata{300, 2});
     // The old element replaced, kubevirt's kept, in libvirt's form for our namespace.
-    CHECK(count(xml, "<pvgpu:gpu xmlns:pvgpu=\"http://pvgpu.org/xmlns/domain/1.0\" weight=\"300\" device=\"2\"/>") == 1);
+    CHECK(count(xml, "<pvgpu:gpu xmlns:pvgpu=\"http://pvgpu.org/xmlns/domain/1.0\" weight=\"300\" "
+                     "device=\"2\"/>") == 1);
     CHECK(count(xml, "weight=\"50\"") == 0);
     CHECK(count(xml, "<uid>3f0b6a52</uid>") == 1);
     CHECK(count(xml, "pvgpu,chardev=pvgpu0,gpu=2") == 1);
