@@ -161,6 +161,9 @@ def test_weight():
                 kv = out.find(f"metadata/{{{KUBEVIRT}}}kubevirt/{{{KUBEVIRT}}}uid")
                 check(kv is not None and kv.text == "3f0b6a52-9d1e-4c7a-8f25-6b8e1d0c9a47",
                       f"{name}: kubevirt's metadata lost")
+    # A bare --version first (no API version given) changes nothing either.
+    dom = fixture("domain.xml")
+    attached(run("--version", "--vmi", fixture("vmi.json"), "--domain", dom), dom, 300, DEFAULT_SOCKET)
     # libvirt's order in <qemu:commandline>: arguments, then <qemu:env>.
     p = run("--vmi", fixture("vmi.json"), "--domain", fixture("domain-commandline.xml"))
     cmd = ET.fromstring(p.stdout).find(f"{{{QEMU}}}commandline")
