@@ -29,6 +29,7 @@
 
 #include <pvgpu/abi.h>  // PVGPU_WEIGHT_*
 
+#include "proto/share_text.hpp"
 #include "proto/unique_fd.hpp"
 #include "pvgpu_paths.h"
 #ifdef PVGPU_HAVE_LIBVIRT
@@ -612,11 +613,9 @@ int cmd_list(const Args& a, AdminConnection& conn) {
 }
 
 unsigned parse_weight(const std::string& text) {
-    unsigned long w = 0;
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), w);
-    if (ec != std::errc{} || end != text.data() + text.size() || w < kWeightMin || w > kWeightMax)
-        throw UsageError{"weight must be an integer in " + kWeightRange + ", got '" + text + "'"};
-    return static_cast<unsigned>(w);
+    const std::optional<std::uint32_t> w = pvgpu::parse_weight(text);
+    if (!w) throw UsageError{"weight must be an integer in " + kWeightRange + ", got '" + text + "'"};
+    return *w;
 }
 
 int cmd_set_weight(const Args& a, AdminConnection& conn) {
@@ -978,13 +977,11 @@ int cmd_top(const Args& a, AdminConnection& conn) {
 #ifdef PVGPU_HAVE_LIBVIRT
 // attach --gpu: "any" (nullopt: pvgpud places the domain) or an index 0..15.
 std::optional<std::uint32_t> parse_attach_gpu(const std::string& text) {
-    if (text == "any") return std::nullopt;
-    unsigned long n = 0;
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
-    if (ec != std::errc{} || end != text.data() + text.size() || n >= PVGPU_MAX_GPUS)
+    const std::optional<pvgpu::GpuChoice> choice = pvgpu::parse_gpu_choice(text);
+    if (!choice)
         throw UsageError{"--gpu must be a GPU index in 0.." + std::to_string(PVGPU_MAX_GPUS - 1) +
                          " or 'any', got '" + text + "'"};
-    return static_cast<std::uint32_t>(n);
+    return choice->index;
 }
 
 int edit_domain(const Args& a, bool attach) {

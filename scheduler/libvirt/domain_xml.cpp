@@ -5,7 +5,8 @@
 #include <pvgpu/abi.h>
 #include <pvgpu/protocol.h>
 
-#include <charconv>
+#include "proto/share_text.hpp"
+
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -145,16 +146,15 @@ GpuMetadata parse_gpu_metadata(std::string_view xml) {
         const bool weight = name == "weight";
         const std::uint64_t lo = weight ? PVGPU_WEIGHT_MIN : 0;
         const std::uint64_t hi = weight ? PVGPU_WEIGHT_MAX : PVGPU_MAX_GPUS - 1;
-        std::uint64_t n = 0;
-        auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
-        if (value.empty() || ec != std::errc{} || end != value.data() + value.size() || n < lo || n > hi)
+        const std::optional<std::uint32_t> n = weight ? parse_weight(value) : parse_gpu_index(value);
+        if (!n)
             throw XmlError("pvgpu metadata: " + name + " '" + value + "' is not " +
                            (weight ? "an integer" : "a GPU index") + " in " + std::to_string(lo) + ".." +
                            std::to_string(hi));
         if (weight)
-            m.weight = static_cast<std::uint32_t>(n);
+            m.weight = *n;
         else
-            m.device = static_cast<std::uint32_t>(n);
+            m.device = *n;
     }
     return m;
 }
@@ -165,12 +165,15 @@ std::string format_gpu_metadata(const GpuMetadata& m) {
     return xml + "/>";
 }
 
-std::string attach_device(std::string_view domain_xml, const DeviceWiring& w) {
+namespace {
+
+// attach_device's edit of a parsed domain: the chardev and device arguments
+// (replacing pvgpu's old ones) and, with w.emulator, <emulator>.
+void wire_device(xmlDoc* doc, const DeviceWiring& w) {
     if (w.socket.empty() || w.socket.find(',') != std::string::npos)
         throw XmlError("pvgpu socket path '" + w.socket + "' is empty or contains ','");
-    Doc doc = parse(domain_xml, "domain XML");
-    xmlNode* root = domain_root(doc.get());
-    xmlNs* ns = xmlSearchNsByHref(doc.get(), root, x(kQemuNamespace));
+    xmlNode* root = domain_root(doc);
+    xmlNs* ns = xmlSearchNsByHref(doc, root, x(kQemuNamespace));
     if (!ns) ns = xmlNewNs(root, x(kQemuNamespace), x("qemu"));
     xmlNode* cmdline = child(root, "commandline", kQemuNamespace);
     if (cmdline)
@@ -186,9 +189,15 @@ std::string attach_device(std::string_view domain_xml, const DeviceWiring& w) {
         device += ",gpu=" + std::to_string(*w.gpu);
     }
     const std::string chardev = std::string("socket,id=") + kChardevId + ",path=" + w.socket + ",reconnect=1";
+    // After the other arguments, before any <qemu:env>: libvirt's own order.
+    xmlNode* first_env = child(cmdline, "env", kQemuNamespace);
     for (const std::string& v : {std::string("-chardev"), chardev, std::string("-device"), device}) {
-        xmlNode* arg = xmlNewChild(cmdline, ns, x("arg"), nullptr);
+        xmlNode* arg = xmlNewNode(ns, x("arg"));
         xmlNewProp(arg, x("value"), x(v.c_str()));
+        if (first_env)
+            xmlAddPrevSibling(first_env, arg);
+        else
+            xmlAddChild(cmdline, arg);
     }
     if (!w.emulator.empty()) {
         xmlNode* devices = child(root, "devices", nullptr);
@@ -198,6 +207,37 @@ std::string attach_device(std::string_view domain_xml, const DeviceWiring& w) {
         xmlNodeSetContent(emu, nullptr);
         xmlNodeAddContent(emu, x(w.emulator.c_str()));
     }
+}
+
+// <pvgpu:gpu xmlns:pvgpu="..." weight="W" [device="N"]/> in <metadata>, as
+// libvirt keeps what virDomainSetMetadata (pvgpuctl attach) writes: the
+// namespace declared on the element itself.
+void put_gpu_metadata(xmlDoc* doc, const GpuMetadata& m) {
+    xmlNode* root = domain_root(doc);
+    xmlNode* metadata = child(root, "metadata", nullptr);
+    if (!metadata) metadata = xmlNewChild(root, nullptr, x("metadata"), nullptr);
+    while (xmlNode* old = child(metadata, "gpu", kMetadataNamespace)) {
+        xmlUnlinkNode(old);
+        xmlFreeNode(old);
+    }
+    xmlNode* gpu = xmlNewChild(metadata, nullptr, x("gpu"), nullptr);
+    xmlSetNs(gpu, xmlNewNs(gpu, x(kMetadataNamespace), x(kMetadataPrefix)));
+    xmlNewProp(gpu, x("weight"), x(std::to_string(m.weight).c_str()));
+    if (m.device) xmlNewProp(gpu, x("device"), x(std::to_string(*m.device).c_str()));
+}
+
+}  // namespace
+
+std::string attach_device(std::string_view domain_xml, const DeviceWiring& w) {
+    Doc doc = parse(domain_xml, "domain XML");
+    wire_device(doc.get(), w);
+    return dump(doc.get());
+}
+
+std::string attach_device(std::string_view domain_xml, const DeviceWiring& w, const GpuMetadata& m) {
+    Doc doc = parse(domain_xml, "domain XML");
+    wire_device(doc.get(), w);
+    put_gpu_metadata(doc.get(), m);
     return dump(doc.get());
 }
 

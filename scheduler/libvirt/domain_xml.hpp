@@ -50,6 +50,10 @@ struct DeviceWiring {
 // Adds (or replaces) the pvgpu chardev and device in the domain's
 // <qemu:commandline>; other arguments are kept in order.
 std::string attach_device(std::string_view domain_xml, const DeviceWiring& w);
+// The same wiring plus the <pvgpu:gpu> element in the domain's <metadata>
+// (replacing one there; other metadata kept), for a domain defined from this
+// XML without a virDomainSetMetadata call (KubeVirt's virt-launcher).
+std::string attach_device(std::string_view domain_xml, const DeviceWiring& w, const GpuMetadata& m);
 // Removes every pvgpu device argument and the chardevs they use.
 std::string detach_device(std::string_view domain_xml);
 // Whether the domain's command line has a pvgpu device.

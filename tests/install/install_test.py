@@ -197,6 +197,15 @@ def case_tree(ns, tmp):
         check(os.access(at(os.path.join(dirs[d], exe)), os.X_OK), f"{exe} not installed in {dirs[d]}")
     libdir = at(dirs["libdir"])
     env = dict(os.environ, LD_LIBRARY_PATH=libdir)
+    if ns.kubevirt_hook:
+        # KubeVirt's sidecar-shim runs "onDefineDomain" from PATH: the link is that name.
+        hook = at(os.path.join(dirs["bindir"], "pvgpu-kubevirt-hook"))
+        check(os.access(hook, os.X_OK), f"pvgpu-kubevirt-hook not installed in {dirs['bindir']}")
+        link = at(os.path.join(dirs["bindir"], "onDefineDomain"))
+        check(os.path.islink(link) and os.readlink(link) == "pvgpu-kubevirt-hook",
+              f"{link} is not a link to pvgpu-kubevirt-hook")
+        check(f"{dirs['rundir']}/pvgpud.sock" in run([link, "--help"]).stdout,
+              "pvgpu-kubevirt-hook --help does not give the configured socket")
 
     # libpvgpu: soname, links, exports; the tool that uses it.
     real = os.path.join(libdir, f"libpvgpu.so.{version}")
@@ -250,7 +259,8 @@ def case_tree(ns, tmp):
     if dirs["man"] == "disabled":
         log("manual pages disabled (-Dman=disabled): not checked")
     else:
-        for name, section in (("pvgpud", 8), ("pvgpuctl", 8), ("pvgpu-load", 1), ("pvgpu-sim", 1)):
+        pages = [("pvgpud", 8), ("pvgpuctl", 8), ("pvgpu-load", 1), ("pvgpu-sim", 1)]
+        for name, section in pages + ([("pvgpu-kubevirt-hook", 8)] if ns.kubevirt_hook else []):
             text = check_man(at(os.path.join(dirs["mandir"], f"man{section}", f"{name}.{section}")),
                              dirs, name, section)
             if name == "pvgpud":
@@ -347,6 +357,8 @@ def main():
     ap.add_argument("--source-dir", required=True)
     ap.add_argument("--meson", required=True)
     ap.add_argument("--cxx", required=True, help="the C++ compiler command (shell words)")
+    ap.add_argument("--kubevirt-hook", action="store_true",
+                    help="the build has pvgpu-kubevirt-hook (libvirt found): check it is installed")
     ap.add_argument("case", choices=sorted(CASES))
     ns = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix=f"pvgpu-install-{ns.case}-")

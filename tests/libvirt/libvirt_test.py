@@ -9,8 +9,8 @@ Debian guest kernel and an initramfs made by tests/vm/pvgpu-vm --write-initrd
 over serial ports to UNIX sockets of this script.  Measured numbers are
 printed as "RESULT key=value" lines (docs/results.md).
 
-usage: libvirt_test.py --pvgpud P --pvgpuctl P --vm P CASE
-CASE: lifecycle | shares | wedge | identity | migrate | all
+usage: libvirt_test.py --pvgpud P --pvgpuctl P --vm P [--kubevirt-hook P] CASE
+CASE: lifecycle | shares | wedge | identity | migrate | kubevirt-hook | all
 Exit status: 0 pass, 1 fail, 77 skipped (no libvirtd, QEMU, guest kernel or module).
 """
 
@@ -75,6 +75,7 @@ class Paths:
         self.pvgpud = ns.pvgpud
         self.pvgpuctl = ns.pvgpuctl
         self.vm = ns.vm
+        self.hook = ns.kubevirt_hook
         build = os.environ.get("PVGPU_BUILD_DIR", os.path.join(HERE, "..", "..", "build"))
         self.qemu = os.path.join(os.environ.get("PVGPU_QEMU_DIR", os.path.join(build, "qemu-src")),
                                  "qemu-system-x86_64")
@@ -204,7 +205,9 @@ class Guest(GuestReports):
     """A libvirt domain booting the guest kernel with a command; its stdout
     (ttyS1) comes to a UNIX socket here and feeds Series like tests/vm."""
 
-    def __init__(self, paths, lv, tmp, name, command, extra_initrd=()):
+    def __init__(self, paths, lv, tmp, name, command, extra_initrd=(), edit=None):
+        """edit: what the XML goes through before it is defined (a KubeVirt
+        hook), given the XML, returning the XML to define."""
         super().__init__(name)
         GUESTS.append(self)
         self.lv = lv
@@ -250,6 +253,8 @@ class Guest(GuestReports):
   </qemu:commandline>
 </domain>
 """
+        if edit:
+            self.xml = edit(self.xml)
         path = os.path.join(self.dir, "domain.xml")
         with open(path, "w") as f:
             f.write(self.xml)
@@ -552,6 +557,77 @@ def define_only(paths, lv, tmp, name, vm_uuid, weight):
     lv.virsh("define", path)
 
 
+def kubevirt_shaped(xml, vmi_uid):
+    """The test domain as virt-launcher writes its domains (KubeVirt's
+    converter, Go's encoding/xml): double quotes, <metadata> holding
+    KubeVirt's element in its own namespace, the qemu namespace declared."""
+    xml = xml.replace("'", '"')
+    return xml.replace("  <on_reboot>", f"""  <metadata>
+    <kubevirt xmlns="http://kubevirt.io">
+      <uid>{vmi_uid}</uid>
+      <graceperiod>
+        <deletionGracePeriodSeconds>0</deletionGracePeriodSeconds>
+      </graceperiod>
+    </kubevirt>
+  </metadata>
+  <on_reboot>""", 1)
+
+
+def case_kubevirt_hook(paths, tmp):
+    """Issue 55: a virt-launcher-shaped domain through pvgpu-kubevirt-hook,
+    run as KubeVirt's sidecar-shim runs onDefineDomain, for a VMI annotated
+    pvgpu.org/weight "300"; the XML it prints is defined and started: the VM
+    arrives at pvgpud with weight 300 and its guest's load runs through the
+    device."""
+    check(paths.hook is not None, "kubevirt-hook needs --kubevirt-hook (pvgpu-kubevirt-hook)")
+    lv = Libvirt(os.path.join(tmp, "libvirt"))
+    lv.start()
+    try:
+        d = start_daemon(paths, tmp, lv)
+        with open(os.path.join(HERE, "kubevirt", "vmi.json")) as f:
+            vmi = json.load(f)
+        vmi["metadata"]["name"] = "lvkube"
+        check(vmi["metadata"]["annotations"].get("pvgpu.org/weight") == "300", "fixture VMI: weight is not 300")
+        hooked = {}
+
+        def hook(xml):
+            xml = kubevirt_shaped(xml, vmi["metadata"]["uid"])
+            # As the shim runs it: two arguments, the socket from the sidecar image's environment.
+            env = {k: v for k, v in os.environ.items() if not k.startswith("PVGPU_")}
+            env["PVGPU_SOCKET"] = d.socket
+            p = subprocess.run([paths.hook, "--vmi", json.dumps(vmi), "--domain", xml], capture_output=True,
+                               text=True, env=env, timeout=30)
+            check(p.returncode == 0, f"pvgpu-kubevirt-hook: exit {p.returncode}: {p.stderr.strip()}")
+            hooked["in"], hooked["err"] = xml, p.stderr
+            return p.stdout
+
+        g = Guest(paths, lv, tmp, "lvkube", guest_throttle("lvkube", 2000, 30), edit=hook)
+        log(f"hook: {hooked['err'].strip()}")
+        xml = lv.virsh("dumpxml", "--inactive", "lvkube").stdout
+        check(f'xmlns:pvgpu="{NS}" weight="300"' in xml, f"no <pvgpu:gpu weight=300/> in the defined domain:\n{xml}")
+        check(f"<uid>{vmi['metadata']['uid']}</uid>" in xml, "KubeVirt's metadata lost")
+        check("pvgpu,chardev=pvgpu0" in xml and f"path={d.socket}" in xml, "no device wiring in the defined domain")
+        check("timestamp=off" in xml, "the domain's own qemu:commandline arguments lost")
+        t0 = time.monotonic()
+        lv.virsh("start", "lvkube")
+        row = wait_for(lambda: vm_row(paths, d, "lvkube"), 30, "lvkube in pvgpuctl list")
+        check(row["weight"] == 300, f"lvkube arrived with weight {row['weight']}, the annotation says 300")
+        s = g.get("lvkube")
+        try:
+            s.wait_until(lambda x: len(x.reports) >= 3, 150, "three reports of the guest's load")
+        except TestFailure:
+            g.dump()
+            raise
+        result("libvirt.kubevirt_hook.start_to_load_s", f"{s.reports[0][0] - t0:.1f}")
+        first, last = s.reports[0], s.reports[-1]
+        check(last[1] > first[1], f"the guest's kernels did not complete through the device: {first} .. {last}")
+        row = vm_row(paths, d, "lvkube")
+        check(row["weight"] == 300 and row.get("channels", 0) >= 1, f"lvkube row while loaded: {row}")
+        check(d.alive(), "pvgpud died")
+    finally:
+        lv.cleanup()
+
+
 def case_identity(paths, tmp):
     """Issue 51.9: the UUID of a libvirt domain is closed to all but its running
     QEMU even when libvirt cannot tell (domain stopped, libvirtd gone); a client
@@ -738,7 +814,7 @@ def case_migrate(paths, tmp):
 
 
 CASES = {"lifecycle": case_lifecycle, "shares": case_shares, "wedge": case_wedge,
-         "identity": case_identity, "migrate": case_migrate}
+         "identity": case_identity, "migrate": case_migrate, "kubevirt-hook": case_kubevirt_hook}
 
 
 def main():
@@ -746,6 +822,7 @@ def main():
     ap.add_argument("--pvgpud", required=True)
     ap.add_argument("--pvgpuctl", required=True)
     ap.add_argument("--vm", required=True, help="tests/vm/pvgpu-vm (writes the guests' initramfs)")
+    ap.add_argument("--kubevirt-hook", help="pvgpu-kubevirt-hook (case kubevirt-hook)")
     ap.add_argument("case", choices=sorted(CASES) + ["all"])
     ns = ap.parse_args()
     paths = Paths(ns)

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include "domain_xml.hpp"
+#include "proto/share_text.hpp"
 
 using namespace pvgpu::virt;
 
@@ -154,4 +155,54 @@ TEST_CASE("domain XML errors name the problem", "[libvirt]") {
     CHECK_THROWS_AS(attach_device("<domain>", {"/s", 0, ""}), XmlError);
     CHECK_THROWS_AS(attach_device(kDomain, {"/a,b", 0, ""}), XmlError);  // ',' would split QEMU's options
     CHECK_THROWS_AS(attach_device(kDomain, {"", 0, ""}), XmlError);
+}
+
+TEST_CASE("attach with metadata writes <pvgpu:gpu> into the domain's <metadata>", "[libvirt]") {
+    const char* kubevirt = R"(<domain type="kvm" xmlns:qemu="http://libvirt.org/schemas/domain/qemu/1.0">
+  <name>default_vmi</name>
+  <metadata>
+    <kubevirt xmlns="http://kubevirt.io"><uid>3f0b6a52</uid></kubevirt>
+    <pvgpu:gpu xmlns:pvgpu="http://pvgpu.org/xmlns/domain/1.0" weight="50"/>
+  </metadata>
+  <qemu:commandline>
+    <qemu:arg value="-fw_cfg"/><qemu:arg value="name=opt/x,string=y"/>
+    <qemu:env name="A" value="b"/>
+  </qemu:commandline>
+</domain>)";
+    std::string xml = attach_device(kubevirt, {"/s.sock", 0, "", 2}, GpuMetadata{300, 2});
+    // The old element replaced, kubevirt's kept, in libvirt's form for our namespace.
+    CHECK(count(xml, "<pvgpu:gpu xmlns:pvgpu=\"http://pvgpu.org/xmlns/domain/1.0\" weight=\"300\" "
+                     "device=\"2\"/>") == 1);
+    CHECK(count(xml, "weight=\"50\"") == 0);
+    CHECK(count(xml, "<uid>3f0b6a52</uid>") == 1);
+    CHECK(count(xml, "pvgpu,chardev=pvgpu0,gpu=2") == 1);
+    // The new arguments after the domain's own, before <qemu:env> (libvirt's order).
+    CHECK(xml.find("name=opt/x,string=y") < xml.find("-chardev"));
+    CHECK(xml.find("pvgpu,chardev=pvgpu0") < xml.find("<qemu:env"));
+    // No <metadata> yet: made; no device: no attribute.
+    xml = attach_device("<domain><name>n</name></domain>", {"/s.sock", 0, ""}, GpuMetadata{100});
+    CHECK(count(xml, "<metadata>") == 1);
+    CHECK(count(xml, "weight=\"100\"/>") == 1);
+    CHECK(count(xml, "device=") == 0);
+}
+
+TEST_CASE("the share's text rules pvgpuctl and the KubeVirt hook share", "[libvirt]") {
+    CHECK(pvgpu::parse_weight("1") == 1u);
+    CHECK(pvgpu::parse_weight("10000") == 10000u);
+    CHECK(pvgpu::parse_weight("0300") == 300u);
+    for (const char* bad : {"0", "10001", "-5", "+5", " 5", "5 ", "2e2", "", "abc", "99999999999999999999"}) {
+        INFO(bad);
+        CHECK_FALSE(pvgpu::parse_weight(bad));
+    }
+    CHECK(pvgpu::parse_gpu_index("0") == 0u);
+    CHECK(pvgpu::parse_gpu_index("15") == 15u);
+    CHECK_FALSE(pvgpu::parse_gpu_index("16"));
+    CHECK_FALSE(pvgpu::parse_gpu_index("any"));
+    CHECK(pvgpu::parse_gpu_choice("any"));
+    CHECK_FALSE(pvgpu::parse_gpu_choice("any")->index);
+    CHECK(pvgpu::parse_gpu_choice("3")->index == 3u);
+    for (const char* bad : {"16", "-1", "", "ANY", "gpu0", "1.0"}) {
+        INFO(bad);
+        CHECK_FALSE(pvgpu::parse_gpu_choice(bad));
+    }
 }
