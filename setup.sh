@@ -8,8 +8,9 @@ build=${1:-build}
 
 # Build tools and libraries; python3 and gnuplot serve the experiment scripts
 # and plots in docs/, go-md2man renders the manual pages, man-db checks them;
-# libvirt-dev and libxml2-dev serve the libvirt integration.
-packages="meson ninja-build pkg-config g++ catch2 nlohmann-json3-dev libglib2.0-dev python3 gnuplot-nox clang libclang-rt-14-dev go-md2man man-db libvirt-dev libxml2-dev"
+# libvirt-dev and libxml2-dev serve the libvirt integration; gRPC and protobuf
+# (libraries and code generators) the Kubernetes device plugin and its test.
+packages="meson ninja-build pkg-config g++ catch2 nlohmann-json3-dev libglib2.0-dev python3 gnuplot-nox clang libclang-rt-14-dev go-md2man man-db libvirt-dev libxml2-dev libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc"
 
 missing=""
 for p in $packages; do
