@@ -295,15 +295,20 @@ void check_allocate(v1beta1::DevicePlugin::Stub& stub, const Setup& s) {
         st.error_message());
 }
 
-// pvgpud stopped: every unit Unhealthy; back: Healthy; back with 3 GPUs:
-// 300 units.
-std::unique_ptr<Process> check_health(DeviceWatch& watch, std::unique_ptr<Process> pvgpud, const Setup& s) {
+// pvgpud stopped: every unit Unhealthy, Allocate refused; back: Healthy;
+// back with 3 GPUs: 300 units.
+std::unique_ptr<Process> check_health(v1beta1::DevicePlugin::Stub& stub, DeviceWatch& watch,
+                                      std::unique_ptr<Process> pvgpud, const Setup& s) {
     pvgpud->stop(SIGTERM, kWait);
     pvgpud.reset();
     auto t0 = std::chrono::steady_clock::now();
     watch.wait_list(all(2, "Unhealthy"), "200 Unhealthy devices after pvgpud stopped");
     result("kubernetes.unhealthy_after_stop_ms", t0);
-    log("pvgpud stopped: 200 devices Unhealthy");
+    v1beta1::AllocateResponse reply;
+    const auto st = allocate(stub, {units(0, 0, 10)}, &reply);
+    check(st.error_code() == grpc::StatusCode::UNAVAILABLE, "Allocate with pvgpud down did not fail: " +
+                                                                st.error_message());
+    log("pvgpud stopped: 200 devices Unhealthy, Allocate refused");
     pvgpud = start_pvgpud(s, 2);
     t0 = std::chrono::steady_clock::now();
     watch.wait_list(all(2, "Healthy"), "200 Healthy devices after pvgpud came back");
@@ -332,6 +337,14 @@ void check_kubelet_restart(std::unique_ptr<TestKubelet>& kubelet, DeviceWatch& o
     DeviceWatch watch(*stub);
     watch.wait_list(all(3, "Healthy"), "300 Healthy devices from the plugin's new socket");
     log("kubelet restarted: the plugin registered again and serves its new socket");
+    // A kubelet that only creates its socket anew (the plugin's left alone):
+    // registered again on the same server.
+    kubelet.reset();
+    fs::remove(s.kubelet_socket());
+    kubelet = std::make_unique<TestKubelet>(s.kubelet_socket());
+    check_registration(kubelet->wait_register());
+    check(fs::exists(s.plugin_socket()), "the plugin's socket went with kubelet's");
+    log("kubelet.sock created anew: the plugin registered again");
 }
 
 void run(const Setup& s) {
@@ -353,7 +366,7 @@ void run(const Setup& s) {
             log("ListAndWatch: 200 devices Healthy");
             check_preferred(*stub);
             check_allocate(*stub, s);
-            pvgpud = check_health(watch, std::move(pvgpud), s);
+            pvgpud = check_health(*stub, watch, std::move(pvgpud), s);
             check_kubelet_restart(kubelet, watch, s);
         }
         const int status = plugin.stop(SIGTERM, kWait);
