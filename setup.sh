@@ -33,6 +33,11 @@ elif grep -q 'pvgpu.ko not built: no kernel headers' "$build/meson-logs/meson-lo
     # Configured before the guest kernel headers were installed (./setup.sh
     # first, then tests/run-all.sh fetched them): build pvgpu.ko now.
     meson setup --reconfigure "$build"
+elif grep -q 'Run-time dependency grpc++ found: NO' "$build/meson-logs/meson-log.txt" 2>/dev/null &&
+     pkg-config --exists grpc++; then
+    # Configured before gRPC was installed (the 'kubernetes' feature is
+    # auto): build pvgpu-device-plugin and its test now.
+    meson setup --reconfigure "$build"
 elif guest_hdr=/usr/src/linux-headers-$(cat "$build/guest-kernel/version" 2>/dev/null) &&
      [ -f "$guest_hdr/Makefile" ] &&
      grep -q '"name": "guest_kdir", "value": "auto"' "$build/meson-info/intro-buildoptions.json" 2>/dev/null &&
