@@ -365,19 +365,21 @@ private:
         const bool serving = std::filesystem::exists(o_.plugin_socket());
         if (ev.own_socket_gone && !serving) {
             log_line(o_.plugin_socket() + " was removed (kubelet restarting?): serving it again");
-            server_.reset();
-            server_ = std::make_unique<PluginServer>(o_, state_);
+            serve_again();
             if (!ev.kubelet_created && std::filesystem::exists(o_.kubelet_socket))
                 register_with_kubelet(o_, false);
         }
         if (ev.kubelet_created) {
-            if (!std::filesystem::exists(o_.plugin_socket())) {
-                server_.reset();
-                server_ = std::make_unique<PluginServer>(o_, state_);
-            }
+            if (!std::filesystem::exists(o_.plugin_socket())) serve_again();
             log_line(o_.kubelet_socket + " was created (kubelet restarted): registering again");
             register_with_kubelet(o_, true);
         }
+    }
+
+    // The old server first: its streams end and the path is free.
+    void serve_again() {
+        server_.reset();
+        server_ = std::make_unique<PluginServer>(o_, state_);
     }
 
     int stop(int signal_fd) {
