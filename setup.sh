@@ -8,8 +8,9 @@ build=${1:-build}
 
 # Build tools and libraries; python3 and gnuplot serve the experiment scripts
 # and plots in docs/, go-md2man renders the manual pages, man-db checks them;
-# libvirt-dev and libxml2-dev serve the libvirt integration.
-packages="meson ninja-build pkg-config g++ catch2 nlohmann-json3-dev libglib2.0-dev python3 gnuplot-nox clang libclang-rt-14-dev go-md2man man-db libvirt-dev libxml2-dev"
+# libvirt-dev and libxml2-dev serve the libvirt integration; gRPC and protobuf
+# (libraries and code generators) the Kubernetes device plugin and its test.
+packages="meson ninja-build pkg-config g++ catch2 nlohmann-json3-dev libglib2.0-dev python3 gnuplot-nox clang libclang-rt-14-dev go-md2man man-db libvirt-dev libxml2-dev libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc"
 
 missing=""
 for p in $packages; do
@@ -31,6 +32,11 @@ elif grep -q 'pvgpu.ko not built: no kernel headers' "$build/meson-logs/meson-lo
      ls -d /usr/src/linux-headers-*-amd64 >/dev/null 2>&1; then
     # Configured before the guest kernel headers were installed (./setup.sh
     # first, then tests/run-all.sh fetched them): build pvgpu.ko now.
+    meson setup --reconfigure "$build"
+elif grep -q 'Run-time dependency grpc++ found: NO' "$build/meson-logs/meson-log.txt" 2>/dev/null &&
+     pkg-config --exists grpc++; then
+    # Configured before gRPC was installed (the 'kubernetes' feature is
+    # auto): build pvgpu-device-plugin and its test now.
     meson setup --reconfigure "$build"
 elif guest_hdr=/usr/src/linux-headers-$(cat "$build/guest-kernel/version" 2>/dev/null) &&
      [ -f "$guest_hdr/Makefile" ] &&

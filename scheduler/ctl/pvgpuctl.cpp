@@ -29,6 +29,7 @@
 
 #include <pvgpu/abi.h>  // PVGPU_WEIGHT_*
 
+#include "admin_connection.hpp"
 #include "proto/share_text.hpp"
 #include "proto/unique_fd.hpp"
 #include "pvgpu_paths.h"
@@ -54,7 +55,11 @@ constexpr int kExitUsage = 2;
 
 constexpr const char* kDefaultAdminSocket = PVGPU_ADMIN_SOCKET_PATH;
 constexpr const char* kDefaultClientSocket = PVGPU_SOCKET_PATH;
-constexpr auto kReplyTimeout = std::chrono::seconds(10);
+// The admin connection and its errors: admin_connection.hpp.
+using pvgpu::AdminConnection;
+using pvgpu::DaemonError;
+
+constexpr auto kReplyTimeout = AdminConnection::kReplyTimeout;
 // A move answers when it has finished: pvgpud drains the VM's work from the
 // GPU first (bounded by the GPU watchdog), which may take seconds.
 constexpr auto kMoveTimeout = std::chrono::seconds(60);
@@ -71,101 +76,6 @@ const std::string kWeightRange = std::to_string(kWeightMin) + ".." + std::to_str
 struct UsageError {
     std::string message;
 };
-// The daemon is unreachable, answered ok:false, or broke the protocol.
-struct DaemonError {
-    std::string message;
-    std::optional<json> reply;  // the ok:false reply, for --json
-};
-
-std::string errno_text(int err) { return std::error_code(err, std::system_category()).message(); }
-
-// ---- the admin connection ----------------------------------------------------
-
-class AdminConnection {
-public:
-    explicit AdminConnection(std::string path) : path_(std::move(path)) {}
-
-    // One request, one reply, within `timeout`.  ok:false replies are
-    // returned, not thrown.
-    json request(const json& req, std::chrono::seconds timeout = kReplyTimeout) {
-        if (!fd_) connect();
-        std::string line = req.dump() + "\n";
-        std::string_view rest = line;
-        while (!rest.empty()) {
-            const ssize_t n = ::send(fd_.get(), rest.data(), rest.size(), MSG_NOSIGNAL);
-            if (n < 0) {
-                if (errno == EINTR) continue;
-                const int err = errno;
-                fd_.reset();
-                throw DaemonError{"lost connection to " + path_ + ": " + errno_text(err), {}};
-            }
-            rest.remove_prefix(static_cast<std::size_t>(n));
-        }
-        const auto deadline = SteadyClock::now() + timeout;
-        for (;;) {
-            if (const auto nl = buf_.find('\n'); nl != std::string::npos) {
-                const std::string reply_line = buf_.substr(0, nl);
-                buf_.erase(0, nl + 1);
-                if (reply_line.find_first_not_of(" \t\r") == std::string::npos) continue;
-                json reply = json::parse(reply_line, nullptr, false);
-                if (reply.is_discarded() || !reply.is_object() || !reply.contains("ok") ||
-                    !reply["ok"].is_boolean())
-                    throw DaemonError{"malformed reply from pvgpud: " + reply_line.substr(0, 200), {}};
-                return reply;
-            }
-            const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
-            if (left.count() <= 0)
-                throw DaemonError{"pvgpud did not answer within " + std::to_string(timeout.count()) + " s",
-                                  {}};
-            pollfd p{fd_.get(), POLLIN, 0};
-            const int rc = ::poll(&p, 1, static_cast<int>(left.count()));
-            if (rc < 0) {
-                if (errno == EINTR) continue;
-                throw DaemonError{"poll: " + errno_text(errno), {}};
-            }
-            if (rc == 0) continue;
-            char chunk[4096];
-            const ssize_t n = ::recv(fd_.get(), chunk, sizeof chunk, 0);
-            if (n < 0) {
-                if (errno == EINTR) continue;
-                const int err = errno;
-                fd_.reset();
-                throw DaemonError{"lost connection to " + path_ + ": " + errno_text(err), {}};
-            }
-            if (n == 0) {
-                fd_.reset();
-                buf_.clear();
-                throw DaemonError{"pvgpud closed the admin connection without answering", {}};
-            }
-            buf_.append(chunk, static_cast<std::size_t>(n));
-        }
-    }
-
-    bool connected() const { return static_cast<bool>(fd_); }
-
-private:
-    void connect() {
-        sockaddr_un addr{};
-        if (path_.empty() || path_.size() >= sizeof addr.sun_path)
-            throw DaemonError{"cannot connect to " + path_ + ": invalid socket path", {}};
-        pvgpu::UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-        if (!fd) throw DaemonError{"socket: " + errno_text(errno), {}};
-        addr.sun_family = AF_UNIX;
-        std::memcpy(addr.sun_path, path_.data(), path_.size());
-        int rc;
-        do {
-            rc = ::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr);
-        } while (rc < 0 && errno == EINTR);
-        if (rc < 0) throw DaemonError{"cannot connect to " + path_ + ": " + errno_text(errno), {}};
-        fd_ = std::move(fd);
-        buf_.clear();
-    }
-
-    std::string path_;
-    pvgpu::UniqueFd fd_;
-    std::string buf_;
-};
-
 // ---- command line -------------------------------------------------------------
 
 struct Args {

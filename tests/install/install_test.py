@@ -193,7 +193,10 @@ def case_tree(ns, tmp):
         return os.path.join(dest, path.lstrip("/"))
 
     # Binaries.
-    for d, exe in (("sbindir", "pvgpud"), ("sbindir", "pvgpuctl"), ("bindir", "pvgpu-load"), ("bindir", "pvgpu-sim")):
+    # pvgpu-device-plugin: built with the kubernetes feature only.
+    plugin_built = os.path.exists(os.path.join(ns.build_dir, "scheduler", "kubernetes", "pvgpu-device-plugin"))
+    for d, exe in (("sbindir", "pvgpud"), ("sbindir", "pvgpuctl"), ("bindir", "pvgpu-load"), ("bindir", "pvgpu-sim")) + \
+            ((("sbindir", "pvgpu-device-plugin"),) if plugin_built else ()):
         check(os.access(at(os.path.join(dirs[d], exe)), os.X_OK), f"{exe} not installed in {dirs[d]}")
     libdir = at(dirs["libdir"])
     env = dict(os.environ, LD_LIBRARY_PATH=libdir)
@@ -254,13 +257,19 @@ def case_tree(ns, tmp):
           "pvgpuctl --help does not give the configured admin socket")
     check(f"{dirs['rundir']}/pvgpud.sock" in run([load, "--help"], env=env).stdout,
           "pvgpu-load --help does not give the configured socket")
+    if plugin_built:
+        plugin_help = run([at(os.path.join(dirs["sbindir"], "pvgpu-device-plugin")), "--help"]).stdout
+        for path in (f"{dirs['rundir']}/admin.sock", f"{dirs['rundir']}/pvgpud.sock"):
+            check(path in plugin_help, f"pvgpu-device-plugin --help does not give the default {path}")
 
     # Manual pages.
     if dirs["man"] == "disabled":
         log("manual pages disabled (-Dman=disabled): not checked")
     else:
         pages = [("pvgpud", 8), ("pvgpuctl", 8), ("pvgpu-load", 1), ("pvgpu-sim", 1)]
-        for name, section in pages + ([("pvgpu-kubevirt-hook", 8)] if ns.kubevirt_hook else []):
+        pages += [("pvgpu-kubevirt-hook", 8)] if ns.kubevirt_hook else []
+        pages += [("pvgpu-device-plugin", 8)] if plugin_built else []
+        for name, section in pages:
             text = check_man(at(os.path.join(dirs["mandir"], f"man{section}", f"{name}.{section}")),
                              dirs, name, section)
             if name == "pvgpud":
