@@ -21,9 +21,11 @@ void FairQueue::charge(EntityId leaf, Duration d) {
         if (n.active) {
             RunQueue& rq = nodes_[parent_of(id)].rq;
             auto& set = n.blocked ? rq.blocked : rq.open;
-            set.erase({n.vtime, id});
+            // Re-keyed in its own tree node: no free and malloc per level per charge.
+            auto key = set.extract({n.vtime, id});
             n.vtime += inc;
-            set.insert({n.vtime, id});
+            key.value().vtime = n.vtime;
+            set.insert(std::move(key));
         } else {
             n.vtime += inc;
         }
@@ -83,9 +85,9 @@ void FairQueue::rebalance(EntityId parent) {
     // One factor for both bounds, so unblock stays within threshold.
     const double scale = crowd_scale(rq.open.size() + rq.blocked.size(), p_.threshold);
     while (!rq.open.empty() && rq.open.rbegin()->vtime - m > scale * static_cast<double>(p_.threshold)) {
-        Key k = *rq.open.rbegin();
-        rq.open.erase(k);
-        rq.blocked.insert(k);
+        auto key = rq.open.extract(std::prev(rq.open.end()));
+        const Key k = key.value();
+        rq.blocked.insert(std::move(key));
         nodes_[k.id].blocked = true;
         ++blocks_;
         refresh(k.id);
@@ -96,21 +98,27 @@ void FairQueue::rebalance(EntityId parent) {
 }
 
 void FairQueue::unblock(RunQueue& rq, Key k) {
-    rq.blocked.erase(k);
-    rq.open.insert(k);
+    rq.open.insert(rq.blocked.extract(k));
     nodes_[k.id].blocked = false;
     ++unblocks_;
     refresh(k.id);
 }
 
 void FairQueue::refresh(EntityId id) {
+    bool above = false;  // some strict ancestor of `id` is blocked
+    for (EntityId a = parent_of(id); a != kRootEntity; a = parent_of(a)) above = above || nodes_[a].blocked;
+    refresh(id, above);
+}
+
+void FairQueue::refresh(EntityId id, bool above) {
+    // `above` is passed down, not walked up again from each leaf of a
+    // blocked VM: shadowing a VM of n tasks is O(n), not O(n * depth).
+    const bool shadow = above || nodes_[id].blocked;
     const Entity& e = ctx_->tree().get(id);
     if (!e.children.empty()) {
-        for (EntityId c : e.children) refresh(c);
+        for (EntityId c : e.children) refresh(c, shadow);
         return;
     }
-    bool shadow = false;
-    for (EntityId a = id; a != kRootEntity; a = parent_of(a)) shadow = shadow || nodes_[a].blocked;
     Node& n = nodes_[id];
     if (n.shadowed == shadow) return;
     n.shadowed = shadow;
@@ -147,9 +155,10 @@ void FairQueue::lift_thinking(RunQueue& rq) {
         }
     for (const Key& k : lifted_) {
         auto& set = nodes_[k.id].blocked ? rq.blocked : rq.open;
-        set.erase(k);
+        auto key = set.extract(k);
         nodes_[k.id].vtime = low;
-        set.insert({low, k.id});
+        key.value().vtime = low;
+        set.insert(std::move(key));
     }
 }
 

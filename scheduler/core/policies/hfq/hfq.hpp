@@ -138,7 +138,7 @@ private:
         std::optional<Time> pending_as_of;    // read pending at this completion timestamp
     };
     std::unordered_map<ChannelId, ChannelRuns> runs_;
-    std::set<EntityId> idle_candidates_;  // active leaves seen without work
+    IdSet idle_candidates_;  // active leaves seen without work
     ChannelId left_engine_ = 0; // the channel last seen on the engine (0: idle)
     ChannelId last_left_ = 0;   // the channel last seen leaving it
     Timer idle_timer_;
