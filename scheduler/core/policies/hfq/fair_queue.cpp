@@ -48,6 +48,8 @@ void FairQueue::activate(EntityId id) {
     n.blocked = false;
     if (ctx_->tree().is_leaf(id)) ++active_leaves_;
     rq.open.insert({n.vtime, id});
+    n.counted_weight = weight_of(id);
+    rq.weights += n.counted_weight;
     activate(parent);
     rebalance(parent);
 }
@@ -59,6 +61,7 @@ void FairQueue::deactivate(EntityId id) {
     RunQueue& rq = nodes_[parent].rq;
     rq.floor = std::max(rq.floor, rq.min_vtime());
     (n.blocked ? rq.blocked : rq.open).erase({n.vtime, id});
+    rq.weights -= n.counted_weight;
     n.active = false;
     n.idle_since = -1;
     if (ctx_->tree().is_leaf(id)) {
@@ -74,6 +77,14 @@ void FairQueue::deactivate(EntityId id) {
     } else {
         rebalance(parent);
     }
+}
+
+void FairQueue::weight_changed(EntityId id) {
+    Node& n = nodes_[id];
+    if (!n.active) return;
+    RunQueue& rq = nodes_[parent_of(id)].rq;
+    rq.weights = rq.weights - n.counted_weight + weight_of(id);
+    n.counted_weight = weight_of(id);
 }
 
 void FairQueue::rebalance(EntityId parent) {
@@ -173,9 +184,7 @@ double FairQueue::fair_share(EntityId leaf) const {
     double share = 1;
     for (EntityId id = leaf; id != kRootEntity; id = parent_of(id)) {
         const RunQueue& rq = nodes_[parent_of(id)].rq;
-        double sum = nodes_[id].active ? 0 : weight_of(id);
-        for (const auto* set : {&rq.open, &rq.blocked})
-            for (const Key& k : *set) sum += weight_of(k.id);
+        const double sum = static_cast<double>(rq.weights + (nodes_[id].active ? 0 : weight_of(id)));
         share *= weight_of(id) / sum;
     }
     return share;

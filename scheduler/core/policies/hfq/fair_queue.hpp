@@ -151,6 +151,9 @@ struct RunQueue {
     std::set<Key> open;
     std::set<Key> blocked;
     double floor = 0;  // monotonic min vtime: returning children start near it
+    // The weights of open and blocked, kept as they enter and leave so that
+    // fair_share() need not walk them; whole numbers, so the sum is exact.
+    std::uint64_t weights = 0;
 
     bool empty() const { return open.empty() && blocked.empty(); }
     double min_vtime() const {
@@ -196,6 +199,7 @@ struct Node {
     bool bursty = false;    // leaves: seen between bursts; trapped while unblocked
     bool metered = false;   // leaves: queue above `queue`: shadowed, fed as the GPU drains it
     bool provisional = false;  // leaves: metered on joining a busy GPU, until a kernel length is learned
+    std::uint32_t counted_weight = 0;  // while active: its weight in the parent's RunQueue::weights
     Duration accounted = 0;
     Time idle_since = -1;   // leaves: first moment seen without work, while in the run queue
     Time went_idle = -1;    // leaves: when the current think began, kept after leaving the queue
@@ -252,6 +256,8 @@ public:
     void charge(EntityId leaf, Duration d);
     void activate(EntityId id);
     void deactivate(EntityId id);
+    // The entity's weight changed: its parent's run queue counts the new one.
+    void weight_changed(EntityId id);
     double crowd_scale(std::size_t n, Duration bound) const;
     // Block children too far ahead of the least-served; unblock those back in range.
     void rebalance(EntityId parent);

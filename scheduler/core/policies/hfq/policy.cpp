@@ -76,6 +76,7 @@ void HfqPolicy::tree_changed(EntityTree::Change c, EntityId id) {
         // New weights apply to future charges; re-check the sibling level now.
         // A policy set at run time learns entities from their channels: a
         // parent it has no node for has no run queue to re-check.
+        if (id < fq_.nodes_.size()) fq_.weight_changed(id);
         EntityId parent = ctx_->tree().get(id).parent;
         if (parent < fq_.nodes_.size()) fq_.rebalance(parent);
     }
