@@ -189,6 +189,7 @@ std::optional<Time> HfqPolicy::last_completion(EntityId leaf) const {
 }
 
 bool HfqPolicy::live(ChannelId ch) const {
+    if (ch < runs_by_id_.size()) return runs_by_id_[ch] && !runs_by_id_[ch]->dead;
     auto r = runs_.find(ch);
     return r != runs_.end() && !r->second.dead;
 }

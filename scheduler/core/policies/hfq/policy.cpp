@@ -32,6 +32,10 @@ void HfqPolicy::channel_added(ChannelId ch, EntityId leaf) {
     fq_.node(leaf);
     chans_[ch] = leaf;
     runs_[ch] = ChannelRuns{0, ctx_->gpu().read_ib_get(ch), ctx_->gpu().read_status(ch) != PVGPU_CHAN_STATUS_OK, std::nullopt};
+    if (ch < kIndexedIds) {
+        if (runs_by_id_.size() <= ch) runs_by_id_.resize(ch + 1);
+        runs_by_id_[ch] = &runs_[ch];
+    }
     // A channel that joins a busy GPU has no kernel length learned, so
     // the cap cannot size its queue: the client's first queue would
     // reach the GPU whole and run that far ahead of everyone.  It is
@@ -54,6 +58,7 @@ void HfqPolicy::channel_removed(ChannelId ch, EntityId leaf) {
     chans_.erase(ch);
     idle_trapped_.erase(ch);
     runs_.erase(ch);
+    if (ch < runs_by_id_.size()) runs_by_id_[ch] = nullptr;
     forget_kernel(ch);
     if (left_engine_ == ch) left_engine_ = 0;
     if (last_left_ == ch) last_left_ = 0;
