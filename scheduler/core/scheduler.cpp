@@ -172,7 +172,11 @@ ChannelId Scheduler::open_channel(EntityId leaf, ChannelMemory mem, ChannelStart
         [this](ChannelId c, std::uint32_t held) { on_held(c, held); });
     st.owner = leaf;
     st.remap_timer = std::make_unique<Timer>(timers_);
-    channels_.emplace(ch, std::move(st));
+    ChannelState& added = channels_.emplace(ch, std::move(st)).first->second;
+    if (ch < kIndexedIds) {
+        if (by_id_.size() <= ch) by_id_.resize(ch + 1);
+        by_id_[ch] = &added;
+    }
     if (by_entity_.size() <= leaf) by_entity_.resize(leaf + 1);
     by_entity_[leaf].push_back(ch);
     accounting_.channel_added(ch, leaf);
@@ -252,6 +256,7 @@ void Scheduler::close_channel(ChannelId ch) {
     step([&] { tree_.detach_channel(leaf); });
     step([&] { accounting_.channel_removed(ch); });
     channels_.erase(ch);
+    if (ch < by_id_.size()) by_id_[ch] = nullptr;
     step([&] { gpu_.destroy_channel(ch); });
     step([&] { trace_.forget(ch); });
     if (failed) std::rethrow_exception(failed);
@@ -263,12 +268,14 @@ bool Scheduler::hidden(ChannelId ch) const {
 }
 
 Scheduler::ChannelState& Scheduler::state(ChannelId ch) {
+    if (ch < by_id_.size() && by_id_[ch]) return *by_id_[ch];
     auto it = channels_.find(ch);
     if (it == channels_.end()) throw std::out_of_range("no channel " + std::to_string(ch));
     return it->second;
 }
 
 const Scheduler::ChannelState& Scheduler::state(ChannelId ch) const {
+    if (ch < by_id_.size() && by_id_[ch]) return *by_id_[ch];
     auto it = channels_.find(ch);
     if (it == channels_.end()) throw std::out_of_range("no channel " + std::to_string(ch));
     return it->second;

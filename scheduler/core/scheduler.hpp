@@ -194,6 +194,12 @@ private:
     std::unique_ptr<Policy> policy_;
     Accounting accounting_;
     std::unordered_map<ChannelId, ChannelState> channels_;
+    // state()'s index into channels_ (whose elements never move) by id:
+    // backends number channels in sequence, and at thousands of channels a
+    // hash lookup, several per decision, missed the cache twice.  Ids from
+    // kIndexedIds up are found in channels_ alone.
+    static constexpr ChannelId kIndexedIds = 1u << 20;
+    std::vector<ChannelState*> by_id_;
     std::vector<std::vector<ChannelId>> by_entity_;
     SchedulerStats stats_;
     ErrorListener error_listener_;

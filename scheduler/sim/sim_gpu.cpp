@@ -31,12 +31,14 @@ SimGpu::SimGpu(const Clock& clock, Timers& timers, SimGpuConfig cfg)
 SimGpu::~SimGpu() = default;
 
 SimGpu::Channel& SimGpu::chan(ChannelId ch) {
+    if (ch < by_id_.size() && by_id_[ch]) return *by_id_[ch];
     auto it = channels_.find(ch);
     if (it == channels_.end()) throw std::out_of_range("no GPU channel " + std::to_string(ch));
     return it->second;
 }
 
 const SimGpu::Channel& SimGpu::chan(ChannelId ch) const {
+    if (ch < by_id_.size() && by_id_[ch]) return *by_id_[ch];
     auto it = channels_.find(ch);
     if (it == channels_.end()) throw std::out_of_range("no GPU channel " + std::to_string(ch));
     return it->second;
@@ -58,7 +60,9 @@ ChannelId SimGpu::create_channel(ChannelMemory mem, ChannelStart start) {
     c.ctrl->fence = start.fence;
     c.ctrl->status = PVGPU_CHAN_STATUS_OK;
     c.ctrl->error = PVGPU_CHAN_ERR_NONE;
-    channels_.emplace(id, std::move(c));
+    Channel& added = channels_.emplace(id, std::move(c)).first->second;
+    if (by_id_.size() <= id) by_id_.resize(id + 1);
+    by_id_[id] = &added;
     return id;
 }
 
@@ -68,6 +72,7 @@ void SimGpu::destroy_channel(ChannelId ch) {
     if (running_ == ch) stop_engine();
     ready_.erase(ch);
     channels_.erase(ch);
+    if (ch < by_id_.size()) by_id_[ch] = nullptr;
     kick();
     arm_wake();
 }

@@ -199,6 +199,11 @@ private:
     ExecutionObserver* observer_ = nullptr;
 
     std::unordered_map<ChannelId, Channel> channels_;
+    // chan()'s index into channels_ (whose elements never move) by id, ids
+    // being handed out in sequence: a register read is a load, as on the
+    // device, not a hash lookup that misses the cache at thousands of
+    // channels and is charged to the policy that reads.
+    std::vector<Channel*> by_id_;
     std::set<ChannelId> ready_;        // channels with work the engine could run
     ChannelId next_id_ = 1;
 

@@ -21,9 +21,11 @@ void FairQueue::charge(EntityId leaf, Duration d) {
         if (n.active) {
             RunQueue& rq = nodes_[parent_of(id)].rq;
             auto& set = n.blocked ? rq.blocked : rq.open;
-            set.erase({n.vtime, id});
+            // Re-keyed in its own tree node: no free and malloc per level per charge.
+            auto key = set.extract({n.vtime, id});
             n.vtime += inc;
-            set.insert({n.vtime, id});
+            key.value().vtime = n.vtime;
+            set.insert(std::move(key));
         } else {
             n.vtime += inc;
         }
@@ -46,6 +48,8 @@ void FairQueue::activate(EntityId id) {
     n.blocked = false;
     if (ctx_->tree().is_leaf(id)) ++active_leaves_;
     rq.open.insert({n.vtime, id});
+    n.counted_weight = weight_of(id);
+    rq.weights += n.counted_weight;
     activate(parent);
     rebalance(parent);
     if (ctx_->tree().is_leaf(id)) refresh(id);  // a catch-up may hold it
@@ -58,6 +62,7 @@ void FairQueue::deactivate(EntityId id) {
     RunQueue& rq = nodes_[parent].rq;
     rq.floor = std::max(rq.floor, rq.min_vtime());
     (n.blocked ? rq.blocked : rq.open).erase({n.vtime, id});
+    rq.weights -= n.counted_weight;
     n.active = false;
     n.idle_since = -1;
     if (ctx_->tree().is_leaf(id)) {
@@ -77,6 +82,14 @@ void FairQueue::deactivate(EntityId id) {
     }
 }
 
+void FairQueue::weight_changed(EntityId id) {
+    Node& n = nodes_[id];
+    if (!n.active) return;
+    RunQueue& rq = nodes_[parent_of(id)].rq;
+    rq.weights = rq.weights - n.counted_weight + weight_of(id);
+    n.counted_weight = weight_of(id);
+}
+
 void FairQueue::rebalance(EntityId parent) {
     RunQueue& rq = nodes_[parent].rq;
     if (rq.empty()) return;
@@ -86,9 +99,9 @@ void FairQueue::rebalance(EntityId parent) {
     // One factor for both bounds, so unblock stays within threshold.
     const double scale = crowd_scale(rq.open.size() + rq.blocked.size(), p_.threshold);
     while (!rq.open.empty() && rq.open.rbegin()->vtime - m > scale * static_cast<double>(p_.threshold)) {
-        Key k = *rq.open.rbegin();
-        rq.open.erase(k);
-        rq.blocked.insert(k);
+        auto key = rq.open.extract(std::prev(rq.open.end()));
+        const Key k = key.value();
+        rq.blocked.insert(std::move(key));
         nodes_[k.id].blocked = true;
         ++blocks_;
         refresh(k.id);
@@ -99,21 +112,27 @@ void FairQueue::rebalance(EntityId parent) {
 }
 
 void FairQueue::unblock(RunQueue& rq, Key k) {
-    rq.blocked.erase(k);
-    rq.open.insert(k);
+    rq.open.insert(rq.blocked.extract(k));
     nodes_[k.id].blocked = false;
     ++unblocks_;
     refresh(k.id);
 }
 
 void FairQueue::refresh(EntityId id) {
+    bool above = false;  // some strict ancestor of `id` is blocked
+    for (EntityId a = parent_of(id); a != kRootEntity; a = parent_of(a)) above = above || nodes_[a].blocked;
+    refresh(id, above);
+}
+
+void FairQueue::refresh(EntityId id, bool above) {
+    // `above` is passed down, not walked up again from each leaf of a
+    // blocked VM: shadowing a VM of n tasks is O(n), not O(n * depth).
+    const bool blocked = above || nodes_[id].blocked;
     const Entity& e = ctx_->tree().get(id);
     if (!e.children.empty()) {
-        for (EntityId c : e.children) refresh(c);
+        for (EntityId c : e.children) refresh(c, blocked);
         return;
     }
-    bool blocked = false;
-    for (EntityId a = id; a != kRootEntity; a = parent_of(a)) blocked = blocked || nodes_[a].blocked;
     const bool shadow = listener_.shadowed(id, blocked);
     Node& n = nodes_[id];
     if (n.shadowed == shadow) return;
@@ -151,9 +170,10 @@ void FairQueue::lift_thinking(RunQueue& rq) {
         }
     for (const Key& k : lifted_) {
         auto& set = nodes_[k.id].blocked ? rq.blocked : rq.open;
-        set.erase(k);
+        auto key = set.extract(k);
         nodes_[k.id].vtime = low;
-        set.insert({low, k.id});
+        key.value().vtime = low;
+        set.insert(std::move(key));
     }
 }
 
@@ -168,9 +188,7 @@ double FairQueue::fair_share(EntityId leaf) const {
     double share = 1;
     for (EntityId id = leaf; id != kRootEntity; id = parent_of(id)) {
         const RunQueue& rq = nodes_[parent_of(id)].rq;
-        double sum = nodes_[id].active ? 0 : weight_of(id);
-        for (const auto* set : {&rq.open, &rq.blocked})
-            for (const Key& k : *set) sum += weight_of(k.id);
+        const double sum = static_cast<double>(rq.weights + (nodes_[id].active ? 0 : weight_of(id)));
         share *= weight_of(id) / sum;
     }
     return share;

@@ -41,6 +41,8 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdint>
+#include <iterator>
 #include <limits>
 #include <set>
 #include <unordered_map>
@@ -69,6 +71,75 @@ constexpr int kMaxStay = 4;
 // idle a long-think leaf's neighbours for nothing.
 constexpr Duration kHoldBursts = 3;
 
+// A set of entity ids kept as a bitmap: insert and erase in O(1) without
+// allocating (a std::set allocated a node per insert, several per kernel at
+// thousands of leaves), iterated in ascending id order like a std::set.  An
+// iterator reads the live bitmap, so ids inserted or erased ahead of it
+// during a walk are seen as a std::set's walk would see them.
+class IdSet {
+public:
+    bool insert(EntityId id) {
+        if (words_.size() <= id / 64) words_.resize(id / 64 + 1);
+        std::uint64_t& w = words_[id / 64];
+        const std::uint64_t bit = std::uint64_t{1} << (id % 64);
+        if (w & bit) return false;
+        w |= bit;
+        ++size_;
+        return true;
+    }
+    std::size_t erase(EntityId id) {
+        if (!count(id)) return 0;
+        words_[id / 64] &= ~(std::uint64_t{1} << (id % 64));
+        --size_;
+        return 1;
+    }
+    std::size_t count(EntityId id) const {
+        return id / 64 < words_.size() && (words_[id / 64] >> (id % 64) & 1) ? 1 : 0;
+    }
+    bool empty() const { return size_ == 0; }
+    std::size_t size() const { return size_; }
+    // The bitmap, 64 ids a word: sets are combined word by word.
+    const std::vector<std::uint64_t>& words() const { return words_; }
+
+    class iterator {
+    public:
+        using iterator_category = std::input_iterator_tag;
+        using value_type = EntityId;
+        using difference_type = std::ptrdiff_t;
+        using pointer = const EntityId*;
+        using reference = EntityId;
+        EntityId operator*() const { return id_; }
+        iterator& operator++() {
+            id_ = set_->next(id_ + 1);
+            return *this;
+        }
+        bool operator!=(const iterator& o) const { return id_ != o.id_; }
+        bool operator==(const iterator& o) const { return id_ == o.id_; }
+
+    private:
+        friend class IdSet;
+        iterator(const IdSet* s, EntityId id) : set_(s), id_(id) {}
+        const IdSet* set_;
+        EntityId id_;
+    };
+    iterator begin() const { return {this, next(0)}; }
+    iterator end() const { return {this, kEnd}; }
+
+private:
+    static constexpr EntityId kEnd = std::numeric_limits<EntityId>::max();
+    // The least id in the set at or above `from`, or kEnd.
+    EntityId next(EntityId from) const {
+        for (std::size_t i = from / 64; i < words_.size(); ++i) {
+            std::uint64_t w = words_[i];
+            if (i == from / 64) w &= ~std::uint64_t{0} << (from % 64);
+            if (w) return static_cast<EntityId>(i * 64 + static_cast<std::size_t>(__builtin_ctzll(w)));
+        }
+        return kEnd;
+    }
+    std::vector<std::uint64_t> words_;
+    std::size_t size_ = 0;
+};
+
 struct Key {
     double vtime;
     EntityId id;
@@ -80,6 +151,9 @@ struct RunQueue {
     std::set<Key> open;
     std::set<Key> blocked;
     double floor = 0;  // monotonic min vtime: returning children start near it
+    // The weights of open and blocked, kept as they enter and leave so that
+    // fair_share() need not walk them; whole numbers, so the sum is exact.
+    std::uint64_t weights = 0;
 
     bool empty() const { return open.empty() && blocked.empty(); }
     double min_vtime() const {
@@ -126,6 +200,7 @@ struct Node {
     bool below_share = false;  // leaves: asked for less than the fair share at the last return; trapped
     bool metered = false;   // leaves: queue above `queue`: shadowed, fed as the GPU drains it
     bool provisional = false;  // leaves: metered on joining a busy GPU, until a kernel length is learned
+    std::uint32_t counted_weight = 0;  // while active: its weight in the parent's RunQueue::weights
     Duration accounted = 0;
     Time idle_since = -1;   // leaves: first moment seen without work, while in the run queue
     Time went_idle = -1;    // leaves: when the current think began, kept after leaving the queue
@@ -185,6 +260,8 @@ public:
     void charge(EntityId leaf, Duration d);
     void activate(EntityId id);
     void deactivate(EntityId id);
+    // The entity's weight changed: its parent's run queue counts the new one.
+    void weight_changed(EntityId id);
     double crowd_scale(std::size_t n, Duration bound) const;
     // Block children too far ahead of the least-served; unblock those back in range.
     void rebalance(EntityId parent);
@@ -199,6 +276,7 @@ public:
     void unblock(RunQueue& rq, Key k);
     // Re-derive the channel modes of every leaf below `id`.
     void refresh(EntityId id);
+    void refresh(EntityId id, bool above);
     // How far a leaf is ahead of its least-ahead siblings, summed over the
     // levels where it is blocked.
     double lead_of(EntityId leaf) const;
@@ -234,7 +312,7 @@ private:
     Listener& listener_;
     PolicyContext* ctx_ = nullptr;
     std::vector<Node> nodes_;
-    std::set<EntityId> shadowed_leaves_;
+    IdSet shadowed_leaves_;
     mutable std::vector<EntityId> ancestors_;               // maxmin_share's scratch
     mutable std::vector<std::pair<double, double>> fill_;   // ... and its water-filling
     std::vector<Key> lifted_;                                // lift_thinking's scratch

@@ -145,7 +145,12 @@ private:
         std::optional<Time> pending_as_of;    // read pending at this completion timestamp
     };
     std::unordered_map<ChannelId, ChannelRuns> runs_;
-    std::set<EntityId> idle_candidates_;  // active leaves seen without work
+    // live()'s index into runs_ (whose elements never move) by channel id:
+    // live() runs several times a decision, and a hash lookup missed the
+    // cache at thousands of channels.  Ids from kIndexedIds up: runs_ alone.
+    static constexpr ChannelId kIndexedIds = 1u << 20;
+    std::vector<const ChannelRuns*> runs_by_id_;
+    IdSet idle_candidates_;  // active leaves seen without work
     ChannelId left_engine_ = 0; // the channel last seen on the engine (0: idle)
     ChannelId last_left_ = 0;   // the channel last seen leaving it
     Timer idle_timer_;

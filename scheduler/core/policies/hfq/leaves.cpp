@@ -177,7 +177,8 @@ void HfqPolicy::wake_from_idle() {
     idle_armed_ = false;
     for (auto& [ch, leaf] : chans_) ctx_->set_mode(ch, mode_of(ch, leaf));
     // Held while every channel trapped: metered leaves are fed now.
-    for (EntityId leaf : std::set<EntityId>(queue_cap_.metered())) queue_cap_.meter(leaf);
+    for (EntityId leaf : std::vector<EntityId>(queue_cap_.metered().begin(), queue_cap_.metered().end()))
+        queue_cap_.meter(leaf);
 }
 
 bool HfqPolicy::has_work(ChannelId ch) const {
@@ -209,6 +210,7 @@ std::optional<Time> HfqPolicy::last_completion(EntityId leaf) const {
 }
 
 bool HfqPolicy::live(ChannelId ch) const {
+    if (ch < runs_by_id_.size()) return runs_by_id_[ch] && !runs_by_id_[ch]->dead;
     auto r = runs_.find(ch);
     return r != runs_.end() && !r->second.dead;
 }
@@ -226,7 +228,7 @@ void HfqPolicy::leaf_left(EntityId leaf) {
     // Alone on the GPU, a leaf has nobody to run ahead of.  One that
     // has not started keeps its meter until it does.
     if (fq_.active_leaves_ == 1)
-        for (EntityId m : std::set<EntityId>(queue_cap_.metered()))
+        for (EntityId m : std::vector<EntityId>(queue_cap_.metered().begin(), queue_cap_.metered().end()))
             if (fq_.nodes_[m].active) queue_cap_.set_metered(m, false);
     if (fq_.active_leaves_ == 0) arm_idle_check(ctx_->now() + p_.idle);
 }

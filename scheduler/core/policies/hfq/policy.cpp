@@ -33,6 +33,10 @@ void HfqPolicy::channel_added(ChannelId ch, EntityId leaf) {
     fq_.node(leaf);
     chans_[ch] = leaf;
     runs_[ch] = ChannelRuns{0, ctx_->gpu().read_ib_get(ch), ctx_->gpu().read_status(ch) != PVGPU_CHAN_STATUS_OK, std::nullopt};
+    if (ch < kIndexedIds) {
+        if (runs_by_id_.size() <= ch) runs_by_id_.resize(ch + 1);
+        runs_by_id_[ch] = &runs_[ch];
+    }
     // A channel that joins a busy GPU has no kernel length learned, so
     // the cap cannot size its queue: the client's first queue would
     // reach the GPU whole and run that far ahead of everyone.  It is
@@ -55,6 +59,7 @@ void HfqPolicy::channel_removed(ChannelId ch, EntityId leaf) {
     chans_.erase(ch);
     idle_trapped_.erase(ch);
     runs_.erase(ch);
+    if (ch < runs_by_id_.size()) runs_by_id_[ch] = nullptr;
     forget_kernel(ch);
     if (left_engine_ == ch) left_engine_ = 0;
     if (last_left_ == ch) last_left_ = 0;
@@ -78,6 +83,7 @@ void HfqPolicy::tree_changed(EntityTree::Change c, EntityId id) {
         // New weights apply to future charges; re-check the sibling level now.
         // A policy set at run time learns entities from their channels: a
         // parent it has no node for has no run queue to re-check.
+        if (id < fq_.nodes_.size()) fq_.weight_changed(id);
         EntityId parent = ctx_->tree().get(id).parent;
         if (parent < fq_.nodes_.size()) fq_.rebalance(parent);
     }

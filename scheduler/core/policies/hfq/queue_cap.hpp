@@ -37,7 +37,7 @@ public:
     // otherwise at most once per `queue` of events, so a scan over the
     // metered leaves is not paid per kernel.
     void feed_unheard();
-    const std::set<EntityId>& metered() const { return metered_; }
+    const IdSet& metered() const { return metered_; }
     // The leaf is gone.
     void forget(EntityId leaf) { metered_.erase(leaf); }
     std::uint64_t meters() const { return meters_; }
@@ -77,10 +77,12 @@ private:
     // nothing since still is.
     bool known_pending(ChannelId ch) const;
     bool read_pending(ChannelId ch);
+    // scan_ := the metered leaves that are not shadowed, in id order.
+    void unshadowed_metered();
 
     HfqPolicy& hfq_;
-    std::set<EntityId> metered_;
-    std::vector<EntityId> scan_;  // feed_unheard's copy of metered_
+    IdSet metered_;
+    std::vector<EntityId> scan_;  // feed_unheard's copy of the unshadowed metered_
     bool scanning_ = false;       // feed_unheard is walking scan_
     Time scanned_at_ = -1;      // last look for metered leaves left without work on the GPU
     std::uint64_t meters_ = 0;
