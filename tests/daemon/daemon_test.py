@@ -572,6 +572,19 @@ def closed_loop_busy_bound(kernels_us, turnaround_us, others):
     return others + each * len(kernels_us)
 
 
+def monitor_bound(demand, long_us, think_us):
+    """The most a client of `demand` that thinks `think_us` between kernels
+    can get on a non-preemptive GPU beside a closed-loop client of
+    `long_us` kernels that gets its max-min share, half of what the monitor
+    leaves (the other client takes the rest).  A long kernel started the
+    moment the monitor's ends stalls it long_us - think_us; the long client
+    runs share / long_us kernels per second, so the monitor gets
+    demand * (1 - c * (1 - m)) with c = (long_us - think_us) / (2 long_us):
+    m = demand * (1 - c) / (1 - demand * c)."""
+    c = (long_us - think_us) / (2 * long_us)
+    return demand * (1 - c) / (1 - demand * c)
+
+
 def case_closed_loop(bins, tmp):
     """(a2) Clients with one kernel in flight: a 6 ms one does not starve a 250 us one.
 
@@ -600,6 +613,7 @@ def case_closed_loop(bins, tmp):
         bound = closed_loop_busy_bound([6000, 250], turnaround, monitor_demand)
         result("closed_loop.monitor_demand", f"{monitor_demand:.3f}")
         result("closed_loop.hfq.gpu_utilisation_bound", f"{bound:.3f}")
+        result("closed_loop.hfq.monitor_bound", f"{monitor_bound(monitor_demand, 6000, 850):.3f}")
         kernels = [6000, 250, 150]
         loads = [throttle(bins, d, "long", 6000, batch=1, depth=1),
                  throttle(bins, d, "short", 250, batch=1, depth=1),
