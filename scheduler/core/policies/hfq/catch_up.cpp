@@ -8,7 +8,8 @@ void CatchUp::returned(EntityId leaf, Duration think) {
     const double share = fq.fair_share(leaf);
     if (share >= 1 || think <= 0 || !fq.behind(leaf, 1.0)) return;  // alone, or not behind: nobody to hold
     const Duration cap = hfq_.p_.lag * fq.weight_of(leaf) / static_cast<Duration>(kUnitWeight);
-    const Duration credit = std::min<Duration>(cap, static_cast<Duration>(static_cast<double>(think) * share / (1 - share)));
+    const auto owed = static_cast<Duration>(static_cast<double>(think) * share / (1 - share));
+    const Duration credit = std::min(cap, owed);
     if (credit <= 0) return;
     const bool first = catching_.empty();
     catching_[leaf] = Credit{fq.nodes_[leaf].accounted, credit};
