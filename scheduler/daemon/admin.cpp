@@ -26,6 +26,9 @@ namespace {
 constexpr std::size_t kReadChunk = 16384;
 // How long a closing connection's leftover input is discarded.
 constexpr Duration kDrainTime = 1 * kSecond;
+// The grid rate-limited connections resume on: at most this much later
+// than their next token.
+constexpr Duration kResumeGrid = 5 * kMillisecond;
 
 std::string dump_line(const json& j) {
     // Strings echoed back (targets, commands) may hold invalid UTF-8: replace, never throw.
@@ -309,7 +312,10 @@ void AdminServer::process(Conn& c) {
         if (b.tokens < 1) {
             c.paused = true;
             auto wait = static_cast<Duration>((1 - b.tokens) / rate * double(kSecond)) + 1;
-            c.resume.arm(now + wait, [this, &c] {
+            // Paused connections resume on a shared grid, so a flood of
+            // them costs pvgpud one wakeup per tick, not one per token.
+            const Time at = (now + wait + kResumeGrid - 1) / kResumeGrid * kResumeGrid;
+            c.resume.arm(at, [this, &c] {
                 c.paused = false;
                 process(c);
             });
