@@ -304,17 +304,28 @@ def throttle(bins, daemon, name, kernel_us, duration=30, batch=4, depth=2, prefi
 
 
 def good_client_throughput(bins, daemon, label, min_fraction=0.7, kernels=200, kernel_us=1000):
-    """A well-behaved bench: must finish and get `min_fraction` of the GPU."""
+    """A well-behaved bench: must finish and get `min_fraction` of the GPU.
+
+    Its 200 ms run read 0.916..0.999 in 84 runs here, and 0.581 once in a
+    clean clone's CI run (a 144 ms stall), which passed when run again
+    right after: a miss is run again once, never silently."""
     check(daemon.alive(), f"{label}: pvgpud died (exit status {daemon.proc.poll()})")
-    bench = Load(bins, daemon, "bench", "--kernel-us", kernel_us, "--kernels", kernels,
-                 "--depth", 4, name=f"good-{label}")
-    rc, values = bench.finish(timeout=30)
-    if rc != 0:
-        bench.dump()
-    check(rc == 0, f"{label}: good client exit status {rc}")
-    runtime = float(values["runtime_ms"])
-    fraction = kernels * kernel_us / 1000 / runtime
-    result(f"protocol.{label}.good_client_gpu_fraction", f"{fraction:.3f}")
+    for attempt in (1, 2):
+        suffix = "" if attempt == 1 else "-rerun"
+        bench = Load(bins, daemon, "bench", "--kernel-us", kernel_us, "--kernels", kernels,
+                     "--depth", 4, name=f"good-{label}{suffix}")
+        rc, values = bench.finish(timeout=30)
+        if rc != 0:
+            bench.dump()
+        check(rc == 0, f"{label}: good client exit status {rc}")
+        runtime = float(values["runtime_ms"])
+        fraction = kernels * kernel_us / 1000 / runtime
+        result(f"protocol.{label}.good_client_gpu_fraction{suffix.replace('-', '.')}", f"{fraction:.3f}")
+        if fraction >= min_fraction:
+            break
+        if attempt == 1:
+            rerun(f"protocol {label}", f"good client got {fraction:.3f} of the GPU, below {min_fraction} "
+                  f"(load average {os.getloadavg()[0]:.1f})")
     check(fraction >= min_fraction,
           f"{label}: good client got {fraction:.3f} of the GPU, expected >= {min_fraction}")
     check(daemon.alive(), f"{label}: pvgpud died")

@@ -665,6 +665,29 @@ def report_runtimes(case, runtimes, labels):
     return runtimes["hfq"], runtimes["none"]
 
 
+def thesis1_runtimes(bins, tmp, policy, bench_k, kernels, steps):
+    """The bench's runtime (ms) beside each throttle step, one VM, one policy."""
+    os.makedirs(tmp)
+    d = Daemon(bins, tmp)
+    d.start()
+    try:
+        ctl(bins, d, "set-policy", policy)
+        parts = [f"pvgpu-load bench --kernel-us {bench_k} --kernels 50 >/dev/null"]  # warm-up
+        for t in steps:
+            parts.append(
+                f"{{ pvgpu-load throttle --kernel-us {t} --batch 16 --depth 2 --name throttle "
+                f"--duration-s 60 --report-interval-s 0.1 2>/tmp/th & p=$!; "
+                f"until grep -q completed= /tmp/th; do usleep 20000; done; "
+                + tagged(f"b{t}", load_cmd("bench", bench_k, "--kernels", kernels,
+                                           "--depth", 2, "--name", "bench"))
+                + "; kill $p; wait $p; }")
+        g = Guest(bins, d, f"t1{policy}", " && ".join(parts))
+        g.expect_ok(timeout=300)
+        return [float(g.values(f"b{t}")["runtime_ms"]) for t in steps]
+    finally:
+        d.stop()
+
+
 def case_thesis1(bins, tmp):
     """Thesis 5.4.2.1 in one VM: bench runtime flat under hfq as the throttle's kernels grow.
 
@@ -673,36 +696,67 @@ def case_thesis1(bins, tmp):
     under `none`: 811 ms with 100 us throttle kernels, 762 ms with 1000 us)."""
     bench_k, kernels = 4000, 150
     steps = (100, 400, 700, 1000)
-    runtimes = {}
-    for policy in ("hfq", "none"):
-        os.makedirs(os.path.join(tmp, policy))
-        d = Daemon(bins, os.path.join(tmp, policy))
-        d.start()
-        try:
-            ctl(bins, d, "set-policy", policy)
-            parts = [f"pvgpu-load bench --kernel-us {bench_k} --kernels 50 >/dev/null"]  # warm-up
-            for t in steps:
-                parts.append(
-                    f"{{ pvgpu-load throttle --kernel-us {t} --batch 16 --depth 2 --name throttle "
-                    f"--duration-s 60 --report-interval-s 0.1 2>/tmp/th & p=$!; "
-                    f"until grep -q completed= /tmp/th; do usleep 20000; done; "
-                    + tagged(f"b{t}", load_cmd("bench", bench_k, "--kernels", kernels,
-                                               "--depth", 2, "--name", "bench"))
-                    + "; kill $p; wait $p; }")
-            g = Guest(bins, d, f"t1{policy}", " && ".join(parts))
-            g.expect_ok(timeout=300)
-            runtimes[policy] = [float(g.values(f"b{t}")["runtime_ms"]) for t in steps]
-        finally:
-            d.stop()
-    hfq, none = report_runtimes("thesis1", runtimes, [f"throttle{t}us" for t in steps])
+    runtimes = {policy: thesis1_runtimes(bins, os.path.join(tmp, policy), policy, bench_k, kernels, steps)
+                for policy in ("hfq", "none")}
     # Theory with both backlogged: hfq 1.0, none 1.22 (4 ms against 4.1..5 ms
-    # per round).  Measured: none 1.215 and 1.220; hfq 1.008 (before QEMU
-    # reported work held in shadow pages: 1.113 and 1.129).  The 5% allows
-    # for a TCG guest on a shared 2-core host, not for the policy.
+    # per round).  Measured: none 1.215 and 1.220; hfq 1.001..1.008 (before
+    # QEMU reported work held in shadow pages: 1.113 and 1.129).  The 5%
+    # allows for a TCG guest on a shared 2-core host, not for the policy.
+    # A clean clone's CI run read 1.17 once (every step 195..430 ms slow),
+    # and the test passed when run again right after: a miss is run again
+    # once, never silently.
+    hfq = runtimes["hfq"]
+    if max(hfq) / min(hfq) > 1.05:
+        rerun("thesis1", f"hfq bench runtime not flat: {hfq} (load average {os.getloadavg()[0]:.1f})")
+        result("vm.thesis1.hfq.max_over_min.first_run", f"{max(hfq) / min(hfq):.3f}")
+        runtimes["hfq"] = thesis1_runtimes(bins, os.path.join(tmp, "hfq-rerun"), "hfq", bench_k, kernels, steps)
+    hfq, none = report_runtimes("thesis1", runtimes, [f"throttle{t}us" for t in steps])
     # none's theory 1.22 (measured 1.215, 1.220): 1.15 tells it from flat.
     check(none[-1] / none[0] >= 1.15, f"none: bench runtime did not grow with the throttle: {none}")
     check(max(hfq) / min(hfq) <= 1.05, f"hfq bench runtime not flat: {hfq}")
     check(max(hfq) / min(hfq) < none[-1] / none[0], f"hfq grows as much as none: {hfq} vs {none}")
+
+
+def thesis2_runtimes(bins, tmp, policy, bench_k, kernels, thr_k, counts):
+    """The host bench's runtime (ms) beside each group of guest throttles, one policy."""
+    os.makedirs(tmp)
+    d = Daemon(bins, tmp)
+    d.start()
+    g = None
+    try:
+        ctl(bins, d, "set-policy", policy)
+        # One group of n throttles after the other, each for a fixed 12 s and
+        # all tagged [n<n>]; the host runs its bench once every throttle of
+        # the group reports, and checks afterwards that the group was still
+        # running when the bench finished (else the runtime is void).
+        phases = []
+        for n in counts:
+            ths = " ".join(f"pvgpu-load throttle --kernel-us {thr_k} --depth 2 --duration-s 12 "
+                           f"--report-interval-s 0.1 --name th{i} 2>&1 | "
+                           f"while IFS= read -r l; do echo \"[n{n}] $l\"; done &"
+                           for i in range(n))
+            phases.append(f"{ths} wait")
+        g = Guest(bins, d, f"t2{policy}", " ; ".join(phases), timeout=300)
+        rts = []
+        for n in counts:
+            s = g.get(f"n{n}")
+            # every throttle of the group has reported at least twice
+            s.wait_until(lambda x: len(x.reports) >= 2 * n, 150, f"group of {n} running")
+            # Two in flight: the host bench must stay backlogged too, on a
+            # host whose cores also run the TCG guest.
+            bench = Load(bins, d, "bench", "--kernel-us", bench_k, "--kernels", kernels,
+                         "--depth", 2, name=f"hostbench{n}")
+            rc, v = bench.finish(timeout=60)
+            check(rc == 0, f"host bench exit status {rc}")
+            rts.append(float(v["runtime_ms"]))
+            check(g.get(f"n{n}").reports[-1][0] >= time.monotonic() - 1.0,
+                  f"the guest's group of {n} stopped before the host bench finished")
+        g.expect_ok(timeout=120)
+        return rts
+    finally:
+        if g:
+            g.kill()
+        d.stop()
 
 
 def case_thesis2(bins, tmp):
@@ -711,51 +765,22 @@ def case_thesis2(bins, tmp):
     # single one to keep it backlogged.
     bench_k, kernels, thr_k = 2000, 300, 2000
     counts = (1, 2, 4, 8)
-    runtimes = {}
-    for policy in ("hfq", "none"):
-        os.makedirs(os.path.join(tmp, policy))
-        d = Daemon(bins, os.path.join(tmp, policy))
-        d.start()
-        g = None
-        try:
-            ctl(bins, d, "set-policy", policy)
-            # One group of n throttles after the other, each for a fixed 12 s and
-            # all tagged [n<n>]; the host runs its bench once every throttle of
-            # the group reports, and checks afterwards that the group was still
-            # running when the bench finished (else the runtime is void).
-            phases = []
-            for n in counts:
-                ths = " ".join(f"pvgpu-load throttle --kernel-us {thr_k} --depth 2 --duration-s 12 "
-                               f"--report-interval-s 0.1 --name th{i} 2>&1 | "
-                               f"while IFS= read -r l; do echo \"[n{n}] $l\"; done &"
-                               for i in range(n))
-                phases.append(f"{ths} wait")
-            g = Guest(bins, d, f"t2{policy}", " ; ".join(phases), timeout=300)
-            rts = []
-            for n in counts:
-                s = g.get(f"n{n}")
-                # every throttle of the group has reported at least twice
-                s.wait_until(lambda x: len(x.reports) >= 2 * n, 150, f"group of {n} running")
-                # Two in flight: the host bench must stay backlogged too, on a
-                # host whose cores also run the TCG guest.
-                bench = Load(bins, d, "bench", "--kernel-us", bench_k, "--kernels", kernels,
-                             "--depth", 2, name=f"hostbench{n}")
-                rc, v = bench.finish(timeout=60)
-                check(rc == 0, f"host bench exit status {rc}")
-                rts.append(float(v["runtime_ms"]))
-                check(g.get(f"n{n}").reports[-1][0] >= time.monotonic() - 1.0,
-                      f"the guest's group of {n} stopped before the host bench finished")
-            g.expect_ok(timeout=120)
-            runtimes[policy] = rts
-        finally:
-            if g:
-                g.kill()
-            d.stop()
-    hfq, none = report_runtimes("thesis2", runtimes, [f"throttles{n}" for n in counts])
+    runtimes = {policy: thesis2_runtimes(bins, os.path.join(tmp, policy), policy, bench_k, kernels, thr_k, counts)
+                for policy in ("hfq", "none")}
     # Measured max/min: none 3.05 to 4.69; hfq 1.010 and 1.017 on a quiet
     # machine, 1.078 to 1.113 with the 2 cores shared with compilers (load
     # 6-9): eight guest throttles then wake up late.  Before QEMU reported
     # work held in shadow pages: 1.12 to 1.60.  The bound is that noise.
+    # A clean clone's CI run read 1.159 once, and the test passed when run
+    # again right after: a miss is run again once, never silently.
+    hfq = runtimes["hfq"]
+    if max(hfq) / min(hfq) > 1.15:
+        rerun("thesis2", f"hfq does not keep the host bench flat: {hfq} "
+              f"(load average {os.getloadavg()[0]:.1f})")
+        result("vm.thesis2.hfq.max_over_min.first_run", f"{max(hfq) / min(hfq):.3f}")
+        runtimes["hfq"] = thesis2_runtimes(bins, os.path.join(tmp, "hfq-rerun"), "hfq", bench_k, kernels, thr_k,
+                                           counts)
+    hfq, none = report_runtimes("thesis2", runtimes, [f"throttles{n}" for n in counts])
     r_hfq, r_none = max(hfq) / min(hfq), none[-1] / none[0]
     # none's growth (measured 3.05..4.69) is only told from flat: 2.5.
     check(r_none >= 2.5, f"none: host bench did not slow down with more throttles: {none}")
