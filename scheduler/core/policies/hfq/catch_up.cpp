@@ -54,12 +54,7 @@ bool CatchUp::shadowed(EntityId leaf, bool blocked_above) const {
 }
 
 void CatchUp::refresh_all() {
-    EntityId last = kNoEntity;
-    for (const auto& [ch, leaf] : hfq_.chans_)
-        if (leaf != last) {
-            hfq_.fq_.refresh(leaf);
-            last = leaf;
-        }
+    hfq_.fq_.refresh(kRootEntity, false);  // every leaf once, blocked ancestors passed down
 }
 
 }  // namespace pvgpu::hfq

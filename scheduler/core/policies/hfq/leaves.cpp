@@ -113,8 +113,9 @@ void HfqPolicy::set_below_share(EntityId leaf, bool below) {
     Node& n = fq_.nodes_[leaf];
     if (n.below_share == below) return;
     n.below_share = below;
+    const bool was_shadowed = n.shadowed;
     if (catch_up_.any()) fq_.refresh(leaf);  // held or not (CatchUp::shadowed)
-    apply_modes(leaf);
+    if (n.shadowed == was_shadowed) apply_modes(leaf);  // else shadow_changed applied them
 }
 
 void HfqPolicy::apply_modes(EntityId leaf) {
