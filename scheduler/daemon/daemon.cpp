@@ -18,6 +18,7 @@
 #include <functional>
 #include <vector>
 
+#include "k8s_allocation.hpp"
 #include "log.hpp"
 #include "names.hpp"
 #include "unix_socket.hpp"
@@ -619,8 +620,9 @@ void Daemon::admit_vmm(Client& cl, const HelloRequest& req, const std::string& u
     }
     std::optional<std::uint32_t> asked = req.asked;
     // The device's gpu= wins, then the domain's metadata (device="N"),
-    // then the placement.  One device per GPU: a second device of the
-    // VM goes elsewhere.
+    // then the GPU the VMM's pod reserved (its allocation file), then the
+    // placement.  One device per GPU: a second device of the VM goes
+    // elsewhere.
     const std::set<std::uint32_t> taken = gpus_of_vm(uuid);
     if (!asked && domain && domain->gpu && !taken.count(*domain->gpu)) {
         if (*domain->gpu >= gpus_.size())
@@ -628,6 +630,17 @@ void Daemon::admit_vmm(Client& cl, const HelloRequest& req, const std::string& u
                                 "libvirt domain " + domain->name + " asks for GPU " + std::to_string(*domain->gpu) +
                                     "; this host has " + std::to_string(gpus_.size()));
         asked = domain->gpu;
+    }
+    bool reserved = false;
+    if (!asked && !cfg_.kubernetes.allocation_file.empty()) {
+        std::string why;
+        const std::optional<std::uint32_t> pod_gpu = pod_reservation(cl, why);
+        if (!why.empty()) {
+            log_warning("client ", conn.id(), " (pid ", conn.peer().pid, ") refused as VMM of ", uuid, ": ", why);
+            return refuse_hello(cl, req, PVGPU_E_INVALID, why);
+        }
+        reserved = pod_gpu && !taken.count(*pod_gpu);
+        if (reserved) asked = pod_gpu;
     }
     if (asked && taken.count(*asked))
         return refuse_hello(cl, req, PVGPU_E_STATE,
@@ -648,9 +661,34 @@ void Daemon::admit_vmm(Client& cl, const HelloRequest& req, const std::string& u
     cl.libvirt_verified = verified;
     remember_placement("vm/" + uuid, *gpu);
     log_info("client ", conn.id(), ": VM ", name, " (", uuid, "), pid ", conn.peer().pid, ", weight ", weight,
-             ", on GPU ", *gpu, " ", g.name, asked ? " (asked for)" : " (placed)",
+             ", on GPU ", *gpu, " ", g.name,
+             reserved ? " (reserved by its pod: " + cfg_.kubernetes.allocation_file + ")"
+             : asked  ? " (asked for)"
+                      : " (placed)",
              verified ? ", the QEMU of libvirt domain " + domain->name : "");
     finish_hello(cl, req);
+}
+
+// The file is read as the VMM sees it, through /proc/PID/root; the pid
+// must still name the peer when the read is done (its pidfd, held since it
+// connected, is not readable), else another process's file could be read.
+std::optional<std::uint32_t> Daemon::pod_reservation(const Client& cl, std::string& why) const {
+    const std::string& file = cfg_.kubernetes.allocation_file;
+    const pid_t pid = cl.conn->peer().pid;
+    if (pid <= 0) return std::nullopt;  // a peer in no pid namespace of ours: nothing to read
+    const AllocationRead r = read_allocation_file(pid, file);
+    if (!is_process(cl, pid)) {
+        why = "cannot read " + file + " of pid " + std::to_string(pid) + ": not the connected VMM any more";
+        return std::nullopt;
+    }
+    switch (r.kind) {
+    case AllocationRead::Kind::Absent: return std::nullopt;
+    case AllocationRead::Kind::Error: why = file + ": " + r.text; return std::nullopt;
+    case AllocationRead::Kind::Text: break;
+    }
+    AllocationParse p = parse_allocation(r.text, gpus_.size());
+    if (!p.gpu) why = file + ": " + p.error;
+    return p.gpu;
 }
 
 bool Daemon::hello_host(Client& cl, const std::string& raw, std::uint32_t pid, std::optional<std::uint32_t> asked,
