@@ -618,30 +618,10 @@ void Daemon::admit_vmm(Client& cl, const HelloRequest& req, const std::string& u
             evict_unverified(uuid, domain->name, domain->pid);
         }
     }
-    std::optional<std::uint32_t> asked = req.asked;
-    // The device's gpu= wins, then the domain's metadata (device="N"),
-    // then the GPU the VMM's pod reserved (its allocation file), then the
-    // placement.  One device per GPU: a second device of the VM goes
-    // elsewhere.
     const std::set<std::uint32_t> taken = gpus_of_vm(uuid);
-    if (!asked && domain && domain->gpu && !taken.count(*domain->gpu)) {
-        if (*domain->gpu >= gpus_.size())
-            return refuse_hello(cl, req, PVGPU_E_INVALID,
-                                "libvirt domain " + domain->name + " asks for GPU " + std::to_string(*domain->gpu) +
-                                    "; this host has " + std::to_string(gpus_.size()));
-        asked = domain->gpu;
-    }
-    bool reserved = false;
-    if (!asked && !cfg_.kubernetes.allocation_file.empty()) {
-        std::string why;
-        const std::optional<std::uint32_t> pod_gpu = pod_reservation(cl, why);
-        if (!why.empty()) {
-            log_warning("client ", conn.id(), " (pid ", conn.peer().pid, ") refused as VMM of ", uuid, ": ", why);
-            return refuse_hello(cl, req, PVGPU_E_INVALID, why);
-        }
-        reserved = pod_gpu && !taken.count(*pod_gpu);
-        if (reserved) asked = pod_gpu;
-    }
+    const AskedGpu ask = asked_gpu(cl, req, uuid, domain ? &*domain : nullptr, taken);
+    if (ask.refused) return;
+    const std::optional<std::uint32_t>& asked = ask.gpu;
     if (asked && taken.count(*asked))
         return refuse_hello(cl, req, PVGPU_E_STATE,
                             "VM " + uuid + " is already connected on GPU " + std::to_string(*asked));
@@ -662,11 +642,39 @@ void Daemon::admit_vmm(Client& cl, const HelloRequest& req, const std::string& u
     remember_placement("vm/" + uuid, *gpu);
     log_info("client ", conn.id(), ": VM ", name, " (", uuid, "), pid ", conn.peer().pid, ", weight ", weight,
              ", on GPU ", *gpu, " ", g.name,
-             reserved ? " (reserved by its pod: " + cfg_.kubernetes.allocation_file + ")"
-             : asked  ? " (asked for)"
-                      : " (placed)",
+             ask.reserved ? " (reserved by its pod: " + cfg_.kubernetes.allocation_file + ")"
+             : asked      ? " (asked for)"
+                          : " (placed)",
              verified ? ", the QEMU of libvirt domain " + domain->name : "");
     finish_hello(cl, req);
+}
+
+// The device's gpu= wins, then the domain's metadata (device="N"), then
+// the GPU the VMM's pod reserved (its allocation file); none of them: the
+// placement.  One device per GPU: a domain's or pod's GPU the VM already
+// has a device on is left to the placement (a second device goes
+// elsewhere).
+Daemon::AskedGpu Daemon::asked_gpu(Client& cl, const HelloRequest& req, const std::string& uuid,
+                                   const DomainInfo* domain, const std::set<std::uint32_t>& taken) {
+    if (req.asked) return {req.asked, false, false};
+    if (domain && domain->gpu && !taken.count(*domain->gpu)) {
+        if (*domain->gpu < gpus_.size()) return {domain->gpu, false, false};
+        refuse_hello(cl, req, PVGPU_E_INVALID,
+                     "libvirt domain " + domain->name + " asks for GPU " + std::to_string(*domain->gpu) +
+                         "; this host has " + std::to_string(gpus_.size()));
+        return {std::nullopt, false, true};
+    }
+    if (cfg_.kubernetes.allocation_file.empty()) return {};
+    std::string why;
+    const std::optional<std::uint32_t> pod_gpu = pod_reservation(cl, why);
+    if (!why.empty()) {
+        log_warning("client ", cl.conn->id(), " (pid ", cl.conn->peer().pid, ") refused as VMM of ", uuid, ": ",
+                    why);
+        refuse_hello(cl, req, PVGPU_E_INVALID, why);
+        return {std::nullopt, false, true};
+    }
+    if (pod_gpu && !taken.count(*pod_gpu)) return {pod_gpu, true, false};
+    return {};
 }
 
 // The file is read as the VMM sees it, through /proc/PID/root; the pid

@@ -13,6 +13,10 @@
 
 #include "proto/unique_fd.hpp"
 
+#ifndef SYS_openat2
+#define SYS_openat2 437  // the same number on every architecture (asm-generic/unistd.h)
+#endif
+
 namespace pvgpu::daemon {
 
 AllocationParse parse_allocation(std::string_view text, std::size_t gpus) {
