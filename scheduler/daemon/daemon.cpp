@@ -677,16 +677,20 @@ Daemon::AskedGpu Daemon::asked_gpu(Client& cl, const HelloRequest& req, const st
     return {};
 }
 
-// The file is read as the VMM sees it, through /proc/PID/root; the pid
-// must still name the peer when the read is done (its pidfd, held since it
-// connected, is not readable), else another process's file could be read.
+// The file is read as the VMM sees it, through /proc/PID/root; what was
+// read counts only if the pid still names the peer when the read is done
+// (its pidfd, held since it connected, is not readable): else it may be
+// another process's file.
 std::optional<std::uint32_t> Daemon::pod_reservation(const Client& cl, std::string& why) const {
     const std::string& file = cfg_.kubernetes.allocation_file;
     const pid_t pid = cl.conn->peer().pid;
     if (pid <= 0) return std::nullopt;  // a peer in no pid namespace of ours: nothing to read
     const AllocationRead r = read_allocation_file(pid, file);
-    if (!is_process(cl, pid)) {
-        why = "cannot read " + file + " of pid " + std::to_string(pid) + ": not the connected VMM any more";
+    if (r.kind != AllocationRead::Kind::Absent && !is_process(cl, pid)) {
+        // The process that connected is gone (a client may hand its socket
+        // on): what its pid names now is not this VMM's view.
+        log_info("client ", cl.conn->id(), ": pid ", pid, " is not the process that connected any more; ", file,
+                 " not read, placed as if absent");
         return std::nullopt;
     }
     switch (r.kind) {

@@ -69,7 +69,8 @@ int open_in_root(int root, const std::string& path) {
 AllocationRead read_allocation_file(pid_t pid, const std::string& path) {
     const std::string root_path = "/proc/" + std::to_string(pid) + "/root";
     const UniqueFd root(::open(root_path.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
-    if (!root) return read_error("cannot open " + root_path, errno);
+    // ENOENT: the process is gone, there is no view of it to read.
+    if (!root) return errno == ENOENT ? AllocationRead{} : read_error("cannot open " + root_path, errno);
     const UniqueFd fd(open_in_root(root.get(), path));
     if (!fd) {
         if (errno == ENOENT || errno == ENOTDIR) return {};  // no pod reserved units for this VMM

@@ -28,8 +28,9 @@ struct AllocationParse {
 // `gpus`: the number of GPUs of this host (a gpu at or above it is an error).
 AllocationParse parse_allocation(std::string_view text, std::size_t gpus);
 
-// The file as process `pid` sees it.  Absent: no file there (no reservation);
-// Text: its contents in `text`; Error: why it cannot be read, in `text`.
+// The file as process `pid` sees it.  Absent: no file there, or no such
+// process (no reservation); Text: its contents in `text`; Error: why it
+// cannot be read, in `text`.
 struct AllocationRead {
     enum class Kind { Absent, Text, Error };
     Kind kind = Kind::Absent;

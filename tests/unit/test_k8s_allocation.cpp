@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -87,6 +88,13 @@ TEST_CASE("k8s allocation: the file as a process sees it", "[daemon][kubernetes]
     r = read_allocation_file(self, t.path.string());
     CHECK(r.kind == AllocationRead::Kind::Error);
     CHECK_THAT(r.text, Catch::Contains("not a regular file"));
+
+    // A process that is gone has no view to read: no reservation.
+    const pid_t gone = ::fork();
+    REQUIRE(gone >= 0);
+    if (gone == 0) ::_exit(0);
+    REQUIRE(::waitpid(gone, nullptr, 0) == gone);
+    CHECK(read_allocation_file(gone, file).kind == AllocationRead::Kind::Absent);
 
     const std::string big = (t.path / "big.json").string();
     std::ofstream(big) << std::string(kMaxAllocationFileBytes + 1, ' ');
