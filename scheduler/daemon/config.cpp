@@ -163,11 +163,13 @@ public:
         for (gsize i = 0; i < ngroups; ++i) {
             std::string g = groups[i];
             if (g.rfind("policy.", 0) == 0) continue;  // checked against the catalog
-            static const std::set<std::string> known = {"daemon", "scheduler", "gpu", "limits", "metrics", "libvirt"};
+            static const std::set<std::string> known = {"daemon",  "scheduler", "gpu",
+                                                        "limits",  "metrics",   "libvirt",
+                                                        "kubernetes"};
             if (!known.count(g) && !gpu_group_index(g))
                 throw ConfigError(lines_.where_group(g) +
                                   ": unknown group (known: daemon, scheduler, gpu, gpu.N, limits, metrics, "
-                                  "libvirt, policy.NAME)");
+                                  "libvirt, kubernetes, policy.NAME)");
             gsize nkeys = 0;
             gchar** keys = g_key_file_get_keys(kf_, groups[i], &nkeys, nullptr);
             std::unique_ptr<gchar*, decltype(&g_strfreev)> kfree(keys, g_strfreev);
@@ -422,6 +424,11 @@ Config parse_config(const std::string& text, const std::string& name) {
     if (cfg.libvirt.pid_dir.empty() || cfg.libvirt.pid_dir[0] != '/')
         throw ConfigError(lines.where("libvirt", "pid_dir") + ": '" + cfg.libvirt.pid_dir +
                           "' is not an absolute directory");
+
+    r.string("kubernetes", "allocation_file", cfg.kubernetes.allocation_file);
+    if (const std::string& f = cfg.kubernetes.allocation_file; !f.empty() && (f[0] != '/' || f.back() == '/'))
+        throw ConfigError(lines.where("kubernetes", "allocation_file") + ": '" + f +
+                          "' is not an absolute file path (empty: off)");
 
     r.check_unknown();
     check_policy(cfg, lines.where("scheduler", "policy"));

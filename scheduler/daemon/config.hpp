@@ -63,6 +63,12 @@ struct LibvirtConfig {
     std::string pid_dir = "/run/libvirt/qemu";  // where libvirt writes NAME.pid
 };
 
+// [kubernetes]: the file pvgpu-device-plugin mounts into a pod's compute
+// container, read through the VMM's /proc/PID/root (docs/kubernetes.md).
+struct KubernetesConfig {
+    std::string allocation_file = "/run/pvgpu/allocation.json";  // empty: off
+};
+
 // [gpu] or [gpu.N]: one GPU of the host as its backend opens it.  The
 // engine keys are handed to the backend as "key=value" options, only those
 // the file sets: a backend keeps its own defaults (the simulated GPU's are
@@ -117,6 +123,8 @@ struct Config {
     MetricsConfig metrics;
     // [libvirt]
     LibvirtConfig libvirt;
+    // [kubernetes]
+    KubernetesConfig kubernetes;
 };
 
 // Command line.  parse_cli throws ConfigError with a usage hint.

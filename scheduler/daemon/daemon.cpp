@@ -18,6 +18,7 @@
 #include <functional>
 #include <vector>
 
+#include "k8s_allocation.hpp"
 #include "log.hpp"
 #include "names.hpp"
 #include "unix_socket.hpp"
@@ -617,18 +618,10 @@ void Daemon::admit_vmm(Client& cl, const HelloRequest& req, const std::string& u
             evict_unverified(uuid, domain->name, domain->pid);
         }
     }
-    std::optional<std::uint32_t> asked = req.asked;
-    // The device's gpu= wins, then the domain's metadata (device="N"),
-    // then the placement.  One device per GPU: a second device of the
-    // VM goes elsewhere.
     const std::set<std::uint32_t> taken = gpus_of_vm(uuid);
-    if (!asked && domain && domain->gpu && !taken.count(*domain->gpu)) {
-        if (*domain->gpu >= gpus_.size())
-            return refuse_hello(cl, req, PVGPU_E_INVALID,
-                                "libvirt domain " + domain->name + " asks for GPU " + std::to_string(*domain->gpu) +
-                                    "; this host has " + std::to_string(gpus_.size()));
-        asked = domain->gpu;
-    }
+    const AskedGpu ask = asked_gpu(cl, req, uuid, domain ? &*domain : nullptr, taken);
+    if (ask.refused) return;
+    const std::optional<std::uint32_t>& asked = ask.gpu;
     if (asked && taken.count(*asked))
         return refuse_hello(cl, req, PVGPU_E_STATE,
                             "VM " + uuid + " is already connected on GPU " + std::to_string(*asked));
@@ -648,9 +641,66 @@ void Daemon::admit_vmm(Client& cl, const HelloRequest& req, const std::string& u
     cl.libvirt_verified = verified;
     remember_placement("vm/" + uuid, *gpu);
     log_info("client ", conn.id(), ": VM ", name, " (", uuid, "), pid ", conn.peer().pid, ", weight ", weight,
-             ", on GPU ", *gpu, " ", g.name, asked ? " (asked for)" : " (placed)",
+             ", on GPU ", *gpu, " ", g.name,
+             ask.reserved ? " (reserved by its pod: " + cfg_.kubernetes.allocation_file + ")"
+             : asked      ? " (asked for)"
+                          : " (placed)",
              verified ? ", the QEMU of libvirt domain " + domain->name : "");
     finish_hello(cl, req);
+}
+
+// The device's gpu= wins, then the domain's metadata (device="N"), then
+// the GPU the VMM's pod reserved (its allocation file); none of them: the
+// placement.  One device per GPU: a domain's or pod's GPU the VM already
+// has a device on is left to the placement (a second device goes
+// elsewhere).
+Daemon::AskedGpu Daemon::asked_gpu(Client& cl, const HelloRequest& req, const std::string& uuid,
+                                   const DomainInfo* domain, const std::set<std::uint32_t>& taken) {
+    if (req.asked) return {req.asked, false, false};
+    if (domain && domain->gpu && !taken.count(*domain->gpu)) {
+        if (*domain->gpu < gpus_.size()) return {domain->gpu, false, false};
+        refuse_hello(cl, req, PVGPU_E_INVALID,
+                     "libvirt domain " + domain->name + " asks for GPU " + std::to_string(*domain->gpu) +
+                         "; this host has " + std::to_string(gpus_.size()));
+        return {std::nullopt, false, true};
+    }
+    if (cfg_.kubernetes.allocation_file.empty()) return {};
+    std::string why;
+    const std::optional<std::uint32_t> pod_gpu = pod_reservation(cl, why);
+    if (!why.empty()) {
+        log_warning("client ", cl.conn->id(), " (pid ", cl.conn->peer().pid, ") refused as VMM of ", uuid, ": ",
+                    why);
+        refuse_hello(cl, req, PVGPU_E_INVALID, why);
+        return {std::nullopt, false, true};
+    }
+    if (pod_gpu && !taken.count(*pod_gpu)) return {pod_gpu, true, false};
+    return {};
+}
+
+// The file is read as the VMM sees it, through /proc/PID/root; what was
+// read counts only if the pid still names the peer when the read is done
+// (its pidfd, held since it connected, is not readable): else it may be
+// another process's file.
+std::optional<std::uint32_t> Daemon::pod_reservation(const Client& cl, std::string& why) const {
+    const std::string& file = cfg_.kubernetes.allocation_file;
+    const pid_t pid = cl.conn->peer().pid;
+    if (pid <= 0) return std::nullopt;  // a peer in no pid namespace of ours: nothing to read
+    const AllocationRead r = read_allocation_file(pid, file);
+    if (r.kind != AllocationRead::Kind::Absent && !is_process(cl, pid)) {
+        // The process that connected is gone (a client may hand its socket
+        // on): what its pid names now is not this VMM's view.
+        log_info("client ", cl.conn->id(), ": pid ", pid, " is not the process that connected any more; ", file,
+                 " not read, placed as if absent");
+        return std::nullopt;
+    }
+    switch (r.kind) {
+    case AllocationRead::Kind::Absent: return std::nullopt;
+    case AllocationRead::Kind::Error: why = file + ": " + r.text; return std::nullopt;
+    case AllocationRead::Kind::Text: break;
+    }
+    AllocationParse p = parse_allocation(r.text, gpus_.size());
+    if (!p.gpu) why = file + ": " + p.error;
+    return p.gpu;
 }
 
 bool Daemon::hello_host(Client& cl, const std::string& raw, std::uint32_t pid, std::optional<std::uint32_t> asked,

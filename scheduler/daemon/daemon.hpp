@@ -223,6 +223,20 @@ private:
     void on_hello(Client& cl, const wire::Message& m);
     void hello_vmm(Client& cl, const HelloRequest& req);
     void admit_vmm(Client& cl, const HelloRequest& req, const std::string& uuid, const DomainAnswer* libvirt);
+    // The GPU a VMM's HELLO asks for (the order is in daemon.cpp); `refused`:
+    // the HELLO was refused for it.  `reserved`: its pod's allocation file
+    // named it.
+    struct AskedGpu {
+        std::optional<std::uint32_t> gpu;
+        bool reserved = false;
+        bool refused = false;
+    };
+    AskedGpu asked_gpu(Client& cl, const HelloRequest& req, const std::string& uuid, const DomainInfo* domain,
+                       const std::set<std::uint32_t>& taken);
+    // The GPU the VMM's pod reserved ([kubernetes] allocation_file, issue
+    // 55); nullopt with `why` empty when none, with `why` set when the file
+    // is there and wrong (the HELLO is refused).
+    std::optional<std::uint32_t> pod_reservation(const Client& cl, std::string& why) const;
     void finish_hello(Client& cl, const HelloRequest& req);
     void refuse_hello(Client& cl, const HelloRequest& req, std::uint32_t status, const std::string& why);
     pvgpu_hello_reply hello_reply(const Client& cl, const HelloRequest& req, std::uint32_t status) const;

@@ -68,6 +68,7 @@ struct Options {
     std::string plugin_dir = "/var/lib/kubelet/device-plugins";
     std::string pvgpud_socket;
     std::string client_socket;
+    std::string allocation_dir = "/run/pvgpu/allocations";
     milliseconds health_interval{1000};
     bool help = false;
     bool version = false;
@@ -79,8 +80,9 @@ const char* const kUsage = R"(usage: pvgpu-device-plugin [OPTION]...
 
 Kubernetes device plugin of pvgpu: advertises each GPU of the node's pvgpud
 as 100 units of the extended resource pvgpu.org/gpu-share (1 unit = 1% of a
-GPU's time) and hands containers pvgpud's client socket and the GPU their
-units are on (PVGPU_GPU, PVGPU_GPU_SHARE).
+GPU's time) and hands containers pvgpud's client socket, the GPU their
+units are on (PVGPU_GPU, PVGPU_GPU_SHARE) and a file saying so, which pvgpud
+reads to place the container's VM there.
 
   --kubelet-socket PATH      kubelet's registration socket
                              (default /var/lib/kubelet/device-plugins/kubelet.sock)
@@ -90,6 +92,9 @@ units are on (PVGPU_GPU, PVGPU_GPU_SHARE).
                              (default $PVGPU_ADMIN_SOCKET, else )" PVGPU_ADMIN_SOCKET_PATH R"()
   --client-socket PATH       pvgpud's client socket mounted into containers
                              (default $PVGPU_SOCKET, else )" PVGPU_SOCKET_PATH R"()
+  --allocation-dir DIR       where each allocation's file is written, mounted
+                             read-only at /run/pvgpu/allocation.json for
+                             pvgpud to place the VM (default /run/pvgpu/allocations)
   --health-interval-ms MS    how often pvgpud is asked (default 1000)
   -h, --help                 this help
   --version                  the version
@@ -132,6 +137,7 @@ Options parse_options(int argc, char** argv) {
                               : arg == "--plugin-dir"     ? &o.plugin_dir
                               : arg == "--pvgpud-socket"  ? &o.pvgpud_socket
                               : arg == "--client-socket"  ? &o.client_socket
+                              : arg == "--allocation-dir" ? &o.allocation_dir
                                                           : nullptr;
         if (!target && arg != "--health-interval-ms")
             throw UsageError{"unknown " + std::string(arg.starts_with("-") ? "option" : "argument") + " '" +
@@ -156,7 +162,7 @@ Options parse_options(int argc, char** argv) {
 class PluginServer {
 public:
     PluginServer(const Options& o, DeviceState& state)
-        : path_(o.plugin_socket()), state_(state), service_(state, o.client_socket, o.health_interval) {
+        : path_(o.plugin_socket()), state_(state), service_(state, o.client_socket, o.allocation_dir, o.health_interval) {
         std::error_code ec;
         std::filesystem::remove(path_, ec);  // a stale socket of an earlier run
         grpc::ServerBuilder builder;

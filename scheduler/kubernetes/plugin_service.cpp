@@ -1,10 +1,21 @@
 // The DevicePlugin service (plugin_service.hpp).
 #include "plugin_service.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "device_ids.hpp"
+#include "proto/unique_fd.hpp"
 
 namespace pvgpu::k8s {
 
@@ -30,6 +41,62 @@ std::string joined(const google::protobuf::RepeatedPtrField<std::string>& ids) {
 grpc::Status refused(const char* call, const AllocationError& e) {
     log_line(std::string(call) + " refused: " + e.message);
     return {e.exhausted ? grpc::StatusCode::RESOURCE_EXHAUSTED : grpc::StatusCode::INVALID_ARGUMENT, e.message};
+}
+
+// The file name of an allocation: 16 hex digits of FNV-1a 64 of its sorted
+// IDs joined by ",", so that the same units reuse one file.
+std::string allocation_name(const std::vector<std::string>& sorted_ids) {
+    std::uint64_t h = 0xcbf29ce484222325ull;
+    const auto add = [&h](unsigned char c) { h = (h ^ c) * 0x100000001b3ull; };
+    for (std::size_t i = 0; i < sorted_ids.size(); ++i) {
+        if (i) add(',');
+        for (const char c : sorted_ids[i]) add(static_cast<unsigned char>(c));
+    }
+    char name[24];
+    std::snprintf(name, sizeof name, "%016llx", static_cast<unsigned long long>(h));
+    return name;
+}
+
+struct WriteError {
+    std::string message;
+};
+
+// Writes `text` to `path` whole or not at all: a temporary file in the same
+// directory, synced, renamed over `path`.  Readable by all (the VMM in the
+// container may be any user); the container sees it read-only.
+void write_atomically(const std::string& path, const std::string& text) {
+    std::string tmp = path + ".XXXXXX";
+    const pvgpu::UniqueFd fd(::mkostemp(tmp.data(), O_CLOEXEC));
+    if (!fd) throw WriteError{"cannot create a temporary file for " + path + ": " + std::strerror(errno)};
+    const auto fail = [&](const char* what) {
+        const int err = errno;
+        ::unlink(tmp.c_str());
+        throw WriteError{std::string(what) + " " + path + ": " + std::strerror(err)};
+    };
+    if (::fchmod(fd.get(), 0644) != 0) fail("cannot chmod");
+    for (std::size_t done = 0; done < text.size();) {
+        const ssize_t n = ::write(fd.get(), text.data() + done, text.size() - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) fail("cannot write");
+        done += static_cast<std::size_t>(n);
+    }
+    if (::fsync(fd.get()) != 0) fail("cannot sync");
+    if (::rename(tmp.c_str(), path.c_str()) != 0) fail("cannot rename into");
+}
+
+// The allocation's file in `dir` (created 0755 when missing): its path.
+std::string write_allocation(const std::string& dir, const Grant& g, std::vector<std::string> ids) {
+    std::sort(ids.begin(), ids.end());
+    const std::string path = (std::filesystem::path(dir) / (allocation_name(ids) + ".json")).string();
+    std::error_code ec;
+    if (!std::filesystem::is_directory(dir, ec)) {
+        std::filesystem::create_directories(std::filesystem::path(dir).parent_path(), ec);
+        if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
+            throw WriteError{"cannot create " + dir + " for " + path + ": " + std::strerror(errno)};
+    }
+    const nlohmann::json doc = {{"gpu", g.gpu}, {"units", g.units}, {"devices", ids}};
+    write_atomically(path, doc.dump() + "\n");
+    return path;
 }
 
 }  // namespace
@@ -127,8 +194,9 @@ grpc::Status DevicePluginService::GetPreferredAllocation(grpc::ServerContext*,
 }
 
 // Per container: pvgpud's client socket at the same path inside, read-write,
-// and the GPU and number of units for the KubeVirt hook (PVGPU_GPU,
-// PVGPU_GPU_SHARE).
+// the allocation's file at kAllocationMountPath, read-only (pvgpud places the
+// VM by it), and the GPU and number of units for the KubeVirt hook
+// (PVGPU_GPU, PVGPU_GPU_SHARE).
 grpc::Status DevicePluginService::Allocate(grpc::ServerContext*, const v1beta1::AllocateRequest* req,
                                            v1beta1::AllocateResponse* reply) {
     const DeviceState::View v = state_.current();
@@ -144,15 +212,26 @@ grpc::Status DevicePluginService::Allocate(grpc::ServerContext*, const v1beta1::
         } catch (const AllocationError& e) {
             return refused("Allocate", e);
         }
+        std::string file;
+        try {
+            file = write_allocation(allocation_dir_, g, ids);
+        } catch (const WriteError& e) {
+            log_line("Allocate refused: " + e.message);
+            return {grpc::StatusCode::INTERNAL, e.message};
+        }
         auto* out = reply->add_container_responses();
         auto* m = out->add_mounts();
         m->set_host_path(client_socket_);
         m->set_container_path(client_socket_);
         m->set_read_only(false);
+        m = out->add_mounts();
+        m->set_host_path(file);
+        m->set_container_path(kAllocationMountPath);
+        m->set_read_only(true);
         (*out->mutable_envs())["PVGPU_GPU"] = std::to_string(g.gpu);
         (*out->mutable_envs())["PVGPU_GPU_SHARE"] = std::to_string(g.units);
         log_line("Allocate: " + std::to_string(g.units) + " units of GPU " + std::to_string(g.gpu) + " (" +
-                 joined(c.devices_ids()) + ")");
+                 joined(c.devices_ids()) + "), " + file);
     }
     return grpc::Status::OK;
 }

@@ -38,13 +38,23 @@ private:
     View view_;
 };
 
+// Where a container finds its allocation file (pvgpud's [kubernetes]
+// allocation_file reads it there, through the VMM's /proc/PID/root).
+inline constexpr const char* kAllocationMountPath = "/run/pvgpu/allocation.json";
+
 class DevicePluginService final : public v1beta1::DevicePlugin::Service {
 public:
     // `client_socket`: pvgpud's client socket mounted into containers.
+    // `allocation_dir`: where each allocation's file is written (created
+    // when missing) to be mounted at kAllocationMountPath.
     // `cancel_check`: how often a ListAndWatch stream with no change looks
     // whether kubelet went away (the sync API has no cancel callback).
-    DevicePluginService(DeviceState& state, std::string client_socket, std::chrono::milliseconds cancel_check)
-        : state_(state), client_socket_(std::move(client_socket)), cancel_check_(cancel_check) {}
+    DevicePluginService(DeviceState& state, std::string client_socket, std::string allocation_dir,
+                        std::chrono::milliseconds cancel_check)
+        : state_(state),
+          client_socket_(std::move(client_socket)),
+          allocation_dir_(std::move(allocation_dir)),
+          cancel_check_(cancel_check) {}
 
     grpc::Status GetDevicePluginOptions(grpc::ServerContext*, const v1beta1::Empty*,
                                         v1beta1::DevicePluginOptions* reply) override;
@@ -60,6 +70,7 @@ public:
 private:
     DeviceState& state_;
     const std::string client_socket_;
+    const std::string allocation_dir_;
     const std::chrono::milliseconds cancel_check_;
 };
 

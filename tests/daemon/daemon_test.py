@@ -3372,6 +3372,140 @@ def case_move(bins, tmp):
         d.stop()
 
 
+# ---- a Kubernetes pod's reserved GPU (issue 55) -------------------------------
+
+
+def admission_says(d, vm, text):
+    """Whether pvgpud's line admitting VM `vm` contains `text`."""
+    head = f": VM {vm} ("
+    return d.wait_log(head) and any(head in line and text in line for line in d.lines)
+
+
+def refused_hello(d, uuid, name, gpu=None):
+    """A VMM HELLO that pvgpud refuses with E_INVALID: the ERROR's text."""
+    c = RawClient(d.socket)
+    try:
+        payload = struct.pack("<II16s64sII", PROTO_VERSION, ROLE_VMM, uuid, name.encode(), os.getpid(),
+                              0 if gpu is None else gpu + 1)
+        seq = c.send(MSG_HELLO, payload)
+        msg = c.recv()
+        check(msg and msg[0] == MSG_ERROR, f"{name}: no ERROR before the refusal: {msg}")
+        text = msg[2][8:].split(b"\0", 1)[0].decode()
+        reply = c.expect(seq)
+        check(reply[0] == MSG_HELLO_REPLY and struct.unpack_from("<I", reply[2])[0] == E_INVALID,
+              f"{name}: HELLO answered {reply}")
+        check(c.wait_closed(), f"{name}: refused client not closed")
+        return text
+    finally:
+        c.close()
+
+
+def vmm_hello_child(socket_path, uuid_hex, name):
+    """Runs as its own process (daemon_test.py --vmm-hello ...), maybe in a
+    mount namespace of its own: a VMM HELLO naming no GPU; prints its status,
+    then stays connected until its stdin closes."""
+    c = RawClient(socket_path)
+    payload = struct.pack("<II16s64sII", PROTO_VERSION, ROLE_VMM, bytes.fromhex(uuid_hex), name.encode(),
+                          os.getpid(), 0)
+    seq = c.send(MSG_HELLO, payload)
+    reply = c.expect(seq)
+    print(f"status {struct.unpack_from('<I', reply[2])[0] if reply[0] == MSG_HELLO_REPLY else -1}", flush=True)
+    sys.stdin.read()
+    c.close()
+    return 0
+
+
+def check_own_namespace(bins, d, alloc, placed):
+    """A VMM in a mount namespace of its own, where another file is mounted
+    over allocation_file: pvgpud reads the VMM's file, not its own."""
+    if os.geteuid() != 0:
+        log("mount namespace part skipped: not root")
+        return
+    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        log(f"mount namespace part skipped: unshare --mount fails ({probe.stderr.strip()})")
+        return
+    own = os.path.join(os.path.dirname(alloc), "own-namespace.json")
+    with open(own, "w") as f:
+        f.write('{"gpu": 0}\n')
+    with open(alloc, "w") as f:
+        f.write('{"gpu": 1}\n')
+    uuid = bytes([0x46]) * 16
+    # --propagation private: the bind mount stays in the child's namespace.
+    cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+           'mount --bind "$1" "$2" && exec "$3" "$4" --vmm-hello "$5" "$6" ns-vm', "sh", own, alloc,
+           sys.executable, os.path.abspath(__file__), d.socket, uuid.hex()]
+    child = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = child.stdout.readline().strip()
+        if line != f"status {E_OK}":
+            child.stdin.close()
+            raise TestFailure(f"the VMM in its own mount namespace: '{line}', {child.stderr.read().strip()}")
+        check(placed().get("ns-vm") == 0, f"the VMM whose own file says GPU 0 is on {placed().get('ns-vm')}")
+        check(admission_says(d, "ns-vm", f"on GPU 0 gpu0 (reserved by its pod: {alloc})"),
+              "no log line of ns-vm reserved by its pod")
+    finally:
+        child.stdin.close()
+        child.wait(10)
+    log("a VMM in its own mount namespace placed by its own allocation file (GPU 0, pvgpud's says 1)")
+
+
+def case_kubernetes_allocation(bins, tmp):
+    """Issue 55: a VMM that names no GPU lands on the GPU of its pod's
+    allocation file ([kubernetes] allocation_file, read through the VMM's
+    /proc/PID/root); a GPU the device names wins; no file, the placement;
+    a wrong file refuses the HELLO naming the file."""
+    alloc = os.path.join(tmp, "alloc.json")
+    with open(os.path.join(tmp, "pvgpud.conf"), "w") as f:
+        f.write(f"[libvirt]\nuri = none\n[gpu.0]\n[gpu.1]\n[kubernetes]\nallocation_file = {alloc}\n")
+    d = Daemon(bins, tmp)
+    d.start()
+    clients = []
+    uuids = [bytes([0x40 + i]) * 16 for i in range(6)]
+
+    def vm(i, gpu=None):
+        c = RawClient(d.socket)
+        c.hello(f"vm{i}", role=ROLE_VMM, uuid=uuids[i], version=PROTO_VERSION, gpu=gpu)
+        clients.append(c)
+
+    def placed():
+        return {e["path"]: e["gpu"] for e in ctl_json(bins, d, "list")["entities"] if e["kind"] == "vm"}
+
+    try:
+        with open(alloc, "w") as f:
+            json.dump({"gpu": 1, "units": 25, "devices": [f"gpu1-u{u:03d}" for u in range(25)]}, f)
+        vm(0)
+        check(placed() == {"vm0": 1}, f"vm0, reserved GPU 1 by its file, placed {placed()}")
+        check(admission_says(d, "vm0", f"on GPU 1 gpu1 (reserved by its pod: {alloc})"),
+              "no log line of vm0 reserved by its pod")
+        os.unlink(alloc)
+        vm(1)  # spread: GPU 0 has no weight yet
+        check(placed() == {"vm0": 1, "vm1": 0}, f"vm1, without a file, placed {placed()}")
+        check(admission_says(d, "vm1", "on GPU 0 gpu0 (placed)"), "no log line of vm1 placed")
+        with open(alloc, "w") as f:
+            f.write('{"gpu": 1}')
+        vm(2, gpu=0)
+        check(placed()["vm2"] == 0, f"vm2's device asks for GPU 0 despite the file: {placed()}")
+        log("file says GPU 1: vm0 there; no file: vm1 placed (GPU 0); the device's gpu=0 wins over the file")
+        for name, text, want in (("bad-json", '{"gpu": 1', "malformed JSON"),
+                                 ("no-gpu", '{"units": 25}', 'no "gpu" field'),
+                                 ("gpu-7", '{"gpu": 7}', '"gpu" is 7; this host has 2 GPUs')):
+            with open(alloc, "w") as f:
+                f.write(text)
+            error = refused_hello(d, uuids[3], name)
+            check(error.startswith(alloc) and want in error, f"{name}: the ERROR says '{error}'")
+            vm3 = "-".join(uuids[3].hex()[a:b] for a, b in ((0, 8), (8, 12), (12, 16), (16, 20), (20, 32)))
+            check(d.wait_log(f"refused as VMM of {vm3}: {alloc}: {want}"), f"{name}: refusal not logged")
+            log(f"{name}: refused: {error}")
+        check(d.alive() and "vm3" not in placed(), f"after the refusals: alive {d.alive()}, {placed()}")
+        check_own_namespace(bins, d, alloc, placed)
+        check(d.alive(), "pvgpud died")
+    finally:
+        for c in clients:
+            c.close()
+        d.stop()
+
+
 CASES = {
     "identity": case_identity,
     "migrate": case_migrate,
@@ -3403,12 +3537,15 @@ CASES = {
     "gpus": case_gpus,
     "placement": case_placement,
     "move": case_move,
+    "kubernetes-allocation": case_kubernetes_allocation,
 }
 
 
 def main():
     if len(sys.argv) == 6 and sys.argv[1] == "--cheat-client":
         return cheat_client(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+    if len(sys.argv) == 5 and sys.argv[1] == "--vmm-hello":
+        return vmm_hello_child(sys.argv[2], sys.argv[3], sys.argv[4])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pvgpud", required=True)
     ap.add_argument("--pvgpuctl", required=True)

@@ -5,11 +5,13 @@
 // message, a socket or a log line, bounded by a timeout that fails the test.
 // usage: kubelet-test --pvgpud PATH --plugin PATH
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -19,6 +21,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <thread>
@@ -178,6 +181,7 @@ struct Setup {
     std::string plugin_socket() const { return kubelet_dir() / "pvgpu.sock"; }
     std::string client_socket() const { return tmp / "pvgpud.sock"; }
     std::string admin_socket() const { return tmp / "admin.sock"; }
+    fs::path allocation_dir() const { return tmp / "allocations"; }
 };
 
 std::unique_ptr<Process> start_pvgpud(const Setup& s, unsigned gpus) {
@@ -265,15 +269,78 @@ grpc::Status allocate(v1beta1::DevicePlugin::Stub& stub, const std::vector<std::
     return stub.Allocate(&deadline(ctx), req, reply);
 }
 
-void check_grant(const v1beta1::ContainerAllocateResponse& c, const std::string& socket, const std::string& gpu,
-                 const std::string& share) {
-    check(c.mounts_size() == 1 && c.mounts(0).host_path() == socket && c.mounts(0).container_path() == socket &&
+// The allocation file a container's second mount names, read-only at
+// /run/pvgpu/allocation.json, holds its GPU, units and sorted device IDs.
+// Returns its host path.
+std::string check_allocation_file(const v1beta1::ContainerAllocateResponse& c, const Setup& s, unsigned gpu,
+                                  std::vector<std::string> ids) {
+    check(c.mounts_size() == 2, "Allocate: mounts " + c.ShortDebugString());
+    const auto& m = c.mounts(1);
+    check(m.container_path() == "/run/pvgpu/allocation.json" && m.read_only() &&
+              fs::path(m.host_path()).parent_path() == s.allocation_dir(),
+          "Allocate: the allocation file's mount " + m.ShortDebugString());
+    std::ifstream in(m.host_path());
+    check(in.good(), "Allocate: no allocation file " + m.host_path());
+    const nlohmann::json doc = nlohmann::json::parse(in, nullptr, false);
+    std::sort(ids.begin(), ids.end());
+    check(doc.is_object() && doc.value("gpu", -1) == static_cast<int>(gpu) &&
+              doc.value("units", -1) == static_cast<int>(ids.size()) &&
+              doc.value("devices", std::vector<std::string>{}) == ids,
+          "Allocate: " + m.host_path() + " holds " + doc.dump() + ", expected GPU " + std::to_string(gpu) + ", " +
+              std::to_string(ids.size()) + " units");
+    struct stat st {};
+    check(::stat(m.host_path().c_str(), &st) == 0 && (st.st_mode & 0777) == 0644,
+          "Allocate: " + m.host_path() + " is not mode 0644");
+    return m.host_path();
+}
+
+std::string check_grant(const v1beta1::ContainerAllocateResponse& c, const Setup& s, unsigned gpu,
+                        const std::vector<std::string>& ids) {
+    const std::string socket = s.client_socket();
+    check(c.mounts_size() >= 1 && c.mounts(0).host_path() == socket && c.mounts(0).container_path() == socket &&
               !c.mounts(0).read_only(),
           "Allocate: mounts " + c.ShortDebugString());
     const auto& env = c.envs();
-    check(env.count("PVGPU_GPU") && env.at("PVGPU_GPU") == gpu && env.count("PVGPU_GPU_SHARE") &&
-              env.at("PVGPU_GPU_SHARE") == share,
-          "Allocate: envs " + c.ShortDebugString() + ", expected GPU " + gpu + " share " + share);
+    const std::string want_gpu = std::to_string(gpu), want_share = std::to_string(ids.size());
+    check(env.count("PVGPU_GPU") && env.at("PVGPU_GPU") == want_gpu && env.count("PVGPU_GPU_SHARE") &&
+              env.at("PVGPU_GPU_SHARE") == want_share,
+          "Allocate: envs " + c.ShortDebugString() + ", expected GPU " + want_gpu + " share " + want_share);
+    return check_allocation_file(c, s, gpu, ids);
+}
+
+// The same units again reuse their file; other units get another.  An
+// allocation directory that cannot be written (a regular file in its
+// place) refuses Allocate with INTERNAL naming it; once it can be, it is
+// created again (0755).
+void check_allocation_files(v1beta1::DevicePlugin::Stub& stub, const Setup& s, const std::string& first) {
+    auto ids = units(0, 0, 25);
+    std::reverse(ids.begin(), ids.end());  // kubelet's order is not the file's
+    v1beta1::AllocateResponse again;
+    auto st = allocate(stub, {ids, units(0, 50, 60)}, &again);
+    check(st.ok() && again.container_responses_size() == 2, "Allocate again failed: " + st.error_message());
+    check(check_grant(again.container_responses(0), s, 0, ids) == first,
+          "Allocate of the same units did not reuse " + first);
+    check(check_grant(again.container_responses(1), s, 0, units(0, 50, 60)) != first,
+          "Allocate of other units reused " + first);
+    fs::remove_all(s.allocation_dir());
+    std::ofstream(s.allocation_dir()) << "not a directory\n";
+    v1beta1::AllocateResponse refused;
+    st = allocate(stub, {units(1, 0, 5)}, &refused);
+    check(st.error_code() == grpc::StatusCode::INTERNAL &&
+              st.error_message().find(s.allocation_dir().string()) != std::string::npos,
+          "Allocate with an unwritable allocation directory: status " + std::to_string(st.error_code()) + " '" +
+              st.error_message() + "'");
+    log("Allocate with an unwritable allocation directory refused: " + st.error_message());
+    fs::remove(s.allocation_dir());
+    v1beta1::AllocateResponse back;
+    st = allocate(stub, {units(1, 0, 5)}, &back);
+    check(st.ok() && back.container_responses_size() == 1, "Allocate after the directory came back: " +
+                                                               st.error_message());
+    check_grant(back.container_responses(0), s, 1, units(1, 0, 5));
+    struct stat dir {};
+    check(::stat(s.allocation_dir().c_str(), &dir) == 0 && S_ISDIR(dir.st_mode) && (dir.st_mode & 0777) == 0755,
+          "the allocation directory was not created 0755");
+    log("allocation files: the same units reuse theirs, the directory is created 0755 when missing");
 }
 
 // 25 units on GPU 0 and 30 on GPU 1 for two containers; one container's
@@ -282,8 +349,8 @@ void check_allocate(v1beta1::DevicePlugin::Stub& stub, const Setup& s) {
     v1beta1::AllocateResponse reply;
     auto st = allocate(stub, {units(0, 0, 25), units(1, 10, 40)}, &reply);
     check(st.ok() && reply.container_responses_size() == 2, "Allocate failed: " + st.error_message());
-    check_grant(reply.container_responses(0), s.client_socket(), "0", "25");
-    check_grant(reply.container_responses(1), s.client_socket(), "1", "30");
+    const std::string first = check_grant(reply.container_responses(0), s, 0, units(0, 0, 25));
+    check_grant(reply.container_responses(1), s, 1, units(1, 10, 40));
     auto span = units(0, 30, 40);
     span.push_back("gpu1-u050");
     v1beta1::AllocateResponse refused;
@@ -291,8 +358,9 @@ void check_allocate(v1beta1::DevicePlugin::Stub& stub, const Setup& s) {
     check(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT &&
               st.error_message().find("one GPU") != std::string::npos,
           "Allocate across GPUs: status " + std::to_string(st.error_code()) + " '" + st.error_message() + "'");
-    log("Allocate: 25 units of GPU 0 and 30 of GPU 1 with the socket mounted; across GPUs refused: " +
-        st.error_message());
+    log("Allocate: 25 units of GPU 0 and 30 of GPU 1 with the socket and their allocation files mounted; "
+        "across GPUs refused: " + st.error_message());
+    check_allocation_files(stub, s, first);
 }
 
 // pvgpud stopped: every unit Unhealthy, Allocate refused; back: Healthy;
@@ -354,7 +422,7 @@ void run(const Setup& s) {
     auto pvgpud = start_pvgpud(s, 2);
     Process plugin("plugin", {s.plugin, "--kubelet-socket", s.kubelet_socket(), "--plugin-dir", s.kubelet_dir(),
                               "--pvgpud-socket", s.admin_socket(), "--client-socket", s.client_socket(),
-                              "--health-interval-ms", "100"});
+                              "--allocation-dir", s.allocation_dir(), "--health-interval-ms", "100"});
     try {
         check_registration(kubelet->wait_register());
         log("Register: v1beta1, pvgpu.sock, pvgpu.org/gpu-share");
