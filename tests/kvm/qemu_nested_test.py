@@ -111,6 +111,11 @@ run_l2() {
         -chardev pipe,id=qmp,path=/tmp/qmp -mon chardev=qmp,mode=control \
         2>/tmp/l2-$run.qemu &
     qpid=$!
+    # L2's console as it comes: if L1's command runs out of time, what L2
+    # said last is in the output pvgpu-vm keeps.
+    touch /tmp/l2-$run.console
+    tail -f /tmp/l2-$run.console | sed "s/^/L2 $run console: /" &
+    tailer=$!
     exec 3<>/tmp/qmp.in 4<>/tmp/qmp.out
     # If QEMU dies, the reads below must not wait for ever.
     ( while kill -0 $qpid 2>/dev/null; do usleep 200000; done
@@ -141,6 +146,7 @@ run_l2() {
     qmp '{"execute": "quit"}' >/dev/null
     wait $qpid || true
     wait $watcher || true
+    kill $tailer 2>/dev/null || true
     exec 3>&- 4<&-
     sed "s/^/L2 $run out: /" /tmp/l2-$run.out
     sed "s/^/L2 $run err: /" /tmp/l2-$run.err
