@@ -1,20 +1,13 @@
 #include "metrics.hpp"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <charconv>
-#include <cerrno>
 #include <cmath>
-#include <cstring>
 #include <set>
 #include <stdexcept>
 #include <utility>
 #include <vector>
 
 #include "log.hpp"
-#include "proto/unique_fd.hpp"
 
 namespace pvgpu::daemon {
 
@@ -286,39 +279,6 @@ std::string render_prometheus(const json& list, const json& stats) {
     scalar("pvgpu_protocol_errors_total", "counter", "Client connections dropped for protocol errors.",
            get(counters, "protocol_errors"));
     return w.take();
-}
-
-void write_file_atomically(const std::string& path, const std::string& text) {
-    auto fail = [&](const std::string& what, int err) {
-        throw std::runtime_error(what + ": " + std::strerror(err));
-    };
-    // A fresh name in the same directory, created O_EXCL (mkostemp): the
-    // directory may be writable by others (a shared textfile directory), and
-    // a FIFO, symlink or file planted at a fixed name must neither block
-    // pvgpud's one thread nor be written through.  A dot file without the
-    // .prom suffix: node_exporter reads only *.prom, never a half-written file.
-    const auto slash = path.rfind('/');
-    const std::string dir = slash == std::string::npos ? std::string() : path.substr(0, slash + 1);
-    const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
-    std::string tmp = dir + "." + base + ".XXXXXX";
-    UniqueFd fd(::mkostemp(tmp.data(), O_CLOEXEC));
-    if (!fd) fail(dir.empty() ? std::string("./") : dir, errno);
-    auto discard = [&](const std::string& what, int err) {
-        ::unlink(tmp.c_str());
-        fail(what, err);
-    };
-    // mkostemp creates 0600: under the shipped unit's UMask=0077 a mode at
-    // open would be cut too, and node_exporter runs as another user.
-    if (::fchmod(fd.get(), 0644) != 0) discard("fchmod " + tmp, errno);
-    std::size_t done = 0;
-    while (done < text.size()) {
-        ssize_t n = ::write(fd.get(), text.data() + done, text.size() - done);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) discard(tmp, errno);
-        done += static_cast<std::size_t>(n);
-    }
-    if (::fsync(fd.get()) != 0 || ::close(fd.release()) != 0) discard(tmp, errno);
-    if (::rename(tmp.c_str(), path.c_str()) != 0) discard(path, errno);
 }
 
 TextfileExporter::TextfileExporter(std::string path, Duration interval, const Clock& clock, Timers& timers,

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "core/time.hpp"
+#include "proto/atomic_file.hpp"  // write_file_atomically
 
 namespace pvgpu::daemon {
 
@@ -20,10 +21,6 @@ namespace pvgpu::daemon {
 // protocol 4 reports per GPU in "gpus"; an older reply, without it, is one
 // GPU, gpu="0".
 std::string render_prometheus(const nlohmann::json& list, const nlohmann::json& stats);
-
-// Writes `text` to `path` atomically; throws std::runtime_error naming the
-// path and the system error.
-void write_file_atomically(const std::string& path, const std::string& text);
 
 // Rewrites the textfile every `interval` with what `render` returns; a
 // failed write is logged (once per distinct error) and retried next time.

@@ -1,9 +1,7 @@
 // The DevicePlugin service (plugin_service.hpp).
 #include "plugin_service.hpp"
 
-#include <fcntl.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -15,7 +13,7 @@
 #include <vector>
 
 #include "device_ids.hpp"
-#include "proto/unique_fd.hpp"
+#include "proto/atomic_file.hpp"
 
 namespace pvgpu::k8s {
 
@@ -61,29 +59,6 @@ struct WriteError {
     std::string message;
 };
 
-// Writes `text` to `path` whole or not at all: a temporary file in the same
-// directory, synced, renamed over `path`.  Readable by all (the VMM in the
-// container may be any user); the container sees it read-only.
-void write_atomically(const std::string& path, const std::string& text) {
-    std::string tmp = path + ".XXXXXX";
-    const pvgpu::UniqueFd fd(::mkostemp(tmp.data(), O_CLOEXEC));
-    if (!fd) throw WriteError{"cannot create a temporary file for " + path + ": " + std::strerror(errno)};
-    const auto fail = [&](const char* what) {
-        const int err = errno;
-        ::unlink(tmp.c_str());
-        throw WriteError{std::string(what) + " " + path + ": " + std::strerror(err)};
-    };
-    if (::fchmod(fd.get(), 0644) != 0) fail("cannot chmod");
-    for (std::size_t done = 0; done < text.size();) {
-        const ssize_t n = ::write(fd.get(), text.data() + done, text.size() - done);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) fail("cannot write");
-        done += static_cast<std::size_t>(n);
-    }
-    if (::fsync(fd.get()) != 0) fail("cannot sync");
-    if (::rename(tmp.c_str(), path.c_str()) != 0) fail("cannot rename into");
-}
-
 // The allocation's file in `dir` (created 0755 when missing): its path.
 std::string write_allocation(const std::string& dir, const Grant& g, std::vector<std::string> ids) {
     std::sort(ids.begin(), ids.end());
@@ -95,7 +70,11 @@ std::string write_allocation(const std::string& dir, const Grant& g, std::vector
             throw WriteError{"cannot create " + dir + " for " + path + ": " + std::strerror(errno)};
     }
     const nlohmann::json doc = {{"gpu", g.gpu}, {"units", g.units}, {"devices", ids}};
-    write_atomically(path, doc.dump() + "\n");
+    try {
+        write_file_atomically(path, doc.dump() + "\n");
+    } catch (const std::runtime_error& e) {
+        throw WriteError{"cannot write " + path + ": " + e.what()};
+    }
     return path;
 }
 
