@@ -16,6 +16,7 @@
 
 #include <pvgpu/protocol.h>
 
+#include "proto/atomic_file.hpp"
 #include "proto/unique_fd.hpp"
 
 namespace pvgpu::daemon {
@@ -163,27 +164,7 @@ StateStore::Loaded StateStore::load() const {
 
 void StateStore::save(const State& s) const {
     if (g_mkdir_with_parents(dir_.c_str(), 0755) != 0) fail("cannot create " + dir_);
-    const std::string data = state_to_json(s);
-    std::string tmpl = dir_ + "/.state.json.XXXXXX";
-    UniqueFd fd(mkostemp(tmpl.data(), O_CLOEXEC));
-    if (!fd) fail("cannot create a temporary file in " + dir_);
-    auto cleanup = [&] { ::unlink(tmpl.c_str()); };
-    try {
-        if (fchmod(fd.get(), 0644) != 0) fail("fchmod " + tmpl);
-        std::size_t done = 0;
-        while (done < data.size()) {
-            ssize_t n = ::write(fd.get(), data.data() + done, data.size() - done);
-            if (n < 0 && errno == EINTR) continue;
-            if (n < 0) fail("write " + tmpl);
-            done += static_cast<std::size_t>(n);
-        }
-        if (fsync(fd.get()) != 0) fail("fsync " + tmpl);
-        if (::close(fd.release()) != 0) fail("close " + tmpl);
-        if (std::rename(tmpl.c_str(), path().c_str()) != 0) fail("rename to " + path());
-    } catch (...) {
-        cleanup();
-        throw;
-    }
+    write_file_atomically(path(), state_to_json(s));
     // The rename itself must survive a crash too.
     UniqueFd dirfd(::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
     if (dirfd) fsync(dirfd.get());
