@@ -256,10 +256,10 @@ def run(args, tmp):
               ev)
         proc = run_l1(args, tmp, qemu, kernel, l2_initrd, fw, mods, script)
     elif l1_stopped_midway(proc):
-        # Twice in clean-clone runs (never in 30 runs on a built tree, 6 of
-        # them beside two busy loops) L1 stopped while its second L2 booted:
-        # once its command ran out of time, once its QEMU ended with no
-        # status and nothing on L1's console.  No check had failed.  The
+        # Twice in clean-clone runs L1 stopped during its second L2 run
+        # (none of 14 runs on a built tree, 6 of them beside two busy
+        # loops): once its command ran out of time, once its QEMU ended
+        # with no status and nothing on L1's console.  No check failed.  The
         # case runs once more and the RERUN line carries what pvgpu-vm saw
         # (QEMU's SHUTDOWN reason, triple faults in its reset log).
         sys.stdout.write(proc.stdout)
