@@ -53,6 +53,7 @@ DEFAULT_PINS = os.path.join(HERE, "unmet-targets.txt")
 UNMET = re.compile(r"^UNMET (?P<name>[\w.-]+) (?P<rest>.*)$", re.M)
 RERUN = re.compile(r"^RERUN (?P<rest>.*)$", re.M)
 RESULT = re.compile(r"^RESULT \S", re.M)
+FAIL_REASON = re.compile(r"^FAIL: (.*)$", re.M)
 # meson results that mean the process did not end by itself.
 CRASHED = {"TIMEOUT", "INTERRUPT", "ERROR"}
 
@@ -139,6 +140,16 @@ def reruns(stdout):
     return [parse_kv(m.group("rest")) for m in RERUN.finditer(stdout or "")]
 
 
+def failure_reason(stdout, limit=300):
+    """The test's own last 'FAIL: why' line (testlib's check), so the summary
+    says why and not only that it failed; empty if it printed none."""
+    found = FAIL_REASON.findall(stdout)
+    if not found:
+        return ""
+    why = found[-1].strip()
+    return f" ({why[:limit]}{'...' if len(why) > limit else ''})"
+
+
 def short(name):
     """'pvgpu:suite / name' -> 'name'."""
     return name.rsplit(" / ", 1)[-1]
@@ -187,7 +198,7 @@ def summarize(tests, benchmarks, pins):
                             f"(its crash or any regression would pass unseen)")
         else:
             failed += 1
-            failures.append(f"{name}: {res}")
+            failures.append(f"{name}: {res}" + failure_reason(out))
     bench_run = 0
     for t in benchmarks:
         name, res, out = short(t["name"]), t["result"], t.get("stdout") or ""

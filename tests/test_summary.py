@@ -93,6 +93,20 @@ class Reruns(unittest.TestCase):
         self.assertTrue(any(l.startswith("rerun: daemon-closed-loop") for l in lines))
 
 
+class Reasons(unittest.TestCase):
+    def test_failed_line_carries_the_last_reason(self):
+        out = ("FAIL: L2 (off): the L2 command failed\nRESULT x=1\n"
+               "FAIL: L1 command exit status 125\nFAIL kvm-qemu\n")
+        lines, bad, last = run([t("kvm-qemu", "FAIL", out), t("vm-overhead", "FAIL", "# no reason\n")])
+        self.assertIn("failed: kvm-qemu: FAIL (L1 command exit status 125)", lines)
+        self.assertIn("failed: vm-overhead: FAIL", lines)
+        self.assertTrue(bad)
+
+    def test_long_reason_is_cut(self):
+        lines, _, _ = run([t("x", "FAIL", "FAIL: " + "a" * 400 + "\n")])
+        self.assertIn("failed: x: FAIL (" + "a" * 300 + "...)", lines)
+
+
 class Benchmarks(unittest.TestCase):
     def test_benchmarks_have_their_own_line(self):
         lines, bad, last = run([t("u", "OK")], [t("decision", "OK", "RESULT decision.x=1\n", suite="b"),
