@@ -239,35 +239,16 @@ def run(args, tmp):
         f.write(L1_SCRIPT.replace("QOM_PROPS", " ".join(QOM)).replace("RUNS", "\n".join(runs)))
 
     proc = run_l1(args, tmp, qemu, kernel, l2_initrd, fw, mods, script)
-    if stopped_at_start(proc):
-        # Once in about twenty runs (CI, 5c61584) L1's kernel stopped within
-        # the first 5 s of the command, while it loads the KVM modules and
-        # starts pvgpud, before any L2 exists: vCPU 0 spinning with
-        # interrupts off and the timer and a call-function IPI pending (the
-        # TCG SMP fault family of docs/guest.md).  Nothing of pvgpu has run
-        # in L2 by then; the case runs once more and says so (a RERUN line
-        # with pvgpu-vm's evidence: L1's console, QEMU's view, a core dump).
+    stop = l1_stopped(proc)
+    if stop:
         # Not shown to be outside this project's code (L1 runs its patched
         # kvm.ko and pvgpud), so the rerun counts in the summary.
-        sys.stderr.write(proc.stderr)
-        result("kvm-qemu.l1_stopped_at_start", 1)
-        ev = proc.evidence if os.path.isdir(proc.evidence) else None
-        rerun("kvm-qemu", f"L1's kernel stopped before its first heartbeat (pvgpu-vm exit {proc.returncode})",
-              ev)
-        proc = run_l1(args, tmp, qemu, kernel, l2_initrd, fw, mods, script)
-    elif l1_stopped_midway(proc):
-        # Twice in clean-clone runs L1 stopped during its second L2 run
-        # (none of 14 runs on a built tree, 6 of them beside two busy
-        # loops): once its command ran out of time, once its QEMU ended
-        # with no status and nothing on L1's console.  No check failed.  The
-        # case runs once more and the RERUN line carries what pvgpu-vm saw
-        # (QEMU's SHUTDOWN reason, triple faults in its reset log).
+        what, cause = stop
         sys.stdout.write(proc.stdout)
         sys.stderr.write(proc.stderr)
-        result("kvm-qemu.l1_stopped_midway", 1)
+        result(f"kvm-qemu.{what}", 1)
         ev = proc.evidence if os.path.isdir(proc.evidence) else None
-        rerun("kvm-qemu", f"L1 stopped during its command (pvgpu-vm exit {proc.returncode}: "
-              f"{l1_stop_summary(proc)})", ev)
+        rerun("kvm-qemu", cause, ev)
         proc = run_l1(args, tmp, qemu, kernel, l2_initrd, fw, mods, script)
     out = proc.stdout
     sys.stdout.write(out)
@@ -384,6 +365,29 @@ def stopped_at_start(proc):
     init handed over to the command)."""
     return (proc.returncode in (125, 126) and "no heartbeat" in proc.stderr and
             "pvgpu-vm: alive" not in proc.stderr)
+
+
+def l1_stopped(proc):
+    """(RESULT name, RERUN cause) when L1 itself stopped and the case is run
+    once more, else None.
+    At start: once in about twenty runs (CI, 5c61584) L1's kernel stopped
+    within the first 5 s of the command, while it loads the KVM modules and
+    starts pvgpud, before any L2 exists: vCPU 0 spinning with interrupts off
+    and the timer and a call-function IPI pending (the TCG SMP fault family
+    of docs/guest.md).  The RERUN line names pvgpu-vm's evidence: L1's
+    console, QEMU's view, a core dump.
+    Midway: twice in clean-clone runs L1 stopped during its second L2 run
+    (none of 14 runs on a built tree, 6 of them beside two busy loops): once
+    its command ran out of time, once its QEMU ended with no status and
+    nothing on L1's console.  No check failed.  The RERUN line carries what
+    pvgpu-vm saw (QEMU's SHUTDOWN reason, triple faults in its reset log)."""
+    if stopped_at_start(proc):
+        return ("l1_stopped_at_start",
+                f"L1's kernel stopped before its first heartbeat (pvgpu-vm exit {proc.returncode})")
+    if l1_stopped_midway(proc):
+        return ("l1_stopped_midway",
+                f"L1 stopped during its command (pvgpu-vm exit {proc.returncode}: {l1_stop_summary(proc)})")
+    return None
 
 
 def l1_stopped_midway(proc):
