@@ -1,6 +1,7 @@
-// Replacing a file whole or not at all, for pvgpud's metrics textfile and
-// pvgpu-device-plugin's allocation files: a reader (node_exporter, a
-// container's VMM through kubelet's mount) never sees half of one.
+// Replacing a file whole or not at all: pvgpud's metrics textfile and state
+// file, pvgpu-device-plugin's allocation files.  A reader (node_exporter, a
+// container's VMM through kubelet's mount, pvgpud after a crash) never sees
+// half of one.
 #pragma once
 
 #include <fcntl.h>
